@@ -1,0 +1,127 @@
+"""A tiny Qwen2-style policy and a character-level tokenizer, built locally and cached.
+
+The quickstart and the tests never download weights: :func:`tiny_model_dir` trains a
+character-level tokenizer with the ``tokenizers`` library and saves a randomly initialised
+Qwen2 model next to it, once per configuration, under the user's cache directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import string
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: Special tokens first so their ids are fixed: pad = 0, eos = 1.
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>", "<|im_start|>", "<|im_end|>"]
+#: Digits, '=', lowercase letters, a space and a little punctuation: every character is one token.
+ALPHABET = list(string.digits) + ["="] + list(string.ascii_lowercase) + [" ", "\n", ":", "+", "-", "."]
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of the tiny Qwen2 policy. head_dim = hidden_size / num_attention_heads must be one
+    of vLLM's supported sizes (32, 64, 80, ...), hence 2 heads of 32 at hidden 64."""
+
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 2
+    intermediate_size: int = 128
+    max_position_embeddings: int = 512
+    initializer_range: float = 0.02
+    tie_word_embeddings: bool = False
+    seed: int = 0
+
+    def key(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True) + "|v1"
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def default_cache_dir() -> Path:
+    """``$LIGHTNING_GRPO_CACHE``, else ``$XDG_CACHE_HOME/lightning_grpo``, else ``~/.cache/lightning_grpo``."""
+    if os.environ.get("LIGHTNING_GRPO_CACHE"):
+        return Path(os.environ["LIGHTNING_GRPO_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "lightning_grpo"
+
+
+def build_char_tokenizer():
+    """A character-level tokenizer (one token per character of :data:`ALPHABET`, fixed ids)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + ALPHABET)}  # fixed ids: pad 0, eos 1
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        chat_template=CHATML_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def build_tiny_model(config: TinyModelConfig, vocab_size: int, pad_token_id: int, eos_token_id: int):
+    """A randomly initialised ``Qwen2ForCausalLM`` of the given shape (float32, train mode)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    hf_config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_position_embeddings,
+        initializer_range=config.initializer_range,
+        tie_word_embeddings=config.tie_word_embeddings,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(config.seed)
+        model = Qwen2ForCausalLM(hf_config)
+    return model.train()
+
+
+def tiny_model_dir(config: TinyModelConfig | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Directory holding the tiny model and its tokenizer; built on first use, then reused.
+
+    The directory name is a hash of the configuration, so different shapes never collide.
+    Writing goes to a temporary sibling that is renamed into place, so a crash never leaves
+    a half-written model behind.
+    """
+    config = config or TinyModelConfig()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / f"tiny-qwen2-{config.key()}"
+    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{target.name}-{os.getpid()}"
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # another process won the race: keep its copy
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,20 @@
+"""Session-wide fixtures: one tiny model on disk and at most one vLLM engine per test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Keep vLLM in this process and skip its compile step (platform.md): set before any vllm import.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory):
+    """Directory of the tiny Qwen2 policy and its character tokenizer (built once per session)."""
+    from lightning_grpo.data.tiny import tiny_model_dir
+
+    return tiny_model_dir(cache_dir=tmp_path_factory.mktemp("tiny-model-cache"))
