@@ -18,3 +18,17 @@ def tiny_model_path(tmp_path_factory):
     from lightning_grpo.data.tiny import tiny_model_dir
 
     return tiny_model_dir(cache_dir=tmp_path_factory.mktemp("tiny-model-cache"))
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_model_path):
+    """The ONE in-process vLLM engine of the test session (tiny model, float32, 64 MiB KV cache,
+    LoRA adapters enabled so both LoRA paths can be tested). It is shared: every test pushes the
+    weights it needs first (``engine.load_weights(...)``) and unloads any LoRA adapter it loads.
+    Mark tests that use it ``@pytest.mark.vllm``."""
+    pytest.importorskip("vllm")
+    from lightning_grpo.rollout.vllm import VLLMEngine
+
+    engine = VLLMEngine(str(tiny_model_path), enable_lora=True, max_lora_rank=8)
+    yield engine
+    engine.close()

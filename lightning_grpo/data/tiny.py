@@ -41,7 +41,7 @@ class TinyModelConfig:
     seed: int = 0
 
     def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True) + "|v1"
+        blob = json.dumps(asdict(self), sort_keys=True) + "|v2"
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -54,14 +54,27 @@ def default_cache_dir() -> Path:
 
 
 def build_char_tokenizer():
-    """A character-level tokenizer (one token per character of :data:`ALPHABET`, fixed ids)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    """A character-level tokenizer: one token per character of :data:`ALPHABET` (fixed ids);
+    characters outside it are dropped."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + ALPHABET)}  # fixed ids: pad 0, eos 1
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+    # Byte-level spelling of each character (space -> "Ġ", newline -> "Ċ") with no merges: the
+    # layout transformers' Qwen2Tokenizer rebuilds from tokenizer.json, so the saved tokenizer
+    # encodes the same ids whether it is loaded as Qwen2Tokenizer or PreTrainedTokenizerFast.
+    byte_char = bytes_to_unicode()
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}  # fixed ids: pad 0, eos 1
+    vocab.update({byte_char[ord(c)]: len(SPECIAL_TOKENS) + i for i, c in enumerate(ALPHABET)})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,

@@ -1,0 +1,3 @@
+from lightning_grpo.cli import main
+
+main()

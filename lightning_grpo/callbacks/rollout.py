@@ -1,0 +1,234 @@
+"""RolloutCallback: samples and scores the groups for each generation batch, keeps the engine's
+weights in step with the policy, and evaluates on held-out prompts.
+
+Per generation (at the first training step it feeds):
+
+    push weights if the policy changed -> prompts for (step, rank) -> engine.generate -> rewards
+    -> [GFPO: keep k of G'] -> [dynamic sampling: drop equal-reward groups, refill] ->
+    [overlong filter] -> module.prepare_rollout_batch -> module.rollout_batch
+
+Every phase is timed (``time/generate``, ``time/reward``, ``time/prepare``, ``time/sync``,
+``time/train``) and logged with the rollout statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from ..batch import RolloutBatch, steps_per_batch
+from ..core import SELECTIONS
+from ..data.rewards import RewardSet, RewardSpec
+from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
+from .sampling import GroupSelector, rollout_statistics, sample_groups
+
+
+class RolloutCallback(Callback):
+    """Drives rollouts for :class:`~lightning_grpo.GRPOModule`.
+
+    Args:
+        engine: "vllm" (in-process vLLM, weights pushed after each optimizer step) or "hf"
+            (transformers ``generate`` on the live policy).
+        sampling: group size ``n`` (G, or G' with GFPO), temperature, top_p, top_k,
+            max_new_tokens.
+        rewards: reward functions with weights (default: exact match against ``answer``).
+        seed: run seed; each rank and generation samples with a seed derived from it.
+        vllm_args: keyword arguments of :class:`~lightning_grpo.rollout.vllm.VLLMEngine`
+            (dtype, max_model_len, kv_cache_memory_bytes, enable_lora, ...).
+        dynamic_sampling: drop groups whose rewards are all equal and refill (DAPO).
+        max_generation_rounds: generation rounds per batch with dynamic sampling (verl
+            ``max_num_gen_batches``); after that the batch trains with what it has.
+        gfpo_keep: GFPO: keep this many of the ``n`` completions per prompt (None = off).
+        gfpo_metric: selection in ``SELECTIONS`` ("gfpo_length" or "gfpo_reward_per_token").
+        overlong_filter: mask the loss of completions truncated without EOS (DAPO).
+        weight_sync: push the policy into the engine after optimizer steps. Switch off only
+            to measure the staleness it prevents.
+        lora_sync: "merged" pushes W + delta_W as plain weights; "adapter" saves the adapter
+            and lets vLLM apply it (needs ``vllm_args.enable_lora``).
+        val_samples: sampled completions per validation prompt for ``val/reward_mean``.
+        forward_rows: rows per no-grad forward pass (reference / old log-probs).
+    """
+
+    def __init__(
+        self,
+        engine: Literal["vllm", "hf"] = "vllm",
+        sampling: SamplingConfig | None = None,
+        rewards: list[RewardSpec] | None = None,
+        seed: int = 0,
+        vllm_args: dict[str, Any] | None = None,
+        dynamic_sampling: bool = False,
+        max_generation_rounds: int = 4,
+        gfpo_keep: int | None = None,
+        gfpo_metric: str = "gfpo_length",
+        overlong_filter: bool = False,
+        weight_sync: bool = True,
+        lora_sync: Literal["merged", "adapter"] = "merged",
+        val_samples: int = 4,
+        forward_rows: int = 64,
+    ) -> None:
+        self.engine_name = engine
+        self.sampling = sampling or SamplingConfig()
+        self.reward_set = RewardSet(rewards or [RewardSpec("exact_match")])
+        self.seed = seed
+        self.vllm_args = dict(vllm_args or {})
+        self.selector = GroupSelector(
+            group_size=self.sampling.n,
+            keep=gfpo_keep,
+            selection=SELECTIONS.get(gfpo_metric) if gfpo_keep is not None else None,
+            dynamic_sampling=dynamic_sampling,
+        )
+        if max_generation_rounds < 1:
+            raise ValueError(f"max_generation_rounds must be >= 1, got {max_generation_rounds}")
+        self.max_generation_rounds = max_generation_rounds
+        self.overlong_filter = overlong_filter
+        self.weight_sync = weight_sync
+        self.lora_sync = lora_sync
+        self.val_samples = val_samples
+        self.forward_rows = forward_rows
+        self.engine: RolloutEngine | None = None
+        self._weights_version = 0  # optimizer steps taken
+        self._engine_version = -1  # optimizer steps the engine's weights reflect
+        self._train_time = 0.0
+        self._batch_start = 0.0
+        self.generations = 0
+
+    # ------------------------------------------------------------------------ engine
+    def _ensure_engine(self, trainer: L.Trainer, module: L.LightningModule) -> RolloutEngine:
+        if self.engine is None:
+            from ..rollout.factory import build_engine
+
+            self.engine = build_engine(self.engine_name, module, trainer.datamodule.tokenizer, self.seed, self.vllm_args)
+        return self.engine
+
+    def sync_weights(self, module: L.LightningModule) -> float:
+        """Push the policy into the engine if it changed since the last push; returns seconds."""
+        if not self.engine.needs_weight_sync or self._engine_version == self._weights_version:
+            return 0.0
+        if not self.weight_sync and self._engine_version >= 0:
+            return 0.0
+        from ..rollout.weights import policy_weights_for_engine
+
+        start = time.perf_counter()
+        self.engine.load_weights(policy_weights_for_engine(module.policy))
+        self._engine_version = self._weights_version
+        return time.perf_counter() - start
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check_datamodule(trainer)
+
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._check_datamodule(trainer)
+
+    def _check_datamodule(self, trainer: L.Trainer) -> None:
+        dm = trainer.datamodule
+        if dm is None or not hasattr(dm, "train_records"):
+            raise RuntimeError("RolloutCallback needs a lightning_grpo PromptDataModule passed to trainer.fit(datamodule=...)")
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+            self._engine_version = -1
+
+    # ---------------------------------------------------------------------- training
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if int(batch["micro"]) == 0:
+            self._generate(trainer, pl_module)
+        self._batch_start = time.perf_counter()
+
+    @override
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
+        self._train_time += time.perf_counter() - self._batch_start
+
+    @override
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self._weights_version += 1
+
+    def _generate(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        engine = self._ensure_engine(trainer, module)
+        times = {"time/sync": self.sync_weights(module), "time/train": self._train_time}
+        self._train_time = 0.0
+        dm = trainer.datamodule
+        per_gen = steps_per_batch(module.hparams.num_iterations, module.hparams.steps_per_generation, 1)
+        generation = trainer.global_step // per_gen
+        rank, world = trainer.global_rank, trainer.world_size
+
+        def prompts_for(round_: int) -> list[dict]:
+            return dm.generation_prompts(generation, rank, world, round_, self.max_generation_rounds)
+
+        def seed_for(round_: int) -> int:
+            return derive_seed(self.seed, rank, generation * self.max_generation_rounds + round_)
+
+        result = sample_groups(
+            engine, self.reward_set, dm.tokenizer, self.sampling, self.selector, prompts_for, seed_for,
+            target_groups=dm.batch_size, max_rounds=self.max_generation_rounds,
+        )  # fmt: skip
+        times["time/generate"], times["time/reward"] = result.generate_time, result.reward_time
+        start = time.perf_counter()
+        tensors = result.tensors
+        mask = tensors.completion_mask
+        if self.overlong_filter:
+            mask = mask * torch.tensor(result.finished, dtype=mask.dtype).unsqueeze(-1)
+        batch = RolloutBatch(
+            input_ids=tensors.input_ids,
+            attention_mask=tensors.attention_mask,
+            completion_mask=mask,
+            advantages=torch.zeros(len(mask)),
+            rollout_logp=tensors.rollout_logprobs,
+            prompt_length=tensors.input_ids.shape[1] - mask.shape[1],
+            group_size=result.group_size,
+            temperature=self.sampling.temperature,
+        ).to(module.device)
+        module.rollout_batch = module.prepare_rollout_batch(
+            batch, result.rewards.to(module.device), result.weights.to(module.device), self.forward_rows
+        )
+        times["time/prepare"] = time.perf_counter() - start
+        module.rollout_metrics = {**result.metrics, **times}
+        self.generations += 1
+
+    # -------------------------------------------------------------------- validation
+    @override
+    def on_validation_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        engine = self._ensure_engine(trainer, pl_module)
+        self.sync_weights(pl_module)
+        metrics = evaluate_prompts(engine, self.reward_set, trainer.datamodule.tokenizer, batch, self.sampling,
+                                   self.val_samples, seed=derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step))  # fmt: skip
+        pl_module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True, prog_bar=False)
+
+    # ------------------------------------------------------------------------- state
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "generations": self.generations, "weights_version": self._weights_version}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.seed = state_dict["seed"]
+        self.generations = state_dict["generations"]
+        self._weights_version = state_dict["weights_version"]
+        self._engine_version = -1  # a resumed run always pushes before its first generation
+
+
+def evaluate_prompts(engine, reward_set, tokenizer, records, sampling, samples: int, seed: int) -> dict[str, float]:
+    """Greedy accuracy (mean of the first reward function under greedy decoding) and the mean
+    total reward over ``samples`` sampled completions per prompt."""
+    from .sampling import score_rollout
+
+    prompt_ids = [r["prompt_ids"] for r in records]
+    greedy = engine.generate(prompt_ids, SamplingConfig(n=1, max_new_tokens=sampling.max_new_tokens, greedy=True), seed)
+    scores = score_rollout(greedy, reward_set, tokenizer, records)
+    out = {"val/greedy_accuracy": scores.rewards[:, 0].mean().item()}
+    if samples > 0:
+        cfg = SamplingConfig(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
+                             top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens)  # fmt: skip
+        sampled = score_rollout(engine.generate(prompt_ids, cfg, seed), reward_set, tokenizer, records)
+        out["val/reward_mean"] = (sampled.rewards @ sampled.weights).mean().item()
+    return out

@@ -1,0 +1,170 @@
+"""Sampling rounds for one generation batch: generate, score, select (GFPO), filter (dynamic
+sampling) and refill, plus the statistics of what the policy sampled."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..core import SELECTIONS
+from ..data.rewards import RewardScores, RewardSet
+from ..rollout.base import Rollout, RolloutEngine, RolloutTensors, SamplingConfig, rollout_to_tensors
+
+
+@dataclass
+class GroupSelector:
+    """GFPO row selection within each group, then the dynamic-sampling group filter."""
+
+    group_size: int  # G' sampled per prompt
+    keep: int | None = None  # GFPO: rows kept per group
+    selection: Callable | None = None  # a SELECTIONS entry: (rewards, lengths, G', k) -> [B] bool
+    dynamic_sampling: bool = False
+
+    def __post_init__(self) -> None:
+        if self.keep is not None and not 1 <= self.keep < self.group_size:
+            raise ValueError(f"gfpo_keep must be in [1, sampling.n) = [1, {self.group_size}), got {self.keep}")
+        self._group_filter = SELECTIONS.get("dynamic_sampling")
+
+    @property
+    def out_group_size(self) -> int:
+        return self.keep if self.keep is not None else self.group_size
+
+    def rows(self, total: Tensor, lengths: Tensor) -> Tensor:
+        """[B] bool: the rows GFPO keeps (all rows without GFPO)."""
+        if self.selection is None:
+            return torch.ones_like(total, dtype=torch.bool)
+        return self.selection(total, lengths, self.group_size, self.keep)
+
+    def groups(self, total_kept: Tensor) -> Tensor:
+        """[P] bool: the groups (of kept rows) that carry signal (all groups without dynamic sampling)."""
+        if not self.dynamic_sampling:
+            return torch.ones(total_kept.numel() // self.out_group_size, dtype=torch.bool)
+        return self._group_filter(total_kept, self.out_group_size)
+
+
+class SampleResult(NamedTuple):
+    tensors: RolloutTensors  # padded training tensors of the kept rows
+    rewards: Tensor  # [B, R] per reward function
+    weights: Tensor  # [R]
+    finished: list[bool]  # [B] ended with EOS
+    group_size: int
+    metrics: dict[str, float]
+    generate_time: float
+    reward_time: float
+
+
+def score_rollout(rollout: Rollout, reward_set: RewardSet, tokenizer, records: list[dict]) -> RewardScores:
+    """Decode the completions and score them; record columns are repeated over each group."""
+    G = rollout.group_size
+    completions = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    columns = {key: [rec[key] for rec in records for _ in range(G)] for key in records[0]}
+    columns.update(
+        completion_ids=rollout.completion_ids,
+        completion_lengths=[len(ids) for ids in rollout.completion_ids],
+        truncated=[not f for f in rollout.finished],
+    )
+    return reward_set.score(completions, columns)
+
+
+def rollout_statistics(rollout: Rollout, scores: RewardScores) -> dict[str, float]:
+    """Reward, diversity and length statistics of one round as the policy sampled it."""
+    G = rollout.group_size
+    total = (scores.rewards @ scores.weights).view(-1, G)  # [P, G]
+    lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)  # [B]
+    groups = [rollout.completion_ids[p * G : (p + 1) * G] for p in range(total.shape[0])]
+    distinct = torch.tensor([len({tuple(c) for c in grp}) for grp in groups], dtype=torch.float32)  # [P]
+    out = {
+        "reward_mean": total.mean().item(),
+        "reward_std": total.std(correction=0).item(),
+        "frac_reward_zero_std": (total.max(-1).values == total.min(-1).values).float().mean().item(),
+        "frac_identical_groups": (distinct == 1).float().mean().item() if G > 1 else 0.0,
+        "distinct_per_group": distinct.mean().item(),
+        "completion_length_mean": lengths.mean().item(),
+        "completion_length_min": lengths.min().item(),
+        "completion_length_max": lengths.max().item(),
+        "truncation_ratio": 1.0 - sum(rollout.finished) / len(rollout.finished),
+    }
+    out.update(scores.metrics())
+    return out
+
+
+def _take_rows(rollout: Rollout, rows: list[int], group_size: int) -> Rollout:
+    return Rollout(
+        prompt_ids=[rollout.prompt_ids[rows[i] // rollout.group_size] for i in range(0, len(rows), group_size)],
+        completion_ids=[rollout.completion_ids[r] for r in rows],
+        logprobs=[rollout.logprobs[r] for r in rows],
+        finished=[rollout.finished[r] for r in rows],
+        group_size=group_size,
+    )
+
+
+def sample_groups(
+    engine: RolloutEngine,
+    reward_set: RewardSet,
+    tokenizer,
+    sampling: SamplingConfig,
+    selector: GroupSelector,
+    prompts_for: Callable[[int], list[dict]],
+    seed_for: Callable[[int], int],
+    target_groups: int,
+    max_rounds: int,
+) -> SampleResult:
+    """Sample rounds until ``target_groups`` groups are kept (one round without dynamic sampling)."""
+    k = selector.out_group_size
+    kept: list[Rollout] = []
+    kept_rewards: list[Tensor] = []
+    fallback = None
+    gen_time = reward_time = 0.0
+    metrics: dict[str, float] = {}
+    rounds = 0
+    for round_ in range(max_rounds if selector.dynamic_sampling else 1):
+        records = prompts_for(round_)
+        start = time.perf_counter()
+        rollout = engine.generate([r["prompt_ids"] for r in records], sampling, seed_for(round_))
+        gen_time += time.perf_counter() - start
+        start = time.perf_counter()
+        scores = score_rollout(rollout, reward_set, tokenizer, records)
+        reward_time += time.perf_counter() - start
+        rounds += 1
+        if round_ == 0:
+            metrics = rollout_statistics(rollout, scores)
+        total = scores.rewards @ scores.weights  # [B]
+        lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
+        rows = selector.rows(total, lengths).nonzero().flatten()  # [P * k], group-contiguous
+        groups = selector.groups(total[rows])  # [P]
+        if fallback is None:
+            fallback = (_take_rows(rollout, rows.tolist(), k), scores.rewards[rows])
+        for p in groups.nonzero().flatten().tolist():
+            if len(kept) == target_groups:
+                break
+            group_rows = rows[p * k : (p + 1) * k]
+            kept.append(_take_rows(rollout, group_rows.tolist(), k))
+            kept_rewards.append(scores.rewards[group_rows])
+        if len(kept) >= target_groups:
+            break
+    if kept:
+        merged = Rollout(
+            prompt_ids=[p for r in kept for p in r.prompt_ids],
+            completion_ids=[c for r in kept for c in r.completion_ids],
+            logprobs=[lp for r in kept for lp in r.logprobs],
+            finished=[f for r in kept for f in r.finished],
+            group_size=k,
+        )
+        rewards = torch.cat(kept_rewards)
+    else:  # no group carried signal: train on the first round (advantages are all zero)
+        merged, rewards = fallback
+    metrics.update(kept_groups=float(len(kept)), generation_rounds=float(rounds))
+    return SampleResult(
+        tensors=rollout_to_tensors(merged, tokenizer.pad_token_id),
+        rewards=rewards,
+        weights=reward_set.weights.clone(),
+        finished=list(merged.finished),
+        group_size=k,
+        metrics=metrics,
+        generate_time=gen_time,
+        reward_time=reward_time,
+    )

@@ -1,0 +1,252 @@
+"""Group-relative advantage estimators and multi-reward aggregation.
+
+Every estimator turns one scalar reward per completion into one scalar advantage per
+completion. Rows are group-contiguous: B = P prompts x G completions, and rows
+``p*G .. p*G+G-1`` are prompt p's group. With mean_g, std_g the group's mean and
+Bessel-corrected standard deviation (``torch.std`` default):
+
+    grpo                   A_i = (r_i - mean_g) / (std_g + eps)
+    dr_grpo                A_i = r_i - mean_g
+    batch_std              A_i = (r_i - mean_g) / (std(all B rewards) + eps)
+    rloo                   A_i = r_i - mean_{j != i} r_j = G/(G-1) * (r_i - mean_g)
+    reinforce_pp_baseline  x_i = r_i - mean_g, then A = (x - mean(x)) / (std(x) + eps) over B
+    qae                    A_i = r_i - q_K(group)   (optionally / (std_g + eps))
+
+Departures from the peers, all deliberate:
+  * A group of one completion (G = 1) or a group whose rewards are all equal gets A = 0
+    exactly (verl's grpo sets mean 0 / std 1 for G = 1, i.e. A = r). The centred reward of a
+    constant group is forced to 0 so float rounding of the mean cannot leak through 1/eps.
+  * Statistics are computed per completion, not per token (verl whitens reinforce++ over
+    tokens with ``masked_whiten``).
+  * Everything is computed in float32 (bf16/fp16/int rewards are upcast); results are float32.
+
+Multi-reward (``REWARD_AGGREGATIONS``), rewards [B, R] with weights [R]:
+    sum_then_normalize   A = estimator(rewards @ weights)
+    normalize_then_sum   A = sum_k w_k * estimator(rewards[:, k])   (GDPO), then whitened over
+                         the batch as the GDPO paper and TRL do (``batch_normalize=True``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Sequence
+
+import torch
+from torch import Tensor
+
+from .registry import ADVANTAGES, REWARD_AGGREGATIONS
+
+QuantileInterpolation = Literal["inverted_cdf", "linear", "lower", "higher", "midpoint", "nearest"]
+
+
+# ----------------------------------------------------------------------------------------------
+# shared helpers
+# ----------------------------------------------------------------------------------------------
+def as_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """View group-contiguous per-completion values [B] as float32 groups [P, G].
+
+    Raises ``ValueError`` if ``rewards`` is not 1-D, ``group_size`` < 1, or B is not a
+    multiple of ``group_size``.
+    """
+    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
+        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    batch = rewards.shape[0]
+    if batch % group_size != 0:
+        raise ValueError(f"batch size B={batch} is not divisible by group_size={group_size}")
+    return rewards.to(torch.float32).reshape(batch // group_size, group_size)  # [P, G]
+
+
+def _centred(groups: Tensor, baseline: Tensor) -> Tensor:
+    """groups - baseline, with rows whose values are all equal forced to exactly 0. [P, G]"""
+    constant = groups.amax(dim=1, keepdim=True) == groups.amin(dim=1, keepdim=True)  # [P, 1]
+    return torch.where(constant, torch.zeros_like(groups), groups - baseline)
+
+
+def _std(x: Tensor, dim: int | None = None) -> Tensor:
+    """Bessel-corrected std along ``dim`` (all elements if None); 0 (not nan) for one sample."""
+    count = x.numel() if dim is None else x.shape[dim]
+    if count < 2 or x.numel() == 0:
+        return torch.zeros_like(x.sum() if dim is None else x.sum(dim=dim, keepdim=True))
+    return x.std() if dim is None else x.std(dim=dim, keepdim=True)
+
+
+def _whiten(x: Tensor, eps: float) -> Tensor:
+    """(x - mean(x)) / (std(x) + eps) over all elements of x; 0 where x is constant. [B]"""
+    if x.numel() == 0:
+        return x
+    constant = x.amax() == x.amin()  # [] (no host sync)
+    return torch.where(constant, torch.zeros_like(x), (x - x.mean()) / (_std(x) + eps))
+
+
+def expand_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:
+    """Broadcast per-completion advantages [B] to tokens: A[b, t] = A[b] * mask[b, t]. [B, T]
+
+    ``mask`` may be bool or float; the result is float32 and 0 on padding.
+    """
+    return advantages.to(torch.float32).unsqueeze(1) * mask.to(torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# single-reward estimators: fn(rewards [B], group_size, **params) -> [B] float32
+# ----------------------------------------------------------------------------------------------
+@ADVANTAGES.register("grpo")
+def grpo_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
+    """GRPO: A_i = (r_i - mean_g r) / (std_g r + eps), std Bessel-corrected. [B] -> [B]
+
+    G = 1 and all-equal groups give 0. eps = 1e-6 as verl (TRL uses 1e-4).
+    """
+    groups = as_groups(rewards, group_size)  # [P, G]
+    centred = _centred(groups, groups.mean(dim=1, keepdim=True))
+    return (centred / (_std(groups, dim=1) + eps)).reshape(-1)
+
+
+@ADVANTAGES.register("dr_grpo")
+def dr_grpo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """Dr. GRPO (no std): A_i = r_i - mean_g r. [B] -> [B]"""
+    groups = as_groups(rewards, group_size)  # [P, G]
+    return _centred(groups, groups.mean(dim=1, keepdim=True)).reshape(-1)
+
+
+@ADVANTAGES.register("batch_std")
+def batch_std_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
+    """A_i = (r_i - mean_g r) / (std of all B rewards (Bessel) + eps). [B] -> [B]
+
+    TRL ``scale_rewards="batch"`` (TRL's eps is 1e-4). The std is over the raw rewards, not
+    the centred ones; a batch of one row has std 0 and advantage 0.
+    """
+    groups = as_groups(rewards, group_size)  # [P, G]
+    centred = _centred(groups, groups.mean(dim=1, keepdim=True))
+    return (centred / (_std(groups) + eps)).reshape(-1)
+
+
+@ADVANTAGES.register("rloo")
+def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """RLOO: A_i = r_i - mean_{j != i} r_j = G/(G-1) * (r_i - mean_g r); G = 1 -> 0. [B] -> [B]"""
+    groups = as_groups(rewards, group_size)  # [P, G]
+    if group_size == 1:
+        return torch.zeros_like(groups).reshape(-1)
+    centred = _centred(groups, groups.mean(dim=1, keepdim=True))
+    return (centred * (group_size / (group_size - 1))).reshape(-1)
+
+
+@ADVANTAGES.register("reinforce_pp_baseline")
+def reinforce_pp_baseline_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++ with baseline: x_i = r_i - mean_g r, A = (x - mean(x)) / (std(x) + eps).
+
+    The whitening is over all B completions (verl ``reinforce_plus_plus_baseline`` whitens
+    over tokens). A batch where every x is equal (e.g. every group constant) gives 0. [B] -> [B]
+    """
+    groups = as_groups(rewards, group_size)  # [P, G]
+    x = _centred(groups, groups.mean(dim=1, keepdim=True)).reshape(-1)  # [B]
+    return _whiten(x, eps)
+
+
+def _inverted_cdf_quantile(groups: Tensor, quantile: float) -> Tensor:
+    """Empirical K-quantile inf{r : F_G(r) >= K} per row: sorted[ceil(K*G) - 1]. [P, G] -> [P, 1]"""
+    size = groups.shape[1]
+    index = min(max(math.ceil(round(quantile * size, 9)) - 1, 0), size - 1)
+    return groups.sort(dim=1).values[:, index : index + 1]
+
+
+def _torch_quantile(interpolation: str):
+    def fn(groups: Tensor, quantile: float) -> Tensor:
+        return torch.quantile(groups, quantile, dim=1, keepdim=True, interpolation=interpolation)
+
+    return fn
+
+
+_QUANTILE_FNS = {"inverted_cdf": _inverted_cdf_quantile} | {
+    name: _torch_quantile(name) for name in ("linear", "lower", "higher", "midpoint", "nearest")
+}
+
+
+@ADVANTAGES.register("qae")
+def qae_advantages(
+    rewards: Tensor,
+    group_size: int,
+    *,
+    quantile: float = 0.4,
+    interpolation: QuantileInterpolation = "inverted_cdf",
+    scale_by_std: bool = False,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Quantile Advantage Estimation (Wu et al., arXiv 2509.22611): A_i = r_i - q_K(group).
+
+    With ``scale_by_std``: A_i = (r_i - q_K) / (std_g + eps). [B] -> [B]
+
+    quantile K = 0.4 is the value of the authors' released run scripts
+    (``algorithm.quantile_k=0.4``, github.com/junkangwu/QAE). ``interpolation="inverted_cdf"``
+    (default) is the K-quantile of the group's empirical distribution, q_K = inf{r : F(r) >= K}
+    = sorted[ceil(K*G) - 1], always one of the rewards. With 0/1 rewards and success rate p it
+    gives exactly the paper's two-regime gate: p <= 1-K -> q_K = 0, only successes get
+    advantage; p > 1-K -> q_K = 1, only failures do. The authors' code calls
+    ``torch.quantile(scores, K)`` (``interpolation="linear"``), which can put the baseline
+    between 0 and 1 and give both successes and failures nonzero advantage; pass "linear"
+    (or any other ``torch.quantile`` interpolation) to reproduce it. Their code then divides by
+    the group std when verl's ``norm_adv_by_std_in_grpo`` is on (``scale_by_std=True`` here).
+    """
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
+    if interpolation not in _QUANTILE_FNS:
+        raise ValueError(f"unknown interpolation {interpolation!r}; valid: {', '.join(_QUANTILE_FNS)}")
+    groups = as_groups(rewards, group_size)  # [P, G]
+    centred = _centred(groups, _QUANTILE_FNS[interpolation](groups, quantile))  # [P, G]
+    if scale_by_std:
+        centred = centred / (_std(groups, dim=1) + eps)
+    return centred.reshape(-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# multi-reward aggregation: fn(rewards [B, R], weights [R], group_size, estimator, **p) -> [B]
+# ----------------------------------------------------------------------------------------------
+def _check_multi(rewards: Tensor, weights: Tensor | Sequence[float]) -> tuple[Tensor, Tensor]:
+    if rewards.dim() != 2:
+        raise ValueError(f"multi-reward rewards must be [B, R], got shape {tuple(rewards.shape)}")
+    weights = torch.as_tensor(weights, dtype=torch.float32, device=rewards.device)
+    if weights.shape != (rewards.shape[1],):
+        raise ValueError(f"weights must have shape [R]=({rewards.shape[1]},), got {tuple(weights.shape)}")
+    return rewards.to(torch.float32), weights
+
+
+@REWARD_AGGREGATIONS.register("sum_then_normalize")
+def sum_then_normalize(
+    rewards: Tensor,
+    weights: Tensor | Sequence[float],
+    group_size: int,
+    estimator: str = "grpo",
+    **estimator_params,
+) -> Tensor:
+    """A = estimator(sum_k w_k r[:, k]): weight the rewards, then normalise. [B, R] -> [B]
+
+    TRL ``multi_objective_aggregation="sum_then_normalize"`` (its default).
+    """
+    rewards, weights = _check_multi(rewards, weights)
+    return ADVANTAGES.get(estimator)(rewards @ weights, group_size, **estimator_params)
+
+
+@REWARD_AGGREGATIONS.register("normalize_then_sum")
+def normalize_then_sum(
+    rewards: Tensor,
+    weights: Tensor | Sequence[float],
+    group_size: int,
+    estimator: str = "grpo",
+    *,
+    batch_normalize: bool = True,
+    batch_eps: float = 1e-6,
+    **estimator_params,
+) -> Tensor:
+    """GDPO (arXiv 2601.05242): normalise each reward in its group, then sum. [B, R] -> [B]
+
+        S_i = sum_k w_k * estimator(r[:, k])_i
+        A   = (S - mean(S)) / (std(S) + batch_eps)   over the batch, if ``batch_normalize``
+
+    The final batch whitening is the GDPO paper's and TRL's ``normalize_then_sum`` (TRL's eps
+    is 1e-4); ``batch_normalize=False`` returns the plain weighted sum S.
+    """
+    rewards, weights = _check_multi(rewards, weights)
+    fn = ADVANTAGES.get(estimator)
+    per_reward = [fn(rewards[:, k], group_size, **estimator_params) for k in range(rewards.shape[1])]
+    total = (torch.stack(per_reward, dim=1) * weights).sum(dim=1)  # [B]
+    return _whiten(total, batch_eps) if batch_normalize else total

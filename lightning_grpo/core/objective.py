@@ -1,0 +1,184 @@
+"""One entry point that composes the chosen variants into a loss and a dict of metrics.
+
+Per token, for the completion tokens that survive the masks:
+
+    L_t = w_t * policy_loss_t(logp, old, A)          # w_t: rollout correction weight (TIS), else 1
+          + beta * KL_t(logp, ref)                     # KL as a loss term (beta = 0: no reference)
+          - entropy_coef * H_t                         # entropy bonus
+          + llds_coef * LLDS_t                         # likelihood-preserving regulariser
+    loss = aggregate(L, loss_mask)                     # token-mean, seq-mean-token-mean, ...
+
+    loss_mask = mask * correction_mask (MIS / IcePop) * off-policy sequence mask
+                     * top-entropy mask
+
+Advantages may first have their negative part scaled (``negative_advantage_scale``).
+Every variant is looked up by name in a registry when the objective is built, so an unknown
+name fails before any work; nothing here branches on a name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from .guards import check_finite
+from .corrections import mismatch_metrics
+from .logprobs import masked_mean
+from .registry import AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, TOKEN_MASKS, TOKEN_TERMS
+from .terms import scale_negative_advantages
+
+
+class LossOutput(NamedTuple):
+    loss: Tensor  # [] scalar, differentiable
+    metrics: dict[str, Tensor]  # detached scalars
+
+
+class GRPOLoss:
+    """The GRPO-family objective, composed from named variants.
+
+    Args:
+        policy_loss: name in ``POLICY_LOSSES`` ("ppo", "dual_clip", "gspo", "cispo", ...).
+        policy_loss_args: keyword arguments of that loss (e.g. ``{"eps_high": 0.28}``).
+        aggregation: name in ``AGGREGATIONS`` ("token_mean", "seq_mean_token_mean", ...).
+        aggregation_args: keyword arguments of the aggregation (``{"max_length": 512}`` for
+            "seq_mean_token_sum_norm").
+        beta: KL coefficient; 0 disables the KL term and the reference model.
+        kl_estimator: name in ``KL_ESTIMATORS`` ("k1", "k2", "k3", "low_var_kl", "k3_unbiased").
+        correction: name in ``CORRECTIONS`` ("tis_token", "mis_seq", ...) or None: corrects
+            for the gap between the trainer's and the rollout engine's log-probs.
+        correction_args: keyword arguments of the correction (``{"cap": 2.0}``).
+        off_policy_delta: DeepSeek-V3.2 off-policy sequence mask threshold, or None.
+        top_entropy_quantile: train only on tokens whose entropy is at or above this quantile
+            of the batch's valid tokens (0.8 keeps the top 20%), or None.
+        entropy_coef: weight of the entropy bonus (needs ``entropy``).
+        negative_advantage_scale: multiplies negative advantages (1.0 = unchanged).
+        llds_coef: weight of the LLDS regulariser (0 = off).
+    """
+
+    def __init__(
+        self,
+        policy_loss: str = "ppo",
+        policy_loss_args: dict[str, Any] | None = None,
+        aggregation: str = "token_mean",
+        aggregation_args: dict[str, Any] | None = None,
+        beta: float = 0.0,
+        kl_estimator: str = "k3",
+        correction: str | None = None,
+        correction_args: dict[str, Any] | None = None,
+        off_policy_delta: float | None = None,
+        top_entropy_quantile: float | None = None,
+        entropy_coef: float = 0.0,
+        negative_advantage_scale: float = 1.0,
+        llds_coef: float = 0.0,
+    ) -> None:
+        self.policy_loss_fn = POLICY_LOSSES.get(policy_loss)
+        self.policy_loss_args = dict(policy_loss_args or {})
+        self.aggregate_fn = AGGREGATIONS.get(aggregation)
+        self.aggregation_args = dict(aggregation_args or {})
+        self.kl_fn = KL_ESTIMATORS.get(kl_estimator)
+        self.correction_fn = CORRECTIONS.get(correction) if correction is not None else None
+        self.correction_args = dict(correction_args or {})
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {beta}")
+        if top_entropy_quantile is not None and not 0.0 <= top_entropy_quantile < 1.0:
+            raise ValueError(f"top_entropy_quantile must be in [0, 1), got {top_entropy_quantile}")
+        self.beta = float(beta)
+        self.off_policy_delta = off_policy_delta
+        self.top_entropy_quantile = top_entropy_quantile
+        self.entropy_coef = float(entropy_coef)
+        self.negative_advantage_scale = float(negative_advantage_scale)
+        self.llds_coef = float(llds_coef)
+        self._off_policy_mask = TOKEN_MASKS.get("off_policy_sequence")
+        self._top_entropy_mask = TOKEN_MASKS.get("top_entropy")
+        self._entropy_bonus = TOKEN_TERMS.get("entropy_bonus")
+        self._llds = TOKEN_TERMS.get("llds")
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.entropy_coef != 0.0 or self.top_entropy_quantile is not None
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.beta != 0.0
+
+    @property
+    def needs_rollout_logprobs(self) -> bool:
+        return self.correction_fn is not None or self.off_policy_delta is not None
+
+    def __call__(
+        self,
+        logp: Tensor,  # [B, T] log pi_theta of the sampled tokens (with grad)
+        mask: Tensor,  # [B, T] 1 on completion tokens
+        advantages: Tensor,  # [B] or [B, T]
+        *,
+        old_logp: Tensor | None = None,  # [B, T]; None = on-policy (sg[logp])
+        ref_logp: Tensor | None = None,  # [B, T]; needed when beta > 0
+        rollout_logp: Tensor | None = None,  # [B, T] from the rollout engine
+        entropy: Tensor | None = None,  # [B, T]; needed for entropy bonus / top-entropy mask
+        num_tokens: float | Tensor | None = None,  # global normaliser (token-mean)
+        num_sequences: float | Tensor | None = None,  # global normaliser (seq-mean modes)
+        generator: torch.Generator | None = None,
+    ) -> LossOutput:
+        mask = mask.to(torch.float32)
+        old = logp.detach() if old_logp is None else old_logp
+        self._check_inputs(logp, mask, old, ref_logp, rollout_logp, entropy)
+        if self.negative_advantage_scale != 1.0:
+            advantages = scale_negative_advantages(advantages, self.negative_advantage_scale)
+
+        metrics: dict[str, Tensor] = {}
+        loss_mask, weight = self._masks_and_weight(logp, mask, old, advantages, rollout_logp, entropy, metrics)
+
+        pl = self.policy_loss_fn(logp, old, advantages, loss_mask, generator=generator, **self.policy_loss_args)
+        token_loss = pl.loss * weight  # [B, T]
+        metrics.update(pl.metrics)
+        if self.beta != 0.0:
+            kl = self.kl_fn(logp, ref_logp, old_logp=old)  # [B, T]
+            token_loss = token_loss + self.beta * kl
+            metrics["kl"] = masked_mean(kl.detach(), loss_mask)
+        if self.entropy_coef != 0.0:
+            token_loss = token_loss + self._entropy_bonus(entropy, loss_mask, self.entropy_coef)
+        if self.llds_coef != 0.0:
+            token_loss = token_loss + self._llds(logp, old, loss_mask, self.llds_coef)
+
+        loss = self.aggregate_fn(
+            token_loss, loss_mask, num_tokens=num_tokens, num_sequences=num_sequences, **self.aggregation_args
+        )
+        if entropy is not None:
+            metrics["entropy"] = masked_mean(entropy.detach().float(), mask)
+        n_valid = mask.sum()
+        metrics["masked_frac"] = torch.where(n_valid > 0, 1.0 - loss_mask.sum() / n_valid.clamp(min=1), 0.0)
+        metrics["loss"] = loss.detach()
+        return LossOutput(loss, metrics)
+
+    def _masks_and_weight(self, logp, mask, old, advantages, rollout_logp, entropy, metrics):
+        loss_mask = mask
+        weight = torch.ones_like(mask)
+        if rollout_logp is not None:
+            metrics.update(mismatch_metrics(old, rollout_logp, mask))
+        if self.correction_fn is not None:
+            corr = self.correction_fn(old, rollout_logp, mask, **self.correction_args)
+            loss_mask = loss_mask * corr.mask
+            weight = corr.weight
+            metrics.update(corr.metrics)
+        if self.off_policy_delta is not None:
+            seq_keep = self._off_policy_mask(logp, rollout_logp, advantages, mask, self.off_policy_delta)  # [B]
+            loss_mask = loss_mask * seq_keep.unsqueeze(-1)
+            metrics["off_policy_masked_frac"] = 1.0 - seq_keep.float().mean()
+        if self.top_entropy_quantile is not None:
+            loss_mask = loss_mask * self._top_entropy_mask(entropy, loss_mask, self.top_entropy_quantile)
+        return loss_mask, weight
+
+    def _check_inputs(self, logp, mask, old, ref_logp, rollout_logp, entropy) -> None:
+        if logp.shape != mask.shape:
+            raise ValueError(f"logp has shape {tuple(logp.shape)} but mask has shape {tuple(mask.shape)}")
+        if self.needs_reference and ref_logp is None:
+            raise ValueError("beta > 0 needs ref_logp (the reference model's log-probs)")
+        if self.needs_rollout_logprobs and rollout_logp is None:
+            raise ValueError("correction / off_policy_delta need rollout_logp (the engine's log-probs)")
+        if self.needs_entropy and entropy is None:
+            raise ValueError("entropy_coef / top_entropy_quantile need entropy")
+        for name, t in (("logp", logp), ("old_logp", old), ("ref_logp", ref_logp), ("rollout_logp", rollout_logp)):
+            if t is not None:
+                check_finite(name, t.detach(), mask)

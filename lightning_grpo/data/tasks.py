@@ -1,0 +1,102 @@
+"""The built-in synthetic verifiable task: four digits, then ``=``, then one answer digit.
+
+A prompt is four random digits followed by ``=`` (plain text, no chat template), e.g. ``"4821="``;
+the answer is one digit computed from the prompt by a named rule (default ``(last + 1) mod 10``,
+so ``"4821="`` -> ``"2"``). A tiny random model learns it in about 1000 GRPO steps on a CPU
+(see ``docs`` / the quickstart), which makes it the smoke test of the whole pipeline.
+
+The split is generated deterministically from a seed, the validation prompts never occur in
+the training set, and every answer digit is equally frequent in both splits (to within one
+prompt), so guessing a digit scores 0.1 on average.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable
+
+from lightning_grpo.core.registry import Registry
+
+#: A rule maps the four prompt digits (a string like ``"4821"``) to the one answer digit.
+DigitRule = Callable[[str], str]
+
+DIGIT_RULES: Registry = Registry("digit task rule")
+
+#: Number of digits before the ``=``.
+NUM_DIGITS = 4
+
+
+@DIGIT_RULES.register("last_plus_one")
+def last_plus_one(digits: str) -> str:
+    """``(last digit + 1) mod 10``: ``"4821"`` -> ``"2"``."""
+    return str((int(digits[-1]) + 1) % 10)
+
+
+@DIGIT_RULES.register("last_digit")
+def last_digit(digits: str) -> str:
+    """The last digit: ``"4821"`` -> ``"1"``."""
+    return digits[-1]
+
+
+@DIGIT_RULES.register("first_digit")
+def first_digit(digits: str) -> str:
+    """The first digit: ``"4821"`` -> ``"4"``."""
+    return digits[0]
+
+
+def _quotas(total: int, rng: random.Random) -> dict[str, int]:
+    """Split ``total`` prompts over the ten answer digits as evenly as possible.
+
+    The ``total % 10`` digits that get one extra prompt are picked at random.
+    """
+    extra = set(rng.sample(range(10), total % 10))
+    return {str(d): total // 10 + (1 if d in extra else 0) for d in range(10)}
+
+
+def digit_task(
+    seed: int = 0,
+    num_train: int = 300,
+    num_val: int = 50,
+    rule: str = "last_plus_one",
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """Training and validation records ``{"prompt": "4821=", "answer": "2"}`` for the digit task.
+
+    Args:
+        seed: Seed of the draw; the same arguments always give the same two lists.
+        num_train: Number of training prompts (>= 1).
+        num_val: Number of validation prompts (>= 0); disjoint from the training prompts.
+        rule: Name of the answer rule in :data:`DIGIT_RULES` (``"last_plus_one"``,
+            ``"last_digit"``, ``"first_digit"``).
+
+    Returns:
+        ``(train, val)``: each a shuffled list of records whose answers are balanced over the
+        ten digits (each digit appears ``n // 10`` or ``n // 10 + 1`` times).
+    """
+    rule_fn: DigitRule = DIGIT_RULES.get(rule)
+    if not isinstance(num_train, int) or num_train < 1:
+        raise ValueError(f"digit_task: num_train must be an integer >= 1, got {num_train!r}")
+    if not isinstance(num_val, int) or num_val < 0:
+        raise ValueError(f"digit_task: num_val must be an integer >= 0, got {num_val!r}")
+    rng = random.Random(seed)
+    # Every possible prompt, grouped by its answer, each group in a seeded random order.
+    by_answer: dict[str, list[str]] = {str(d): [] for d in range(10)}
+    for n in range(10**NUM_DIGITS):
+        digits = f"{n:0{NUM_DIGITS}d}"
+        by_answer[rule_fn(digits)].append(digits)
+    for group in by_answer.values():
+        rng.shuffle(group)
+    val_quota, train_quota = _quotas(num_val, rng), _quotas(num_train, rng)
+    train: list[dict[str, str]] = []
+    val: list[dict[str, str]] = []
+    for answer, group in by_answer.items():
+        need = val_quota[answer] + train_quota[answer]
+        if need > len(group):
+            raise ValueError(
+                f"digit_task: rule {rule!r} has only {len(group)} distinct prompts with answer "
+                f"{answer}, but num_train={num_train} and num_val={num_val} need {need}"
+            )
+        val += [{"prompt": d + "=", "answer": answer} for d in group[: val_quota[answer]]]
+        train += [{"prompt": d + "=", "answer": answer} for d in group[val_quota[answer] : need]]
+    rng.shuffle(train)
+    rng.shuffle(val)
+    return train, val

@@ -1,0 +1,278 @@
+"""GRPOModule: the policy (+ reference) and the GRPO-family loss as a LightningModule.
+
+Data flow of one generation batch (``RolloutCallback`` drives the first half):
+
+    prompts -> engine.generate -> rewards -> module.prepare_rollout_batch (advantages,
+    old / ref log-probs) -> training_step x R (loss on a micro-batch) -> optimizer step
+    -> weight push into the engine
+
+``training_step`` reads the current :class:`~lightning_grpo.batch.RolloutBatch` from
+``self.rollout_batch`` (set by the callback, or by you when you drive rollouts yourself) and
+the micro-step index from the dataloader batch (``batch["micro"]``).
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+
+from .batch import RolloutBatch, micro_step, position_ids
+from .core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs, logprobs_from_hidden, logprobs_from_logits
+from .core.kl import kl_penalty_in_reward
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapter (peft) on the policy; the reference is then the base model (adapter off)."""
+
+    r: int = 16
+    """Rank of the update matrices."""
+    alpha: int = 32
+    """Scaling: delta_W = alpha / r * B @ A."""
+    dropout: float = 0.0
+    """Dropout on the adapter input (0 keeps the vLLM merged weights exact)."""
+    target_modules: list[str] | str = "all-linear"
+    """Module names to adapt, or "all-linear"."""
+    init_lora_weights: bool | str = True
+    """peft's init; True makes the adapter start as the identity (B = 0)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Further peft ``LoraConfig`` arguments."""
+
+    def to_peft(self):
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=self.target_modules,
+            init_lora_weights=self.init_lora_weights,
+            task_type="CAUSAL_LM",
+            **self.extra,
+        )
+
+
+class GRPOModule(L.LightningModule):
+    """Policy, optional reference and the GRPO-family objective.
+
+    Args:
+        model: a Hugging Face model directory / hub name for ``AutoModelForCausalLM``, or an
+            already-built ``nn.Module`` (drop-in use). None: the built-in tiny model.
+        loss: the composed objective (:class:`~lightning_grpo.core.GRPOLoss`); default GRPO
+            with PPO clipping and token-mean aggregation, beta 0.
+        advantage: advantage estimator by name (``ADVANTAGES``: grpo, dr_grpo, rloo, qae, ...).
+        advantage_args: its keyword arguments (e.g. ``{"eps": 1e-4}``).
+        reward_aggregation: how several reward functions combine (``REWARD_AGGREGATIONS``).
+        kl_in_reward_coef: subtract ``coef * sum_t k1`` from each reward (KL through the
+            advantage; needs a reference).
+        num_iterations: passes over each generation batch (PPO epochs).
+        steps_per_generation: optimizer steps (mini-batches) per pass.
+        reference: "auto" (none when no KL is used, the adapter-disabled model with LoRA, a
+            frozen copy otherwise), or force "none" / "copy" / "adapter".
+        lora: LoRA settings, or None for full fine-tuning.
+        dtype: dtype to load a model path in.
+        logprob_chunk_size: rows of the LM head computed at once (memory vs speed).
+        gradient_checkpointing: recompute activations in backward (saves memory).
+        optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
+    """
+
+    def __init__(
+        self,
+        model: str | nn.Module | None = None,
+        loss: GRPOLoss | None = None,
+        advantage: str = "grpo",
+        advantage_args: dict[str, Any] | None = None,
+        reward_aggregation: str = "sum_then_normalize",
+        kl_in_reward_coef: float = 0.0,
+        num_iterations: int = 1,
+        steps_per_generation: int = 1,
+        reference: Literal["auto", "none", "copy", "adapter"] = "auto",
+        lora: LoraSettings | None = None,
+        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        logprob_chunk_size: int = 1024,
+        gradient_checkpointing: bool = False,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["model", "loss", "optimizer", "lr_scheduler"])
+        self.loss_fn = loss if loss is not None else GRPOLoss()
+        self._advantage_fn = ADVANTAGES.get(advantage)
+        self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(reward_aggregation)
+        if num_iterations < 1 or steps_per_generation < 1:
+            raise ValueError(
+                f"num_iterations and steps_per_generation must be >= 1, got {num_iterations}, {steps_per_generation}"
+            )
+        if reference == "adapter" and lora is None:
+            raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
+        self.model_source = model if isinstance(model, str) or model is None else None
+        self.policy: nn.Module | None = model if isinstance(model, nn.Module) else None
+        self.reference: nn.Module | None = None
+        self.optimizer_factory = optimizer
+        self.lr_scheduler_factory = lr_scheduler
+        self.rollout_batch: RolloutBatch | None = None
+        self.rollout_metrics: dict[str, float] = {}
+
+    # ----------------------------------------------------------------------------- models
+    @property
+    def uses_reference(self) -> bool:
+        return self.reference_mode != "none"
+
+    @property
+    def reference_mode(self) -> str:
+        mode = self.hparams.reference
+        if mode != "auto":
+            return mode
+        if not (self.loss_fn.needs_reference or self.hparams.kl_in_reward_coef):
+            return "none"
+        return "adapter" if self.hparams.lora is not None else "copy"
+
+    def configure_model(self) -> None:
+        if self.policy is None:
+            self.policy = self._load_policy()
+        elif self.hparams.lora is not None and not hasattr(self.policy, "disable_adapter"):
+            self.policy = self._apply_lora(self.policy)
+        if self.hparams.gradient_checkpointing and hasattr(self.policy, "gradient_checkpointing_enable"):
+            self.policy.gradient_checkpointing_enable()
+        self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
+        if self.reference_mode == "copy" and self.reference is None:
+            self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+
+    def _load_policy(self) -> nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        source = self.model_source
+        if source is None:
+            from .data.tiny import tiny_model_dir
+
+            source = str(tiny_model_dir())
+        policy = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, self.hparams.dtype))
+        return self._apply_lora(policy) if self.hparams.lora is not None else policy
+
+    def _apply_lora(self, policy: nn.Module) -> nn.Module:
+        from peft import get_peft_model
+
+        return get_peft_model(policy, self.hparams.lora.to_peft())
+
+    # ------------------------------------------------------------------------- log-probs
+    def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
+        """Log-probs (and entropy) of the completion tokens at the sampling temperature.
+
+        Hugging Face models go through the decoder and the chunked LM-head path, so the full
+        [B, Lc, V] logits never exist; other modules fall back to ``model(...).logits``.
+        """
+        ids, attn = batch.input_ids, batch.attention_mask  # [B, L]
+        pos = position_ids(attn)
+        lp = batch.prompt_length
+        target = ids[:, lp:]  # [B, Lc]
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if head is not None and hasattr(model, "get_decoder"):
+            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
+            return logprobs_from_hidden(
+                hidden[:, lp - 1 : -1],  # [B, Lc, H] states that predict the completion tokens
+                head.weight,
+                target,
+                bias=head.bias,
+                temperature=batch.temperature,
+                compute_entropy=compute_entropy,
+                chunk_size=self.hparams.logprob_chunk_size,
+            )
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, lp - 1 : -1]
+        return logprobs_from_logits(logits, target, temperature=batch.temperature, compute_entropy=compute_entropy)
+
+    @torch.no_grad()
+    def _logprobs_no_grad(self, batch: RolloutBatch, reference: bool, rows_per_pass: int) -> Tensor:
+        model = self.policy if not reference or self.reference_mode == "adapter" else self.reference
+        ctx = self.policy.disable_adapter() if reference and self.reference_mode == "adapter" else nullcontext()
+        out = []
+        with ctx:
+            for rows in torch.arange(len(batch)).split(max(1, rows_per_pass)):
+                out.append(self.token_logprobs(model, batch.select(rows)).logp)
+        return torch.cat(out)  # [B, Lc]
+
+    # ----------------------------------------------------------------------- advantages
+    def compute_advantages(self, rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
+        """rewards [B, R] (one column per reward function), weights [R] -> advantages [B]."""
+        return self._reward_aggregation_fn(
+            rewards, weights, group_size, estimator=self.hparams.advantage, **(self.hparams.advantage_args or {})
+        )
+
+    def prepare_rollout_batch(self, batch: RolloutBatch, rewards: Tensor, weights: Tensor, rows_per_pass: int) -> RolloutBatch:
+        """Fill in advantages and, only where needed, the reference and old log-probs.
+
+        Old log-probs are computed only when the batch is reused after an optimizer step
+        (num_iterations > 1 or steps_per_generation > 1); otherwise old = sg[logp] in the loss.
+        """
+        if self.uses_reference:
+            batch.ref_logp = self._logprobs_no_grad(batch, reference=True, rows_per_pass=rows_per_pass)
+        if self.hparams.kl_in_reward_coef:
+            policy_logp = batch.rollout_logp  # the behaviour policy's log-probs
+            total = rewards @ weights
+            shaped = kl_penalty_in_reward(total, policy_logp, batch.ref_logp, batch.completion_mask, self.hparams.kl_in_reward_coef)
+            rewards, weights = shaped.unsqueeze(-1), weights.new_ones(1)
+        batch.advantages = self.compute_advantages(rewards, weights, batch.group_size)
+        if self.hparams.num_iterations > 1 or self.hparams.steps_per_generation > 1:
+            batch.old_logp = self._logprobs_no_grad(batch, reference=False, rows_per_pass=rows_per_pass)
+        return batch
+
+    # ------------------------------------------------------------------------- training
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        if self.rollout_batch is None:
+            raise RuntimeError(
+                "GRPOModule.training_step found no rollouts: add lightning_grpo.RolloutCallback to the "
+                "Trainer's callbacks, or set module.rollout_batch yourself before each step"
+            )
+        accumulate = self.trainer.accumulate_grad_batches
+        step = micro_step(len(self.rollout_batch), int(batch["micro"]), self.hparams.steps_per_generation, accumulate)
+        full = self.rollout_batch
+        micro = full.select(step.micro)
+        num_tokens = self._global_sum(full.completion_mask[step.mini].sum())
+        num_sequences = self._global_sum(torch.tensor(float(len(step.mini))))
+        if len(micro) == 0:  # an uneven split left this rank nothing: keep every parameter in the graph
+            return sum(p.sum() * 0.0 for p in self.policy.parameters() if p.requires_grad)
+
+        out = self.token_logprobs(self.policy, micro, compute_entropy=True)
+        result = self.loss_fn(
+            out.logp,
+            micro.completion_mask,
+            micro.advantages,
+            old_logp=micro.old_logp,
+            ref_logp=micro.ref_logp,
+            rollout_logp=micro.rollout_logp,
+            entropy=out.entropy,
+            num_tokens=num_tokens,
+            num_sequences=num_sequences,
+        )
+        self._log_metrics(result.metrics, len(micro))
+        # Lightning divides by accumulate_grad_batches and DDP averages over ranks; the loss is
+        # already normalised by global counts, so undo both to keep the sum exact.
+        return result.loss * accumulate * self.trainer.world_size
+
+    def _global_sum(self, value: Tensor) -> Tensor:
+        value = value.to(self.device, torch.float32)
+        if self.trainer.world_size > 1:
+            value = self.trainer.strategy.reduce(value.clone(), reduce_op="sum")
+        return value
+
+    def _log_metrics(self, metrics: dict[str, Tensor], batch_size: int) -> None:
+        logged = {f"train/{k}": v.detach().float() for k, v in metrics.items()}
+        logged.update({f"train/{k}": float(v) for k, v in self.rollout_metrics.items()})
+        self.log_dict(logged, batch_size=batch_size, on_step=True, on_epoch=False)
+        bar = {"reward": float(self.rollout_metrics.get("reward_mean", float("nan")))}
+        if "kl" in metrics:
+            bar["kl"] = metrics["kl"].detach().float()
+        self.log_dict(bar, prog_bar=True, logger=False, batch_size=batch_size, on_step=True, on_epoch=False)
+
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params)
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "step"}}

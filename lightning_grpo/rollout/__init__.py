@@ -1,0 +1,25 @@
+"""Rollout engines: sample G completions per prompt with their log-probs (transformers or vLLM)."""
+
+from lightning_grpo.rollout.base import (
+    Rollout,
+    RolloutEngine,
+    RolloutTensors,
+    SamplingConfig,
+    derive_seed,
+    rollout_to_tensors,
+)
+from lightning_grpo.rollout.hf import HFEngine
+from lightning_grpo.rollout.vllm import VLLMEngine
+from lightning_grpo.rollout.weights import policy_weights_for_engine
+
+__all__ = [
+    "HFEngine",
+    "Rollout",
+    "RolloutEngine",
+    "RolloutTensors",
+    "SamplingConfig",
+    "VLLMEngine",
+    "derive_seed",
+    "policy_weights_for_engine",
+    "rollout_to_tensors",
+]

@@ -1,0 +1,193 @@
+"""The rollout engine interface: sample G completions per prompt and report their log-probs.
+
+An engine turns P prompts (token ids) into a :class:`Rollout` of P*G completions, grouped by
+prompt, with the log-probability of every sampled token under the sampling distribution. Two
+engines implement it: :class:`~lightning_grpo.rollout.hf.HFEngine` (transformers ``generate`` on
+the live policy) and :class:`~lightning_grpo.rollout.vllm.VLLMEngine` (an in-process vLLM copy of
+the policy that is refreshed with :meth:`RolloutEngine.load_weights` after each optimizer step).
+
+This module imports torch only; heavy libraries are imported by the engines that need them.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Iterable, NamedTuple
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+_MASK31 = (1 << 31) - 1
+#: :func:`derive_seed` keeps this many low bits for the rank (ranks 0..1023).
+_RANK_BITS = 10
+
+
+@dataclass
+class SamplingConfig:
+    """How completions are sampled. The same values drive every engine."""
+
+    n: int = 8
+    """Completions per prompt (the group size G)."""
+    temperature: float = 1.0
+    """Softmax temperature (> 0). Log-probs are reported after temperature scaling."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1.0 = off."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 = off."""
+    max_new_tokens: int = 16
+    """Most tokens sampled per completion (the EOS token counts)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"SamplingConfig.n must be an integer >= 1 (completions per prompt), got {self.n!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"SamplingConfig.temperature must be > 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"SamplingConfig.top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"SamplingConfig.max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+
+
+@dataclass
+class Rollout:
+    """P prompts and their P*G sampled completions, grouped by prompt.
+
+    Row ``i`` of the per-completion lists belongs to prompt ``i // group_size``: rows
+    ``p*G .. p*G+G-1`` are the group of prompt ``p``.
+    """
+
+    prompt_ids: list[list[int]]
+    """P prompts, as token ids (unpadded)."""
+    completion_ids: list[list[int]]
+    """P*G sampled completions (unpadded), including the EOS id when one was sampled; nothing after it."""
+    logprobs: list[list[float]]
+    """P*G lists: log-prob of each sampled token under softmax(logits / temperature), same lengths as
+    ``completion_ids`` (see the engine for how top-k / top-p enter)."""
+    finished: list[bool]
+    """P*G flags: True = the completion ended with EOS, False = it hit ``max_new_tokens``."""
+    group_size: int
+    """G, completions per prompt."""
+
+    def __post_init__(self) -> None:
+        expected = len(self.prompt_ids) * self.group_size
+        for field in ("completion_ids", "logprobs", "finished"):
+            got = len(getattr(self, field))
+            if got != expected:
+                raise ValueError(
+                    f"Rollout.{field} has {got} rows; expected {expected} "
+                    f"(= {len(self.prompt_ids)} prompts x group_size {self.group_size})"
+                )
+        for i, (ids, lps) in enumerate(zip(self.completion_ids, self.logprobs)):
+            if len(ids) != len(lps):
+                raise ValueError(f"Rollout.logprobs[{i}] has {len(lps)} values for {len(ids)} completion tokens")
+
+
+class RolloutTensors(NamedTuple):
+    """A :class:`Rollout` padded into tensors (B = P*G rows, Lp = longest prompt, Lc = longest completion).
+
+    Row ``b`` is ``[pad ... pad, prompt, completion, pad ... pad]``: the prompt of row ``b`` is
+    LEFT-padded to Lp and its completion RIGHT-padded to Lc, so every completion starts at column
+    Lp and ``input_ids[:, Lp:]`` lines up with the completion tensors. The token at column
+    ``Lp + j`` is predicted by the logits at column ``Lp + j - 1``.
+    """
+
+    input_ids: torch.Tensor
+    """[B, Lp+Lc] long: prompt + completion tokens, pad id elsewhere."""
+    attention_mask: torch.Tensor
+    """[B, Lp+Lc] long: 1 on prompt and completion tokens, 0 on padding."""
+    completion_mask: torch.Tensor
+    """[B, Lc] float: 1 on sampled tokens (EOS included), 0 on padding."""
+    rollout_logprobs: torch.Tensor
+    """[B, Lc] float32: the engine's log-prob of each sampled token, 0 on padding."""
+
+
+def rollout_to_tensors(rollout: Rollout, pad_id: int) -> RolloutTensors:
+    """Pad ``rollout`` into training tensors; see :class:`RolloutTensors` for the layout and shapes."""
+    G = rollout.group_size
+    B = len(rollout.completion_ids)
+    Lp = max((len(p) for p in rollout.prompt_ids), default=0)
+    Lc = max((len(c) for c in rollout.completion_ids), default=0)
+    input_ids = torch.full((B, Lp + Lc), pad_id, dtype=torch.long)  # [B, Lp+Lc]
+    attention_mask = torch.zeros((B, Lp + Lc), dtype=torch.long)  # [B, Lp+Lc]
+    completion_mask = torch.zeros((B, Lc), dtype=torch.float32)  # [B, Lc]
+    rollout_logprobs = torch.zeros((B, Lc), dtype=torch.float32)  # [B, Lc]
+    for b, (ids, lps) in enumerate(zip(rollout.completion_ids, rollout.logprobs)):
+        prompt = rollout.prompt_ids[b // G]
+        if prompt:
+            input_ids[b, Lp - len(prompt) : Lp] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[b, Lp - len(prompt) : Lp] = 1
+        if ids:
+            input_ids[b, Lp : Lp + len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[b, Lp : Lp + len(ids)] = 1
+            completion_mask[b, : len(ids)] = 1
+            rollout_logprobs[b, : len(ids)] = torch.tensor(lps, dtype=torch.float32)
+    return RolloutTensors(input_ids, attention_mask, completion_mask, rollout_logprobs)
+
+
+class RolloutEngine(abc.ABC):
+    """Samples completions for prompts given as token ids."""
+
+    needs_weight_sync: bool = True
+    """True when the engine holds its own copy of the weights, which the trainer must refresh with
+    :meth:`load_weights` after every optimizer step (False for engines that sample from the live policy)."""
+
+    @abc.abstractmethod
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
+        """Sample ``sampling.n`` completions for each prompt; the same ``seed`` reproduces the rollout."""
+
+    @abc.abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the engine's weights with ``(hf_name, tensor)`` pairs named as in an HF checkpoint."""
+
+    def close(self) -> None:
+        """Release the engine's resources (no-op by default)."""
+
+
+def validate_prompts(prompt_ids: list[list[int]]) -> None:
+    """Raise one clear ValueError if ``prompt_ids`` is not a non-empty list of non-empty id lists."""
+    if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
+        raise ValueError(f"prompt_ids must be a non-empty list of token-id lists, got {type(prompt_ids).__name__}")
+    for i, ids in enumerate(prompt_ids):
+        if not isinstance(ids, (list, tuple)) or not ids:
+            raise ValueError(f"prompt_ids[{i}] must be a non-empty list of token ids, got {ids!r:.80}")
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64 finaliser: a bijection on 64-bit integers that scrambles nearby inputs."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _mix31(x: int) -> int:
+    """A bijection on 31-bit integers (xorshift-multiply rounds with odd multipliers mod 2**31)."""
+    for mult in (0x2C1B3C6D, 0x297A2D39):
+        x ^= x >> 16
+        x = (x * mult) & _MASK31
+    return x ^ (x >> 15)
+
+
+def derive_seed(run_seed: int, rank: int, step: int) -> int:
+    """The sampling seed of ``rank`` at ``step``: deterministic, fits 31 bits, distinct per (rank, step).
+
+    ``(step, rank)`` is packed into 31 bits as ``step * 1024 + rank`` and sent through a bijection
+    keyed by ``run_seed``, so for one run seed the seeds of ranks 0..1023 and steps
+    0..2**21-1 (about 2M) are all distinct; larger steps wrap around.
+    """
+    if not 0 <= rank < (1 << _RANK_BITS):
+        raise ValueError(f"derive_seed: rank must be in [0, {1 << _RANK_BITS}), got {rank}")
+    if step < 0:
+        raise ValueError(f"derive_seed: step must be >= 0, got {step}")
+    packed = ((step << _RANK_BITS) | rank) & _MASK31
+    offset = _mix64(run_seed + 0x9E3779B97F4A7C15) & _MASK31
+    return _mix31((packed + offset) & _MASK31)
+
+
+def request_seed(seed: int, index: int) -> int:
+    """A 62-bit seed for request ``index`` of a rollout seeded with ``seed`` (scrambled, so requests
+    of neighbouring seeds do not share random streams)."""
+    return _mix64(_mix64(seed) + index) >> 2

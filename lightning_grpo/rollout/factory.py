@@ -1,0 +1,56 @@
+"""Build a rollout engine by name for a GRPOModule (the engines registry)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..core.registry import Registry
+from .base import RolloutEngine
+
+ENGINES: Registry = Registry("rollout engine")
+
+
+@ENGINES.register("hf")
+def _hf_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutEngine:
+    from .hf import HFEngine
+
+    if args:
+        raise ValueError(f"engine 'hf' takes no engine arguments, got {sorted(args)}")
+    return HFEngine(module.policy, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+
+
+@ENGINES.register("vllm")
+def _vllm_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutEngine:
+    """vLLM loads the architecture from a checkpoint directory: the module's model path when it
+    has one, otherwise the live policy saved to a temporary directory. The current weights are
+    pushed right after (the callback does it before the first generation)."""
+    from .vllm import VLLMEngine
+
+    path = module.model_source
+    if path is None and module.policy is not None:
+        path = _save_for_engine(module.policy, tokenizer)
+    elif path is None:
+        from ..data.tiny import tiny_model_dir
+
+        path = str(tiny_model_dir())
+    return VLLMEngine(str(path), seed=seed, **args)
+
+
+def _save_for_engine(policy, tokenizer) -> str:
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    if not hasattr(base, "save_pretrained"):
+        raise TypeError(
+            "engine='vllm' needs a Hugging Face model (with save_pretrained) or a model path; "
+            f"got {type(base).__name__}: use engine='hf' or pass GRPOModule(model='path/to/model')"
+        )
+    directory = Path(tempfile.mkdtemp(prefix="lightning-grpo-engine-"))
+    base.save_pretrained(directory)  # peft: the base weights; the merged adapter is pushed later
+    tokenizer.save_pretrained(directory)
+    return str(directory)
+
+
+def build_engine(name: str, module, tokenizer, seed: int, args: dict[str, Any] | None = None) -> RolloutEngine:
+    """The engine called ``name`` ("vllm" or "hf") for ``module``'s policy."""
+    return ENGINES.get(name)(module, tokenizer, seed, dict(args or {}))

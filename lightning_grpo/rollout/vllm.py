@@ -1,0 +1,251 @@
+"""Rollouts with an in-process vLLM engine, refreshed with the policy's weights after each step.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weights are pushed
+as tensors: :meth:`VLLMEngine.load_weights` reloads them in place (``reload_weights`` RPC,
+checkpoint format) and then resets the prefix cache, without which prompts that share more
+than one KV block would keep attention keys/values computed by the old weights.
+
+Log-probs are vLLM's ``processed_logprobs``: log-softmax after temperature and after top-k /
+top-p truncation (renormalised over the kept tokens). With top-k and top-p off (the defaults)
+they equal ``log_softmax(logits / temperature)`` as recomputed by the trainer (about 3e-6 in
+float32); with truncation on they differ from :class:`~lightning_grpo.rollout.hf.HFEngine`,
+which reports the untruncated values.
+
+LoRA, two ways: push merged weights (:func:`~lightning_grpo.rollout.weights.policy_weights_for_engine`
+gives ``W + delta_W``; the default, works everywhere), or build the engine with
+``enable_lora=True`` and hand it the adapter saved with ``save_pretrained`` through
+:meth:`VLLMEngine.load_lora_adapter`; every later :meth:`~VLLMEngine.generate` then samples
+with that adapter on top of the engine's base weights.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any, Iterable, Literal
+
+import torch
+
+from lightning_grpo.rollout.base import Rollout, RolloutEngine, SamplingConfig, request_seed, validate_prompts
+
+MISSING_VLLM = (
+    "engine='vllm' needs vLLM: pip install 'lightning-grpo[cpu]' (CPU) or 'lightning-grpo[gpu]' (CUDA)"
+)
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def import_vllm() -> Any:
+    """Import vLLM for in-process use (environment set first); raise a clear ImportError if it is missing."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: weights pushed as tensors
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # with enforce_eager: no 8-20 s compile on first logprobs
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(MISSING_VLLM) from err
+    return vllm
+
+
+class VLLMEngine(RolloutEngine):
+    """An in-process vLLM ``LLM`` sampling G completions per prompt from token ids.
+
+    Build it once (in ``setup()``, kept out of the LightningModule's module tree) and push the
+    policy's weights with :meth:`load_weights` after every optimizer step. Constructing the
+    engine does not disturb the global Python / numpy / torch RNG states (vLLM reseeds them; we
+    restore them). Each prompt is one request with ``n=G`` and its own seed derived from the
+    ``seed`` given to :meth:`generate`, so the G samples differ and the same seed reproduces them.
+    """
+
+    needs_weight_sync = True
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: Literal["float32", "float16", "bfloat16"] = "float32",
+        max_model_len: int = 512,
+        kv_cache_memory_bytes: int | None = 64 * 1024**2,
+        block_size: int | None = None,
+        seed: int = 0,
+        enable_lora: bool = False,
+        max_lora_rank: int = 16,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        extra_llm_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """
+        Args:
+            model_path: directory of an HF checkpoint (config, weights); its architecture must be one vLLM supports.
+            dtype: engine dtype, one of ``float32``, ``float16``, ``bfloat16``; pushed weights are cast to it.
+            max_model_len: longest prompt + completion, in tokens.
+            kv_cache_memory_bytes: KV-cache size in bytes (64 MiB fits the tests; size it for real runs:
+                about 2 x layers x kv_heads x head_dim x dtype bytes per token). None = vLLM sizes it
+                (GPU: from ``gpu_memory_utilization``; CPU: about 90% of a NUMA node, rarely wanted).
+            block_size: KV block size in tokens (CPU: a multiple of 32); None = vLLM's default (128 on CPU).
+            seed: vLLM's engine seed (requests are seeded per call anyway).
+            enable_lora: serve LoRA adapters given to :meth:`load_lora_adapter`.
+            max_lora_rank: largest adapter rank accepted when ``enable_lora``.
+            gpu_memory_utilization: fraction of GPU memory vLLM may use (GPU only; ignored on CPU, and
+                for the KV cache ignored when ``kv_cache_memory_bytes`` is set).
+            enforce_eager: no CUDA graphs / compilation (keep True on CPU, see platform notes).
+            extra_llm_kwargs: more keyword arguments for ``vllm.LLM`` (override the ones above).
+        """
+        if dtype not in _DTYPES:
+            raise ValueError(f"VLLMEngine dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if not os.path.isfile(os.path.join(str(model_path), "config.json")):
+            raise FileNotFoundError(
+                f"VLLMEngine model_path {model_path!s} has no config.json (expected an HF checkpoint directory)"
+            )
+        vllm = import_vllm()
+        self.dtype = _DTYPES[dtype]
+        self.max_model_len = max_model_len
+        self._lora_request = None
+        self._lora_version = 0
+        kwargs: dict[str, Any] = {
+            "model": str(model_path),
+            "dtype": dtype,
+            "max_model_len": max_model_len,
+            "seed": seed,
+            "enforce_eager": enforce_eager,
+            "logprobs_mode": "processed_logprobs",
+            "skip_tokenizer_init": True,  # prompts and completions stay token ids
+            "enable_prefix_caching": True,
+            **_optional_kwargs(kv_cache_memory_bytes, block_size, enable_lora, max_lora_rank, gpu_memory_utilization),
+            **(extra_llm_kwargs or {}),  # last: overrides any of the above
+        }
+        with _preserved_global_rng():  # LLM(seed=...) reseeds python / numpy / torch globally
+            self._llm = vllm.LLM(**kwargs)
+
+    @property
+    def llm(self) -> Any:
+        """The underlying ``vllm.LLM`` (for advanced use)."""
+        if self._llm is None:
+            raise RuntimeError("VLLMEngine is closed")
+        return self._llm
+
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
+        validate_prompts(prompt_ids)
+        longest = max(len(p) for p in prompt_ids)
+        if longest + sampling.max_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"longest prompt ({longest} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds the "
+                f"engine's max_model_len ({self.max_model_len}); raise VLLMEngine(max_model_len=...)"
+            )
+        from vllm import SamplingParams
+
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,
+                max_tokens=sampling.max_new_tokens,
+                logprobs=0,  # the sampled token's log-prob only
+                seed=request_seed(seed, p),  # sample i of the group uses this + i (vLLM)
+            )
+            for p in range(len(prompt_ids))
+        ]
+        prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
+        with _preserved_global_rng():  # vLLM's CPU sampler also draws from the global torch RNG
+            outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request)
+        return self._to_rollout(prompt_ids, outputs, sampling.n)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Reload ``(hf_name, tensor)`` pairs in place (cast to the engine dtype), then reset the prefix cache."""
+        cast = ((name, tensor.detach().to(self.dtype)) for name, tensor in weights)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+    def load_lora_adapter(self, path: str) -> None:
+        """Sample with the peft adapter saved (``save_pretrained``) in ``path`` from now on.
+
+        Each call registers the adapter under a fresh id (the previous one is dropped) and resets the
+        prefix cache. Needs ``enable_lora=True``. Base weights still come from :meth:`load_weights`.
+        """
+        if not self.llm.llm_engine.vllm_config.lora_config:
+            raise ValueError("VLLMEngine.load_lora_adapter needs an engine built with enable_lora=True")
+        if not os.path.isfile(os.path.join(str(path), "adapter_config.json")):
+            raise FileNotFoundError(
+                f"LoRA adapter dir {path!s} has no adapter_config.json (save the adapter with save_pretrained)"
+            )
+        from vllm.lora.request import LoRARequest
+
+        previous = self._lora_request
+        self._lora_version += 1
+        self._lora_request = LoRARequest(f"policy-v{self._lora_version}", self._lora_version, str(path))
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+        self.llm.reset_prefix_cache()
+
+    def unload_lora_adapter(self) -> None:
+        """Stop applying the adapter given to :meth:`load_lora_adapter` (sample with the base weights again)."""
+        if self._lora_request is not None:
+            self.llm.llm_engine.remove_lora(self._lora_request.lora_int_id)
+            self._lora_request = None
+            self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory (the engine is unusable afterwards)."""
+        if self._llm is None:
+            return
+        try:
+            self._llm.llm_engine.engine_core.shutdown()
+        finally:
+            self._llm = None
+            import gc
+
+            gc.collect()
+
+    def _to_rollout(self, prompt_ids: list[list[int]], outputs: list[Any], n: int) -> Rollout:
+        completions, logprobs, finished = [], [], []
+        for request in outputs:
+            for sample in sorted(request.outputs, key=lambda s: s.index):
+                ids = list(sample.token_ids)
+                completions.append(ids)
+                logprobs.append([step[tok].logprob for tok, step in zip(ids, sample.logprobs)])
+                finished.append(sample.finish_reason == "stop")
+        return Rollout([list(p) for p in prompt_ids], completions, logprobs, finished, group_size=n)
+
+
+def _optional_kwargs(
+    kv_cache_memory_bytes: int | None,
+    block_size: int | None,
+    enable_lora: bool,
+    max_lora_rank: int,
+    gpu_memory_utilization: float,
+) -> dict[str, Any]:
+    """``vllm.LLM`` arguments that are only passed when set / relevant."""
+    kwargs: dict[str, Any] = {}
+    if kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    if block_size is not None:
+        kwargs["block_size"] = block_size
+    if enable_lora:
+        kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+    if torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    return kwargs
+
+
+class _preserved_global_rng:
+    """Context manager restoring Python, numpy and torch (CPU and CUDA) global RNG states on exit."""
+
+    def __enter__(self) -> None:
+        self._py = random.getstate()
+        self._torch = torch.random.get_rng_state()
+        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        try:
+            import numpy as np
+
+            self._np = np.random.get_state()
+        except ImportError:
+            self._np = None
+
+    def __exit__(self, *exc: object) -> None:
+        random.setstate(self._py)
+        torch.random.set_rng_state(self._torch)
+        if self._cuda is not None:
+            torch.cuda.set_rng_state_all(self._cuda)
+        if self._np is not None:
+            import numpy as np
+
+            np.random.set_state(self._np)

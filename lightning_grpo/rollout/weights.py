@@ -1,0 +1,107 @@
+"""The policy's weights as ``(hf_name, tensor)`` pairs, ready to push into a rollout engine.
+
+For a plain HF model the names are its ``state_dict`` keys (the checkpoint names of dense models
+such as Llama / Qwen2). For a peft model the LoRA adapters are merged on the fly: each
+LoRA-wrapped layer yields ``W + delta_W`` under the base layer's HF name (no ``base_model.model.``
+prefix, no ``.base_layer``); adapter tensors themselves are not yielded and the peft model is
+never modified (an in-place merge / unmerge would leave rounding drift in the trained weights).
+Tensors are produced one at a time; merged ones are fresh and dropped once the consumer moves on.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import nn
+
+
+def policy_weights_for_engine(model: nn.Module, merge_lora: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, tensor)`` for every parameter and persistent buffer of ``model`` (detached).
+
+    Args:
+        model: an HF model or a peft ``PeftModel`` (LoRA, including variants such as DoRA that peft
+            can merge, and ``modules_to_save``).
+        merge_lora: True = yield ``W + delta_W`` for LoRA layers (active, unmerged adapters; adapters
+            already merged by peft are taken as they stand). False = the base weights alone, for an
+            engine that applies the adapter itself (``VLLMEngine.load_lora_adapter``).
+    """
+    yield from _walk(_unwrap_peft(model), "", merge_lora)
+
+
+def _unwrap_peft(model: nn.Module) -> nn.Module:
+    """The HF model inside a peft wrapper (``PeftModel.base_model.model``), else ``model`` itself."""
+    if type(model).__module__.startswith("peft.") and hasattr(model, "get_base_model"):
+        return model.get_base_model()
+    return model
+
+
+def _peft_classes() -> tuple[type, type, tuple[type, ...]]:
+    """(LoraLayer, ModulesToSaveWrapper, other peft wrappers we cannot merge); empty types without peft."""
+    try:
+        from peft.tuners.lora import LoraLayer
+        from peft.tuners.tuners_utils import BaseTunerLayer
+        from peft.utils.other import AuxiliaryTrainingWrapper, ModulesToSaveWrapper
+    except ImportError:  # peft missing: no peft layers can exist
+
+        class _Never:
+            pass
+
+        return _Never, _Never, ()
+    return LoraLayer, ModulesToSaveWrapper, (BaseTunerLayer, AuxiliaryTrainingWrapper)
+
+
+def _walk(module: nn.Module, prefix: str, merge_lora: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """Depth-first over ``module``'s tree in ``state_dict`` order, resolving peft wrappers."""
+    lora_cls, mts_cls, other_cls = _peft_classes()
+    if isinstance(module, lora_cls):
+        base = module.get_base_layer()
+        for name, param in base.named_parameters(recurse=False):
+            yield prefix + name, _merged_lora_tensor(module, name, param, prefix) if merge_lora else param.detach()
+        yield from _own_buffers(base, prefix)
+        return
+    if isinstance(module, mts_cls):
+        active = module.active_adapters
+        chosen = module.modules_to_save[active[0]] if active and not module.disable_adapters else module.original_module
+        yield from _walk(chosen, prefix, merge_lora)
+        return
+    if other_cls and isinstance(module, other_cls):
+        raise NotImplementedError(
+            f"policy_weights_for_engine: cannot merge peft module {prefix.rstrip('.')!r} of type "
+            f"{type(module).__name__}; supported: LoRA layers and modules_to_save"
+        )
+    for name, param in module.named_parameters(recurse=False):
+        yield prefix + name, param.detach()
+    yield from _own_buffers(module, prefix)
+    for name, child in module.named_children():
+        yield from _walk(child, f"{prefix}{name}.", merge_lora)
+
+
+def _own_buffers(module: nn.Module, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, buf in module.named_buffers(recurse=False):
+        if name not in module._non_persistent_buffers_set:
+            yield prefix + name, buf.detach()
+
+
+@torch.no_grad()
+def _merged_lora_tensor(layer: nn.Module, name: str, param: torch.Tensor, prefix: str) -> torch.Tensor:
+    """``param`` of ``layer``'s base layer with the active, unmerged adapters added (as peft's merge would)."""
+    if layer.disable_adapters and layer.merged:
+        raise ValueError(
+            f"policy_weights_for_engine: LoRA layer {prefix.rstrip('.')!r} has adapters merged but disabled; "
+            "unmerge them (model.unmerge_adapter()) or enable them before pushing weights"
+        )
+    tensor = param.detach()
+    if layer.disable_adapters or layer.merged or name not in ("weight", "bias"):
+        return tensor
+    for adapter in layer.active_adapters:
+        if adapter not in layer.lora_A and adapter not in getattr(layer, "lora_embedding_A", {}):
+            continue  # this adapter does not touch this layer
+        if name == "bias":
+            if layer.lora_bias.get(adapter, False):
+                tensor = tensor + layer.lora_B[adapter].bias * layer.scaling[adapter]
+        elif adapter in layer.lora_variant:  # DoRA and friends: peft's own out-of-place merge
+            tensor = layer.lora_variant[adapter].merge_safe(layer, adapter, tensor.clone())
+        else:
+            tensor = tensor + layer.get_delta_weight(adapter).to(tensor.dtype)
+    return tensor

@@ -1,0 +1,255 @@
+"""PromptDataModule: sources, tokenization, chat template, truncation, loaders, resumable stream."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from lightning_grpo.data.datamodule import PromptDataModule
+from lightning_grpo.data.tiny import ALPHABET, SPECIAL_TOKENS
+
+VOCAB = {token: i for i, token in enumerate(SPECIAL_TOKENS + ALPHABET)}
+ROWS = [{"prompt": f"{1000 + 7 * i}=", "answer": str((7 * i + 1) % 10), "id": i} for i in range(10)]
+
+
+def char_ids(text: str) -> list[int]:
+    """Ids of a text made only of single-character tokens (what the tiny tokenizer must produce)."""
+    return [VOCAB[c] for c in text]
+
+
+def write(rows: list[dict], path, fmt: str) -> str:
+    if fmt == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif fmt == "json":
+        path.write_text(json.dumps(rows))
+    else:
+        import pandas as pd
+
+        frame = pd.DataFrame(rows)
+        frame.to_parquet(path) if fmt == "parquet" else frame.to_csv(path, index=False)
+    return str(path)
+
+
+@pytest.fixture
+def make_dm(tiny_model_path, tmp_path):
+    def make(**kwargs) -> PromptDataModule:
+        kwargs.setdefault("tokenizer_path", str(tiny_model_path))
+        kwargs.setdefault("batch_size", 2)
+        kwargs.setdefault("cache_dir", str(tmp_path / "hf-cache"))
+        dm = PromptDataModule(**kwargs)
+        dm.setup("fit")
+        return dm
+
+    return make
+
+
+# ------------------------------------------------------------------------------------ sources
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json", "parquet", "csv"])
+def test_files_of_every_format(make_dm, tmp_path, fmt):
+    path = write(ROWS, tmp_path / f"train.{fmt}", fmt)
+    dm = make_dm(train_files=path)
+    assert len(dm.train_records) == 10
+    assert dm.val_records == []
+    for row, record in zip(ROWS, dm.train_records):
+        assert record["prompt"] == row["prompt"]
+        assert record["prompt_ids"] == char_ids(row["prompt"])
+        assert str(record["answer"]) == row["answer"]  # csv reads the digits back as integers
+        assert record["id"] == row["id"]
+
+
+def test_a_datasets_dataset_and_a_list_of_dicts(make_dm):
+    datasets = pytest.importorskip("datasets")
+    for data in (datasets.Dataset.from_list(ROWS), ROWS):
+        dm = make_dm(train_dataset=data, val_dataset=ROWS[:3])
+        assert [r["prompt_ids"] for r in dm.train_records] == [char_ids(r["prompt"]) for r in ROWS]
+        assert [r["id"] for r in dm.val_records] == [0, 1, 2]
+        assert set(dm.train_records[0]) == {"prompt", "answer", "id", "prompt_ids"}
+
+
+def test_val_files(make_dm, tmp_path):
+    train = write(ROWS[:6], tmp_path / "train.jsonl", "jsonl")
+    val = write(ROWS[6:], tmp_path / "val.jsonl", "jsonl")
+    dm = make_dm(train_files=[train], val_files=val)
+    assert [r["id"] for r in dm.train_records] == [0, 1, 2, 3, 4, 5]
+    assert [r["id"] for r in dm.val_records] == [6, 7, 8, 9]
+
+
+def test_builtin_digit_task_when_no_data_is_given(make_dm):
+    from lightning_grpo.data.tasks import digit_task
+
+    dm = make_dm(batch_size=8, task_seed=4, task_rule="first_digit")
+    train, val = digit_task(seed=4, rule="first_digit")
+    assert [r["prompt"] for r in dm.train_records] == [r["prompt"] for r in train]
+    assert [r["answer"] for r in dm.val_records] == [r["answer"] for r in val]
+    assert dm.train_records[0]["prompt_ids"] == char_ids(train[0]["prompt"])
+    ticks = list(dm.train_dataloader())
+    assert ticks == [{"micro": 0}] * (300 // 8)  # one generation per step, each of batch_size prompts
+    assert all(len(dm.generation_prompts(g)) == 8 for g in range(3))
+    assert [len(b) for b in dm.val_dataloader()] == [8] * 6 + [2]
+
+
+def test_val_fraction_split_is_disjoint_and_deterministic(make_dm):
+    dm = make_dm(train_dataset=ROWS, val_fraction=0.3, seed=1)
+    train_ids = [r["id"] for r in dm.train_records]
+    val_ids = [r["id"] for r in dm.val_records]
+    assert (len(train_ids), len(val_ids)) == (7, 3)
+    assert sorted(train_ids + val_ids) == list(range(10))
+    again = make_dm(train_dataset=ROWS, val_fraction=0.3, seed=1)
+    assert [r["id"] for r in again.val_records] == val_ids
+    other = make_dm(train_dataset=ROWS, val_fraction=0.3, seed=2)
+    assert [r["id"] for r in other.val_records] != val_ids
+
+
+def test_answer_column_is_copied_to_answer(make_dm):
+    rows = [{"question": "12=", "solution": "3"}, {"question": "45=", "solution": "6"}]
+    dm = make_dm(train_dataset=rows, prompt_column="question", answer_column="solution")
+    assert dm.train_records[0] == {"question": "12=", "solution": "3", "prompt": "12=", "prompt_ids": char_ids("12="), "answer": "3"}
+    no_answer = make_dm(train_dataset=[{"prompt": "1="}, {"prompt": "2="}], answer_column=None)
+    assert "answer" not in no_answer.train_records[0]
+
+
+# ------------------------------------------------------------------------------------ loaders
+
+
+def test_generation_prompts_cover_each_epoch_once_across_ranks(make_dm):
+    dm = make_dm(train_dataset=ROWS, batch_size=2, seed=0)
+    # 2 ranks x 2 prompts per generation: an epoch of 10 rows spans 2.5 generations
+    seen = [r["id"] for g in range(5) for rank in range(2) for r in dm.generation_prompts(g, rank, 2)]
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
+    assert seen[:10] != seen[10:]  # a new shuffle per epoch
+    assert [r["id"] for r in dm.generation_prompts(3, 1, 2)] == seen[14:16]  # a pure function of (g, rank)
+    again = make_dm(train_dataset=ROWS, batch_size=2, seed=0)
+    assert [r["id"] for r in again.generation_prompts(3, 1, 2)] == seen[14:16]
+    other = make_dm(train_dataset=ROWS, batch_size=2, seed=1)
+    assert [r["id"] for g in range(5) for r in other.generation_prompts(g)] != [r["id"] for g in range(5) for r in dm.generation_prompts(g)]
+    unshuffled = make_dm(train_dataset=ROWS, batch_size=5, shuffle=False)
+    assert [[r["id"] for r in unshuffled.generation_prompts(g)] for g in range(2)] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+
+
+def test_refill_rounds_draw_from_a_separate_sequence(make_dm):
+    dm = make_dm(train_dataset=ROWS, batch_size=2, seed=0)
+    main = [r["id"] for r in dm.generation_prompts(0)]
+    refills = [[r["id"] for r in dm.generation_prompts(0, round_=k, max_rounds=3)] for k in (1, 2)]
+    assert refills[0] != refills[1] and all(len(r) == 2 for r in refills)
+    assert [r["id"] for r in dm.generation_prompts(0)] == main  # refills never shift the schedule
+
+
+# ------------------------------------------------------------------------------------ templates
+
+
+CHATML = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n12=<|im_end|>\n<|im_start|>assistant\n"
+CHATML_IDS = (
+    [VOCAB["<|im_start|>"]] + char_ids("system\nbe brief") + [VOCAB["<|im_end|>"]] + char_ids("\n")
+    + [VOCAB["<|im_start|>"]] + char_ids("user\n12=") + [VOCAB["<|im_end|>"]] + char_ids("\n")
+    + [VOCAB["<|im_start|>"]] + char_ids("assistant\n")
+)  # fmt: skip
+
+
+def test_chat_template_and_system_prompt_text(make_dm):
+    dm = make_dm(train_dataset=[{"prompt": "12=", "answer": "3"}] * 2, use_chat_template=True, system_prompt="be brief")
+    assert dm.train_records[0]["prompt"] == CHATML
+    messages = [{"role": "user", "content": "12="}]
+    chat = make_dm(train_dataset=[{"prompt": messages, "answer": "3"}] * 2, use_chat_template=True, system_prompt="be brief")
+    assert chat.train_records[0]["prompt"] == CHATML
+
+
+def test_chat_template_and_system_prompt_ids(make_dm):
+    dm = make_dm(train_dataset=[{"prompt": "12=", "answer": "3"}] * 2, use_chat_template=True, system_prompt="be brief")
+    assert dm.train_records[0]["prompt_ids"] == CHATML_IDS
+
+
+def test_tokenizer_without_chat_template(tiny_model_path, tmp_path):
+    plain = tmp_path / "no-template"
+    shutil.copytree(tiny_model_path, plain)
+    (plain / "chat_template.jinja").unlink()
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    dm = PromptDataModule(train_dataset=ROWS, tokenizer_path=str(plain), use_chat_template=True, batch_size=2)
+    with pytest.raises(ValueError, match=rf"use_chat_template=True but the tokenizer at {plain} has no chat template"):
+        dm.setup("fit")
+
+
+# ------------------------------------------------------------------------------------ long prompts
+
+
+def test_truncate_keeps_the_last_tokens_and_warns_once(make_dm):
+    rows = [{"prompt": "4821=", "answer": "2"}, {"prompt": "12=", "answer": "3"}, {"prompt": "98765=", "answer": "6"}]
+    with pytest.warns(UserWarning, match=r"truncated 2 of 3 prompts of train_dataset to their last 3 tokens") as record:
+        dm = make_dm(train_dataset=rows, val_dataset=rows, max_prompt_length=3, on_long_prompt="truncate")
+    assert len([w for w in record if "truncated" in str(w.message)]) == 1  # not again for the validation split
+    assert [r["prompt_ids"] for r in dm.train_records] == [char_ids("21="), char_ids("12="), char_ids("65=")]
+    assert [r["prompt"] for r in dm.train_records] == ["21=", "12=", "65="]
+
+
+def test_long_prompt_error(make_dm):
+    rows = [{"prompt": "12=", "answer": "3"}, {"prompt": "4821=", "answer": "2"}]
+    with pytest.raises(ValueError, match=r"prompt 1 of train_dataset has 5 tokens, more than max_prompt_length=4 \(set on_long_prompt='truncate'"):
+        make_dm(train_dataset=rows, max_prompt_length=4)
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=rf"train_files: file not found: {tmp_path}/missing.jsonl"):
+        PromptDataModule(train_files=str(tmp_path / "missing.jsonl"))
+    (tmp_path / "data.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"train_files: unsupported file type '.txt' for .*data.txt; supported: \['.csv', '.json', '.jsonl', '.parquet'\]"):
+        PromptDataModule(train_files=str(tmp_path / "data.txt"))
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"val_files: .*empty.jsonl is empty \(holds no rows\)"):
+        PromptDataModule(train_dataset=ROWS, val_files=str(tmp_path / "empty.jsonl"))
+    a = write(ROWS, tmp_path / "a.jsonl", "jsonl")
+    b = write(ROWS, tmp_path / "b.csv", "csv")
+    with pytest.raises(ValueError, match=r"train_files mixes file types \['csv', 'json'\]; use one type per split"):
+        PromptDataModule(train_files=[a, b])
+
+
+def test_missing_columns_list_the_columns_present(make_dm, tmp_path):
+    path = write([{"q": "1=", "a": "2"}], tmp_path / "train.jsonl", "jsonl")
+    with pytest.raises(ValueError, match=rf"prompt_column 'prompt' not found in train_files {path}; columns present: \['q', 'a'\]"):
+        make_dm(train_files=path)
+    with pytest.raises(ValueError, match=r"answer_column 'answer' not found in train_files .*; columns present: \['q', 'a'\] \(set answer_column=None"):
+        make_dm(train_files=path, prompt_column="q")
+
+
+def test_empty_dataset_is_named(make_dm):
+    datasets = pytest.importorskip("datasets")
+    with pytest.raises(ValueError, match=r"^train_dataset holds no rows$"):
+        make_dm(train_dataset=datasets.Dataset.from_list([]))
+    with pytest.raises(ValueError, match=r"^val_dataset holds no rows$"):
+        make_dm(train_dataset=ROWS, val_dataset=[])
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, 1.5, -0.1])
+def test_val_fraction_out_of_range(fraction):
+    with pytest.raises(ValueError, match=rf"val_fraction must be in \(0, 1\), got {fraction}"):
+        PromptDataModule(train_dataset=ROWS, val_fraction=fraction)
+
+
+def test_option_conflicts():
+    with pytest.raises(ValueError, match=r"system_prompt needs use_chat_template=True"):
+        PromptDataModule(system_prompt="be brief")
+    with pytest.raises(ValueError, match=r"val_fraction splits train_files/train_dataset and cannot be combined"):
+        PromptDataModule(train_dataset=ROWS, val_dataset=ROWS, val_fraction=0.5)
+    with pytest.raises(ValueError, match=r"val_files/val_dataset need train_files or train_dataset"):
+        PromptDataModule(val_dataset=ROWS)
+    with pytest.raises(ValueError, match=r"unknown digit task rule 'sum'"):
+        PromptDataModule(task_rule="sum")
+    with pytest.raises(ValueError, match=r"batch_size must be a positive integer, got 0"):
+        PromptDataModule(batch_size=0)
+
+
+def test_errors_at_setup(make_dm):
+    with pytest.raises(ValueError, match=r"train_dataset holds 10 prompts, fewer than batch_size=16"):
+        make_dm(train_dataset=ROWS, batch_size=16)
+    with pytest.raises(ValueError, match=r"holds chat messages; set use_chat_template=True"):
+        make_dm(train_dataset=[{"prompt": [{"role": "user", "content": "1="}], "answer": "2"}] * 2)
+    dm = PromptDataModule(train_dataset=ROWS)
+    with pytest.raises(RuntimeError, match=r"setup\(\) must run before the data is used"):
+        dm.train_dataloader()

@@ -1,0 +1,28 @@
+"""Tests of the rollout engines. Shared helpers for them live here."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_grpo.rollout.base import Rollout, rollout_to_tensors
+
+
+def recompute_logprobs(model: torch.nn.Module, rollout: Rollout, temperature: float, pad_id: int = 0):
+    """Teacher-forced ``log_softmax(logits / T)`` of the rollout's sampled tokens under ``model``.
+
+    Returns ``(recomputed [B, Lc], engine [B, Lc], completion_mask [B, Lc])`` (float32, padding zeroed).
+    """
+    t = rollout_to_tensors(rollout, pad_id)
+    position_ids = (t.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, Lp+Lc], left padding skipped
+    Lc = t.completion_mask.shape[1]
+    with torch.no_grad():
+        logits = model(input_ids=t.input_ids, attention_mask=t.attention_mask, position_ids=position_ids).logits
+    logits = logits[:, -Lc - 1 : -1].float() / temperature  # [B, Lc, V], column j predicts completion token j
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, t.input_ids[:, -Lc:, None]).squeeze(-1)  # [B, Lc]
+    return logp * t.completion_mask, t.rollout_logprobs * t.completion_mask, t.completion_mask
+
+
+def max_logprob_gap(model: torch.nn.Module, rollout: Rollout, temperature: float) -> float:
+    """Largest |recomputed - engine| log-prob over the rollout's sampled tokens."""
+    recomputed, engine, _ = recompute_logprobs(model, rollout, temperature)
+    return float((recomputed - engine).abs().max())
