@@ -1,0 +1,30 @@
+"""lightning-grpo: GRPO-family reinforcement learning for language models, as Lightning plugins.
+
+``import lightning_grpo`` is light: the Lightning pieces load on first use, and the algorithm
+core (``lightning_grpo.core``) imports torch only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0.dev0"
+
+_LAZY = {
+    "GRPOModule": "lightning_grpo.module",
+    "LoraSettings": "lightning_grpo.module",
+    "RolloutCallback": "lightning_grpo.callbacks.rollout",
+    "PromptDataModule": "lightning_grpo.data.datamodule",
+    "RewardSpec": "lightning_grpo.data.rewards",
+    "SamplingConfig": "lightning_grpo.rollout.base",
+    "GRPOLoss": "lightning_grpo.core.objective",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lightning_grpo' has no attribute {name!r}")

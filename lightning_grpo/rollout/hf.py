@@ -59,7 +59,7 @@ class HFEngine(RolloutEngine):
         try:
             self.model.eval()
             with torch.random.fork_rng(devices=fork_devices), torch.no_grad():
-                torch.manual_seed(seed)
+                _seed_device(device, seed)
                 out = self.model.generate(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
@@ -132,3 +132,12 @@ class HFEngine(RolloutEngine):
             finished=finished,
             group_size=n,
         )
+
+
+def _seed_device(device: torch.device, seed: int) -> None:
+    """Seed the CPU generator and, for a CUDA policy, that device's generator only (``torch.manual_seed``
+    would reseed every CUDA device, outside the forked state)."""
+    torch.random.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(seed)

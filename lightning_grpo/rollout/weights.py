@@ -10,6 +10,7 @@ Tensors are produced one at a time; merged ones are fresh and dropped once the c
 
 from __future__ import annotations
 
+import sys
 from typing import Iterator
 
 import torch
@@ -26,34 +27,38 @@ def policy_weights_for_engine(model: nn.Module, merge_lora: bool = True) -> Iter
             already merged by peft are taken as they stand). False = the base weights alone, for an
             engine that applies the adapter itself (``VLLMEngine.load_lora_adapter``).
     """
-    yield from _walk(_unwrap_peft(model), "", merge_lora)
+    yield from _walk(_unwrap_peft(model), "", merge_lora, _peft_classes())
 
 
 def _unwrap_peft(model: nn.Module) -> nn.Module:
-    """The HF model inside a peft wrapper (``PeftModel.base_model.model``), else ``model`` itself."""
+    """The HF model inside a ``torch.compile`` and/or peft wrapper (``PeftModel.base_model.model``)."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
     if type(model).__module__.startswith("peft.") and hasattr(model, "get_base_model"):
         return model.get_base_model()
     return model
 
 
-def _peft_classes() -> tuple[type, type, tuple[type, ...]]:
-    """(LoraLayer, ModulesToSaveWrapper, other peft wrappers we cannot merge); empty types without peft."""
-    try:
-        from peft.tuners.lora import LoraLayer
-        from peft.tuners.tuners_utils import BaseTunerLayer
-        from peft.utils.other import AuxiliaryTrainingWrapper, ModulesToSaveWrapper
-    except ImportError:  # peft missing: no peft layers can exist
+class _NoPeft:
+    """Stands in for peft's classes when peft is not imported (then no peft layer can exist)."""
 
-        class _Never:
-            pass
 
-        return _Never, _Never, ()
+_PeftClasses = tuple[type, type, tuple[type, ...]]
+
+
+def _peft_classes() -> _PeftClasses:
+    """(LoraLayer, ModulesToSaveWrapper, other peft wrappers we cannot merge)."""
+    if "peft" not in sys.modules:
+        return _NoPeft, _NoPeft, ()
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper, ModulesToSaveWrapper
+
     return LoraLayer, ModulesToSaveWrapper, (BaseTunerLayer, AuxiliaryTrainingWrapper)
 
 
-def _walk(module: nn.Module, prefix: str, merge_lora: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def _walk(module: nn.Module, prefix: str, merge_lora: bool, peft: _PeftClasses) -> Iterator[tuple[str, torch.Tensor]]:
     """Depth-first over ``module``'s tree in ``state_dict`` order, resolving peft wrappers."""
-    lora_cls, mts_cls, other_cls = _peft_classes()
+    lora_cls, mts_cls, other_cls = peft
     if isinstance(module, lora_cls):
         base = module.get_base_layer()
         for name, param in base.named_parameters(recurse=False):
@@ -63,7 +68,7 @@ def _walk(module: nn.Module, prefix: str, merge_lora: bool) -> Iterator[tuple[st
     if isinstance(module, mts_cls):
         active = module.active_adapters
         chosen = module.modules_to_save[active[0]] if active and not module.disable_adapters else module.original_module
-        yield from _walk(chosen, prefix, merge_lora)
+        yield from _walk(chosen, prefix, merge_lora, peft)
         return
     if other_cls and isinstance(module, other_cls):
         raise NotImplementedError(
@@ -74,7 +79,7 @@ def _walk(module: nn.Module, prefix: str, merge_lora: bool) -> Iterator[tuple[st
         yield prefix + name, param.detach()
     yield from _own_buffers(module, prefix)
     for name, child in module.named_children():
-        yield from _walk(child, f"{prefix}{name}.", merge_lora)
+        yield from _walk(child, f"{prefix}{name}.", merge_lora, peft)
 
 
 def _own_buffers(module: nn.Module, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -80,3 +80,9 @@ def test_already_merged_adapters_are_not_added_twice(tiny_model_path):
     model.merge_adapter()
     for name, tensor in policy_weights_for_engine(model):
         torch.testing.assert_close(tensor, unmerged[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_compiled_model_yields_the_inner_names(tiny_model_path):
+    model = _load(tiny_model_path)
+    compiled = torch.compile(model)  # wraps without compiling until called
+    assert [name for name, _ in policy_weights_for_engine(compiled)] == list(model.state_dict())

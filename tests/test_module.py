@@ -1,0 +1,116 @@
+"""GRPOModule: log-probs, micro-batching and gradient accumulation, forward-pass budget."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_grpo import GRPOLoss, GRPOModule
+from lightning_grpo.batch import RolloutBatch, micro_step
+
+
+def _policy(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path).train()
+
+
+def _rollout_batch(vocab: int, seed: int = 0) -> RolloutBatch:
+    gen = torch.Generator().manual_seed(seed)
+    B, Lp, Lc = 8, 3, 4
+    ids = torch.randint(5, vocab, (B, Lp + Lc), generator=gen)
+    attn = torch.ones(B, Lp + Lc, dtype=torch.long)
+    attn[0, 0] = 0  # a left-padded prompt
+    mask = torch.ones(B, Lc)
+    mask[1, 2:] = 0  # completions of different lengths
+    mask[5, 1:] = 0
+    attn[:, Lp:] = mask.long()
+    return RolloutBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        completion_mask=mask,
+        advantages=torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 0.25, -0.25]),
+        rollout_logp=torch.zeros(B, Lc),
+        prompt_length=Lp,
+        group_size=4,
+        temperature=0.7,
+    )
+
+
+def _ticks(n: int) -> DataLoader:
+    return DataLoader([{"micro": m} for m in range(n)], batch_size=None)
+
+
+def _one_update(path, accumulate: int, aggregation: str) -> dict[str, torch.Tensor]:
+    policy = _policy(path)
+    agg_args = {"max_length": 4} if aggregation.endswith("norm") else None
+    module = GRPOModule(
+        model=policy,
+        loss=GRPOLoss(aggregation=aggregation, aggregation_args=agg_args),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
+    )
+    module.rollout_batch = _rollout_batch(policy.config.vocab_size)
+    trainer = L.Trainer(
+        max_steps=1,
+        accumulate_grad_batches=accumulate,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, train_dataloaders=_ticks(accumulate))
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_accumulate_grad_batches_equals_one_large_batch(tiny_model_path, aggregation):
+    before = _policy(tiny_model_path).state_dict()
+    one = _one_update(tiny_model_path, 1, aggregation)
+    for k in (2, 4):
+        split = _one_update(tiny_model_path, k, aggregation)
+        moved = max((one[n] - before[n]).abs().max().item() for n in one)
+        assert moved > 1e-3  # the update is visible ...
+        for name in one:  # ... and identical to the one-batch update
+            torch.testing.assert_close(split[name], one[name], atol=2e-6, rtol=0, msg=f"{name} (k={k})")
+
+
+def test_chunked_logprobs_match_full_logits(tiny_model_path):
+    policy = _policy(tiny_model_path)
+    module = GRPOModule(model=policy)
+    batch = _rollout_batch(policy.config.vocab_size)
+    out = module.token_logprobs(policy, batch, compute_entropy=True)
+    pos = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos).logits
+    logp_all = torch.log_softmax(logits[:, 2:-1].float() / 0.7, dim=-1)  # [B, Lc, V]
+    expected = logp_all.gather(-1, batch.input_ids[:, 3:, None]).squeeze(-1)
+    torch.testing.assert_close(out.logp, expected, atol=1e-5, rtol=0)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    torch.testing.assert_close(out.entropy, entropy, atol=1e-5, rtol=0)
+
+
+def test_micro_step_schedule():
+    # 10 rows, 2 mini-batches per pass, 2 micro-batches each, 2 passes -> 8 steps per generation
+    steps = [micro_step(10, s, steps_per_generation=2, accumulate=2) for s in range(8)]
+    assert [s.micro.tolist() for s in steps[:4]] == [[0, 1, 2], [3, 4], [5, 6, 7], [8, 9]]
+    assert [s.mini.tolist() for s in steps[:2]] == [[0, 1, 2, 3, 4]] * 2
+    assert [s.iteration for s in steps] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [s.micro.tolist() for s in steps[4:]] == [s.micro.tolist() for s in steps[:4]]
+
+
+def test_unknown_advantage_and_bad_iteration_counts_fail_early():
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'gpro'; valid names: batch_std, dr_grpo, grpo"):
+        GRPOModule(advantage="gpro")
+    with pytest.raises(ValueError, match="num_iterations and steps_per_generation must be >= 1"):
+        GRPOModule(num_iterations=0)
+    with pytest.raises(ValueError, match="reference='adapter' needs lora settings"):
+        GRPOModule(reference="adapter")
+
+
+def test_training_step_without_rollouts_explains_the_fix(tiny_model_path):
+    module = GRPOModule(model=_policy(tiny_model_path))
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(RuntimeError, match="add lightning_grpo.RolloutCallback"):
+        trainer.fit(module, train_dataloaders=_ticks(1))
