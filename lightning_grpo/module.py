@@ -119,6 +119,8 @@ class GRPOModule(L.LightningModule):
         self.lr_scheduler_factory = lr_scheduler
         self.rollout_batch: RolloutBatch | None = None
         self.rollout_metrics: dict[str, float] = {}
+        #: ``(module, records) -> metrics`` for held-out prompts; RolloutCallback sets it.
+        self.evaluator = None
 
     # ----------------------------------------------------------------------------- models
     @property
@@ -254,6 +256,14 @@ class GRPOModule(L.LightningModule):
         # Lightning divides by accumulate_grad_batches and DDP averages over ranks; the loss is
         # already normalised by global counts, so undo both to keep the sum exact.
         return result.loss * accumulate * self.trainer.world_size
+
+    def validation_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
+        """Greedy accuracy and mean sampled reward on held-out prompts (through the evaluator
+        that RolloutCallback installs, since it owns the rollout engine)."""
+        if self.evaluator is None:
+            raise RuntimeError("validation needs lightning_grpo.RolloutCallback in the Trainer's callbacks")
+        metrics = self.evaluator(self, batch)
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True)
 
     def _global_sum(self, value: Tensor) -> Tensor:
         value = value.to(self.device, torch.float32)

@@ -73,6 +73,8 @@ class RolloutCallback(Callback):
     ) -> None:
         self.engine_name = engine
         self.sampling = sampling or SamplingConfig()
+        if self.sampling.greedy:
+            raise ValueError("RolloutCallback sampling.temperature must be > 0 for training (0 is greedy decoding)")
         self.reward_set = RewardSet(rewards or [RewardSpec("exact_match")])
         self.seed = seed
         self.vllm_args = dict(vllm_args or {})
@@ -91,6 +93,7 @@ class RolloutCallback(Callback):
         self.val_samples = val_samples
         self.forward_rows = forward_rows
         self.engine: RolloutEngine | None = None
+        self._owns_engine = False
         self._weights_version = 0  # optimizer steps taken
         self._engine_version = -1  # optimizer steps the engine's weights reflect
         self._train_time = 0.0
@@ -98,11 +101,17 @@ class RolloutCallback(Callback):
         self.generations = 0
 
     # ------------------------------------------------------------------------ engine
+    def use_engine(self, engine: RolloutEngine) -> None:
+        """Sample with an engine you built (it is not closed at teardown); its weights are
+        pushed before the first generation."""
+        self.engine, self._owns_engine, self._engine_version = engine, False, -1
+
     def _ensure_engine(self, trainer: L.Trainer, module: L.LightningModule) -> RolloutEngine:
         if self.engine is None:
             from ..rollout.factory import build_engine
 
             self.engine = build_engine(self.engine_name, module, trainer.datamodule.tokenizer, self.seed, self.vllm_args)
+            self._owns_engine = True
         return self.engine
 
     def sync_weights(self, module: L.LightningModule) -> float:
@@ -119,24 +128,40 @@ class RolloutCallback(Callback):
         return time.perf_counter() - start
 
     @override
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._check_datamodule(trainer)
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        dm = trainer.datamodule
+        if dm is None or not hasattr(dm, "generation_prompts"):
+            raise RuntimeError(
+                "RolloutCallback needs a lightning_grpo PromptDataModule: trainer.fit(module, datamodule=...)"
+            )
+        pl_module.evaluator = self.evaluate
 
     @override
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._check_datamodule(trainer)
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        embeddings = pl_module.policy.get_input_embeddings() if hasattr(pl_module.policy, "get_input_embeddings") else None
+        vocab = len(trainer.datamodule.tokenizer)
+        if embeddings is not None and embeddings.num_embeddings < vocab:
+            raise ValueError(
+                f"the tokenizer ({trainer.datamodule.tokenizer_path}) has {vocab} tokens but the policy's embedding "
+                f"has {embeddings.num_embeddings} rows: set data.tokenizer_path to the policy's tokenizer"
+            )
 
-    def _check_datamodule(self, trainer: L.Trainer) -> None:
-        dm = trainer.datamodule
-        if dm is None or not hasattr(dm, "train_records"):
-            raise RuntimeError("RolloutCallback needs a lightning_grpo PromptDataModule passed to trainer.fit(datamodule=...)")
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the held-out metrics of the untrained policy at step 0 (the curve's starting point)."""
+        records = trainer.datamodule.val_records
+        if not records or trainer.limit_val_batches == 0 or trainer.global_step > 0:
+            return
+        metrics = self.evaluate(pl_module, records)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=0)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self.engine is not None:
+        if self.engine is not None and self._owns_engine:
             self.engine.close()
             self.engine = None
-            self._engine_version = -1
+        self._engine_version = -1
 
     # ---------------------------------------------------------------------- training
     @override
@@ -196,13 +221,13 @@ class RolloutCallback(Callback):
         self.generations += 1
 
     # -------------------------------------------------------------------- validation
-    @override
-    def on_validation_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        engine = self._ensure_engine(trainer, pl_module)
-        self.sync_weights(pl_module)
-        metrics = evaluate_prompts(engine, self.reward_set, trainer.datamodule.tokenizer, batch, self.sampling,
-                                   self.val_samples, seed=derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step))  # fmt: skip
-        pl_module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True, prog_bar=False)
+    def evaluate(self, module: L.LightningModule, records: list[dict]) -> dict[str, float]:
+        """Held-out metrics of a batch of prompt records (called by ``GRPOModule.validation_step``)."""
+        trainer = module.trainer
+        engine = self._ensure_engine(trainer, module)
+        self.sync_weights(module)
+        seed = derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step)
+        return evaluate_prompts(engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, self.val_samples, seed)
 
     # ------------------------------------------------------------------------- state
     @override
@@ -223,7 +248,7 @@ def evaluate_prompts(engine, reward_set, tokenizer, records, sampling, samples: 
     from .sampling import score_rollout
 
     prompt_ids = [r["prompt_ids"] for r in records]
-    greedy = engine.generate(prompt_ids, SamplingConfig(n=1, max_new_tokens=sampling.max_new_tokens, greedy=True), seed)
+    greedy = engine.generate(prompt_ids, SamplingConfig(n=1, temperature=0.0, max_new_tokens=sampling.max_new_tokens), seed)
     scores = score_rollout(greedy, reward_set, tokenizer, records)
     out = {"val/greedy_accuracy": scores.rewards[:, 0].mean().item()}
     if samples > 0:

@@ -30,7 +30,8 @@ class SamplingConfig:
     n: int = 8
     """Completions per prompt (the group size G)."""
     temperature: float = 1.0
-    """Softmax temperature (> 0). Log-probs are reported after temperature scaling."""
+    """Softmax temperature; 0 = greedy decoding. Log-probs are reported after temperature scaling
+    (for greedy decoding: of softmax(logits))."""
     top_p: float = 1.0
     """Nucleus sampling mass in (0, 1]; 1.0 = off."""
     top_k: int = 0
@@ -41,14 +42,24 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"SamplingConfig.n must be an integer >= 1 (completions per prompt), got {self.n!r}")
-        if not self.temperature > 0:
-            raise ValueError(f"SamplingConfig.temperature must be > 0, got {self.temperature!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"SamplingConfig.temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"SamplingConfig.top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"SamplingConfig.max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: always the most likely token."""
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the reported log-probs are computed at (1 for greedy decoding)."""
+        return self.temperature if self.temperature > 0 else 1.0
 
 
 @dataclass

@@ -70,7 +70,7 @@ class HFEngine(RolloutEngine):
         new_tokens = out.sequences[:, input_ids.shape[1] :]  # [P*G, Ln]
         token_logprobs = torch.stack(  # one step at a time: never a second [P*G, Ln, V] copy
             [
-                torch.log_softmax(step.float() / sampling.temperature, dim=-1).gather(-1, new_tokens[:, t, None])[:, 0]
+                torch.log_softmax(step.float() / sampling.logprob_temperature, dim=-1).gather(-1, new_tokens[:, t, None])[:, 0]
                 for t, step in enumerate(out.logits)  # step: [P*G, V] raw logits
             ],
             dim=1,
@@ -94,8 +94,7 @@ class HFEngine(RolloutEngine):
     def _generation_config(self, sampling: SamplingConfig):
         from transformers import GenerationConfig
 
-        return GenerationConfig(
-            do_sample=True,
+        sample_flags = dict(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
@@ -103,6 +102,10 @@ class HFEngine(RolloutEngine):
             typical_p=1.0,
             epsilon_cutoff=0.0,
             eta_cutoff=0.0,
+        )
+        return GenerationConfig(
+            do_sample=not sampling.greedy,
+            **({} if sampling.greedy else sample_flags),
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
             min_new_tokens=0,

@@ -41,6 +41,7 @@ def import_vllm() -> Any:
     """Import vLLM for in-process use (environment set first); raise a clear ImportError if it is missing."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: weights pushed as tensors
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")  # with enforce_eager: no 8-20 s compile on first logprobs
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not an INFO line per weight push
     try:
         import vllm
     except ImportError as err:

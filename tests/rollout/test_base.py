@@ -52,7 +52,7 @@ def test_rollout_rejects_inconsistent_rows():
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"n": 0}, "n"), ({"temperature": 0.0}, "temperature"), ({"top_p": 1.5}, "top_p"),
+    [({"n": 0}, "n"), ({"temperature": -0.5}, "temperature"), ({"top_p": 1.5}, "top_p"),
      ({"top_k": -1}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens")],
 )  # fmt: skip
 def test_sampling_config_rejects_bad_values(kwargs, field):

@@ -99,3 +99,20 @@ def test_peft_policy_logprobs_equal_a_recomputation(tiny_model_path):
 def test_rejects_bad_prompts(engine):
     with pytest.raises(ValueError, match=r"prompt_ids\[1\] must be a non-empty list of token ids"):
         engine.generate([[5], []], SamplingConfig(n=2), seed=0)
+
+
+def test_greedy_decoding_is_deterministic_and_argmax(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo.rollout.base import SamplingConfig
+    from lightning_grpo.rollout.hf import HFEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    engine = HFEngine(model, eos_token_id=1, pad_token_id=0)
+    cfg = SamplingConfig(n=3, temperature=0.0, max_new_tokens=4)
+    a = engine.generate([[9, 13, 7, 6, 15]], cfg, seed=0)
+    b = engine.generate([[9, 13, 7, 6, 15]], cfg, seed=123)
+    assert a.completion_ids == b.completion_ids and len({tuple(c) for c in a.completion_ids}) == 1
+    with torch.no_grad():
+        first = model(torch.tensor([[9, 13, 7, 6, 15]])).logits[0, -1]
+    assert a.completion_ids[0][0] == int(first.argmax())
