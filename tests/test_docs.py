@@ -27,3 +27,11 @@ def test_every_registered_name_is_documented():
     text = (DOCS / "algorithms.md").read_text()
     missing = [f"{kind}:{name}" for kind, reg in REGISTRIES.items() for name in reg.names() if f"`{name}`" not in text]
     assert not missing, f"names missing from docs/algorithms.md: {missing}"
+
+
+def test_drop_in_examples_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(tmp_path / "cache"))
+    blocks = python_blocks(DOCS / "drop-in.md")
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(block, "docs/drop-in.md", "exec"), {"__name__": "drop_in_example"})

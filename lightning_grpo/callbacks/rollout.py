@@ -13,6 +13,7 @@ Every phase is timed (``time/generate``, ``time/reward``, ``time/prepare``, ``ti
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Literal
 
@@ -37,7 +38,8 @@ class RolloutCallback(Callback):
         sampling: group size ``n`` (G, or G' with GFPO), temperature, top_p, top_k,
             max_new_tokens.
         rewards: reward functions with weights (default: exact match against ``answer``).
-        seed: run seed; each rank and generation samples with a seed derived from it.
+        seed: run seed; each rank and generation samples with a seed derived from it. None: the
+            seed given to ``seed_everything`` (LightningCLI's ``--seed_everything``), else 0.
         vllm_args: keyword arguments of :class:`~lightning_grpo.rollout.vllm.VLLMEngine`
             (dtype, max_model_len, kv_cache_memory_bytes, enable_lora, ...).
         dynamic_sampling: drop groups whose rewards are all equal and refill (DAPO).
@@ -59,7 +61,7 @@ class RolloutCallback(Callback):
         engine: Literal["vllm", "hf"] = "vllm",
         sampling: SamplingConfig | None = None,
         rewards: list[RewardSpec] | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         vllm_args: dict[str, Any] | None = None,
         dynamic_sampling: bool = False,
         max_generation_rounds: int = 4,
@@ -135,6 +137,8 @@ class RolloutCallback(Callback):
                 "RolloutCallback needs a lightning_grpo PromptDataModule: trainer.fit(module, datamodule=...)"
             )
         pl_module.evaluator = self.evaluate
+        if self.seed is None:
+            self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

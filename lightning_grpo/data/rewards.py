@@ -242,8 +242,9 @@ def length(
 class RewardSpec:
     """One reward function of a :class:`RewardSet`, as written in a recipe."""
 
-    name: str
-    """Registry name (see ``REWARDS``) or import path ``"pkg.module.fn"`` / ``"pkg.module:fn"``."""
+    name: str | Callable[..., Sequence[float]]
+    """Registry name (see ``REWARDS``), import path ``"pkg.module.fn"`` / ``"pkg.module:fn"``, or the
+    function itself (drop-in use from Python)."""
     weight: float = 1.0
     """Weight of this reward in the weighted sum (used by the reward aggregation)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -265,7 +266,11 @@ class RewardSpec:
 
     @property
     def label(self) -> str:
-        return self.alias or re.split(r"[.:]", self.name)[-1]
+        if self.alias:
+            return self.alias
+        if callable(self.name):
+            return getattr(self.name, "__name__", type(self.name).__name__)
+        return re.split(r"[.:]", self.name)[-1]
 
 
 @dataclass

@@ -1,0 +1,122 @@
+"""GRPOModule under Lightning DDP: 2 CPU processes (gloo), launched by Lightning itself.
+
+``strategy="ddp"`` re-executes the running script for the other ranks, which pytest cannot be, so
+each test starts the standalone script ``tests/distributed_worker.py`` in a subprocess (no rank
+variables in its environment); Lightning then launches rank 1 from it. The ranks write their
+results to files that the tests read.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+#: Variables that would make Lightning believe it runs under an external launcher / cluster.
+_LAUNCH_VARS = ("LOCAL_RANK", "RANK", "GLOBAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCH_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LSB_", "JSM_", "OMPI_", "PMI_", "PL_")
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+
+
+def _run_worker(mode: str, model_dir: Path, out: Path, timeout: float = 300, *extra: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith(_LAUNCH_PREFIXES)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER.parents[1]), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, str(WORKER), mode, "--model", str(model_dir), "--out", str(out), *extra]
+    # own session: on a timeout the whole group (rank 0 and the rank Lightning started) is killed
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{mode} worker timed out after {timeout} s:\n{output[-6000:]}")
+    assert proc.returncode == 0, f"{mode} worker failed (rc {proc.returncode}):\n{output[-6000:]}"
+
+
+def _load(out: Path, mode: str) -> list[dict]:
+    files = [out / f"{mode}-rank{r}.pt" for r in range(2)]
+    missing = [f.name for f in files if not f.is_file()]
+    assert not missing, f"ranks wrote no results: {missing}"
+    return [torch.load(f, weights_only=False) for f in files]
+
+
+@pytest.fixture(scope="module")
+def ddp_update(tiny_model_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp-update")
+    _run_worker("update", tiny_model_path, out)
+    return _load(out, "update")
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_two_rank_update_equals_one_rank_update_on_the_concatenated_batch(ddp_update, tiny_model_path, aggregation):
+    from tests.distributed_worker import _module, rollout_half, single_process_update
+
+    rank0, rank1 = ddp_update
+    assert rank0["info"] == {"rank": 0, "backend": "gloo", "world_size": 2}
+    assert rank1["info"]["rank"] == 1
+    # the halves really differ in what a per-rank normaliser would see
+    vocab = _module(str(tiny_model_path), "token_mean").policy.config.vocab_size
+    halves = [rollout_half(r, vocab) for r in range(2)]
+    assert [h.completion_mask.sum().item() for h in halves] == [17.0, 7.0]
+    assert [h.completion_mask.shape[1] for h in halves] == [5, 3]
+
+    before = _module(str(tiny_model_path), aggregation).policy.state_dict()
+    reference = single_process_update(str(tiny_model_path), aggregation)
+    moved = max((reference[n] - before[n]).abs().max().item() for n in reference)
+    assert moved > 1e-3  # the update is visible
+    for accumulate in (1, 2):
+        for rank, result in enumerate(ddp_update):
+            state = result["states"][(aggregation, accumulate)]
+            for name in reference:
+                torch.testing.assert_close(
+                    state[name], reference[name], atol=1e-6, rtol=0, msg=f"{name} (rank {rank}, accumulate {accumulate})"
+                )
+
+
+def test_per_rank_counts_would_give_a_different_update(ddp_update, tiny_model_path):
+    """Control: the comparison above detects a module that normalises by its own rank's tokens."""
+    from tests.distributed_worker import single_process_update
+
+    reference = single_process_update(str(tiny_model_path), "token_mean")
+    local = ddp_update[0]["states"][("token_mean_local_counts", 1)]
+    gap = max((local[n] - reference[n]).abs().max().item() for n in reference)
+    assert gap > 1e-4
+
+
+def test_hf_engine_rollouts_under_ddp_sample_different_prompts_and_seeds(tiny_model_path, tmp_path):
+    from lightning_grpo.callbacks.rollout import derive_seed
+
+    steps = 3
+    _run_worker("e2e", tiny_model_path, tmp_path, 300, "--steps", str(steps))
+    ranks = _load(tmp_path, "e2e")
+    for rank, r in enumerate(ranks):
+        assert r["rank"] == rank and r["world_size"] == 2
+        assert r["global_step"] == steps and r["generations"] == steps
+        # the callback asked the schedule for (generation g, this rank, world 2) ...
+        assert [(p["generation"], p["rank"], p["world_size"], p["round"]) for p in r["prompts"]] == [
+            (g, rank, 2, 0) for g in range(steps)
+        ]
+        # ... and sampled each generation with derive_seed(seed, rank, g * max_rounds)
+        assert [c["seed"] for c in r["calls"]] == [derive_seed(7, rank, g * 4) for g in range(steps)]
+        assert all(len(c["prompt_ids"]) == 4 and c["n"] == 4 for c in r["calls"])
+        assert r["rollout_rows"] == 16
+    seeds = [c["seed"] for r in ranks for c in r["calls"]]
+    assert len(set(seeds)) == len(seeds)  # distinct per rank and generation
+    for g in range(steps):
+        p0, p1 = (set(r["prompts"][g]["prompts"]) for r in ranks)
+        assert not p0 & p1, f"generation {g}: both ranks sampled {p0 & p1}"
+        ids0, ids1 = (r["calls"][g]["prompt_ids"] for r in ranks)
+        assert ids0 != ids1
+    # DDP kept the replicas identical, and training moved them
+    after0, after1 = ranks[0]["after"], ranks[1]["after"]
+    for name in after0:
+        torch.testing.assert_close(after0[name], after1[name], atol=0, rtol=0, msg=name)
+    moved = max((after0[n] - ranks[0]["before"][n]).abs().max().item() for n in after0)
+    assert moved > 0
