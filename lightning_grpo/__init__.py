@@ -16,7 +16,7 @@ _LAZY = {
     "LoraSettings": "lightning_grpo.module",
     "RolloutCallback": "lightning_grpo.callbacks.rollout",
     "PromptDataModule": "lightning_grpo.data.datamodule",
-    "RewardSpec": "lightning_grpo.data.rewards",
+    "RewardSpec": "lightning_grpo.data.reward_set",
     "SamplingConfig": "lightning_grpo.rollout.base",
     "GRPOLoss": "lightning_grpo.core.objective",
 }

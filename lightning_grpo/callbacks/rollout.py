@@ -24,7 +24,7 @@ from typing_extensions import override
 
 from ..batch import RolloutBatch, steps_per_batch
 from ..core import SELECTIONS
-from ..data.rewards import RewardSet, RewardSpec
+from ..data.reward_set import RewardSet, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
 from .sampling import GroupSelector, rollout_statistics, sample_groups
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..core import SELECTIONS
-from ..data.rewards import RewardScores, RewardSet
+from ..data.reward_set import RewardScores, RewardSet
 from ..rollout.base import Rollout, RolloutEngine, RolloutTensors, SamplingConfig, rollout_to_tensors
 
 

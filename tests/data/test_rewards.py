@@ -10,11 +10,10 @@ import threading
 import pytest
 import torch
 
+from lightning_grpo.data.reward_set import RewardSet, RewardSpec
 from lightning_grpo.data.rewards import (
     REWARDS,
     RewardError,
-    RewardSet,
-    RewardSpec,
     RewardTimeoutError,
     exact_match,
     length,

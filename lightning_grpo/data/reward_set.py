@@ -1,0 +1,263 @@
+"""A weighted set of reward functions that scores a batch of completions into a [B, R] tensor,
+with per-call timeouts and one clear error per failure (function and sample named)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+import re
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
+
+import torch
+
+from lightning_grpo.data.rewards import RewardError, RewardFn, RewardTimeoutError, resolve_reward
+
+# ---------------------------------------------------------------------------------------- the set
+
+
+@dataclass
+class RewardSpec:
+    """One reward function of a :class:`RewardSet`, as written in a recipe."""
+
+    name: str | Callable[..., Sequence[float]]
+    """Registry name (see ``REWARDS``), import path ``"pkg.module.fn"`` / ``"pkg.module:fn"``, or the
+    function itself (drop-in use from Python)."""
+    weight: float = 1.0
+    """Weight of this reward in the weighted sum (used by the reward aggregation)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments passed on every call (e.g. ``pattern`` for ``regex_format``)."""
+    timeout_s: float | None = None
+    """Seconds one call (the whole batch) may take; ``None`` runs it inline without a limit."""
+    on_timeout: Literal["raise", "zero"] = "raise"
+    """On timeout: ``"raise"`` a :class:`RewardTimeoutError`, or score the batch 0 and count it."""
+    alias: str | None = None
+    """Name in logs; defaults to ``name`` after its last ``.`` or ``:``. Must be unique in a set."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
+            raise ValueError(f"reward {self.name!r}: weight must be a finite number, got {self.weight!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"reward {self.name!r}: timeout_s must be > 0 or null, got {self.timeout_s!r}")
+        if self.on_timeout not in ("raise", "zero"):
+            raise ValueError(f"reward {self.name!r}: on_timeout must be 'raise' or 'zero', got {self.on_timeout!r}")
+
+    @property
+    def label(self) -> str:
+        if self.alias:
+            return self.alias
+        if callable(self.name):
+            return getattr(self.name, "__name__", type(self.name).__name__)
+        return re.split(r"[.:]", self.name)[-1]
+
+
+@dataclass
+class RewardScores:
+    """What :meth:`RewardSet.score` returns for one batch."""
+
+    rewards: torch.Tensor
+    """``[B, R]`` float32: column r is reward function r's score of each completion."""
+    weights: torch.Tensor
+    """``[R]`` float32: each function's weight."""
+    names: list[str]
+    """``[R]`` the functions' log names."""
+    timed_out: list[bool]
+    """``[R]`` whether function r timed out on this batch (and was scored 0)."""
+
+    def metrics(self, prefix: str = "reward/") -> dict[str, float]:
+        """``{prefix}{name}/mean`` and ``/std`` (population) per function, ``/timeout`` if it timed out."""
+        out: dict[str, float] = {}
+        for r, name in enumerate(self.names):
+            col = self.rewards[:, r]  # [B]
+            out[f"{prefix}{name}/mean"] = col.mean().item() if col.numel() else 0.0
+            out[f"{prefix}{name}/std"] = col.std(correction=0).item() if col.numel() else 0.0
+            if self.timed_out[r]:
+                out[f"{prefix}{name}/timeout"] = 1.0
+        return out
+
+
+def _call_with_timeout(fn: RewardFn, timeout_s: float | None, args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)``, waiting at most ``timeout_s`` (raises ``TimeoutError``).
+
+    Runs in a daemon thread behind a ``Future``: a call that never returns cannot be killed, but
+    it is left behind without blocking the interpreter's exit.
+    """
+    if timeout_s is None:
+        return fn(*args, **kwargs)
+    future: Future = Future()
+
+    def target() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as err:  # noqa: BLE001 - re-raised by future.result()
+                future.set_exception(err)
+
+    threading.Thread(target=target, name="reward-timeout", daemon=True).start()
+    try:
+        return future.result(timeout=timeout_s)
+    except TimeoutError:
+        if future.done():  # the function itself raised TimeoutError
+            raise
+        raise _Expired() from None
+
+
+class _Expired(Exception):
+    """Internal marker: the call did not finish in time."""
+
+
+def _prefix(text: str, n: int = 40) -> str:
+    return repr(text[:n] + ("..." if len(text) > n else ""))
+
+
+class _Params(NamedTuple):
+    """What :class:`RewardSet` needs to know about a reward function's signature."""
+
+    named: set[str]  # keyword-passable parameters after ``completions``
+    required: set[str]  # those without a default
+    takes_all: bool  # has ``**columns``: receives every column, not only the named ones
+
+
+def _params(fn: RewardFn) -> _Params | None:
+    """The signature summary of ``fn``, or None when it cannot be inspected (then nothing is checked)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = {p.name for p in params if p.kind in kinds}
+    required = {p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty}
+    return _Params(named, required, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params))
+
+
+class RewardSet:
+    """Several weighted reward functions that score a batch of completions into a ``[B, R]`` tensor."""
+
+    def __init__(self, specs: Sequence[RewardSpec | Mapping[str, Any]]) -> None:
+        """Resolve every function and check its kwargs (errors here, before any rollout)."""
+        self.specs = [s if isinstance(s, RewardSpec) else RewardSpec(**s) for s in specs]
+        if not self.specs:
+            raise ValueError("RewardSet needs at least one reward function")
+        self.fns = [resolve_reward(s.name) for s in self.specs]
+        self.names = [s.label for s in self.specs]
+        duplicates = sorted({n for n in self.names if self.names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"reward names must be unique; give an alias to the repeated {duplicates}")
+        self._params = [_params(fn) for fn in self.fns]
+        for spec, fn, params in zip(self.specs, self.fns, self._params):
+            unknown = sorted(set(spec.kwargs) - params.named) if params else []
+            if unknown:
+                raise ValueError(
+                    f"reward {spec.label!r}: unknown kwargs {unknown}; its named parameters are {sorted(params.named)}"
+                )
+            check = getattr(fn, "validate_kwargs", None)
+            if check is not None:
+                check(**spec.kwargs)
+        #: Timed-out calls per function name since construction (``on_timeout="zero"``).
+        self.timeout_counts: dict[str, int] = {n: 0 for n in self.names}
+        self.weights = torch.tensor([float(s.weight) for s in self.specs], dtype=torch.float32)  # [R]
+
+    def _check_inputs(self, completions: Sequence[str], columns: Mapping[str, Any]) -> None:
+        batch = len(completions)
+        for key, value in columns.items():
+            size = len(value) if hasattr(value, "__len__") else None
+            if size != batch:
+                raise ValueError(
+                    f"column {key!r} has {size} entries for {batch} completions; expected one per completion"
+                )
+        for spec, params in zip(self.specs, self._params):
+            shadowed = sorted(set(spec.kwargs) & set(columns))
+            if shadowed:
+                raise ValueError(f"reward {spec.label!r}: kwargs {shadowed} shadow data columns of the same name")
+            missing = sorted(params.required - set(spec.kwargs) - set(columns)) if params else []
+            if missing:
+                raise ValueError(
+                    f"reward {spec.label!r} needs {missing}, found neither in its kwargs nor in the columns "
+                    f"{sorted(columns)}"
+                )
+
+    def score(self, completions: Sequence[str], columns: Mapping[str, Any] | None = None) -> RewardScores:
+        """Score ``completions`` (``[B]``) with every function; ``columns`` are aligned with them."""
+        completions = list(completions)
+        columns = dict(columns or {})
+        self._check_inputs(completions, columns)
+        scores: list[list[float]] = []
+        timed_out: list[bool] = []
+        for spec, fn, params in zip(self.specs, self.fns, self._params):
+            # A function without **columns receives only the columns it names.
+            own = columns
+            if params is not None and not params.takes_all:
+                own = {k: v for k, v in columns.items() if k in params.named}
+            values, expired = self._score_one(spec, fn, completions, own)
+            scores.append(values)
+            timed_out.append(expired)
+        rewards = torch.tensor(scores, dtype=torch.float32).reshape(len(scores), len(completions)).T  # [B, R]
+        return RewardScores(rewards.contiguous(), self.weights.clone(), list(self.names), timed_out)
+
+    def _score_one(
+        self, spec: RewardSpec, fn: RewardFn, completions: list[str], columns: dict[str, Any]
+    ) -> tuple[list[float], bool]:
+        try:
+            out = _call_with_timeout(fn, spec.timeout_s, (completions,), {**columns, **spec.kwargs})
+        except _Expired:
+            if spec.on_timeout == "raise":
+                raise RewardTimeoutError(
+                    f"reward function {spec.label!r} did not finish within timeout_s={spec.timeout_s} on a batch "
+                    f"of {len(completions)} completions (set on_timeout='zero' to score 0 instead)"
+                ) from None
+            self.timeout_counts[spec.label] += 1
+            return [0.0] * len(completions), True
+        except Exception as err:
+            raise self._locate_failure(spec, fn, completions, columns, err) from err
+        return self._check_output(spec.label, out, completions), False
+
+    def _locate_failure(
+        self, spec: RewardSpec, fn: RewardFn, completions: list[str], columns: dict[str, Any], err: Exception
+    ) -> RewardError:
+        """Re-run the failed call one completion at a time to name the first sample that fails."""
+        what = f"{type(err).__name__}: {err}"
+        for i, text in enumerate(completions):
+            one = {k: v[i : i + 1] for k, v in columns.items()}
+            try:
+                _call_with_timeout(fn, spec.timeout_s, ([text],), {**one, **spec.kwargs})
+            except _Expired:
+                continue
+            except Exception:  # noqa: BLE001 - this is the sample we are looking for
+                return RewardError(
+                    f"reward function {spec.label!r} raised {what} on sample {i} (completion {_prefix(text)})"
+                )
+        return RewardError(
+            f"reward function {spec.label!r} raised {what} on a batch of {len(completions)} completions "
+            "(no single completion reproduces it)"
+        )
+
+    @staticmethod
+    def _check_output(label: str, out: Any, completions: list[str]) -> list[float]:
+        if isinstance(out, torch.Tensor):
+            out = out.tolist()
+        expected = len(completions)
+        if isinstance(out, (str, bytes, Mapping)) or not hasattr(out, "__len__"):
+            raise RewardError(
+                f"reward function {label!r} returned a {type(out).__name__}; expected a list of {expected} numbers"
+            )
+        if len(out) != expected:
+            raise RewardError(
+                f"reward function {label!r} returned the wrong number of scores: expected {expected}, got {len(out)}"
+            )
+        values = []
+        for i, v in enumerate(out):
+            if not isinstance(v, numbers.Real):
+                raise RewardError(
+                    f"reward function {label!r} returned a non-number {v!r} ({type(v).__name__}) at index {i} "
+                    f"(completion {_prefix(completions[i])})"
+                )
+            if not math.isfinite(float(v)):
+                raise RewardError(
+                    f"reward function {label!r} returned {float(v)} at index {i} "
+                    f"(completion {_prefix(completions[i])}); scores must be finite"
+                )
+            values.append(float(v))
+        return values
