@@ -78,6 +78,9 @@ class GRPOModule(L.LightningModule):
             frozen copy otherwise), or force "none" / "copy" / "adapter".
         lora: LoRA settings, or None for full fine-tuning.
         dtype: dtype to load a model path in.
+        logprob_path: "chunked_hidden" (decoder, then the LM head in chunks: the full logits never
+            exist) or "logits" (the model's own forward, completion logits only; use it with
+            FSDP2 / DeepSpeed ZeRO-3, which gather parameters in the root forward).
         logprob_chunk_size: rows of the LM head computed at once (memory vs speed).
         gradient_checkpointing: recompute activations in backward (saves memory).
         optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
@@ -96,6 +99,7 @@ class GRPOModule(L.LightningModule):
         reference: Literal["auto", "none", "copy", "adapter"] = "auto",
         lora: LoraSettings | None = None,
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
         logprob_chunk_size: int = 1024,
         gradient_checkpointing: bool = False,
         optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -163,31 +167,52 @@ class GRPOModule(L.LightningModule):
 
         return get_peft_model(policy, self.hparams.lora.to_peft())
 
+    def setup(self, stage: str) -> None:
+        """Fail fast when torch.distributed was initialised before Lightning's launcher ran (e.g. by a
+        vLLM engine built before ``trainer.fit``): Lightning then keeps that group, and with one rank
+        per group DDP and the global token counts silently stop synchronising."""
+        world = self.trainer.world_size
+        if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            if torch.distributed.get_world_size() != world:
+                raise RuntimeError(
+                    f"the default torch.distributed process group has {torch.distributed.get_world_size()} rank(s) "
+                    f"but the Trainer runs {world}: something initialised torch.distributed before trainer.fit "
+                    "(a vLLM engine built before the fit does). Build rollout engines inside the fit "
+                    "(RolloutCallback builds its engine lazily) or after Lightning set up the process group."
+                )
+
     # ------------------------------------------------------------------------- log-probs
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
-        """Log-probs (and entropy) of the completion tokens at the sampling temperature.
+        """Log-probs (and entropy) of the completion tokens at the sampling temperature, through
+        the path named by ``logprob_path`` (models without a decoder / LM head use "logits")."""
+        chunked = self.hparams.logprob_path == "chunked_hidden"
+        if chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings"):
+            return self._logprobs_chunked_hidden(model, batch, compute_entropy)
+        return self._logprobs_model_forward(model, batch, compute_entropy)
 
-        Hugging Face models go through the decoder and the chunked LM-head path, so the full
-        [B, Lc, V] logits never exist; other modules fall back to ``model(...).logits``.
-        """
-        ids, attn = batch.input_ids, batch.attention_mask  # [B, L]
-        pos = position_ids(attn)
-        lp = batch.prompt_length
-        target = ids[:, lp:]  # [B, Lc]
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        if head is not None and hasattr(model, "get_decoder"):
-            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
-            return logprobs_from_hidden(
-                hidden[:, lp - 1 : -1],  # [B, Lc, H] states that predict the completion tokens
-                head.weight,
-                target,
-                bias=head.bias,
-                temperature=batch.temperature,
-                compute_entropy=compute_entropy,
-                chunk_size=self.hparams.logprob_chunk_size,
-            )
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, lp - 1 : -1]
-        return logprobs_from_logits(logits, target, temperature=batch.temperature, compute_entropy=compute_entropy)
+    def _logprobs_chunked_hidden(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool) -> TokenLogProbs:
+        """Decoder, then the LM head in chunks: the [B, Lc, V] logits never exist."""
+        ids, lp = batch.input_ids, batch.prompt_length  # [B, L]
+        decoder_out = model.get_decoder()(input_ids=ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask))
+        head = model.get_output_embeddings()
+        return logprobs_from_hidden(
+            decoder_out.last_hidden_state[:, lp - 1 : -1],  # [B, Lc, H] states that predict the completion
+            head.weight,
+            ids[:, lp:],
+            bias=head.bias,
+            temperature=batch.temperature,
+            compute_entropy=compute_entropy,
+            chunk_size=self.hparams.logprob_chunk_size,
+        )
+
+    def _logprobs_model_forward(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool) -> TokenLogProbs:
+        """The model's own forward (what FSDP2 / ZeRO-3 need to gather parameters); HF models
+        are asked for the completion logits only (``logits_to_keep``)."""
+        ids, lp = batch.input_ids, batch.prompt_length
+        kwargs = {"logits_to_keep": ids.shape[1] - lp + 1} if hasattr(model, "get_output_embeddings") else {}
+        out = model(input_ids=ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask), **kwargs)
+        logits = out.logits[:, -(ids.shape[1] - lp + 1) : -1]  # [B, Lc, V]
+        return logprobs_from_logits(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
 
     @torch.no_grad()
     def _logprobs_no_grad(self, batch: RolloutBatch, reference: bool, rows_per_pass: int) -> Tensor:

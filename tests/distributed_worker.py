@@ -10,8 +10,9 @@ script (``sys.argv``) for rank 1 with ``LOCAL_RANK=1``. Each rank writes its res
     ``accumulate_grad_batches`` 1 and 2; plus a control run whose counts are NOT reduced over ranks.
     The test compares the updated weights with a 1-process update on the concatenated batch
     (:func:`single_process_update`, run in the test's own process).
-``e2e``: a few steps of the full loop (PromptDataModule, RolloutCallback with the HF engine);
-    records which prompts and seeds each rank sampled.
+``e2e``: a few steps of the full loop (PromptDataModule, RolloutCallback with ``--engine hf`` or
+    ``vllm``); records which prompts and seeds each rank sampled and, after every generation, the
+    gap between the engine's log-probs and the policy's (shows the weight push worked on each rank).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# in-process vLLM without its compile step (docs/platform notes); harmless for the other modes
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
@@ -135,7 +139,7 @@ def run_update(model_dir: str, out: Path) -> None:
     for aggregation in AGGREGATIONS:
         for accumulate in ACCUMULATE:
             module = _module(model_dir, aggregation)
-            rank = int(os.environ.get("LOCAL_RANK", 0))  # Lightning's launcher sets it before the first fit
+            rank = int(os.environ.get("LOCAL_RANK", 0))  # rank 1 starts with LOCAL_RANK=1; rank 0 has none before its first fit
             half = rollout_half(rank, module.policy.config.vocab_size)
             state = _fit(module, half, devices=WORLD, accumulate=accumulate)
             assert module.trainer.global_rank == rank and module.trainer.world_size == WORLD
@@ -154,27 +158,36 @@ def run_update(model_dir: str, out: Path) -> None:
 
 
 # --------------------------------------------------------------------------------- end to end
-def run_e2e(model_dir: str, out: Path, steps: int) -> None:
-    import lightning_grpo.callbacks.rollout as rollout_mod
+def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "path") -> None:
+    """``steps`` training steps of the full loop with ``engine`` ("hf" or "vllm") on each rank; the
+    policy is given to GRPOModule as a model directory (``policy="path"``) or as a built
+    ``nn.Module`` (``"module"``: the vLLM engine is then built from a per-rank save of it)."""
     from lightning.pytorch.callbacks import Callback
 
     from lightning_grpo import RolloutCallback
     from lightning_grpo.data.datamodule import PromptDataModule
+    from lightning_grpo.data.reward_set import RewardSpec
     from lightning_grpo.rollout.base import SamplingConfig
-    from lightning_grpo.rollout.hf import HFEngine
+
+    if engine == "hf":
+        from lightning_grpo.rollout.hf import HFEngine as engine_class
+    else:
+        from lightning_grpo.rollout.vllm import VLLMEngine as engine_class
 
     calls: list[dict] = []  # what the callback asked the engine for, per generation
-    original_generate = HFEngine.generate
+    original_generate = engine_class.generate
 
     def recording_generate(self, prompt_ids, sampling, seed):
         calls.append({"prompt_ids": [list(p) for p in prompt_ids], "seed": int(seed), "n": sampling.n})
         return original_generate(self, prompt_ids, sampling, seed)
 
-    HFEngine.generate = recording_generate
+    engine_class.generate = recording_generate
     prompts: list[dict] = []
+    checks: list[dict] = []
 
-    class RecordPrompts(Callback):
-        """Wraps the datamodule's prompt schedule to record every call (generation, rank, world)."""
+    class Record(Callback):
+        """Records the datamodule's prompt schedule calls (generation, rank, world) and, after each
+        generation, how far the engine's log-probs are from the policy's (weights in sync?)."""
 
         def setup(self, trainer, pl_module, stage):
             dm = trainer.datamodule
@@ -190,10 +203,26 @@ def run_e2e(model_dir: str, out: Path, steps: int) -> None:
 
             dm.generation_prompts = generation_prompts
 
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):  # runs after RolloutCallback's
+            b = module.rollout_batch
+            with torch.no_grad():
+                logp = module.token_logprobs(module.policy, b).logp
+            mask = b.completion_mask.bool()
+            world = torch.tensor([1.0])
+            torch.distributed.all_reduce(world)  # the default group still spans every rank
+            checks.append({"logprob_gap": (logp - b.rollout_logp)[mask].abs().max().item(), "ranks": world.item()})
+
     L.seed_everything(0, workers=True)
     dm = PromptDataModule(tokenizer_path=model_dir, batch_size=4, task_num_train=64, task_num_val=8)
-    module = GRPOModule(model=model_dir, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
-    rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=4), seed=7)
+    model = model_dir if policy == "path" else module_from(model_dir)
+    module = GRPOModule(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    rollout = RolloutCallback(
+        engine=engine,
+        sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=4),
+        rewards=[RewardSpec(digit_fraction)],  # varies between samples: nonzero advantages
+        seed=7,
+        vllm_args={"kv_cache_memory_bytes": 32 * 1024**2} if engine == "vllm" else None,
+    )
     trainer = L.Trainer(
         accelerator="cpu",
         devices=WORLD,
@@ -204,12 +233,11 @@ def run_e2e(model_dir: str, out: Path, steps: int) -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[RecordPrompts(), rollout],
+        callbacks=[rollout, Record()],  # Record after RolloutCallback: it reads the new rollout batch
     )
     before = {k: v.detach().clone() for k, v in module_policy_state(model_dir).items()}
     trainer.fit(module, datamodule=dm)
     rank = trainer.global_rank
-    expected_seeds = [rollout_mod.derive_seed(7, rank, g * rollout.max_generation_rounds) for g in range(steps)]
     torch.save(
         {
             "rank": rank,
@@ -218,13 +246,25 @@ def run_e2e(model_dir: str, out: Path, steps: int) -> None:
             "generations": rollout.generations,
             "calls": calls,
             "prompts": prompts,
-            "expected_seeds": expected_seeds,
+            "checks": checks,
             "before": before,
             "after": {k: v.detach().clone() for k, v in module.policy.state_dict().items()},
             "rollout_rows": len(module.rollout_batch),
+            "process_group_after_fit": torch.distributed.is_initialized(),
         },
-        out / f"e2e-rank{rank}.pt",
+        out / f"e2e-{engine}-rank{rank}.pt",
     )
+
+
+def digit_fraction(completions: list[str], **_columns) -> list[float]:
+    """Share of digits in the completion: a dense reward an untrained policy already varies on."""
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def module_from(model_dir: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir)
 
 
 def module_policy_state(model_dir: str) -> dict[str, torch.Tensor]:
@@ -236,6 +276,8 @@ def module_policy_state(model_dir: str) -> dict[str, torch.Tensor]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["update", "e2e"])
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--policy", choices=["path", "module"], default="path")
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3)
@@ -245,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.mode == "update":
         run_update(args.model, out)
     else:
-        run_e2e(args.model, out, args.steps)
+        run_e2e(args.model, out, args.steps, args.engine, args.policy)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ results to files that the tests read.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="to
 
 
 def _run_worker(mode: str, model_dir: Path, out: Path, timeout: float = 300, *extra: str) -> None:
+    """Run the worker script (rank 0; Lightning starts rank 1) and fail with its output on error."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith(_LAUNCH_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER.parents[1]), env.get("PYTHONPATH")]))
     cmd = [sys.executable, str(WORKER), mode, "--model", str(model_dir), "--out", str(out), *extra]
@@ -90,12 +92,9 @@ def test_per_rank_counts_would_give_a_different_update(ddp_update, tiny_model_pa
     assert gap > 1e-4
 
 
-def test_hf_engine_rollouts_under_ddp_sample_different_prompts_and_seeds(tiny_model_path, tmp_path):
+def _check_e2e(ranks: list[dict], steps: int) -> None:
     from lightning_grpo.callbacks.rollout import derive_seed
 
-    steps = 3
-    _run_worker("e2e", tiny_model_path, tmp_path, 300, "--steps", str(steps))
-    ranks = _load(tmp_path, "e2e")
     for rank, r in enumerate(ranks):
         assert r["rank"] == rank and r["world_size"] == 2
         assert r["global_step"] == steps and r["generations"] == steps
@@ -107,6 +106,7 @@ def test_hf_engine_rollouts_under_ddp_sample_different_prompts_and_seeds(tiny_mo
         assert [c["seed"] for c in r["calls"]] == [derive_seed(7, rank, g * 4) for g in range(steps)]
         assert all(len(c["prompt_ids"]) == 4 and c["n"] == 4 for c in r["calls"])
         assert r["rollout_rows"] == 16
+        assert [c["ranks"] for c in r["checks"]] == [2.0] * steps  # the default group spans both ranks
     seeds = [c["seed"] for r in ranks for c in r["calls"]]
     assert len(set(seeds)) == len(seeds)  # distinct per rank and generation
     for g in range(steps):
@@ -120,3 +120,26 @@ def test_hf_engine_rollouts_under_ddp_sample_different_prompts_and_seeds(tiny_mo
         torch.testing.assert_close(after0[name], after1[name], atol=0, rtol=0, msg=name)
     moved = max((after0[n] - ranks[0]["before"][n]).abs().max().item() for n in after0)
     assert moved > 0
+
+
+def test_hf_engine_rollouts_under_ddp_sample_different_prompts_and_seeds(tiny_model_path, tmp_path):
+    steps = 3
+    _run_worker("e2e", tiny_model_path, tmp_path, 300, "--steps", str(steps), "--engine", "hf")
+    ranks = _load(tmp_path, "e2e-hf")
+    _check_e2e(ranks, steps)
+    for r in ranks:  # HF samples from the live policy: its log-probs are the policy's
+        assert max(c["logprob_gap"] for c in r["checks"]) < 1e-4
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")
+def test_vllm_engine_inside_ddp_ranks(tiny_model_path, tmp_path):
+    """Each rank builds its own in-process vLLM engine inside the fit (after Lightning set up the
+    gloo group; vLLM joins it instead of creating one) and pushes its weights after every step.
+    The engines run in the worker processes, never in the pytest process."""
+    steps = 3
+    _run_worker("e2e", tiny_model_path, tmp_path, 400, "--steps", str(steps), "--engine", "vllm", "--policy", "module")
+    ranks = _load(tmp_path, "e2e-vllm")
+    _check_e2e(ranks, steps)
+    for r in ranks:  # the engine samples with the policy's current weights on every rank
+        assert max(c["logprob_gap"] for c in r["checks"]) < 1e-4, r["checks"]

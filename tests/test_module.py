@@ -114,3 +114,12 @@ def test_training_step_without_rollouts_explains_the_fix(tiny_model_path):
     trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     with pytest.raises(RuntimeError, match="add lightning_grpo.RolloutCallback"):
         trainer.fit(module, train_dataloaders=_ticks(1))
+
+
+def test_logits_path_equals_chunked_path(tiny_model_path):
+    policy = _policy(tiny_model_path)
+    batch = _rollout_batch(policy.config.vocab_size)
+    chunked = GRPOModule(model=policy).token_logprobs(policy, batch, compute_entropy=True)
+    forward = GRPOModule(model=policy, logprob_path="logits").token_logprobs(policy, batch, compute_entropy=True)
+    torch.testing.assert_close(forward.logp, chunked.logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(forward.entropy, chunked.entropy, atol=1e-5, rtol=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,24 @@ def _save_for_engine(policy, tokenizer) -> str:
             f"got {type(base).__name__}: use engine='hf' or pass GRPOModule(model='path/to/model')"
         )
     directory = Path(tempfile.mkdtemp(prefix="lightning-grpo-engine-"))
-    base.save_pretrained(directory)  # peft: the base weights; the merged adapter is pushed later
+    with _save_on_every_rank(base):  # each rank builds its own engine from its own directory
+        base.save_pretrained(directory)  # peft: the base weights; the merged adapter is pushed later
     tokenizer.save_pretrained(directory)
     return str(directory)
+
+
+@contextmanager
+def _save_on_every_rank(model):
+    """transformers' ``save_pretrained`` writes nothing on torch.distributed ranks other than 0
+    (``should_save_on_this_rank``); lift that for a per-process copy."""
+    if not hasattr(model, "should_save_on_this_rank"):
+        yield
+        return
+    model.should_save_on_this_rank = lambda is_main_process: True
+    try:
+        yield
+    finally:
+        del model.should_save_on_this_rank
 
 
 def build_engine(name: str, module, tokenizer, seed: int, args: dict[str, Any] | None = None) -> RolloutEngine:

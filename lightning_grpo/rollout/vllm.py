@@ -22,6 +22,7 @@ with that adapter on top of the engine's base weights (push those with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -117,6 +118,11 @@ class VLLMEngine(RolloutEngine):
             **_optional_kwargs(kv_cache_memory_bytes, block_size, enable_lora, max_lora_rank, gpu_memory_utilization),
             **(extra_llm_kwargs or {}),  # last: overrides any of the above
         }
+        if kwargs.get("distributed_executor_backend") == "external_launcher":
+            _export_rank_for_external_launcher()
+        # vLLM joins a process group that already exists (a DDP trainer's) instead of creating its
+        # own, and its shutdown destroys the default group whoever made it: remember who did.
+        self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         warmup_log = logging.getLogger("vllm.renderers.base")
         warmup_log.addFilter(_skip_chat_warmup_failure)
         try:
@@ -198,7 +204,8 @@ class VLLMEngine(RolloutEngine):
         if self._llm is None:
             return
         try:
-            self._llm.llm_engine.engine_core.shutdown()
+            with _keep_default_process_group(not self._owns_process_group):
+                self._llm.llm_engine.engine_core.shutdown()
         finally:
             self._llm = None
             import gc
@@ -240,6 +247,36 @@ def _optional_kwargs(
     if torch.cuda.is_available():
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     return kwargs
+
+
+def _export_rank_for_external_launcher() -> None:
+    """``distributed_executor_backend="external_launcher"`` reads ``RANK`` (and ``LOCAL_RANK``) from the
+    environment: torchrun sets both, Lightning's own launcher only ``LOCAL_RANK``. Inside a running
+    process group, export this process's rank in it."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
+
+
+@contextlib.contextmanager
+def _keep_default_process_group(enabled: bool):
+    """While enabled, ``torch.distributed.destroy_process_group()`` spares the default group: vLLM's
+    shutdown (``cleanup_dist_env_and_memory``) calls it even when the trainer created that group.
+    vLLM's own subgroups are still destroyed."""
+    if not enabled:
+        yield
+        return
+    original = torch.distributed.destroy_process_group
+
+    def destroy(group=None):
+        if group is None or group is torch.distributed.GroupMember.WORLD:
+            return
+        original(group)
+
+    torch.distributed.destroy_process_group = destroy
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = original
 
 
 class _preserved_global_rng:
