@@ -7,7 +7,6 @@ from fractions import Fraction
 
 import pytest
 import torch
-from torch.testing import assert_close
 
 from lightning_grpo.core.advantages import (
     as_groups,
@@ -23,17 +22,7 @@ from lightning_grpo.core.advantages import (
 )
 from lightning_grpo.core.registry import ADVANTAGES, REWARD_AGGREGATIONS
 
-EPS = 1e-6
-
-
-def close(actual, expected):
-    expected = torch.as_tensor(expected, dtype=torch.float32)
-    assert actual.dtype == torch.float32
-    assert_close(actual, expected, atol=1e-6, rtol=0)
-
-
-def t(values):
-    return torch.tensor(values, dtype=torch.float32)
+from tests.core import EPS, close, t
 
 
 # ----------------------------------------------------------------------------------------------

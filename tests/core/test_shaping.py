@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from torch.testing import assert_close
 
 from lightning_grpo.core.advantages import grpo_advantages
 from lightning_grpo.core.registry import ADVANTAGES, SELECTIONS, SHAPING
@@ -19,17 +18,7 @@ from lightning_grpo.core.shaping import (
     soft_overlong_punishment,
 )
 
-EPS = 1e-6
-
-
-def close(actual, expected):
-    expected = torch.as_tensor(expected, dtype=torch.float32)
-    assert actual.dtype == torch.float32
-    assert_close(actual, expected, atol=1e-6, rtol=0)
-
-
-def t(values):
-    return torch.tensor(values, dtype=torch.float32)
+from tests.core import EPS, close, t
 
 
 def b(values):

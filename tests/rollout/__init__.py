@@ -26,3 +26,15 @@ def max_logprob_gap(model: torch.nn.Module, rollout: Rollout, temperature: float
     """Largest |recomputed - engine| log-prob over the rollout's sampled tokens."""
     recomputed, engine, _ = recompute_logprobs(model, rollout, temperature)
     return float((recomputed - engine).abs().max())
+
+
+def assert_eos_handling(rollout: Rollout, eos: int, max_new_tokens: int) -> None:
+    """Finished rows end with exactly one EOS; unfinished rows are max_new_tokens long without
+    EOS; log-probs align with tokens; both kinds occur."""
+    for ids, lps, done in zip(rollout.completion_ids, rollout.logprobs, rollout.finished):
+        assert len(lps) == len(ids)
+        if done:
+            assert ids[-1] == eos and eos not in ids[:-1]
+        else:
+            assert len(ids) == max_new_tokens and eos not in ids
+    assert 0 < sum(rollout.finished) < len(rollout.finished)

@@ -9,7 +9,7 @@ import torch
 
 from lightning_grpo.rollout.base import SamplingConfig
 from lightning_grpo.rollout.hf import HFEngine
-from tests.rollout import max_logprob_gap
+from tests.rollout import assert_eos_handling, max_logprob_gap
 
 EOS, PAD = 1, 0
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [20]]  # different lengths: left padding is exercised
@@ -38,13 +38,7 @@ def test_stops_at_eos_and_returns_nothing_after_it(engine):
     sampling = SamplingConfig(n=8, max_new_tokens=16)
     rollout = engine.generate(PROMPTS, sampling, seed=1)
     assert len(rollout.completion_ids) == len(PROMPTS) * 8 and rollout.group_size == 8
-    for ids, lps, done in zip(rollout.completion_ids, rollout.logprobs, rollout.finished):
-        assert len(lps) == len(ids)
-        if done:
-            assert ids[-1] == EOS and EOS not in ids[:-1]
-        else:
-            assert len(ids) == sampling.max_new_tokens and EOS not in ids
-    assert 0 < sum(rollout.finished) < len(rollout.finished)  # both cases occur at this seed
+    assert_eos_handling(rollout, EOS, sampling.max_new_tokens)  # both cases occur at this seed
 
 
 def test_group_samples_differ_and_the_seed_reproduces(engine):

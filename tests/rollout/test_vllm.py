@@ -9,7 +9,7 @@ import torch
 
 from lightning_grpo.rollout.base import Rollout, SamplingConfig, rollout_to_tensors
 from lightning_grpo.rollout.weights import policy_weights_for_engine
-from tests.rollout import max_logprob_gap
+from tests.rollout import assert_eos_handling, max_logprob_gap
 
 pytestmark = pytest.mark.vllm
 
@@ -125,13 +125,7 @@ def test_stops_at_eos_and_reports_finished(vllm_engine, tiny_model_path):
     vllm_engine.load_weights(policy_weights_for_engine(_load(tiny_model_path)))
     sampling = SamplingConfig(n=8, max_new_tokens=16)
     rollout = vllm_engine.generate([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [20]], sampling, seed=1)
-    for ids, lps, done in zip(rollout.completion_ids, rollout.logprobs, rollout.finished):
-        assert len(lps) == len(ids)
-        if done:
-            assert ids[-1] == EOS and EOS not in ids[:-1]
-        else:
-            assert len(ids) == sampling.max_new_tokens and EOS not in ids
-    assert 0 < sum(rollout.finished) < len(rollout.finished)  # both cases occur at this seed
+    assert_eos_handling(rollout, EOS, sampling.max_new_tokens)  # both cases occur at this seed
 
 
 def test_generate_leaves_the_global_rng_alone(vllm_engine):
