@@ -114,6 +114,9 @@ class GRPOModule(L.LightningModule):
             raise ValueError(
                 f"num_iterations and steps_per_generation must be >= 1, got {num_iterations}, {steps_per_generation}"
             )
+        if isinstance(lora, dict):  # LightningCLI / hparams hand the settings over as a dict
+            lora = LoraSettings(**lora)
+        self.lora = lora
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
         self.model_source = model if isinstance(model, str) or model is None else None
@@ -138,12 +141,12 @@ class GRPOModule(L.LightningModule):
             return mode
         if not (self.loss_fn.needs_reference or self.hparams.kl_in_reward_coef):
             return "none"
-        return "adapter" if self.hparams.lora is not None else "copy"
+        return "adapter" if self.lora is not None else "copy"
 
     def configure_model(self) -> None:
         if self.policy is None:
             self.policy = self._load_policy()
-        elif self.hparams.lora is not None and not hasattr(self.policy, "disable_adapter"):
+        elif self.lora is not None and not hasattr(self.policy, "disable_adapter"):
             self.policy = self._apply_lora(self.policy)
         if self.hparams.gradient_checkpointing and hasattr(self.policy, "gradient_checkpointing_enable"):
             self.policy.gradient_checkpointing_enable()
@@ -158,14 +161,14 @@ class GRPOModule(L.LightningModule):
         if source is None:
             from .data.tiny import tiny_model_dir
 
-            source = str(tiny_model_dir())
+            source = self.model_source = str(tiny_model_dir())
         policy = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, self.hparams.dtype))
-        return self._apply_lora(policy) if self.hparams.lora is not None else policy
+        return self._apply_lora(policy) if self.lora is not None else policy
 
     def _apply_lora(self, policy: nn.Module) -> nn.Module:
         from peft import get_peft_model
 
-        return get_peft_model(policy, self.hparams.lora.to_peft())
+        return get_peft_model(policy, self.lora.to_peft())
 
     def setup(self, stage: str) -> None:
         """Fail fast when torch.distributed was initialised before Lightning's launcher ran (e.g. by a

@@ -47,8 +47,12 @@ def _save_for_engine(policy, tokenizer) -> str:
             f"got {type(base).__name__}: use engine='hf' or pass GRPOModule(model='path/to/model')"
         )
     directory = Path(tempfile.mkdtemp(prefix="lightning-grpo-engine-"))
+    from .weights import policy_weights_for_engine
+
+    # HF checkpoint names (a peft model's LoRA layers merged, no base_layer / lora_ names)
+    weights = {name: tensor.detach() for name, tensor in policy_weights_for_engine(policy)}
     with _save_on_every_rank(base):  # each rank builds its own engine from its own directory
-        base.save_pretrained(directory)  # peft: the base weights; the merged adapter is pushed later
+        base.save_pretrained(directory, state_dict=weights)
     tokenizer.save_pretrained(directory)
     return str(directory)
 

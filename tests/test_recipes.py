@@ -1,0 +1,314 @@
+"""Every shipped recipe (``recipes/*.yaml``): it parses with the CLI, it instantiates, and it trains.
+
+Recipes that name real weights (``model.model`` is a path) run here on the built-in tiny model
+and digit task, on the CPU, in float32 (:func:`tiny_substitute`). Training uses the session's one
+vLLM engine (``vllm_engine`` in ``conftest.py``) through ``RolloutCallback.use_engine``, or the
+HF engine when vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+IDS = [p.stem for p in RECIPES]
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+#: Policy losses that report ratio and clip fractions (``ppo``-style).
+CLIPPED_LOSSES = {"ppo", "dual_clip", "delta_clip", "gspo", "gspo_token", "cispo", "clip_cov"}
+#: The session engine's limits (conftest.py: VLLMEngine defaults).
+ENGINE_MAX_MODEL_LEN = 512
+
+def test_recipes_exist():
+    assert len(RECIPES) >= 15, [p.name for p in RECIPES]
+
+
+# --------------------------------------------------------------------------------- helpers
+def _cli(args: list[str], parse_only: bool = False):
+    """The ``lightning-grpo`` CLI (as ``lightning_grpo.cli.main`` builds it) with ``run=False``."""
+    from lightning_grpo.cli import GRPOCLI, _prepare_environment
+    from lightning_grpo.data.datamodule import PromptDataModule
+    from lightning_grpo.module import GRPOModule
+
+    class ParseOnly(GRPOCLI):
+        def instantiate_classes(self) -> None:  # parse and validate, build nothing
+            pass
+
+    _prepare_environment()
+    cls = ParseOnly if parse_only else GRPOCLI
+    with mock.patch.object(sys, "argv", ["lightning-grpo"]):  # pytest's own arguments are not ours
+        return cls(
+            GRPOModule,
+            PromptDataModule,
+            subclass_mode_model=False,
+            subclass_mode_data=False,
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            run=False,
+            auto_configure_optimizers=False,
+        )
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
+def _rollout_args(cfg: dict[str, Any]) -> dict[str, Any]:
+    (cb,) = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("RolloutCallback")]
+    return cb["init_args"]
+
+
+def _loss_args(cfg: dict[str, Any]) -> dict[str, Any]:
+    return cfg["model"]["loss"]["init_args"]
+
+
+def _is_real_model(cfg: dict[str, Any]) -> bool:
+    return cfg["model"].get("model") is not None
+
+
+def _weights_present(cfg: dict[str, Any]) -> bool:
+    return _is_real_model(cfg) and (ROOT / cfg["model"]["model"]).is_dir()
+
+
+def tiny_substitute(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A real-model recipe moved onto the tiny model, the digit task, the CPU and float32;
+    everything else (objective, LoRA, gradient checkpointing, accumulation) is kept."""
+    cfg = copy.deepcopy(cfg)
+    cfg["model"]["model"] = None
+    cfg["model"]["dtype"] = "float32"
+    data = cfg["data"]
+    for key in ("train_files", "val_files", "tokenizer_path", "system_prompt", "max_prompt_length"):
+        data[key] = None
+    data.update(prompt_column="prompt", answer_column="answer", use_chat_template=False)
+    cfg["trainer"].update(accelerator="cpu", precision="32-true")
+    rollout = _rollout_args(cfg)
+    rollout["sampling"]["max_new_tokens"] = 4
+    rollout["vllm_args"] = {"dtype": "float32", "max_model_len": 64, "kv_cache_memory_bytes": 64 * 1024**2}
+    return cfg
+
+
+def _runnable_here(cfg: dict[str, Any]) -> bool:
+    """A real-model recipe runs as written only with its weights, its data and a GPU."""
+    files = [cfg["data"].get(k) for k in ("train_files", "val_files")]
+    data_present = all((ROOT / f).is_file() for f in files if isinstance(f, str))
+    return _weights_present(cfg) and data_present and torch.cuda.is_available()
+
+
+def _prepared(path: Path, tmp_path: Path, train: bool = False) -> tuple[dict[str, Any], Path]:
+    """(config, file to pass to -c): the recipe itself, or a substituted copy in tmp_path.
+    Training always moves real-model recipes onto the tiny model (a 3-step smoke test)."""
+    cfg = _load(path)
+    changed = False
+    if _is_real_model(cfg) and (train or not _runnable_here(cfg)):
+        cfg, changed = tiny_substitute(cfg), True
+    if not HAS_VLLM:
+        _rollout_args(cfg).update(engine="hf", vllm_args=None)
+        changed = True
+    if not changed:
+        return cfg, path
+    out = tmp_path / path.name
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return cfg, out
+
+
+def _run_args(tmp_path: Path, max_steps: int) -> list[str]:
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path), "name": "run"}}
+    return [
+        f"--trainer.max_steps={max_steps}",
+        "--trainer.log_every_n_steps=1",
+        "--trainer.limit_val_batches=0",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        f"--trainer.logger={json.dumps(logger)}",
+    ]
+
+
+def _marks(path: Path) -> list:
+    return []
+
+
+PARAMS = [pytest.param(p, id=p.stem, marks=_marks(p)) for p in RECIPES]
+
+
+@pytest.fixture
+def tiny_cache(tiny_model_path, monkeypatch):
+    """Point the package's tiny-model cache at the session's copy (no second build, no ~/.cache)."""
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
+
+
+# ------------------------------------------------------------------------ (a) parse, build
+@pytest.mark.parametrize("path", RECIPES, ids=IDS)
+def test_recipe_parses_as_written(path):
+    """The file as shipped: every key is a real option of the right type (nothing is built)."""
+    text = path.read_text()
+    assert text.startswith("#"), f"{path.name} needs a comment header (what, source, how to run)"
+    assert f"lightning-grpo fit -c recipes/{path.name}" in text, f"{path.name}: the header shows how to run it"
+    assert f"`{path.name}`" in (ROOT / "docs" / "recipes.md").read_text(), f"{path.name} is missing from docs/recipes.md"
+    config = _cli(["-c", str(path)], parse_only=True).config
+    assert config.model.loss.class_path == "lightning_grpo.GRPOLoss"
+    callbacks = [c.class_path for c in config.trainer.callbacks]
+    assert "lightning_grpo.RolloutCallback" in callbacks
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=IDS)
+def test_recipe_instantiates(path, tmp_path, tiny_cache):
+    from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RolloutCallback
+
+    cfg, config_file = _prepared(path, tmp_path)
+    cli = _cli(["-c", str(config_file), *_run_args(tmp_path, 1)])
+    assert isinstance(cli.model, GRPOModule) and isinstance(cli.model.loss_fn, GRPOLoss)
+    assert isinstance(cli.datamodule, PromptDataModule)
+    assert sum(isinstance(c, RolloutCallback) for c in cli.trainer.callbacks) == 1
+    expected_reference = "none"
+    if _loss_args(cfg).get("beta", 0.0) > 0:
+        expected_reference = "adapter" if cfg["model"].get("lora") is not None else "copy"
+    assert cli.model.reference_mode == expected_reference
+    cli.datamodule.setup("fit")  # tokenizer, data, columns
+    assert len(cli.datamodule.train_records) >= cli.datamodule.batch_size
+
+
+# ---------------------------------------------------------------------- recipe consistency
+@pytest.mark.parametrize("path", RECIPES, ids=IDS)
+def test_recipe_lengths_agree(path):
+    """Lengths written twice in a recipe (YAML cannot reference a value) are equal."""
+    cfg = _load(path)
+    rollout, loss = _rollout_args(cfg), _loss_args(cfg)
+    max_new = rollout.get("sampling", {}).get("max_new_tokens", 16)
+    if loss.get("aggregation") == "seq_mean_token_sum_norm":  # Dr. GRPO: L_max = max_new_tokens
+        assert loss["aggregation_args"]["max_length"] == max_new
+    for reward in rollout.get("rewards") or []:
+        if reward["name"] == "soft_overlong":
+            assert reward["kwargs"]["max_length"] == max_new
+    vllm_args = rollout.get("vllm_args") or {}
+    prompt = cfg["data"].get("max_prompt_length") or 5  # the digit task: "4821="
+    assert vllm_args.get("max_model_len", ENGINE_MAX_MODEL_LEN) >= prompt + max_new
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPES if _is_real_model(_load(p))], ids=lambda p: p.stem)
+def test_real_model_recipe_settings(path):
+    cfg = _load(path)
+    model, data, trainer = cfg["model"], cfg["data"], cfg["trainer"]
+    vllm_args = _rollout_args(cfg)["vllm_args"]
+    assert model["model"] == data["tokenizer_path"], "the policy and its tokenizer come from the same path"
+    assert trainer["accelerator"] == "gpu"
+    assert "kv_cache_memory_bytes" in vllm_args and vllm_args["kv_cache_memory_bytes"] is None, (
+        "on a GPU the KV cache must come from gpu_memory_utilization, not the 64 MiB CPU default"
+    )
+    assert 0 < vllm_args["gpu_memory_utilization"] < 1
+    if model.get("lora") is not None:
+        assert model["gradient_checkpointing"] is True
+    if "fp16" in path.stem:  # trainer and engine both in fp16, with the loss scaler of 16-mixed
+        assert vllm_args["dtype"] == model["dtype"] == "float16" and trainer["precision"] == "16-mixed"
+    else:
+        assert vllm_args["dtype"] == "bfloat16"
+        assert trainer["precision"].startswith("bf16") or model["dtype"] == "bfloat16"
+
+
+# ---------------------------------------------------------------------------- (b) training
+def _trainable(module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.policy.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("path", PARAMS)
+def test_recipe_trains(path, tmp_path, tiny_cache, request):
+    from lightning_grpo import RolloutCallback
+
+    cfg, config_file = _prepared(path, tmp_path, train=True)
+    steps = 3
+    cli = _cli(["-c", str(config_file), *_run_args(tmp_path, steps)])
+    trainer, module = cli.trainer, cli.model
+    (callback,) = [c for c in trainer.callbacks if isinstance(c, RolloutCallback)]
+    if HAS_VLLM:
+        callback.use_engine(request.getfixturevalue("vllm_engine"))
+    module.configure_model()  # build the policy now to snapshot its weights (fit reuses it)
+    before = _trainable(module)
+
+    trainer.fit(module, datamodule=cli.datamodule)
+
+    assert trainer.global_step == steps
+    metrics = {k: float(v) for k, v in trainer.logged_metrics.items()}
+    assert math.isfinite(metrics["train/loss"]), metrics
+    after = _trainable(module)
+    moved = max((after[n] - before[n]).abs().max().item() for n in before)
+    assert moved > 0, "no trainable weight changed"
+    _check_algorithm_metrics(cfg, module, metrics)
+    if _rollout_args(cfg).get("engine", "vllm") == "vllm" and cfg["model"].get("model") is None:
+        _check_engine_checkpoint(module, cli.datamodule.tokenizer)
+
+
+def _check_engine_checkpoint(module, tokenizer) -> None:
+    """The checkpoint the vLLM engine factory writes for a policy without a model path (vLLM
+    builds the architecture from it) holds exactly the plain model's weight names. The test
+    itself samples with the session engine, so this is the one step of the recipe's own engine
+    set-up it does not run."""
+    from safetensors import safe_open
+
+    from lightning_grpo.rollout.factory import _save_for_engine
+    from lightning_grpo.rollout.weights import policy_weights_for_engine
+
+    directory = Path(_save_for_engine(module.policy, tokenizer))
+    try:
+        saved: set[str] = set()
+        for file in directory.glob("*.safetensors"):
+            with safe_open(str(file), "pt") as handle:
+                saved |= set(handle.keys())
+        expected = {name for name, _ in policy_weights_for_engine(module.policy)}
+        assert saved == expected, f"engine checkpoint names differ: {sorted(saved ^ expected)[:6]}"
+    finally:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _check_algorithm_metrics(cfg: dict[str, Any], module, metrics: dict[str, float]) -> None:
+    """The metrics and rollout-batch properties that the recipe's algorithm must produce."""
+    loss, rollout, model = _loss_args(cfg), _rollout_args(cfg), cfg["model"]
+    for key in ("train/reward_mean", "train/frac_reward_zero_std", "train/entropy", "train/kept_groups"):
+        assert key in metrics, key
+    policy_loss = loss.get("policy_loss", "ppo")
+    if policy_loss in CLIPPED_LOSSES:
+        for key in ("train/clip_frac_low", "train/clip_frac_high", "train/ratio_mean"):
+            assert key in metrics and math.isfinite(metrics[key]), key
+    if policy_loss == "clip_cov":  # 0 when no token's covariance falls inside (lb, ub)
+        assert 0 <= metrics["train/clip_cov_frac"] <= 1
+    if policy_loss == "kl_cov":
+        assert 0 < metrics["train/kl_cov_frac"] <= 1  # at least one token is always chosen
+    if loss.get("beta", 0.0) > 0:
+        assert math.isfinite(metrics["train/kl"]) and metrics["train/kl"] >= 0
+        if model.get("lora") is not None:
+            assert module.reference is None  # the adapter-disabled policy is the reference
+        else:
+            assert module.reference is not None
+    else:
+        assert "train/kl" not in metrics and module.reference is None
+    batch = module.rollout_batch
+    if model.get("steps_per_generation", 1) > 1 or model.get("num_iterations", 1) > 1:
+        assert batch.old_logp is not None
+        # the last step trains on a batch sampled two optimizer steps earlier: off-policy
+        assert metrics["train/ratio_max"] != 1.0 or metrics["train/ratio_min"] != 1.0
+    if rollout.get("dynamic_sampling"):
+        rounds = metrics["train/generation_rounds"]
+        assert 1 <= rounds <= rollout.get("max_generation_rounds", 4)
+        assert 0 <= metrics["train/kept_groups"] <= cfg["data"].get("batch_size", 8)
+    if rollout.get("gfpo_keep") is not None:
+        assert batch.group_size == rollout["gfpo_keep"] < rollout["sampling"]["n"]
+        assert len(batch) == batch.group_size * cfg["data"].get("batch_size", 8)
+    if model.get("advantage") == "qae":
+        # the baseline is one of the group's rewards: in every group some advantage is exactly 0
+        groups = batch.advantages.view(-1, batch.group_size)
+        assert bool((groups == 0).any(dim=1).all()), groups
+    for reward in rollout.get("rewards") or []:
+        assert f"train/reward/{reward.get('alias') or reward['name']}/mean" in metrics
