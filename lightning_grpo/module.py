@@ -221,8 +221,10 @@ class GRPOModule(L.LightningModule):
     def _logprobs_no_grad(self, batch: RolloutBatch, reference: bool, rows_per_pass: int) -> Tensor:
         model = self.policy if not reference or self.reference_mode == "adapter" else self.reference
         ctx = self.policy.disable_adapter() if reference and self.reference_mode == "adapter" else nullcontext()
+        # the same autocast context as training_step, so old / ref match the trained log-probs
+        precision = self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
         out = []
-        with ctx:
+        with ctx, precision:
             for rows in torch.arange(len(batch)).split(max(1, rows_per_pass)):
                 out.append(self.token_logprobs(model, batch.select(rows)).logp)
         return torch.cat(out)  # [B, Lc]

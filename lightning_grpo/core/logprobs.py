@@ -103,6 +103,11 @@ class _ChunkedLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, ids, temperature, compute_entropy, chunk_size):
+        with torch.autocast(device_type=hidden.device.type, enabled=False):  # float32 even under AMP
+            return _ChunkedLogProbs._forward(ctx, hidden, weight, bias, ids, temperature, compute_entropy, chunk_size)
+
+    @staticmethod
+    def _forward(ctx, hidden, weight, bias, ids, temperature, compute_entropy, chunk_size):
         # hidden [N, H], weight [V, H], bias [V] | None, ids [N]
         dtype = _compute_dtype(hidden.dtype)
         w = weight.to(dtype)  # [V, H], a no-op for float32
@@ -132,6 +137,11 @@ class _ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logp, grad_ent):
+        with torch.autocast(device_type=ctx.saved_tensors[0].device.type, enabled=False):
+            return _ChunkedLogProbs._backward(ctx, grad_logp, grad_ent)
+
+    @staticmethod
+    def _backward(ctx, grad_logp, grad_ent):
         # grad_logp [N] | None, grad_ent [N] | None
         hidden, weight, bias, ids, lse, ent = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]

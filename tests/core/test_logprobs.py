@@ -321,3 +321,21 @@ def test_masked_mean_bf16_returns_float32():
     out = masked_mean(x, mask)
     assert out.dtype == torch.float32
     assert_close(out, torch.tensor(7.0 / 3.0), atol=1e-6, rtol=0)
+
+
+def test_chunked_path_stays_float32_under_autocast():
+    import torch
+
+    from lightning_grpo.core import logprobs_from_hidden
+
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 5, 16, requires_grad=True)
+    weight = torch.randn(30, 16, requires_grad=True)
+    ids = torch.randint(0, 30, (2, 5))
+    plain = logprobs_from_hidden(hidden, weight, ids, compute_entropy=True)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        amp = logprobs_from_hidden(hidden, weight, ids, compute_entropy=True)
+    torch.testing.assert_close(amp.logp, plain.logp, atol=1e-6, rtol=0)
+    (g_plain,) = torch.autograd.grad(plain.logp.sum(), hidden)
+    (g_amp,) = torch.autograd.grad(amp.logp.sum(), hidden)
+    torch.testing.assert_close(g_amp, g_plain, atol=1e-6, rtol=0)
