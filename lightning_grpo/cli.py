@@ -25,20 +25,26 @@ class GRPOCLI(LightningCLI):
     """LightningCLI with the package's module and data module as defaults."""
 
 
-def main(args: list[str] | None = None) -> None:
+def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = GRPOCLI) -> LightningCLI:
+    """The CLI over GRPOModule and PromptDataModule (``run=False``: parse and instantiate only)."""
     _prepare_environment()
     from .data.datamodule import PromptDataModule
     from .module import GRPOModule
 
-    GRPOCLI(
+    return cli_class(
         GRPOModule,
         PromptDataModule,
         subclass_mode_model=False,
         subclass_mode_data=False,
         save_config_kwargs={"overwrite": True},
         args=args,
+        run=run,
         auto_configure_optimizers=False,
     )
+
+
+def main(args: list[str] | None = None) -> None:
+    build_cli(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -36,28 +36,16 @@ def test_recipes_exist():
 
 # --------------------------------------------------------------------------------- helpers
 def _cli(args: list[str], parse_only: bool = False):
-    """The ``lightning-grpo`` CLI (as ``lightning_grpo.cli.main`` builds it) with ``run=False``."""
-    from lightning_grpo.cli import GRPOCLI, _prepare_environment
-    from lightning_grpo.data.datamodule import PromptDataModule
-    from lightning_grpo.module import GRPOModule
+    """The ``lightning-grpo`` CLI (``lightning_grpo.cli.build_cli``) with ``run=False``."""
+    from lightning_grpo.cli import GRPOCLI, build_cli
 
     class ParseOnly(GRPOCLI):
         def instantiate_classes(self) -> None:  # parse and validate, build nothing
             pass
 
-    _prepare_environment()
     cls = ParseOnly if parse_only else GRPOCLI
     with mock.patch.object(sys, "argv", ["lightning-grpo"]):  # pytest's own arguments are not ours
-        return cls(
-            GRPOModule,
-            PromptDataModule,
-            subclass_mode_model=False,
-            subclass_mode_data=False,
-            save_config_kwargs={"overwrite": True},
-            args=args,
-            run=False,
-            auto_configure_optimizers=False,
-        )
+        return build_cli(args, run=False, cli_class=cls)
 
 
 def _load(path: Path) -> dict[str, Any]:
