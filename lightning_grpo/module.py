@@ -265,8 +265,10 @@ class GRPOModule(L.LightningModule):
         step = micro_step(len(self.rollout_batch), int(batch["micro"]), self.hparams.steps_per_generation, accumulate)
         full = self.rollout_batch
         micro = full.select(step.micro)
-        num_tokens = self._global_sum(full.completion_mask[step.mini].sum())
-        num_sequences = self._global_sum(torch.tensor(float(len(step.mini))))
+        # one all-reduce for both global normalisers of the mini-batch
+        tokens = full.completion_mask[step.mini].sum().float()
+        counts = torch.stack([tokens, tokens.new_tensor(float(len(step.mini)))])
+        num_tokens, num_sequences = self._global_sum(counts)
         if len(micro) == 0:  # an uneven split left this rank nothing: keep every parameter in the graph
             return sum(p.sum() * 0.0 for p in self.policy.parameters() if p.requires_grad)
 

@@ -26,7 +26,7 @@ from ..batch import RolloutBatch, steps_per_batch
 from ..core import SELECTIONS
 from ..data.reward_set import RewardSet, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
-from .sampling import GroupSelector, rollout_statistics, sample_groups
+from .sampling import GroupSelector, sample_groups, score_rollout
 
 
 class RolloutCallback(Callback):
@@ -96,8 +96,7 @@ class RolloutCallback(Callback):
         self.forward_rows = forward_rows
         self.engine: RolloutEngine | None = None
         self._owns_engine = False
-        self._weights_version = 0  # optimizer steps taken
-        self._engine_version = -1  # optimizer steps the engine's weights reflect
+        self._engine_version = -1  # the trainer.global_step (optimizer steps) the engine's weights reflect
         self._train_time = 0.0
         self._batch_start = 0.0
         self.generations = 0
@@ -118,7 +117,8 @@ class RolloutCallback(Callback):
 
     def sync_weights(self, module: L.LightningModule) -> float:
         """Push the policy into the engine if it changed since the last push; returns seconds."""
-        if not self.engine.needs_weight_sync or self._engine_version == self._weights_version:
+        step = module.trainer.global_step
+        if not self.engine.needs_weight_sync or self._engine_version == step:
             return 0.0
         if not self.weight_sync and self._engine_version >= 0:
             return 0.0
@@ -126,7 +126,7 @@ class RolloutCallback(Callback):
 
         start = time.perf_counter()
         self.engine.load_weights(policy_weights_for_engine(module.policy))
-        self._engine_version = self._weights_version
+        self._engine_version = step
         return time.perf_counter() - start
 
     @override
@@ -177,10 +177,6 @@ class RolloutCallback(Callback):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
         self._train_time += time.perf_counter() - self._batch_start
-
-    @override
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self._weights_version += 1
 
     def _generate(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         engine = self._ensure_engine(trainer, module)
@@ -236,21 +232,18 @@ class RolloutCallback(Callback):
     # ------------------------------------------------------------------------- state
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "generations": self.generations, "weights_version": self._weights_version}
+        return {"seed": self.seed, "generations": self.generations}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.seed = state_dict["seed"]
         self.generations = state_dict["generations"]
-        self._weights_version = state_dict["weights_version"]
         self._engine_version = -1  # a resumed run always pushes before its first generation
 
 
 def evaluate_prompts(engine, reward_set, tokenizer, records, sampling, samples: int, seed: int) -> dict[str, float]:
     """Greedy accuracy (mean of the first reward function under greedy decoding) and the mean
     total reward over ``samples`` sampled completions per prompt."""
-    from .sampling import score_rollout
-
     prompt_ids = [r["prompt_ids"] for r in records]
     greedy = engine.generate(prompt_ids, SamplingConfig(n=1, temperature=0.0, max_new_tokens=sampling.max_new_tokens), seed)
     scores = score_rollout(greedy, reward_set, tokenizer, records)
