@@ -2,7 +2,10 @@
 log-probs, train, weight sync) for the quickstart setting, with the vLLM and the HF engine, at
 the quickstart size (88K parameters) and at about 70M parameters.
 
-    python benchmarks/bench_step.py --write      # all four rows, results into docs/benchmarks.md
+    python benchmarks/bench_step.py --write      # all six rows, results into docs/benchmarks.md
+
+Engine ``vllm`` pushes with ``weight_push="auto"`` (the in-place CPU path), ``vllm-reload`` with
+vLLM's ``reload_weights``.
 
 Each row runs in a fresh subprocess. The phases come from the RolloutCallback's timers
 (``time/*``); "train" is the forward + backward + optimizer time of the step's training batches.
@@ -53,7 +56,8 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int)
             rows.append({**{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")},
                          "tail": time.perf_counter() - self.start})  # fmt: skip
 
-    vllm_args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20}
+    engine, _, push = engine.partition("-")  # "vllm-reload": vLLM with weight_push="reload"
+    vllm_args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20, "weight_push": push or "auto"}
     callback = RolloutCallback(
         engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],
         vllm_args=vllm_args if engine == "vllm" else None, seed=0,
@@ -131,7 +135,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--max-new-tokens", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--rows", nargs="+", default=["vllm:tiny", "hf:tiny", "vllm:70m", "hf:70m"])
+    rows = ["vllm:tiny", "vllm-reload:tiny", "hf:tiny", "vllm:70m", "vllm-reload:70m", "hf:70m"]
+    parser.add_argument("--rows", nargs="+", default=rows, help="ENGINE:SIZE; vllm-reload = weight_push='reload'")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     if args.child:

@@ -68,20 +68,28 @@ def _refresh_gaps(engine, model, optimizer) -> tuple[float, float, float]:
     return synced_before, synced_after, stale
 
 
-def test_weight_refresh_follows_optimizer_steps(vllm_engine, tiny_model_path):
+@pytest.fixture(params=["inplace", "reload"])
+def push_mode(request, vllm_engine):
+    """Run a test with each weight-push path of the shared engine (restored afterwards)."""
+    previous, vllm_engine.weight_push = vllm_engine.weight_push, request.param
+    yield request.param
+    vllm_engine.weight_push = previous
+
+
+def test_weight_refresh_follows_optimizer_steps(vllm_engine, tiny_model_path, push_mode):
     model = _load(tiny_model_path)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     synced_before, synced_after, stale = _refresh_gaps(vllm_engine, model, optimizer)
-    print(f"\nfull weights: synced {synced_before:.2e} / {synced_after:.2e}, stale {stale:.3f}")
+    print(f"\nfull weights ({push_mode}): synced {synced_before:.2e} / {synced_after:.2e}, stale {stale:.3f}")
     assert synced_before <= 1e-4 and synced_after <= 1e-4
     assert stale > 0.1
 
 
-def test_weight_refresh_follows_optimizer_steps_with_merged_lora(vllm_engine, tiny_model_path):
+def test_weight_refresh_follows_optimizer_steps_with_merged_lora(vllm_engine, tiny_model_path, push_mode):
     model = _lora_policy(tiny_model_path)
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=2e-2)
     synced_before, synced_after, stale = _refresh_gaps(vllm_engine, model, optimizer)
-    print(f"\nmerged LoRA: synced {synced_before:.2e} / {synced_after:.2e}, stale {stale:.3f}")
+    print(f"\nmerged LoRA ({push_mode}): synced {synced_before:.2e} / {synced_after:.2e}, stale {stale:.3f}")
     assert synced_before <= 1e-4 and synced_after <= 1e-4
     assert stale > 0.1
 
@@ -105,6 +113,26 @@ def test_lora_adapter_path_follows_saved_adapters(vllm_engine, tiny_model_path, 
         vllm_engine.unload_lora_adapter()
     with model.disable_adapter():  # unloaded: the engine samples from the base weights again
         assert max_logprob_gap(model, vllm_engine.generate(LONG_PROMPTS, SAMPLING, seed=2), TEMPERATURE) <= 1e-4
+
+
+def test_inplace_push_covers_the_model_and_matches_reload(vllm_engine, tiny_model_path):
+    from lightning_grpo.rollout.vllm_push import CpuInplacePush
+
+    model = _load(tiny_model_path)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    logprobs = {}
+    for mode in ("reload", "inplace"):
+        vllm_engine.weight_push = mode
+        vllm_engine.load_weights(policy_weights_for_engine(model))
+        logprobs[mode] = vllm_engine.generate(LONG_PROMPTS, SAMPLING, seed=3).logprobs
+    vllm_engine.weight_push = "auto"
+    assert isinstance(vllm_engine._push_plan(), CpuInplacePush)  # auto picks the fast path on CPU
+    gap = max(abs(a - b) for r, i in zip(logprobs["reload"], logprobs["inplace"]) for a, b in zip(r, i))
+    assert gap <= 1e-6
+    with pytest.raises(KeyError, match=r"missing 1 tensor\(s\).*model.norm.weight"):
+        vllm_engine.load_weights((n, t) for n, t in policy_weights_for_engine(model) if n != "model.norm.weight")
 
 
 def test_group_samples_differ_and_the_seed_reproduces(vllm_engine, tiny_model_path):
