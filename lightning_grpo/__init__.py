@@ -19,6 +19,12 @@ _LAZY = {
     "RewardSpec": "lightning_grpo.data.reward_set",
     "SamplingConfig": "lightning_grpo.rollout.base",
     "GRPOLoss": "lightning_grpo.core.objective",
+    "NonFiniteGuard": "lightning_grpo.callbacks.guards",
+    "LogProbGuard": "lightning_grpo.callbacks.guards",
+    "EntropyGuard": "lightning_grpo.callbacks.guards",
+    "IdenticalSamplesGuard": "lightning_grpo.callbacks.signal_guards",
+    "MismatchGuard": "lightning_grpo.callbacks.signal_guards",
+    "ZeroStdGuard": "lightning_grpo.callbacks.signal_guards",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -25,7 +25,9 @@ from torch import Tensor, nn
 
 from .batch import RolloutBatch, micro_step, position_ids
 from .core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs, logprobs_from_hidden, logprobs_from_logits
+from .core.guards import NonFiniteError
 from .core.kl import kl_penalty_in_reward
+from .metrics import StepMetrics, total_grad_norm
 
 
 @dataclass
@@ -128,6 +130,12 @@ class GRPOModule(L.LightningModule):
         self.rollout_metrics: dict[str, float] = {}
         #: ``(module, records) -> metrics`` for held-out prompts; RolloutCallback sets it.
         self.evaluator = None
+        #: The loss metrics of the current optimizer step, over all its micro-batches and ranks.
+        self.step_metrics = StepMetrics()
+        #: Optimizer steps skipped so far (guards; see :meth:`skip_optimizer_step`).
+        self.skipped_steps = 0
+        self._skip_reasons: list[str] = []
+        self._grad_norm: Tensor | None = None
 
     # ----------------------------------------------------------------------------- models
     @property
@@ -273,18 +281,21 @@ class GRPOModule(L.LightningModule):
             return sum(p.sum() * 0.0 for p in self.policy.parameters() if p.requires_grad)
 
         out = self.token_logprobs(self.policy, micro, compute_entropy=True)
-        result = self.loss_fn(
-            out.logp,
-            micro.completion_mask,
-            micro.advantages,
-            old_logp=micro.old_logp,
-            ref_logp=micro.ref_logp,
-            rollout_logp=micro.rollout_logp,
-            entropy=out.entropy,
-            num_tokens=num_tokens,
-            num_sequences=num_sequences,
-        )
-        self._log_metrics(result.metrics, len(micro))
+        try:
+            result = self.loss_fn(
+                out.logp,
+                micro.completion_mask,
+                micro.advantages,
+                old_logp=micro.old_logp,
+                ref_logp=micro.ref_logp,
+                rollout_logp=micro.rollout_logp,
+                entropy=out.entropy,
+                num_tokens=num_tokens,
+                num_sequences=num_sequences,
+            )
+        except NonFiniteError as err:  # rows are micro-batch rows: name the step and micro-batch too
+            raise NonFiniteError(f"step {self.trainer.global_step}, micro-batch {int(batch['micro'])}: {err}") from err
+        self.step_metrics.update(result.metrics, micro.completion_mask.sum())
         # Lightning divides by accumulate_grad_batches and DDP averages over ranks; the loss is
         # already normalised by global counts, so undo both to keep the sum exact.
         return result.loss * accumulate * self.trainer.world_size
@@ -303,14 +314,50 @@ class GRPOModule(L.LightningModule):
             value = self.trainer.strategy.reduce(value.clone(), reduce_op="sum")
         return value
 
-    def _log_metrics(self, metrics: dict[str, Tensor], batch_size: int) -> None:
-        logged = {f"train/{k}": v.detach().float() for k, v in metrics.items()}
-        logged.update({f"train/{k}": float(v) for k, v in self.rollout_metrics.items()})
-        self.log_dict(logged, batch_size=batch_size, on_step=True, on_epoch=False)
+    # -------------------------------------------------------------- optimizer step, guards
+    def skip_optimizer_step(self, reason: str) -> None:
+        """Drop the gradients of the current optimizer step instead of applying them (guards call
+        this). Every rank skips when any rank asks; counted in ``train/skipped_steps``."""
+        self._skip_reasons.append(reason)
+
+    def grad_norm(self) -> Tensor:
+        """L2 norm of the policy's gradients at this optimizer step (before clipping; NaN / inf if
+        any gradient is non-finite). Valid in ``on_before_optimizer_step``."""
+        if self._grad_norm is None:
+            self._grad_norm = total_grad_norm(self.policy.parameters())
+        return self._grad_norm
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Log the step's metrics, then drop its gradients if a guard asked to skip it (optimizers
+        leave parameters whose ``grad`` is None untouched: no update, no weight decay, no moments)."""
+        metrics = dict(self.step_metrics.compute())
+        metrics["grad_norm"] = float(self.grad_norm())
+        skip = float(bool(self._skip_reasons))
+        if self.trainer.world_size > 1:
+            skip = float(self.trainer.strategy.reduce(torch.tensor(skip, device=self.device), reduce_op="sum"))
+        if skip:
+            for param in self.policy.parameters():
+                param.grad = None
+            self.skipped_steps += 1
+        metrics["skipped_steps"] = float(self.skipped_steps)
+        self._log_step(metrics)
+        self.step_metrics.reset()
+        self._skip_reasons.clear()
+        self._grad_norm = None
+
+    def _log_step(self, metrics: dict[str, float]) -> None:
+        logged = {f"train/{k}": float(v) for k, v in {**metrics, **self.rollout_metrics}.items()}
+        self.log_dict(logged, batch_size=1, on_step=True, on_epoch=False)
         bar = {"reward": float(self.rollout_metrics.get("reward_mean", float("nan")))}
         if "kl" in metrics:
-            bar["kl"] = metrics["kl"].detach().float()
-        self.log_dict(bar, prog_bar=True, logger=False, batch_size=batch_size, on_step=True, on_epoch=False)
+            bar["kl"] = metrics["kl"]
+        self.log_dict(bar, prog_bar=True, logger=False, batch_size=1, on_step=True, on_epoch=False)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["grpo_skipped_steps"] = self.skipped_steps
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]

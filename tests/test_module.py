@@ -43,7 +43,7 @@ def _ticks(n: int) -> DataLoader:
     return DataLoader([{"micro": m} for m in range(n)], batch_size=None)
 
 
-def _one_update(path, accumulate: int, aggregation: str) -> dict[str, torch.Tensor]:
+def _one_update(path, accumulate: int, aggregation: str, metrics: dict | None = None) -> dict[str, torch.Tensor]:
     policy = _policy(path)
     agg_args = {"max_length": 4} if aggregation.endswith("norm") else None
     module = GRPOModule(
@@ -62,6 +62,8 @@ def _one_update(path, accumulate: int, aggregation: str) -> dict[str, torch.Tens
         enable_model_summary=False,
     )
     trainer.fit(module, train_dataloaders=_ticks(accumulate))
+    if metrics is not None:
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
     return {k: v.detach().clone() for k, v in policy.state_dict().items()}
 
 
@@ -75,6 +77,23 @@ def test_accumulate_grad_batches_equals_one_large_batch(tiny_model_path, aggrega
         assert moved > 1e-3  # the update is visible ...
         for name in one:  # ... and identical to the one-batch update
             torch.testing.assert_close(split[name], one[name], atol=2e-6, rtol=0, msg=f"{name} (k={k})")
+
+
+def test_logged_step_metrics_do_not_depend_on_accumulation(tiny_model_path):
+    """Every loss metric of a step (token-weighted means, the summed loss, ratio min / max, the
+    mismatch max) and the gradient norm are the same whether the step is one batch or k micro-batches."""
+    one: dict[str, float] = {}
+    _one_update(tiny_model_path, 1, "token_mean", one)
+    for name in ("train/entropy", "train/loss", "train/ratio_min", "train/ratio_max", "train/clip_frac_low",
+                 "train/mismatch_k3", "train/mismatch_max_abs", "train/grad_norm", "train/skipped_steps"):  # fmt: skip
+        assert name in one, name
+    assert one["train/grad_norm"] > 0 and one["train/skipped_steps"] == 0
+    for k in (2, 4):
+        split: dict[str, float] = {}
+        _one_update(tiny_model_path, k, "token_mean", split)
+        assert split.keys() == one.keys()
+        for name, value in one.items():
+            assert split[name] == pytest.approx(value, abs=2e-6, rel=1e-5), f"{name} (k={k})"
 
 
 def test_chunked_logprobs_match_full_logits(tiny_model_path):

@@ -6,6 +6,7 @@ Per generation (at the first training step it feeds):
     push weights if the policy changed -> prompts for (step, rank) -> engine.generate -> rewards
     -> [GFPO: keep k of G'] -> [dynamic sampling: drop equal-reward groups, refill] ->
     [overlong filter] -> module.prepare_rollout_batch -> module.rollout_batch
+    -> on_rollout_end(trainer, module, batch) of every callback that has it (the guards)
 
 Every phase is timed (``time/generate``, ``time/reward``, ``time/prepare``, ``time/sync``,
 ``time/train``) and logged with the rollout statistics.
@@ -219,6 +220,10 @@ class RolloutCallback(Callback):
         times["time/prepare"] = time.perf_counter() - start
         module.rollout_metrics = {**result.metrics, **times}
         self.generations += 1
+        for callback in trainer.callbacks:  # guards inspect the fresh batch before it trains
+            hook = getattr(callback, "on_rollout_end", None)
+            if hook is not None:
+                hook(trainer, module, module.rollout_batch)
 
     # -------------------------------------------------------------------- validation
     def evaluate(self, module: L.LightningModule, records: list[dict]) -> dict[str, float]:

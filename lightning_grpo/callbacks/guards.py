@@ -1,0 +1,263 @@
+"""Guards: a detector and an action for each way the source articles saw GRPO runs die.
+
+Each guard is a Lightning callback with an ``action``:
+
+- ``warn``: log a warning naming the symptom and the knob that fixes it;
+- ``skip``: also drop the current optimizer step (its gradients are discarded, every rank
+  skips; counted in ``train/skipped_steps``);
+- ``stop``: also skip the step and stop the run (``trainer.should_stop``), with the diagnosis in
+  the log and in :attr:`Guard.stop_message`.
+
+Whatever the action, a firing guard logs ``alarm/<name> = 1`` at that step (0 at checks where
+it does not fire; the markers of ``lightning-grpo report``) and appends ``{"step", "guard", "action", "message"}`` to
+``alarms.jsonl`` in the logger's directory. Warnings are edge-triggered: one when a condition
+starts to hold, not one per step while it lasts.
+
+Two moments are watched: ``on_rollout_end`` (a fresh rollout batch, before it trains:
+non-finite log-probs, identical samples, zero reward std) and ``on_before_optimizer_step``
+(the step's gradients and loss metrics over all micro-batches and ranks: non-finite loss or
+gradient norm, entropy, train-inference mismatch).
+
+| guard | symptom (seed article) | default |
+|---|---|---|
+| :class:`NonFiniteGuard` | NaN / inf loss or gradient norm | skip; stop after 3 in a row |
+| :class:`LogProbGuard` | NaN old / ref / rollout log-probs, "!!!!" output (003) | stop |
+| :class:`EntropyGuard` | entropy collapse / explosion (000) | warn |
+| :class:`IdenticalSamplesGuard` | a group's samples token-identical at T > 0 (004) | warn |
+| :class:`MismatchGuard` | rollout vs trainer log-probs drift apart (000) | warn |
+| :class:`ZeroStdGuard` | most groups have zero reward std (no signal) | warn |
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import deque
+from typing import Any, ClassVar, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from ..batch import RolloutBatch
+
+Action = Literal["warn", "skip", "stop"]
+ACTIONS = ("warn", "skip", "stop")
+
+
+class Guard(Callback):
+    """Base class: :meth:`fire` records an alarm and carries out the configured action."""
+
+    name: ClassVar[str] = "guard"
+
+    def __init__(self, action: Action) -> None:
+        if action not in ACTIONS:
+            raise ValueError(f"{type(self).__name__}.action must be one of {', '.join(ACTIONS)}; got {action!r}")
+        self.action = action
+        self.alarms: list[dict[str, Any]] = []
+        self.stop_message: str | None = None
+        self._firing = False  # for edge-triggered warnings
+
+    def fire(self, trainer: L.Trainer, module: L.LightningModule, message: str, action: Action | None = None) -> None:
+        """Record the alarm and act on it (``action`` overrides the configured one)."""
+        action = action or self.action
+        step = trainer.global_step
+        record = {"step": step, "guard": self.name, "action": action, "message": message}
+        self.alarms.append(record)
+        module.log(f"alarm/{self.name}", 1.0, on_step=True, on_epoch=False, batch_size=1)
+        _append_alarm(trainer, record)
+        text = f"[{self.name}] step {step}: {message}"
+        if action in ("skip", "stop"):
+            module.skip_optimizer_step(text)
+        if action == "stop":
+            trainer.should_stop = True
+            self.stop_message = text
+            rank_zero_warn(f"{text} -> stopping the run")
+        elif action == "skip":
+            rank_zero_warn(f"{text} -> optimizer step skipped")
+        elif not self._firing:
+            rank_zero_warn(text)
+        self._firing = True
+
+    def clear(self, module: L.LightningModule) -> None:
+        """The condition does not hold at this check: log ``alarm/<name> = 0``; the next firing warns again."""
+        module.log(f"alarm/{self.name}", 0.0, on_step=True, on_epoch=False, batch_size=1)
+        self._firing = False
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"alarms": len(self.alarms)}
+
+
+def _append_alarm(trainer: L.Trainer, record: dict[str, Any]) -> None:
+    """Append one alarm to ``<log_dir>/alarms.jsonl`` (rank 0, only when a logger is configured)."""
+    if trainer.global_rank != 0 or not trainer.loggers or trainer.log_dir is None:
+        return
+    os.makedirs(trainer.log_dir, exist_ok=True)
+    with open(os.path.join(trainer.log_dir, "alarms.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _finite(value: float) -> bool:
+    return math.isfinite(value)
+
+
+class NonFiniteGuard(Guard):
+    """NaN / inf in the loss or the gradient norm: drop the step (default), stop after
+    ``max_consecutive`` such steps in a row.
+
+    Args:
+        action: "skip" (default), "stop", or "warn" (the optimizer then applies the bad gradients).
+        max_consecutive: stop once this many optimizer steps in a row were non-finite.
+    """
+
+    name = "non_finite"
+
+    def __init__(self, action: Action = "skip", max_consecutive: int = 3) -> None:
+        super().__init__(action)
+        if max_consecutive < 1:
+            raise ValueError(f"NonFiniteGuard.max_consecutive must be >= 1, got {max_consecutive}")
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+        self.total = 0
+
+    @override
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        norm = float(pl_module.grad_norm())
+        loss = pl_module.step_metrics.compute().get("loss", 0.0)
+        bad = [f"{what} is {value}" for what, value in (("loss", loss), ("gradient norm", norm)) if not _finite(value)]
+        if not bad:
+            self.consecutive = 0
+            self.clear(pl_module)
+            return
+        self.consecutive += 1
+        self.total += 1
+        message = " and ".join(bad)
+        if self.consecutive >= self.max_consecutive and self.action != "warn":
+            causes = ("learning rate too high, fp16 overflow (train in bf16 / fp32), NaN log-probs "
+                      "(LogProbGuard), a reward returning NaN")  # fmt: skip
+            message += f" for {self.consecutive} optimizer steps in a row (max_consecutive={self.max_consecutive}); look for: {causes}"
+            self.fire(trainer, pl_module, message, action="stop")
+        else:
+            self.fire(trainer, pl_module, message)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"consecutive": self.consecutive, "total": self.total}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.consecutive, self.total = int(state_dict["consecutive"]), int(state_dict["total"])
+
+
+class LogProbGuard(Guard):
+    """Non-finite rollout / old / reference log-probs on valid completion tokens (seed 003:
+    ``old_log_prob`` turned NaN and the model went on to emit "!!!!!!").
+
+    The affected rows are always taken out of the loss (their completion mask is zeroed and their
+    values replaced by 0), so the step never trains on NaN; then the action applies: "stop"
+    (default) ends the run naming tensor, rows and step; "skip" drops this optimizer step; "warn"
+    trains on the remaining rows.
+    """
+
+    name = "non_finite_logprobs"
+    TENSORS = ("rollout_logp", "old_logp", "ref_logp")
+
+    def __init__(self, action: Action = "stop") -> None:
+        super().__init__(action)
+
+    def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
+        valid = batch.completion_mask > 0  # [B, T]
+        findings, bad_rows = [], torch.zeros(len(valid), dtype=torch.bool, device=valid.device)
+        for name in self.TENSORS:
+            tensor = getattr(batch, name)
+            if tensor is None:
+                continue
+            rows = (~torch.isfinite(tensor) & valid).any(-1)  # [B]
+            if rows.any():
+                findings.append(f"{name} is non-finite on valid tokens of rows {rows.nonzero().flatten().tolist()[:16]}")
+                bad_rows |= rows
+                tensor.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        if not findings:
+            self.clear(pl_module)
+            return
+        batch.completion_mask[bad_rows] = 0
+        causes = ("non-finite weights (NonFiniteGuard), fp16 overflow in the engine or the trainer (use bf16 / fp32), "
+                  "-inf log-probs from top-k / top-p truncation")  # fmt: skip
+        message = f"{'; '.join(findings)} (of {len(valid)} rows); likely causes: {causes}"
+        self.fire(trainer, pl_module, message)
+
+
+class EntropyGuard(Guard):
+    """Entropy collapse (below ``floor``, or falling by ``collapse_factor`` within ``window``
+    steps) and explosion (above ``ceiling``, or rising by ``rise_factor`` within ``window``).
+
+    The entropy is the mean over the step's valid completion tokens (``train/entropy``). Set
+    ``max_reward`` to ignore a collapse once the rollout reward mean reaches it: on a task with
+    one right answer a policy that has learned it is rightly confident.
+    """
+
+    name = "entropy"
+    COLLAPSE_KNOBS = ("raise the upper clip (loss.init_args.policy_loss_args.eps_high, DAPO Clip-Higher: 0.28), use "
+                      "policy_loss clip_cov or kl_cov, advantage qae, or loss.init_args.entropy_coef > 0; lower the lr")  # fmt: skip
+    EXPLOSION_KNOBS = ("lower the lr, tighten eps_high, add a KL term (loss.init_args.beta), use clip_cov / kl_cov, "
+                       "and check the train-inference mismatch (MismatchGuard)")  # fmt: skip
+
+    def __init__(
+        self,
+        floor: float | None = None,
+        ceiling: float | None = None,
+        collapse_factor: float | None = None,
+        rise_factor: float | None = None,
+        window: int = 50,
+        max_reward: float | None = None,
+        action: Action = "warn",
+    ) -> None:
+        super().__init__(action)
+        if floor is None and ceiling is None and collapse_factor is None and rise_factor is None:
+            raise ValueError("EntropyGuard needs at least one of floor, ceiling, collapse_factor, rise_factor")
+        for field, value in (("collapse_factor", collapse_factor), ("rise_factor", rise_factor)):
+            if value is not None and value <= 1:
+                raise ValueError(f"EntropyGuard.{field} must be > 1, got {value}")
+        if window < 1:
+            raise ValueError(f"EntropyGuard.window must be >= 1, got {window}")
+        self.floor, self.ceiling, self.window, self.max_reward = floor, ceiling, window, max_reward
+        self.collapse_factor, self.rise_factor = collapse_factor, rise_factor
+        self.history: deque[float] = deque(maxlen=window + 1)
+
+    @override
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        entropy = pl_module.step_metrics.compute().get("entropy")
+        if entropy is None or not _finite(entropy):
+            return
+        self.history.append(entropy)
+        message = self._collapse(entropy, pl_module.rollout_metrics.get("reward_mean")) or self._explosion(entropy)
+        if message is None:
+            self.clear(pl_module)
+        else:
+            self.fire(trainer, pl_module, message)
+
+    def _collapse(self, entropy: float, reward: float | None) -> str | None:
+        if self.max_reward is not None and reward is not None and reward >= self.max_reward:
+            return None
+        first = self.history[0]
+        if self.floor is not None and entropy < self.floor:
+            what = f"entropy collapse: {entropy:.3g} below floor {self.floor:g}"
+        elif self.collapse_factor and len(self.history) > self.window and entropy * self.collapse_factor <= first:
+            what = f"entropy collapse: fell {first / max(entropy, 1e-12):.1f}x in {self.window} steps ({first:.3g} -> {entropy:.3g})"
+        else:
+            return None
+        return f"{what}; {self.COLLAPSE_KNOBS}"
+
+    def _explosion(self, entropy: float) -> str | None:
+        first = self.history[0]
+        if self.ceiling is not None and entropy > self.ceiling:
+            what = f"entropy explosion: {entropy:.3g} above ceiling {self.ceiling:g}"
+        elif self.rise_factor and len(self.history) > self.window and entropy >= self.rise_factor * first:
+            what = f"entropy explosion: rose {entropy / max(first, 1e-12):.1f}x in {self.window} steps ({first:.3g} -> {entropy:.3g})"
+        else:
+            return None
+        return f"{what}; {self.EXPLOSION_KNOBS}"

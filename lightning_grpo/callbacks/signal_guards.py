@@ -1,0 +1,126 @@
+"""Guards on the learning signal: identical samples, zero reward spread, rollout/trainer drift.
+
+See :mod:`lightning_grpo.callbacks.guards` for the actions and the alarm records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from typing_extensions import override
+
+from ..batch import RolloutBatch
+from .guards import Action, Guard, _finite
+
+
+def improbable_identical_groups(batch: RolloutBatch, max_chance: float) -> Tensor:
+    """[P] bool: the group's G completions are token-identical although the sampler gave that
+    completion probability p with p ** (G - 1) < ``max_chance`` (the chance that G independent
+    draws repeat it). A confident policy repeating its answer is not flagged; a group whose
+    samples share one random stream is."""
+    G = batch.group_size
+    P = len(batch) // G
+    mask = batch.completion_mask  # [B, T]
+    T = mask.shape[1]
+    tokens = (batch.input_ids[:, -T:] * (mask > 0)).view(P, G, T)  # [P, G, T]; padding as 0
+    lengths = (mask > 0).sum(-1).view(P, G)  # [P, G]
+    identical = (tokens == tokens[:, :1]).all(-1).all(-1) & (lengths == lengths[:, :1]).all(-1)  # [P]
+    seq_logp = (batch.rollout_logp * mask).sum(-1).view(P, G)[:, 0]  # [P] log p of the first sample
+    chance = torch.exp((G - 1) * seq_logp.double())  # [P]
+    return identical & (chance < max_chance)
+
+
+class IdenticalSamplesGuard(Guard):
+    """A group's samples are token-identical at temperature > 0 (seed 004): reward std and the
+    loss are zero, nothing is learned. Fires when at least ``threshold`` of the groups are
+    identical *and* improbable under the sampler's own log-probs (see
+    :func:`improbable_identical_groups`); the likely cause is seeding."""
+
+    name = "identical_samples"
+
+    def __init__(self, threshold: float = 0.25, max_chance: float = 1e-4, action: Action = "warn") -> None:
+        super().__init__(action)
+        if not 0 < threshold <= 1:
+            raise ValueError(f"IdenticalSamplesGuard.threshold must be in (0, 1], got {threshold}")
+        self.threshold, self.max_chance = threshold, max_chance
+
+    def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
+        if batch.temperature <= 0 or batch.group_size < 2:
+            return
+        flagged = improbable_identical_groups(batch, self.max_chance)  # [P]
+        frac = flagged.float().mean().item()
+        if frac < self.threshold:
+            self.clear(pl_module)
+            return
+        message = (
+            f"{int(flagged.sum())}/{len(flagged)} groups have {batch.group_size} token-identical completions at "
+            f"temperature {batch.temperature:g} although the sampler's log-probs make a repeat unlikely "
+            f"(< {self.max_chance:g}); likely cause: the samples of a group share one random seed (seeding: every "
+            "sample needs its own seed / generator), or a sampler that ignores the temperature"
+        )
+        self.fire(trainer, pl_module, message)
+
+
+class ZeroStdGuard(Guard):
+    """Most groups have the same reward for every sample (``train/frac_reward_zero_std``): their
+    advantages are zero and they teach nothing."""
+
+    name = "zero_reward_std"
+
+    def __init__(self, threshold: float = 0.5, action: Action = "warn") -> None:
+        super().__init__(action)
+        if not 0 < threshold <= 1:
+            raise ValueError(f"ZeroStdGuard.threshold must be in (0, 1], got {threshold}")
+        self.threshold = threshold
+
+    def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
+        frac = pl_module.rollout_metrics.get("frac_reward_zero_std")
+        if frac is None or frac < self.threshold:
+            self.clear(pl_module)
+            return
+        reward = pl_module.rollout_metrics.get("reward_mean", float("nan"))
+        message = (
+            f"{frac:.0%} of groups have zero reward std (reward mean {reward:.3g}): enable dynamic sampling "
+            "(RolloutCallback.dynamic_sampling: true, DAPO), raise sampling.n or the temperature, or use a denser "
+            "reward; a reward mean near its maximum means the prompts have become too easy"
+        )
+        self.fire(trainer, pl_module, message)
+
+
+class MismatchGuard(Guard):
+    """The rollout engine's log-probs drift from the trainer's (``train/mismatch_k3``, the k3
+    estimate of KL(rollout || trainer) over the step's tokens, and ``train/mismatch_max_abs``).
+
+    Args:
+        max_k3: alarm when the step's ``mismatch_k3`` exceeds it (None = not checked).
+        max_abs: alarm when the largest per-token gap exceeds it (None = not checked).
+    """
+
+    name = "mismatch"
+
+    def __init__(self, max_k3: float | None = 1e-2, max_abs: float | None = None, action: Action = "warn") -> None:
+        super().__init__(action)
+        if max_k3 is None and max_abs is None:
+            raise ValueError("MismatchGuard needs max_k3 or max_abs")
+        self.max_k3, self.max_abs = max_k3, max_abs
+
+    @override
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        metrics = pl_module.step_metrics.compute()
+        found = []
+        for key, limit in (("mismatch_k3", self.max_k3), ("mismatch_max_abs", self.max_abs)):
+            value = metrics.get(key)
+            if limit is not None and value is not None and _finite(value) and value > limit:
+                found.append(f"{key} {value:.3g} > {limit:g}")
+        if not found:
+            self.clear(pl_module)
+            return
+        message = (
+            f"rollout and trainer log-probs disagree ({', '.join(found)}): correct for it "
+            "(loss.init_args.correction: tis_token / mis_token / mis_seq, or off_policy_delta), sample in float32 / "
+            "fp16 rather than bf16, and check that weights reach the engine (RolloutCallback.weight_sync)"
+        )
+        self.fire(trainer, pl_module, message)

@@ -1,0 +1,107 @@
+"""Per-optimizer-step metrics, exact across micro-batches and ranks (torchmetrics).
+
+An optimizer step may span several micro-batches (``accumulate_grad_batches``, or a mini-batch
+split in ``steps_per_generation``) and several ranks. Logging each micro-batch's own values
+would report the last micro-batch only; :class:`StepMetrics` accumulates them instead:
+
+- ``loss``: a sum (each micro-batch's loss is already its share of the global normaliser);
+- ``ratio_min``: a minimum; ``ratio_max``, ``mismatch_max_abs``: maxima;
+- every other metric: a token-weighted mean (the metrics of :class:`~lightning_grpo.core.GRPOLoss`
+  are means over a micro-batch's valid tokens), so the step value equals the value over the
+  whole step's tokens.
+
+``compute()`` synchronises across ranks (torchmetrics' ``dist_sync``) and is called by every rank
+at the same point (``GRPOModule.on_before_optimizer_step``). NaN values propagate (a NaN loss must
+show in the logs, not be dropped).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric, SumMetric
+
+SUMS = frozenset({"loss"})
+MINIMA = frozenset({"ratio_min"})
+MAXIMA = frozenset({"ratio_max", "mismatch_max_abs"})
+
+
+#: NaN in, NaN out. (A float strategy replaces NaN by itself; torchmetrics' "disable" would also
+#: drop MeanMetric's weights, and "warn" / "ignore" would hide a NaN loss.)
+KEEP_NAN = float("nan")
+
+
+def _new_metric(name: str) -> Metric:
+    if name in SUMS:
+        return SumMetric(nan_strategy=KEEP_NAN)
+    if name in MINIMA:
+        return MinMetric(nan_strategy=KEEP_NAN)
+    if name in MAXIMA:
+        return MaxMetric(nan_strategy=KEEP_NAN)
+    return MeanMetric(nan_strategy=KEEP_NAN)
+
+
+class StepMetrics:
+    """Accumulates loss metrics over the micro-batches of one optimizer step (all ranks)."""
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, Metric] = {}
+        self._cache: dict[str, float] | None = None
+
+    def update(self, metrics: dict[str, Tensor], tokens: Tensor) -> None:
+        """Add one micro-batch's metrics (scalars) computed over ``tokens`` valid tokens."""
+        for name, value in metrics.items():
+            metric = self._metric(name, value.device)
+            if float(tokens) <= 0:  # nothing was measured: min / max / mean would be meaningless
+                continue
+            value = value.detach().float()
+            if isinstance(metric, MeanMetric):
+                metric.update(value, weight=tokens.to(value))
+            else:
+                metric.update(value)
+        self._cache = None
+
+    def compute(self) -> dict[str, float]:
+        """The step's values (synchronised across ranks; cached until the next update / reset)."""
+        if self._cache is None:
+            self._agree_on_names()
+            self._cache = {name: _to_float(metric.compute()) for name, metric in sorted(self._metrics.items())}
+        return self._cache
+
+    def _metric(self, name: str, device: torch.device) -> Metric:
+        metric = self._metrics.get(name)
+        if metric is None:
+            metric = self._metrics[name] = _new_metric(name).to(device)
+        return metric
+
+    def _agree_on_names(self) -> None:
+        """Every rank must compute (and so synchronise) the same metrics in the same order: a rank
+        whose micro-batches were empty may not have seen some of them."""
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        names: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+        dist.all_gather_object(names, sorted(self._metrics))
+        device = next(iter(self._metrics.values())).device if self._metrics else torch.device("cpu")
+        for name in {n for rank_names in names for n in rank_names}:
+            self._metric(name, device)
+
+    def reset(self) -> None:
+        for metric in self._metrics.values():
+            metric.reset()
+        self._cache = None
+
+
+def _to_float(value: Tensor) -> float:
+    value = float(value)
+    return value if not math.isinf(value) else float("nan")  # an un-updated min / max: nothing seen
+
+
+def total_grad_norm(parameters) -> Tensor:
+    """L2 norm over all gradients (NaN / inf when any gradient is non-finite); 0 when there are none."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads]))
