@@ -119,31 +119,40 @@ def _module(model_dir: str, aggregation: str) -> GRPOModule:
     )
 
 
-def _fit(module: GRPOModule, batch: RolloutBatch, devices: int, accumulate: int) -> dict[str, torch.Tensor]:
+def _fit(module: GRPOModule, batch: RolloutBatch, devices: int, accumulate: int, metrics: dict | None = None) -> dict[str, torch.Tensor]:
     module.rollout_batch = batch
     trainer = _trainer(devices, accumulate)
     # an IterableDataset: Lightning adds no DistributedSampler, every rank sees every tick
     trainer.fit(module, train_dataloaders=DataLoader(GenerationTicks(1, accumulate), batch_size=None))
     assert trainer.global_step == 1, trainer.global_step
+    if metrics is not None:  # the logged step metrics (train/*)
+        metrics.update({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")})
     return {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
 
 
-def single_process_update(model_dir: str, aggregation: str) -> dict[str, torch.Tensor]:
+def single_process_update(model_dir: str, aggregation: str, metrics: dict | None = None) -> dict[str, torch.Tensor]:
     """The reference: one process, the concatenated batch, no accumulation."""
     module = _module(model_dir, aggregation)
-    return _fit(module, full_batch(module.policy.config.vocab_size), devices=1, accumulate=1)
+    return _fit(module, full_batch(module.policy.config.vocab_size), devices=1, accumulate=1, metrics=metrics)
 
 
 def run_update(model_dir: str, out: Path) -> None:
-    results = {}
+    results, metrics = {}, {}
     for aggregation in AGGREGATIONS:
         for accumulate in ACCUMULATE:
             module = _module(model_dir, aggregation)
             rank = int(os.environ.get("LOCAL_RANK", 0))  # rank 1 starts with LOCAL_RANK=1; rank 0 has none before its first fit
             half = rollout_half(rank, module.policy.config.vocab_size)
-            state = _fit(module, half, devices=WORLD, accumulate=accumulate)
+            metrics[(aggregation, accumulate)] = {}
+            state = _fit(module, half, devices=WORLD, accumulate=accumulate, metrics=metrics[(aggregation, accumulate)])
             assert module.trainer.global_rank == rank and module.trainer.world_size == WORLD
             results[(aggregation, accumulate)] = state
+    # A guard on rank 1 alone asks to skip the step: every rank must skip it (weights stay in sync).
+    module = _module(model_dir, "token_mean")
+    if rank == 1:
+        module.on_train_batch_start = lambda batch, batch_idx: module.skip_optimizer_step("test: rank 1 only")
+    results[("skip_on_rank_1", 1)] = _fit(module, rollout_half(rank, module.policy.config.vocab_size), WORLD, 1)
+    metrics[("skip_on_rank_1", 1)] = {"skipped_steps": module.skipped_steps}
     # Control: per-rank counts (no all-reduce), as a module without the global normaliser would do.
     module = _module(model_dir, "token_mean")
     module._global_sum = lambda value: value.to(module.device, torch.float32)
@@ -154,7 +163,7 @@ def run_update(model_dir: str, out: Path) -> None:
         "backend": torch.distributed.get_backend(),
         "world_size": torch.distributed.get_world_size(),
     }
-    torch.save({"states": results, "info": info}, out / f"update-rank{rank}.pt")
+    torch.save({"states": results, "metrics": metrics, "info": info}, out / f"update-rank{rank}.pt")
 
 
 # --------------------------------------------------------------------------------- end to end

@@ -82,6 +82,34 @@ def test_two_rank_update_equals_one_rank_update_on_the_concatenated_batch(ddp_up
                 )
 
 
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_two_rank_step_metrics_equal_the_one_rank_metrics(ddp_update, tiny_model_path, aggregation):
+    """The logged step metrics (token-weighted means, summed loss, ratio min / max, mismatch max,
+    grad norm) are reduced over ranks and micro-batches: both ranks log the 1-process values."""
+    from tests.distributed_worker import single_process_update
+
+    reference: dict[str, float] = {}
+    single_process_update(str(tiny_model_path), aggregation, reference)
+    for name in ("train/loss", "train/entropy", "train/ratio_max", "train/mismatch_max_abs", "train/grad_norm"):
+        assert name in reference, name
+    for accumulate in (1, 2):
+        for rank, result in enumerate(ddp_update):
+            logged = result["metrics"][(aggregation, accumulate)]
+            assert logged.keys() == reference.keys()
+            for name, value in reference.items():
+                assert logged[name] == pytest.approx(value, abs=2e-6, rel=1e-5), f"{name} (rank {rank}, accumulate {accumulate})"
+
+
+def test_a_skip_asked_by_one_rank_is_taken_by_all(ddp_update, tiny_model_path):
+    from tests.distributed_worker import _module
+
+    before = _module(str(tiny_model_path), "token_mean").policy.state_dict()
+    for rank, result in enumerate(ddp_update):
+        assert result["metrics"][("skip_on_rank_1", 1)] == {"skipped_steps": 1}, rank
+        state = result["states"][("skip_on_rank_1", 1)]
+        assert all(torch.equal(state[n], before[n]) for n in before), f"rank {rank} updated its weights"
+
+
 def test_per_rank_counts_would_give_a_different_update(ddp_update, tiny_model_path):
     """Control: the comparison above detects a module that normalises by its own rank's tokens."""
     from tests.distributed_worker import single_process_update
