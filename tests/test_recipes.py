@@ -34,6 +34,16 @@ def test_recipes_exist():
     assert len(RECIPES) >= 15, [p.name for p in RECIPES]
 
 
+GUARDS = ["NonFiniteGuard", "LogProbGuard", "EntropyGuard", "IdenticalSamplesGuard", "MismatchGuard", "ZeroStdGuard"]
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_runs_with_all_guards(path):
+    callbacks = [c["class_path"] for c in _load(path)["trainer"]["callbacks"]]
+    assert callbacks[0] == "lightning_grpo.RolloutCallback"
+    assert callbacks[1:] == [f"lightning_grpo.{g}" for g in GUARDS]
+
+
 # --------------------------------------------------------------------------------- helpers
 def _cli(args: list[str], parse_only: bool = False):
     """The ``lightning-grpo`` CLI (``lightning_grpo.cli.build_cli``) with ``run=False``."""
