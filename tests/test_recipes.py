@@ -40,8 +40,8 @@ GUARDS = ["NonFiniteGuard", "LogProbGuard", "EntropyGuard", "IdenticalSamplesGua
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_every_recipe_runs_with_all_guards(path):
     callbacks = [c["class_path"] for c in _load(path)["trainer"]["callbacks"]]
-    assert callbacks[0] == "lightning_grpo.RolloutCallback"
-    assert callbacks[1:] == [f"lightning_grpo.{g}" for g in GUARDS]
+    ours = [c for c in callbacks if c.startswith("lightning_grpo.")]  # (real-model recipes also checkpoint)
+    assert ours == ["lightning_grpo.RolloutCallback", *(f"lightning_grpo.{g}" for g in GUARDS)]
 
 
 # --------------------------------------------------------------------------------- helpers
