@@ -35,3 +35,19 @@ def test_drop_in_examples_run(tmp_path, monkeypatch):
     assert len(blocks) == 2
     for block in blocks:
         exec(compile(block, "docs/drop-in.md", "exec"), {"__name__": "drop_in_example"})
+
+
+def test_stability_page_names_every_guard_and_only_existing_tests():
+    import lightning_grpo
+    from lightning_grpo.callbacks.guards import Guard
+
+    text = (DOCS / "stability.md").read_text()
+    guards = [n for n in lightning_grpo.__all__ if n.endswith("Guard")]
+    assert len(guards) == 6 and all(issubclass(getattr(lightning_grpo, n), Guard) for n in guards)
+    for name in guards:
+        assert f"`{name}" in text, f"docs/stability.md does not describe {name}"
+    tests_dir = DOCS.parent / "tests"
+    defined = {m for f in tests_dir.rglob("test_*.py") for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
+    cited = set(re.findall(r"\b(test_\w+)(?:`|::|,)", text))
+    cited = {c for c in cited if not c.endswith(".py") and c != "test_bad_input"}
+    assert cited and cited <= defined, sorted(cited - defined)

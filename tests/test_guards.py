@@ -277,3 +277,34 @@ def test_stale_engine_trips_the_mismatch_alarm(tiny_model_path, vllm_engine, wei
         message = guard.alarms[0]["message"]
         assert message.startswith("rollout and trainer log-probs disagree (mismatch_k3 ")
         assert "tis_token" in message and "RolloutCallback.weight_sync" in message
+
+
+# ------------------------------------------------------------------------- reward timeouts
+HANG = __import__("threading").Event()
+
+
+def hang_on_odd_generations(completions, **columns):
+    """Hangs (until released) on every second call: generations 1, 3, ... time out."""
+    hang_on_odd_generations.calls = getattr(hang_on_odd_generations, "calls", 0) + 1
+    if hang_on_odd_generations.calls % 2 == 0:
+        HANG.wait(20)
+    return [1.0] * len(completions)
+
+
+def test_a_hanging_reward_is_scored_zero_and_counted_in_training(tiny_model_path):
+    module = GRPOModule(model=_policy(tiny_model_path))
+    hang_on_odd_generations.calls = 0
+    spec = RewardSpec(hang_on_odd_generations, timeout_s=0.5, on_timeout="zero")
+    seen = []
+
+    class Seen(L.Callback):
+        def on_rollout_end(self, trainer, pl_module, batch):
+            seen.append((pl_module.rollout_metrics["reward/hang_on_odd_generations/timeouts"],
+                         pl_module.rollout_metrics["reward_mean"]))  # fmt: skip
+
+    try:
+        trainer = _fit(module, [Seen()], steps=4, rewards=[spec, RewardSpec("prefix_match")])
+    finally:
+        HANG.set()
+    assert trainer.global_step == 4
+    assert [count for count, _ in seen] == [0.0, 1.0, 1.0, 2.0]

@@ -27,6 +27,7 @@ from ..batch import RolloutBatch, steps_per_batch
 from ..core import SELECTIONS
 from ..data.reward_set import RewardSet, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
+from ..validation import check_fit_config
 from .sampling import GroupSelector, sample_groups, score_rollout
 
 
@@ -140,6 +141,7 @@ class RolloutCallback(Callback):
         pl_module.evaluator = self.evaluate
         if self.seed is None:
             self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        check_fit_config(trainer, pl_module, self)
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -218,7 +220,9 @@ class RolloutCallback(Callback):
             batch, result.rewards.to(module.device), result.weights.to(module.device), self.forward_rows
         )
         times["time/prepare"] = time.perf_counter() - start
-        module.rollout_metrics = {**result.metrics, **times}
+        timeouts = {f"reward/{name}/timeouts": float(count) for name, count in self.reward_set.timeout_counts.items()
+                    if self.reward_set.specs[self.reward_set.names.index(name)].timeout_s is not None}  # fmt: skip
+        module.rollout_metrics = {**result.metrics, **timeouts, **times}
         self.generations += 1
         for callback in trainer.callbacks:  # guards inspect the fresh batch before it trains
             hook = getattr(callback, "on_rollout_end", None)
