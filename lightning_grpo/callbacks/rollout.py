@@ -45,6 +45,9 @@ class RolloutCallback(Callback):
         vllm_args: keyword arguments of :class:`~lightning_grpo.rollout.vllm.VLLMEngine`
             (dtype, max_model_len, kv_cache_memory_bytes, enable_lora, ...).
         dynamic_sampling: drop groups whose rewards are all equal and refill (DAPO).
+        dynamic_sampling_reward: the reward function (its name / alias) whose spread decides which
+            groups dynamic sampling keeps (verl ``filter_groups.metric``, e.g. the accuracy reward
+            when a length penalty is added); None = the weighted total.
         max_generation_rounds: generation rounds per batch with dynamic sampling (verl
             ``max_num_gen_batches``); after that the batch trains with what it has.
         gfpo_keep: GFPO: keep this many of the ``n`` completions per prompt (None = off).
@@ -66,6 +69,7 @@ class RolloutCallback(Callback):
         seed: int | None = None,
         vllm_args: dict[str, Any] | None = None,
         dynamic_sampling: bool = False,
+        dynamic_sampling_reward: str | None = None,
         max_generation_rounds: int = 4,
         gfpo_keep: int | None = None,
         gfpo_metric: str = "gfpo_length",
@@ -87,6 +91,7 @@ class RolloutCallback(Callback):
             keep=gfpo_keep,
             selection=SELECTIONS.get(gfpo_metric) if gfpo_keep is not None else None,
             dynamic_sampling=dynamic_sampling,
+            signal_column=self._reward_column(dynamic_sampling_reward),
         )
         if max_generation_rounds < 1:
             raise ValueError(f"max_generation_rounds must be >= 1, got {max_generation_rounds}")
@@ -104,6 +109,16 @@ class RolloutCallback(Callback):
         self.generations = 0
 
     # ------------------------------------------------------------------------ engine
+    def _reward_column(self, name: str | None) -> int | None:
+        if name is None:
+            return None
+        if name not in self.reward_set.names:
+            raise ValueError(
+                f"RolloutCallback.dynamic_sampling_reward {name!r} is not one of the configured rewards "
+                f"{self.reward_set.names}"
+            )
+        return self.reward_set.names.index(name)
+
     def use_engine(self, engine: RolloutEngine) -> None:
         """Sample with an engine you built (it is not closed at teardown); its weights are
         pushed before the first generation."""

@@ -23,6 +23,7 @@ class GroupSelector:
     keep: int | None = None  # GFPO: rows kept per group
     selection: Callable | None = None  # a SELECTIONS entry: (rewards, lengths, G', k) -> [B] bool
     dynamic_sampling: bool = False
+    signal_column: int | None = None  # dynamic sampling looks at this reward function only (None: the total)
 
     def __post_init__(self) -> None:
         if self.keep is not None and not 1 <= self.keep < self.group_size:
@@ -135,7 +136,8 @@ def sample_groups(
         total = scores.rewards @ scores.weights  # [B]
         lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
         rows = selector.rows(total, lengths).nonzero().flatten()  # [P * k], group-contiguous
-        groups = selector.groups(total[rows])  # [P]
+        signal = total if selector.signal_column is None else scores.rewards[:, selector.signal_column]  # [B]
+        groups = selector.groups(signal[rows])  # [P]
         if fallback is None:
             fallback = (_take_rows(rollout, rows.tolist(), k), scores.rewards[rows])
         for p in groups.nonzero().flatten().tolist():
