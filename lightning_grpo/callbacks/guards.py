@@ -31,6 +31,7 @@ gradient norm, entropy, train-inference mismatch).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections import deque
@@ -39,13 +40,13 @@ from typing import Any, ClassVar, Literal
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from ..batch import RolloutBatch
 
 Action = Literal["warn", "skip", "stop"]
 ACTIONS = ("warn", "skip", "stop")
+log = logging.getLogger("lightning_grpo.guards")
 
 
 class Guard(Callback):
@@ -75,11 +76,11 @@ class Guard(Callback):
         if action == "stop":
             trainer.should_stop = True
             self.stop_message = text
-            rank_zero_warn(f"{text} -> stopping the run")
+            text += " -> stopping the run"
         elif action == "skip":
-            rank_zero_warn(f"{text} -> optimizer step skipped")
-        elif not self._firing:
-            rank_zero_warn(text)
+            text += " -> optimizer step skipped"
+        if trainer.global_rank == 0 and (action != "warn" or not self._firing):
+            log.warning(text)
         self._firing = True
 
     def clear(self, module: L.LightningModule) -> None:

@@ -82,10 +82,15 @@ class ZeroStdGuard(Guard):
             self.clear(pl_module)
             return
         reward = pl_module.rollout_metrics.get("reward_mean", float("nan"))
+        refilling = any(getattr(getattr(cb, "selector", None), "dynamic_sampling", False) for cb in trainer.callbacks)
+        fix = (
+            "dynamic sampling is on: raise RolloutCallback.max_generation_rounds to refill the batch"
+            if refilling
+            else "enable dynamic sampling (RolloutCallback.dynamic_sampling: true, DAPO)"
+        )
         message = (
-            f"{frac:.0%} of groups have zero reward std (reward mean {reward:.3g}): enable dynamic sampling "
-            "(RolloutCallback.dynamic_sampling: true, DAPO), raise sampling.n or the temperature, or use a denser "
-            "reward; a reward mean near its maximum means the prompts have become too easy"
+            f"{frac:.0%} of groups have zero reward std (reward mean {reward:.3g}): {fix}, raise sampling.n or the "
+            "temperature, or use a denser reward; a reward mean near its maximum means the prompts have become too easy"
         )
         self.fire(trainer, pl_module, message)
 
