@@ -197,8 +197,8 @@ class EntropyGuard(Guard):
     steps) and explosion (above ``ceiling``, or rising by ``rise_factor`` within ``window``).
 
     The entropy is the mean over the step's valid completion tokens (``train/entropy``). Set
-    ``max_reward`` to ignore a collapse once the rollout reward mean reaches it: on a task with
-    one right answer a policy that has learned it is rightly confident.
+    ``max_reward`` to ignore a collapse when the rollout reward mean has reached it within the
+    window: on a task with one right answer a policy that has learned it is rightly confident.
     """
 
     name = "entropy"
@@ -228,6 +228,7 @@ class EntropyGuard(Guard):
         self.floor, self.ceiling, self.window, self.max_reward = floor, ceiling, window, max_reward
         self.collapse_factor, self.rise_factor = collapse_factor, rise_factor
         self.history: deque[float] = deque(maxlen=window + 1)
+        self.rewards: deque[float] = deque(maxlen=window + 1)
 
     @override
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
@@ -235,15 +236,18 @@ class EntropyGuard(Guard):
         if entropy is None or not _finite(entropy):
             return
         self.history.append(entropy)
-        message = self._collapse(entropy, pl_module.rollout_metrics.get("reward_mean")) or self._explosion(entropy)
+        reward = pl_module.rollout_metrics.get("reward_mean")
+        if reward is not None and _finite(reward):
+            self.rewards.append(reward)
+        message = self._collapse(entropy) or self._explosion(entropy)
         if message is None:
             self.clear(pl_module)
         else:
             self.fire(trainer, pl_module, message)
 
-    def _collapse(self, entropy: float, reward: float | None) -> str | None:
-        if self.max_reward is not None and reward is not None and reward >= self.max_reward:
-            return None
+    def _collapse(self, entropy: float) -> str | None:
+        if self.max_reward is not None and self.rewards and max(self.rewards) >= self.max_reward:
+            return None  # the task has been learned within the window: confidence is expected
         first = self.history[0]
         if self.floor is not None and entropy < self.floor:
             what = f"entropy collapse: {entropy:.3g} below floor {self.floor:g}"

@@ -65,12 +65,12 @@ class IdenticalSamplesGuard(Guard):
 
 
 class ZeroStdGuard(Guard):
-    """Most groups have the same reward for every sample (``train/frac_reward_zero_std``): their
-    advantages are zero and they teach nothing."""
+    """At least ``threshold`` of the groups have the same reward for every sample
+    (``train/frac_reward_zero_std``): their advantages are zero and they teach nothing."""
 
     name = "zero_reward_std"
 
-    def __init__(self, threshold: float = 0.5, action: Action = "warn") -> None:
+    def __init__(self, threshold: float = 0.75, action: Action = "warn") -> None:
         super().__init__(action)
         if not 0 < threshold <= 1:
             raise ValueError(f"ZeroStdGuard.threshold must be in (0, 1], got {threshold}")
