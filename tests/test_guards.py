@@ -308,3 +308,14 @@ def test_a_hanging_reward_is_scored_zero_and_counted_in_training(tiny_model_path
         HANG.set()
     assert trainer.global_step == 4
     assert [count for count, _ in seen] == [0.0, 1.0, 1.0, 2.0]
+
+
+def full_reward(completions, **columns):
+    return [1.0] * len(completions)
+
+
+def test_zero_std_alarm_stays_quiet_once_the_task_is_learned(tiny_model_path):
+    module = GRPOModule(model=_policy(tiny_model_path))
+    guard = ZeroStdGuard(threshold=0.5, max_reward=0.9)
+    _fit(module, [guard], steps=2, rewards=[RewardSpec(full_reward)])
+    assert guard.alarms == []

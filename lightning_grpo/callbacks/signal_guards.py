@@ -66,22 +66,25 @@ class IdenticalSamplesGuard(Guard):
 
 class ZeroStdGuard(Guard):
     """At least ``threshold`` of the groups have the same reward for every sample
-    (``train/frac_reward_zero_std``): their advantages are zero and they teach nothing."""
+    (``train/frac_reward_zero_std``): their advantages are zero and they teach nothing. With
+    ``max_reward`` set, batches whose reward mean reaches it are not flagged (the groups are
+    all-right: the task is learned)."""
 
     name = "zero_reward_std"
 
-    def __init__(self, threshold: float = 0.75, action: Action = "warn") -> None:
+    def __init__(self, threshold: float = 0.75, max_reward: float | None = None, action: Action = "warn") -> None:
         super().__init__(action)
         if not 0 < threshold <= 1:
             raise ValueError(f"ZeroStdGuard.threshold must be in (0, 1], got {threshold}")
-        self.threshold = threshold
+        self.threshold, self.max_reward = threshold, max_reward
 
     def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
         frac = pl_module.rollout_metrics.get("frac_reward_zero_std")
-        if frac is None or frac < self.threshold:
+        reward = pl_module.rollout_metrics.get("reward_mean", float("nan"))
+        learned = self.max_reward is not None and reward >= self.max_reward  # all-right groups: the task is learned
+        if frac is None or frac < self.threshold or learned:
             self.clear(pl_module)
             return
-        reward = pl_module.rollout_metrics.get("reward_mean", float("nan"))
         refilling = any(getattr(getattr(cb, "selector", None), "dynamic_sampling", False) for cb in trainer.callbacks)
         fix = (
             "dynamic sampling is on: raise RolloutCallback.max_generation_rounds to refill the batch"
