@@ -206,7 +206,7 @@ def test_zero_std_alarm_suggests_dynamic_sampling(tiny_model_path):
     guard = ZeroStdGuard(threshold=0.5)
     _fit(module, [guard], steps=2, rewards=[RewardSpec(constant_reward)])
     assert [a["step"] for a in guard.alarms] == [0, 1]
-    assert guard.alarms[0]["message"].startswith("100% of groups have zero reward std (reward mean 0.5)")
+    assert guard.alarms[0]["message"].startswith("100% of groups have zero reward std over the last 1 batches (reward mean 0.5)")
     assert "RolloutCallback.dynamic_sampling: true" in guard.alarms[0]["message"]
 
 

@@ -5,6 +5,7 @@ See :mod:`lightning_grpo.callbacks.guards` for the actions and the alarm records
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import lightning as L
@@ -65,24 +66,34 @@ class IdenticalSamplesGuard(Guard):
 
 
 class ZeroStdGuard(Guard):
-    """At least ``threshold`` of the groups have the same reward for every sample
-    (``train/frac_reward_zero_std``): their advantages are zero and they teach nothing. With
-    ``max_reward`` set, batches whose reward mean reaches it are not flagged (the groups are
-    all-right: the task is learned)."""
+    """Groups whose samples all got the same reward (``train/frac_reward_zero_std``) have zero
+    advantages and teach nothing. Fires when the fraction, averaged over the last ``window``
+    generation batches, reaches ``threshold``; with ``max_reward`` set, not while the reward mean
+    over the same window has reached it (the groups are all-right: the task is learned)."""
 
     name = "zero_reward_std"
 
-    def __init__(self, threshold: float = 0.75, max_reward: float | None = None, action: Action = "warn") -> None:
+    def __init__(
+        self, threshold: float = 0.75, max_reward: float | None = None, window: int = 20, action: Action = "warn"
+    ) -> None:
         super().__init__(action)
         if not 0 < threshold <= 1:
             raise ValueError(f"ZeroStdGuard.threshold must be in (0, 1], got {threshold}")
+        if window < 1:
+            raise ValueError(f"ZeroStdGuard.window must be >= 1, got {window}")
         self.threshold, self.max_reward = threshold, max_reward
+        self.fractions: deque[float] = deque(maxlen=window)
+        self.rewards: deque[float] = deque(maxlen=window)
 
     def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
-        frac = pl_module.rollout_metrics.get("frac_reward_zero_std")
-        reward = pl_module.rollout_metrics.get("reward_mean", float("nan"))
-        learned = self.max_reward is not None and reward >= self.max_reward  # all-right groups: the task is learned
-        if frac is None or frac < self.threshold or learned:
+        metrics = pl_module.rollout_metrics
+        if "frac_reward_zero_std" not in metrics:
+            return
+        self.fractions.append(metrics["frac_reward_zero_std"])
+        self.rewards.append(metrics.get("reward_mean", float("nan")))
+        frac, reward = sum(self.fractions) / len(self.fractions), sum(self.rewards) / len(self.rewards)
+        learned = self.max_reward is not None and reward >= self.max_reward
+        if frac < self.threshold or learned:
             self.clear(pl_module)
             return
         refilling = any(getattr(getattr(cb, "selector", None), "dynamic_sampling", False) for cb in trainer.callbacks)
@@ -92,8 +103,9 @@ class ZeroStdGuard(Guard):
             else "enable dynamic sampling (RolloutCallback.dynamic_sampling: true, DAPO)"
         )
         message = (
-            f"{frac:.0%} of groups have zero reward std (reward mean {reward:.3g}): {fix}, raise sampling.n or the "
-            "temperature, or use a denser reward; a reward mean near its maximum means the prompts have become too easy"
+            f"{frac:.0%} of groups have zero reward std over the last {len(self.fractions)} batches (reward mean "
+            f"{reward:.3g}): {fix}, raise sampling.n or the temperature, or use a denser reward; a reward mean near "
+            "its maximum means the prompts have become too easy"
         )
         self.fire(trainer, pl_module, message)
 
