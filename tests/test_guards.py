@@ -203,10 +203,10 @@ def constant_reward(completions, **columns):
 
 def test_zero_std_alarm_suggests_dynamic_sampling(tiny_model_path):
     module = GRPOModule(model=_policy(tiny_model_path))
-    guard = ZeroStdGuard(threshold=0.5)
-    _fit(module, [guard], steps=2, rewards=[RewardSpec(constant_reward)])
-    assert [a["step"] for a in guard.alarms] == [0, 1]
-    assert guard.alarms[0]["message"].startswith("100% of groups have zero reward std over the last 1 batches (reward mean 0.5)")
+    guard = ZeroStdGuard(threshold=0.5, window=2)
+    _fit(module, [guard], steps=3, rewards=[RewardSpec(constant_reward)])
+    assert [a["step"] for a in guard.alarms] == [1, 2]  # from the first full window on
+    assert guard.alarms[0]["message"].startswith("100% of groups have zero reward std over the last 2 batches (reward mean 0.5)")
     assert "RolloutCallback.dynamic_sampling: true" in guard.alarms[0]["message"]
 
 
@@ -316,6 +316,6 @@ def full_reward(completions, **columns):
 
 def test_zero_std_alarm_stays_quiet_once_the_task_is_learned(tiny_model_path):
     module = GRPOModule(model=_policy(tiny_model_path))
-    guard = ZeroStdGuard(threshold=0.5, max_reward=0.9)
+    guard = ZeroStdGuard(threshold=0.5, max_reward=0.9, window=1)
     _fit(module, [guard], steps=2, rewards=[RewardSpec(full_reward)])
     assert guard.alarms == []

@@ -11,7 +11,8 @@ Each guard is a Lightning callback with an ``action``:
 Whatever the action, a firing guard logs ``alarm/<name> = 1`` at that step (0 at checks where
 it does not fire; the markers of ``lightning-grpo report``) and appends ``{"step", "guard", "action", "message"}`` to
 ``alarms.jsonl`` in the logger's directory. Warnings are edge-triggered: one when a condition
-starts to hold, not one per step while it lasts.
+starts to hold, not one per step while it lasts, and at most one per 100 steps for a condition
+that comes and goes.
 
 Two moments are watched: ``on_rollout_end`` (a fresh rollout batch, before it trains:
 non-finite log-probs, identical samples, zero reward std) and ``on_before_optimizer_step``
@@ -53,6 +54,9 @@ class Guard(Callback):
     """Base class: :meth:`fire` records an alarm and carries out the configured action."""
 
     name: ClassVar[str] = "guard"
+    #: A "warn" guard that stops and starts firing again stays silent (alarms are still recorded)
+    #: for this many steps after its last warning.
+    REWARN_AFTER: ClassVar[int] = 100
 
     def __init__(self, action: Action) -> None:
         if action not in ACTIONS:
@@ -61,6 +65,7 @@ class Guard(Callback):
         self.alarms: list[dict[str, Any]] = []
         self.stop_message: str | None = None
         self._firing = False  # for edge-triggered warnings
+        self._warned_at: int | None = None
 
     def fire(self, trainer: L.Trainer, module: L.LightningModule, message: str, action: Action | None = None) -> None:
         """Record the alarm and act on it (``action`` overrides the configured one)."""
@@ -79,8 +84,10 @@ class Guard(Callback):
             text += " -> stopping the run"
         elif action == "skip":
             text += " -> optimizer step skipped"
-        if trainer.global_rank == 0 and (action != "warn" or not self._firing):
+        quiet = self._warned_at is not None and step - self._warned_at < self.REWARN_AFTER
+        if trainer.global_rank == 0 and (action != "warn" or not (self._firing or quiet)):
             log.warning(text)
+            self._warned_at = step
         self._firing = True
 
     def clear(self, module: L.LightningModule) -> None:

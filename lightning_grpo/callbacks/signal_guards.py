@@ -68,7 +68,7 @@ class IdenticalSamplesGuard(Guard):
 class ZeroStdGuard(Guard):
     """Groups whose samples all got the same reward (``train/frac_reward_zero_std``) have zero
     advantages and teach nothing. Fires when the fraction, averaged over the last ``window``
-    generation batches, reaches ``threshold``; with ``max_reward`` set, not while the reward mean
+    generation batches (once there are that many), reaches ``threshold``; with ``max_reward`` set, not while the reward mean
     over the same window has reached it (the groups are all-right: the task is learned)."""
 
     name = "zero_reward_std"
@@ -93,7 +93,7 @@ class ZeroStdGuard(Guard):
         self.rewards.append(metrics.get("reward_mean", float("nan")))
         frac, reward = sum(self.fractions) / len(self.fractions), sum(self.rewards) / len(self.rewards)
         learned = self.max_reward is not None and reward >= self.max_reward
-        if frac < self.threshold or learned:
+        if len(self.fractions) < self.fractions.maxlen or frac < self.threshold or learned:
             self.clear(pl_module)
             return
         refilling = any(getattr(getattr(cb, "selector", None), "dynamic_sampling", False) for cb in trainer.callbacks)

@@ -13,9 +13,11 @@ Bessel-corrected standard deviation (``torch.std`` default):
     qae                    A_i = r_i - q_K(group)   (optionally / (std_g + eps))
 
 Departures from the peers, all deliberate:
-  * A group of one completion (G = 1) or a group whose rewards are all equal gets A = 0
-    exactly (verl's grpo sets mean 0 / std 1 for G = 1, i.e. A = r). The centred reward of a
-    constant group is forced to 0 so float rounding of the mean cannot leak through 1/eps.
+  * A group whose rewards are all equal gets A = 0 exactly: its centred reward is forced to 0
+    so float rounding of the mean cannot leak through 1/eps. A group of one completion (G = 1)
+    gets A = 0 from the estimators that only centre; those that divide by the group's std
+    (``grpo``, ``qae`` with ``scale_by_std``) raise ``ValueError`` instead, since a std needs at
+    least 2 samples (verl's grpo silently sets mean 0 / std 1 for G = 1, i.e. A = r).
   * Statistics are computed per completion, not per token (verl whitens reinforce++ over
     tokens with ``masked_whiten``).
   * Everything is computed in float32 (bf16/fp16/int rewards are upcast); results are float32.
@@ -58,6 +60,16 @@ def as_groups(rewards: Tensor, group_size: int) -> Tensor:
     return rewards.to(torch.float32).reshape(batch // group_size, group_size)  # [P, G]
 
 
+def _check_std_group(name: str, rewards: Tensor, group_size: int) -> None:
+    """Estimators that divide by the group's std need G >= 2 (a std of one sample is undefined)."""
+    if group_size < 2 and rewards.numel() > 0:
+        raise ValueError(
+            f"advantage {name!r} divides by the std of each group's rewards, which needs group_size >= 2 "
+            f"completions per prompt, got group_size={group_size}: sample at least 2 per prompt "
+            "(RolloutCallback sampling.n), or use an estimator without the std such as 'dr_grpo'"
+        )
+
+
 def _centred(groups: Tensor, baseline: Tensor) -> Tensor:
     """groups - baseline, with rows whose values are all equal forced to exactly 0. [P, G]"""
     constant = groups.amax(dim=1, keepdim=True) == groups.amin(dim=1, keepdim=True)  # [P, 1]
@@ -95,9 +107,10 @@ def expand_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:
 def grpo_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
     """GRPO: A_i = (r_i - mean_g r) / (std_g r + eps), std Bessel-corrected. [B] -> [B]
 
-    G = 1 and all-equal groups give 0. eps = 1e-6 as verl (TRL uses 1e-4).
+    All-equal groups give 0; G < 2 raises ``ValueError``. eps = 1e-6 as verl (TRL uses 1e-4).
     """
     groups = as_groups(rewards, group_size)  # [P, G]
+    _check_std_group("grpo", rewards, group_size)
     centred = _centred(groups, groups.mean(dim=1, keepdim=True))
     return (centred / (_std(groups, dim=1) + eps)).reshape(-1)
 
@@ -192,6 +205,8 @@ def qae_advantages(
     if interpolation not in _QUANTILE_FNS:
         raise ValueError(f"unknown interpolation {interpolation!r}; valid: {', '.join(_QUANTILE_FNS)}")
     groups = as_groups(rewards, group_size)  # [P, G]
+    if scale_by_std:
+        _check_std_group("qae", rewards, group_size)
     centred = _centred(groups, _QUANTILE_FNS[interpolation](groups, quantile))  # [P, G]
     if scale_by_std:
         centred = centred / (_std(groups, dim=1) + eps)

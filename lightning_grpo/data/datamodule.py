@@ -188,9 +188,7 @@ class PromptDataModule(L.LightningDataModule):
 
                 self.tokenizer_path = str(tiny_model_dir())
             self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-        if self.use_chat_template and not getattr(self.tokenizer, "chat_template", None):
-            where = self.tokenizer_path or type(self.tokenizer).__name__
-            raise ValueError(f"use_chat_template=True but the tokenizer at {where} has no chat template")
+        _check_tokenizer(self.tokenizer, self.tokenizer_path or type(self.tokenizer).__name__, self.use_chat_template)
         return self.tokenizer
 
     def _raw_splits(self) -> tuple[tuple[list[dict], str], tuple[list[dict], str] | None]:
@@ -218,6 +216,24 @@ class PromptDataModule(L.LightningDataModule):
             ([r for i, r in enumerate(rows) if i not in val_idx], source),
             ([r for i, r in enumerate(rows) if i in val_idx], f"the validation split of {source}"),
         )
+
+    def prepare_data(self) -> None:
+        """Load and check the data, then the whole run's options (:mod:`lightning_grpo.validation`).
+
+        Lightning calls this (on local rank 0) before its loggers create their run directory, so
+        a bad option or file fails with nothing written; :meth:`setup` then finds the data ready
+        here and loads it on the other ranks.
+        """
+        self.setup()
+        trainer = self.trainer
+        if trainer is None or trainer.lightning_module is None:
+            return
+        from lightning_grpo.callbacks.rollout import RolloutCallback
+        from lightning_grpo.validation import check_fit_config
+
+        for callback in trainer.callbacks:
+            if isinstance(callback, RolloutCallback):
+                check_fit_config(trainer, trainer.lightning_module, callback)
 
     def setup(self, stage: str | None = None) -> None:
         """Load the tokenizer and the data, check them, and tokenize every prompt (once)."""
@@ -332,6 +348,24 @@ class PromptDataModule(L.LightningDataModule):
         else:
             idx = refill_indices(n, p, generation, round_, max_rounds, self.seed, rank, world_size, self.shuffle)
         return [records[i] for i in idx]
+
+
+def _check_tokenizer(tokenizer: Any, where: str, use_chat_template: bool) -> None:
+    """An EOS token (completions must be able to end), a pad token (the EOS one when it has none),
+    and a chat template when ``use_chat_template`` asks for one."""
+    if getattr(tokenizer, "eos_token_id", None) is None:
+        raise ValueError(
+            f"the tokenizer at {where} (data.tokenizer_path) has no EOS token, so no completion could end: "
+            "use the policy's own tokenizer, or set its eos_token"
+        )
+    if getattr(tokenizer, "pad_token_id", None) is None:
+        tokenizer.pad_token = tokenizer.eos_token  # padding is masked out everywhere
+    if use_chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"use_chat_template=True but the tokenizer at {where} has no chat template: set "
+            "data.use_chat_template: false to feed the prompts as plain text, or point data.tokenizer_path "
+            "at a tokenizer that has one (an instruct / chat model's)"
+        )
 
 
 def _source(paths: list[str], field: str) -> str:

@@ -18,7 +18,9 @@ def _hf_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutEng
     from .hf import HFEngine
 
     if args:
-        raise ValueError(f"engine 'hf' takes no engine arguments, got {sorted(args)}")
+        raise ValueError(
+            f"engine 'hf' takes no engine arguments (RolloutCallback.vllm_args are for engine 'vllm'), got {sorted(args)}"
+        )
     return HFEngine(module.policy, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
 
 
@@ -30,13 +32,28 @@ def _vllm_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutE
     from .vllm import VLLMEngine
 
     path = module.model_source
-    if path is None and module.policy is not None:
+    if path is not None and not Path(path).expanduser().is_dir():  # a hub id: vLLM needs the files on disk
+        path = _download(path)
+    elif path is None and module.policy is not None:
         path = _save_for_engine(module.policy, tokenizer)
     elif path is None:
         from ..data.tiny import tiny_model_dir
 
         path = str(tiny_model_dir())
     return VLLMEngine(str(path), seed=seed, **args)
+
+
+def _download(repo_id: str) -> str:
+    """The local snapshot of hub model ``repo_id`` (the HF cache, as ``from_pretrained`` uses it)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.py"])
+    except Exception as err:  # offline, unknown repo, gated: say what was tried
+        raise FileNotFoundError(
+            f"engine='vllm': model.model {repo_id!r} is not a local directory and could not be fetched from the "
+            f"Hugging Face hub ({type(err).__name__}: {err}); pass a local model directory"
+        ) from err
 
 
 def _save_for_engine(policy, tokenizer) -> str:

@@ -7,6 +7,7 @@ that is being trained, so :attr:`HFEngine.needs_weight_sync` is False and
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterable
 
 import torch
@@ -35,20 +36,26 @@ class HFEngine(RolloutEngine):
 
     needs_weight_sync = False
 
-    def __init__(self, model: nn.Module, eos_token_id: int, pad_token_id: int) -> None:
+    def __init__(self, model: nn.Module, eos_token_id: int, pad_token_id: int | None) -> None:
         """
         Args:
             model: the policy (an HF causal LM, optionally wrapped by peft); used in place, not copied.
             eos_token_id: token that ends a completion (returned as its last token when sampled).
-            pad_token_id: id used to left-pad prompts inside a batch.
+            pad_token_id: id used to left-pad prompts inside a batch; None: ``eos_token_id`` (padding
+                is masked out, so any id works).
         """
         if not hasattr(model, "generate"):
             raise TypeError(
                 f"HFEngine needs a model with a `generate` method (an HF causal LM), got {type(model).__name__}"
             )
+        if not isinstance(eos_token_id, numbers.Integral) or isinstance(eos_token_id, bool):
+            raise ValueError(
+                f"HFEngine eos_token_id must be the tokenizer's EOS token id (an int), got {eos_token_id!r}: "
+                "without one no completion could end"
+            )
         self.model = model
         self.eos_token_id = int(eos_token_id)
-        self.pad_token_id = int(pad_token_id)
+        self.pad_token_id = int(pad_token_id) if pad_token_id is not None else self.eos_token_id
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         validate_prompts(prompt_ids)

@@ -254,6 +254,10 @@ def test_every_estimator_has_a_reference():
 @pytest.mark.parametrize("name", sorted(REFERENCES))
 @pytest.mark.parametrize("g", [1, 2, 3, 5, 8])
 def test_vectorised_matches_loop(name, g):
+    if g == 1 and name in STD_ESTIMATORS:  # a group of one has no std
+        with pytest.raises(ValueError, match="needs group_size >= 2"):
+            ADVANTAGES.get(name)(torch.zeros(3), g)
+        return
     gen = torch.Generator().manual_seed(1234 + g)
     for trial in range(5):
         p = 1 + trial
@@ -273,11 +277,22 @@ def test_qae_loop_other_quantiles(k):
 # ----------------------------------------------------------------------------------------------
 # edge cases
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", sorted(REFERENCES))
+#: Estimators that divide by the group's std: a group of one is an error, not A = 0.
+STD_ESTIMATORS = {"grpo"}
+
+
+@pytest.mark.parametrize("name", sorted(set(REFERENCES) - STD_ESTIMATORS))
 def test_group_of_one_is_zero(name):
     out = ADVANTAGES.get(name)(t([0.3, 1.0, -2.0]), 1)
     close(out, [0.0, 0.0, 0.0])
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("name,params", [("grpo", {}), ("qae", {"scale_by_std": True})])
+def test_group_of_one_with_std_raises(name, params):
+    with pytest.raises(ValueError, match=rf"advantage '{name}' divides by the std .* needs group_size >= 2 .* got group_size=1"):
+        ADVANTAGES.get(name)(t([0.3, 1.0, -2.0]), 1, **params)
+    assert ADVANTAGES.get(name)(torch.zeros(0), 1, **params).shape == (0,)  # nothing to normalise
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
@@ -318,8 +333,10 @@ def test_as_groups_validation():
 
 
 def test_aggregations_edges():
-    # G = 1 and a one-row batch: no nan anywhere
+    # G = 1 and a one-row batch: no nan anywhere (with an estimator that needs no group std)
     rw = t([[1.0, 2.0]])
     for name in REWARD_AGGREGATIONS.names():
-        close(REWARD_AGGREGATIONS.get(name)(rw, t([1.0, 1.0]), 1), [0.0])
-        close(REWARD_AGGREGATIONS.get(name)(rw.to(torch.bfloat16), t([1.0, 1.0]), 1), [0.0])
+        close(REWARD_AGGREGATIONS.get(name)(rw, t([1.0, 1.0]), 1, estimator="dr_grpo"), [0.0])
+        close(REWARD_AGGREGATIONS.get(name)(rw.to(torch.bfloat16), t([1.0, 1.0]), 1, estimator="dr_grpo"), [0.0])
+        with pytest.raises(ValueError, match=r"advantage 'grpo' divides by the std"):
+            REWARD_AGGREGATIONS.get(name)(rw, t([1.0, 1.0]), 1)

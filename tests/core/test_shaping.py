@@ -203,10 +203,12 @@ def test_gfpo_advantages_loop_reference():
 
 
 def test_gfpo_advantages_edges():
-    # k = 1: a kept group of one -> 0, no nan; bf16 rewards
+    # k = 1: a kept group of one -> 0, no nan, for an estimator without the group std; bf16 rewards
     rewards = t([1, 0, 0, 1]).to(torch.bfloat16)
-    out = gfpo_advantages(rewards, b([False, True, True, False]), 2)
+    out = gfpo_advantages(rewards, b([False, True, True, False]), 2, estimator="dr_grpo")
     close(out, [0.0, 0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match=r"advantage 'grpo' divides by the std .* got group_size=1"):
+        gfpo_advantages(rewards, b([False, True, True, False]), 2)
     out = gfpo_advantages(rewards, b([True, True, True, True]), 4)
     close(out, grpo_advantages(t([1, 0, 0, 1]), 4))
     # empty batch

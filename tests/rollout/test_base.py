@@ -80,3 +80,17 @@ def test_request_seeds_do_not_collide_within_or_across_neighbouring_rollouts():
     seeds = [request_seed(seed, p) + i for seed in range(50) for p in range(64) for i in range(16)]
     assert len(set(seeds)) == len(seeds)
     assert all(0 <= s < 2**62 + 16 for s in seeds)
+
+
+def test_vllm_engine_from_a_hub_id_that_cannot_be_fetched_names_it(monkeypatch):
+    """A hub id is downloaded to the local cache first (vLLM needs the files); offline, the error names it."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from lightning_grpo.rollout.factory import build_engine
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    module = SimpleNamespace(model_source="lightning-grpo-test/no-such-model", policy=None)
+    with pytest.raises(FileNotFoundError, match=r"model.model 'lightning-grpo-test/no-such-model' is not a local directory and could not be fetched"):
+        build_engine("vllm", module, tokenizer=None, seed=0)

@@ -1,0 +1,282 @@
+"""Cross-checks of a run's configuration, made before anything trains or is written.
+
+:func:`check_fit_config` looks at the Trainer, the :class:`~lightning_grpo.GRPOModule`, the
+:class:`~lightning_grpo.data.datamodule.PromptDataModule` and the
+:class:`~lightning_grpo.RolloutCallback` together, which no constructor can. It runs from
+``PromptDataModule.prepare_data`` (before Lightning's loggers create their run directory) and
+again from ``RolloutCallback.setup`` (every rank). Each problem is one exception whose message
+names the option as written in a recipe (``data.batch_size``, ``model.advantage``,
+``RolloutCallback.sampling.n``, ...) and what was expected. It checks:
+
+* the engine: a known name; ``engine: vllm`` with vLLM installed; no ``vllm_args`` for ``hf``;
+  ``lora_sync: adapter`` with engine vllm, ``vllm_args.enable_lora`` and ``model.lora``;
+* the groups: at least 2 completions per prompt for a group-relative advantage (all built-in
+  ones); no more training steps per generation batch than it has completions;
+* the reference: ``beta > 0`` or ``kl_in_reward_coef`` with ``reference: none``;
+* lengths: longest prompt + ``sampling.max_new_tokens`` within the engine's maximum length
+  (``vllm_args.max_model_len``, or the policy's ``max_position_embeddings`` for ``hf``);
+* the model: a local ``model.model`` directory holds ``config.json``; the tokenizer's vocabulary
+  fits the policy's embedding;
+* the optimizer: it accepts its arguments and its learning rate is > 0;
+* RolloutCallback ranges: ``forward_rows >= 1``, ``val_samples >= 0``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: The built-in advantage estimators; each compares a completion with the others of its prompt.
+GROUP_RELATIVE_ADVANTAGES = frozenset({"grpo", "dr_grpo", "batch_std", "rloo", "reinforce_pp_baseline", "qae"})
+#: ... and those that also divide by the group's reward std.
+STD_ADVANTAGES = frozenset({"grpo"})
+
+CB = "RolloutCallback"
+
+
+def check_fit_config(trainer: Any, module: Any, callback: Any) -> None:
+    """Raise on the first inconsistent or out-of-range option of the run (see the module docstring)."""
+    check_engine(module, callback)
+    check_groups(trainer, module, callback)
+    check_reference(module)
+    check_callback_ranges(callback)
+    check_model_source(module)
+    check_optimizer(module)
+    dm = getattr(trainer, "datamodule", None)
+    if dm is not None and getattr(dm, "train_records", None) is not None:
+        check_lengths(dm, module, callback)
+        check_vocabulary(dm, module)
+
+
+# ------------------------------------------------------------------------------------ engine
+def check_engine(module: Any, callback: Any) -> None:
+    """Engine name, vLLM installed, engine arguments and the LoRA sync mode."""
+    from .rollout.factory import ENGINES
+
+    name = callback.engine_name
+    if name not in ENGINES:
+        raise ValueError(f"{CB}.engine: unknown rollout engine {name!r}; valid names: {', '.join(ENGINES.names())}")
+    if callback.engine is None and name == "vllm" and not _vllm_installed():
+        from .rollout.vllm import MISSING_VLLM
+
+        raise ImportError(f"{MISSING_VLLM}; or set {CB}.engine: hf (transformers generate, no vLLM)")
+    if name == "hf" and callback.vllm_args:
+        raise ValueError(
+            f"{CB}.vllm_args {sorted(callback.vllm_args)} are for engine 'vllm', but {CB}.engine is 'hf' "
+            "(which takes no engine arguments): remove vllm_args or set engine: vllm"
+        )
+    _check_lora_sync(module, callback)
+
+
+def _vllm_installed() -> bool:
+    if "vllm" in sys.modules:  # None there means an import of it was blocked
+        return sys.modules["vllm"] is not None
+    return find_spec("vllm") is not None
+
+
+def _check_lora_sync(module: Any, callback: Any) -> None:
+    mode = callback.lora_sync
+    if mode not in ("merged", "adapter"):
+        raise ValueError(f"{CB}.lora_sync must be 'merged' or 'adapter', got {mode!r}")
+    if mode != "adapter":
+        return
+    if callback.engine_name != "vllm":
+        raise ValueError(
+            f"{CB}.lora_sync='adapter' hands the LoRA adapter to vLLM, but {CB}.engine is "
+            f"{callback.engine_name!r} (it samples from the live policy): use lora_sync: merged or engine: vllm"
+        )
+    if getattr(module, "lora", None) is None:
+        raise ValueError(f"{CB}.lora_sync='adapter' needs a LoRA policy, but model.lora is not set")
+    if not callback.vllm_args.get("enable_lora"):
+        raise ValueError(
+            f"{CB}.lora_sync='adapter' needs {CB}.vllm_args.enable_lora: true (vLLM serves adapters only "
+            "when built with it), or use lora_sync: merged"
+        )
+
+
+# ------------------------------------------------------------------------------------ groups
+def check_groups(trainer: Any, module: Any, callback: Any) -> None:
+    """G >= 2 for group-relative advantages; every training step of a generation gets rows."""
+    hparams = module.hparams
+    advantage = hparams.get("advantage", "grpo")
+    keep = callback.selector.keep
+    field = f"{CB}.gfpo_keep" if keep is not None else f"{CB}.sampling.n"
+    group = callback.selector.out_group_size
+    if group < 2 and advantage in GROUP_RELATIVE_ADVANTAGES:
+        how = "normalised by their reward std" if advantage in STD_ADVANTAGES else "so every advantage would be 0"
+        raise ValueError(
+            f"{field}={group} leaves 1 completion per prompt, but model.advantage={advantage!r} compares each "
+            f"completion with the others of its prompt ({how}): set {field} >= 2"
+        )
+    dm = getattr(trainer, "datamodule", None)
+    if dm is None or not hasattr(dm, "batch_size"):
+        return
+    rows = dm.batch_size * group  # completions per rank and generation
+    steps = hparams.get("steps_per_generation", 1)
+    accumulate = getattr(trainer, "accumulate_grad_batches", 1)
+    if steps * accumulate > rows:
+        raise ValueError(
+            f"model.steps_per_generation={steps} x trainer.accumulate_grad_batches={accumulate} training steps "
+            f"share each generation batch of data.batch_size={dm.batch_size} x {field}={group} = {rows} "
+            f"completions: some steps would get none; make their product <= {rows}"
+        )
+
+
+# --------------------------------------------------------------------------------- reference
+def check_reference(module: Any) -> None:
+    """A KL penalty needs a reference model."""
+    hparams = module.hparams
+    if hparams.get("reference", "auto") != "none":
+        return
+    beta = getattr(getattr(module, "loss_fn", None), "beta", 0.0)
+    if beta:
+        raise ValueError(
+            f"model.loss.init_args.beta={beta} puts a KL to the reference model in the loss, but "
+            "model.reference='none': set model.reference: auto (or beta: 0)"
+        )
+    coef = hparams.get("kl_in_reward_coef", 0.0)
+    if coef:
+        raise ValueError(
+            f"model.kl_in_reward_coef={coef} subtracts a KL to the reference model from the rewards, but "
+            "model.reference='none': set model.reference: auto (or kl_in_reward_coef: 0)"
+        )
+
+
+def check_callback_ranges(callback: Any) -> None:
+    """RolloutCallback options the constructor leaves unchecked."""
+    if not isinstance(callback.forward_rows, int) or callback.forward_rows < 1:
+        raise ValueError(f"{CB}.forward_rows must be an integer >= 1, got {callback.forward_rows!r}")
+    if not isinstance(callback.val_samples, int) or callback.val_samples < 0:
+        raise ValueError(f"{CB}.val_samples must be an integer >= 0 (0 = greedy only), got {callback.val_samples!r}")
+
+
+# ------------------------------------------------------------------------------------- model
+def check_model_source(module: Any) -> None:
+    """A local model path (absolute, or starting with ``.`` / ``~``) exists and holds config.json."""
+    source = getattr(module, "model_source", None)
+    if not isinstance(source, str):
+        return
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.model: {source} has no config.json (expected a Hugging Face model directory, "
+                "as written by save_pretrained)"
+            )
+    elif path.exists() or path.is_absolute() or source.startswith((".", "~")):
+        raise FileNotFoundError(
+            f"model.model: {source} is not a directory (expected a Hugging Face model directory or hub id)"
+        )
+
+
+def _model_config(module: Any) -> dict[str, Any] | None:
+    """The policy's config.json as a dict when it is on disk (None for a hub id or a built module)."""
+    source = getattr(module, "model_source", None)
+    if source is None and getattr(module, "policy", None) is None:
+        from .data.tiny import tiny_model_dir
+
+        source = str(tiny_model_dir())
+    if not isinstance(source, str):
+        return None
+    file = Path(source).expanduser() / "config.json"
+    if not file.is_file():
+        return None
+    config = json.loads(file.read_text())
+    return {**config.get("text_config", {}), **config}
+
+
+def check_vocabulary(dm: Any, module: Any) -> None:
+    """Every token id of the data's tokenizer has a row in the policy's embedding."""
+    tokenizer = getattr(dm, "tokenizer", None)
+    if tokenizer is None:
+        return
+    policy = getattr(module, "policy", None)
+    if policy is not None and hasattr(policy, "get_input_embeddings"):
+        rows, where = policy.get_input_embeddings().num_embeddings, type(policy).__name__
+    else:
+        config = _model_config(module)
+        if config is None or not isinstance(config.get("vocab_size"), int):
+            return
+        rows, where = config["vocab_size"], getattr(module, "model_source", None) or "the built-in tiny model"
+    if len(tokenizer) > rows:
+        source = dm.tokenizer_path or type(tokenizer).__name__
+        raise ValueError(
+            f"data.tokenizer_path ({source}) has {len(tokenizer)} tokens but the policy ({where}) "
+            f"has {rows} embedding rows: set data.tokenizer_path to the policy's tokenizer"
+        )
+
+
+def check_optimizer(module: Any) -> None:
+    """``model.optimizer`` accepts its arguments and has a learning rate > 0 (probed on one tensor)."""
+    factory = getattr(module, "optimizer_factory", None)
+    if factory is None:
+        return
+    name = _callable_name(factory)
+    try:
+        optimizer = factory([torch.nn.Parameter(torch.zeros(1))])
+    except ValueError as err:  # torch.optim validates lr, betas, eps, weight_decay this way
+        raise ValueError(f"model.optimizer: {name} rejected its arguments: {err}") from err
+    except Exception:  # noqa: BLE001 - e.g. an optimizer that needs GPU tensors: the real call reports it
+        return
+    for group in getattr(optimizer, "param_groups", []):
+        lr = group.get("lr")
+        if isinstance(lr, (int, float, torch.Tensor)) and not float(lr) > 0:
+            raise ValueError(f"model.optimizer: the learning rate must be > 0 (0 never changes the policy), got {float(lr)}")
+
+
+def _callable_name(factory: Any) -> str:
+    """``AdamW`` for the class, a partial of it, or LightningCLI's partial around it."""
+    target = factory
+    if isinstance(factory, functools.partial):
+        target = next((a for a in factory.args if isinstance(a, type)), factory.func)
+    name = getattr(target, "__name__", "")
+    return name if name.isidentifier() else "the optimizer"  # not "<lambda>"
+
+
+# ----------------------------------------------------------------------------------- lengths
+def check_lengths(dm: Any, module: Any, callback: Any) -> None:
+    """Longest prompt + ``sampling.max_new_tokens`` fits the engine's maximum length."""
+    limit, limit_field = _engine_max_length(module, callback)
+    if limit is None:
+        return
+    new = callback.sampling.max_new_tokens
+    if dm.max_prompt_length is not None:
+        prompt, prompt_field = dm.max_prompt_length, "data.max_prompt_length"
+    else:
+        records = list(dm.train_records or []) + list(dm.val_records or [])
+        if not records:
+            return
+        prompt = max(len(r["prompt_ids"]) for r in records)
+        prompt_field = "the longest prompt of the data (data.max_prompt_length is not set)"
+    if prompt + new > limit:
+        raise ValueError(
+            f"{prompt_field} ({prompt} tokens) + {CB}.sampling.max_new_tokens ({new}) = {prompt + new} tokens "
+            f"exceeds {limit_field} ({limit}): raise it, or lower one of the other two"
+        )
+
+
+def _engine_max_length(module: Any, callback: Any) -> tuple[int | None, str]:
+    """(longest prompt + completion the engine takes, the option that sets it)."""
+    if callback.engine is not None:  # an engine given with use_engine()
+        return getattr(callback.engine, "max_model_len", None), "the engine's max_model_len"
+    if callback.engine_name == "vllm":
+        args = {**callback.vllm_args, **(callback.vllm_args.get("extra_llm_kwargs") or {})}
+        if "max_model_len" in args:
+            return args["max_model_len"], f"{CB}.vllm_args.max_model_len"
+        from .rollout.vllm import VLLMEngine
+
+        default = inspect.signature(VLLMEngine.__init__).parameters["max_model_len"].default
+        return default, f"{CB}.vllm_args.max_model_len (default)"
+    policy = getattr(module, "policy", None)
+    config = getattr(policy, "config", None)
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions is None:
+        positions = (_model_config(module) or {}).get("max_position_embeddings")
+    return positions, "the policy's max_position_embeddings (engine 'hf')"
