@@ -33,10 +33,7 @@ from typing import Any
 
 import torch
 
-#: The built-in advantage estimators; each compares a completion with the others of its prompt.
-GROUP_RELATIVE_ADVANTAGES = frozenset({"grpo", "dr_grpo", "batch_std", "rloo", "reinforce_pp_baseline", "qae"})
-#: ... and those that also divide by the group's reward std.
-STD_ADVANTAGES = frozenset({"grpo"})
+from .core import ADVANTAGES
 
 CB = "RolloutCallback"
 
@@ -109,8 +106,10 @@ def check_groups(trainer: Any, module: Any, callback: Any) -> None:
     keep = callback.selector.keep
     field = f"{CB}.gfpo_keep" if keep is not None else f"{CB}.sampling.n"
     group = callback.selector.out_group_size
-    if group < 2 and advantage in GROUP_RELATIVE_ADVANTAGES:
-        how = "normalised by their reward std" if advantage in STD_ADVANTAGES else "so every advantage would be 0"
+    estimator = ADVANTAGES.get(advantage) if advantage in ADVANTAGES else None
+    if group < 2 and getattr(estimator, "group_relative", False):
+        std = getattr(estimator, "divides_by_group_std", False)
+        how = "normalised by their reward std" if std else "so every advantage would be 0"
         raise ValueError(
             f"{field}={group} leaves 1 completion per prompt, but model.advantage={advantage!r} compares each "
             f"completion with the others of its prompt ({how}): set {field} >= 2"

@@ -265,3 +265,12 @@ def normalize_then_sum(
     per_reward = [fn(rewards[:, k], group_size, **estimator_params) for k in range(rewards.shape[1])]
     total = (torch.stack(per_reward, dim=1) * weights).sum(dim=1)  # [B]
     return _whiten(total, batch_eps) if batch_normalize else total
+
+
+# Read by the fit-time checks (lightning_grpo.validation) instead of branching on names: each of
+# these estimators compares a completion with the others of its group, so it needs G >= 2 to give
+# any signal; grpo also divides by the group's reward std. A custom estimator may set them too.
+for _estimator in (grpo_advantages, dr_grpo_advantages, batch_std_advantages, rloo_advantages,
+                   reinforce_pp_baseline_advantages, qae_advantages):  # fmt: skip
+    _estimator.group_relative = True
+grpo_advantages.divides_by_group_std = True
