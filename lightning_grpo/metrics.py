@@ -1,4 +1,5 @@
-"""Per-optimizer-step metrics, exact across micro-batches and ranks (torchmetrics).
+"""Per-optimizer-step metrics, exact across micro-batches and ranks (torchmetrics), and the
+rollout statistics reduced over ranks.
 
 An optimizer step may span several micro-batches (``accumulate_grad_batches``, or a mini-batch
 split in ``steps_per_generation``) and several ranks. Logging each micro-batch's own values
@@ -105,3 +106,26 @@ def total_grad_norm(parameters) -> Tensor:
     if not grads:
         return torch.zeros(())
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads]))
+
+
+def reduce_rollout_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Every rank's rollout statistics combined (call on every rank of the default process group).
+
+    Every rank samples the same number of prompts, so a mean over ranks is the global mean:
+    ``*_min`` take the minimum, ``*_max`` and the phase times ``time/*`` the maximum (the step
+    waits for the slowest rank), everything else the mean over the ranks that logged it (a key
+    such as ``reward/<fn>/timeout`` may exist on some ranks only).
+    """
+    dist = torch.distributed
+    gathered: list[dict[str, float]] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(gathered, {k: float(v) for k, v in metrics.items()})
+    out: dict[str, float] = {}
+    for key in sorted({k for rank in gathered for k in rank}):
+        values = [rank[key] for rank in gathered if key in rank]
+        if key.endswith("_min"):
+            out[key] = min(values)
+        elif key.endswith("_max") or key.startswith("time/"):
+            out[key] = max(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out

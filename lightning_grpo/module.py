@@ -27,7 +27,7 @@ from .batch import RolloutBatch, micro_step, position_ids
 from .core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs, logprobs_from_hidden, logprobs_from_logits
 from .core.guards import NonFiniteError
 from .core.kl import kl_penalty_in_reward
-from .metrics import StepMetrics, total_grad_norm
+from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
 
 
 @dataclass
@@ -346,9 +346,10 @@ class GRPOModule(L.LightningModule):
         self._grad_norm = None
 
     def _log_step(self, metrics: dict[str, float]) -> None:
-        logged = {f"train/{k}": float(v) for k, v in {**metrics, **self.rollout_metrics}.items()}
+        rollout = reduce_rollout_metrics(self.rollout_metrics) if self.trainer.world_size > 1 else self.rollout_metrics
+        logged = {f"train/{k}": float(v) for k, v in {**metrics, **rollout}.items()}
         self.log_dict(logged, batch_size=1, on_step=True, on_epoch=False)
-        bar = {"reward": float(self.rollout_metrics.get("reward_mean", float("nan")))}
+        bar = {"reward": float(rollout.get("reward_mean", float("nan")))}
         if "kl" in metrics:
             bar["kl"] = metrics["kl"]
         self.log_dict(bar, prog_bar=True, logger=False, batch_size=1, on_step=True, on_epoch=False)

@@ -221,6 +221,12 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
             torch.distributed.all_reduce(world)  # the default group still spans every rank
             checks.append({"logprob_gap": (logp - b.rollout_logp)[mask].abs().max().item(), "ranks": world.item()})
 
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            checks[-1]["local_reward_mean"] = module.rollout_metrics["reward_mean"]
+            checks[-1]["logged_reward_mean"] = float(trainer.callback_metrics["train/reward_mean"])
+            checks[-1]["local_length_max"] = module.rollout_metrics["completion_length_max"]
+            checks[-1]["logged_length_max"] = float(trainer.callback_metrics["train/completion_length_max"])
+
     L.seed_everything(0, workers=True)
     dm = PromptDataModule(tokenizer_path=model_dir, batch_size=4, task_num_train=64, task_num_val=8)
     model = model_dir if policy == "path" else module_from(model_dir)

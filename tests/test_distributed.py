@@ -135,6 +135,11 @@ def _check_e2e(ranks: list[dict], steps: int) -> None:
         assert all(len(c["prompt_ids"]) == 4 and c["n"] == 4 for c in r["calls"])
         assert r["rollout_rows"] == 16
         assert [c["ranks"] for c in r["checks"]] == [2.0] * steps  # the default group spans both ranks
+    for step in range(steps):  # rollout statistics are logged over both ranks, identically
+        local = [r["checks"][step]["local_reward_mean"] for r in ranks]
+        for r in ranks:
+            assert r["checks"][step]["logged_reward_mean"] == pytest.approx(sum(local) / 2, abs=1e-6)
+            assert r["checks"][step]["logged_length_max"] == max(q["checks"][step]["local_length_max"] for q in ranks)
     seeds = [c["seed"] for r in ranks for c in r["calls"]]
     assert len(set(seeds)) == len(seeds)  # distinct per rank and generation
     for g in range(steps):
