@@ -1,0 +1,193 @@
+"""Bad input, part 2 (group sizes, engines, incompatible options, model paths); see
+tests/test_bad_input.py for the rules every case follows."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import pytest
+import torch
+
+from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, PromptDataModule, RolloutCallback, SamplingConfig
+from lightning_grpo.core import ADVANTAGES
+
+from tests.bad_input_helpers import fit_error, hf_callback, tiny_cache  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("tiny_cache")
+
+
+# =========================================================================== 5. groups
+def test_group_of_one_with_std_normalisation_in_core():
+    with pytest.raises(ValueError, match=r"advantage 'grpo' divides by the std of each group's rewards, which needs group_size >= 2 .* got group_size=1"):
+        ADVANTAGES.get("grpo")(torch.tensor([1.0, 0.0]), 1)
+
+
+def test_group_of_one_with_grpo_at_fit_start():
+    fit_error(ValueError, r"RolloutCallback.sampling.n=1 leaves 1 completion per prompt, but model.advantage='grpo' .*normalised by their reward std.*: set RolloutCallback.sampling.n >= 2",
+              callback=hf_callback(sampling=SamplingConfig(n=1, max_new_tokens=3)))  # fmt: skip
+
+
+def test_gfpo_keep_one_at_fit_start():
+    fit_error(ValueError, r"RolloutCallback.gfpo_keep=1 leaves 1 completion per prompt, but model.advantage='dr_grpo' .*every advantage would be 0",
+              module=GRPOModule(advantage="dr_grpo"), callback=hf_callback(gfpo_keep=1))  # fmt: skip
+
+
+def test_gfpo_keep_not_below_n():
+    with pytest.raises(ValueError, match=r"gfpo_keep must be in \[1, sampling.n\) = \[1, 4\), got 4"):
+        hf_callback(gfpo_keep=4)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "qae"])
+def test_batch_not_divisible_by_group_size(name):
+    with pytest.raises(ValueError, match=r"batch size B=5 is not divisible by group_size=2"):
+        ADVANTAGES.get(name)(torch.zeros(5), 2)
+
+
+def test_dynamic_sampling_filter_batch_not_divisible():
+    from lightning_grpo.core import SELECTIONS
+
+    with pytest.raises(ValueError, match=r"batch size B=3 is not divisible by group_size=2"):
+        SELECTIONS.get("dynamic_sampling")(torch.zeros(3), 2)
+
+
+def test_more_steps_per_generation_than_completions():
+    fit_error(ValueError, r"model.steps_per_generation=8 x trainer.accumulate_grad_batches=2 training steps share each generation batch of "
+              r"data.batch_size=1 x RolloutCallback.sampling.n=4 = 4 completions: some steps would get none",
+              module=GRPOModule(steps_per_generation=8), dm=PromptDataModule(batch_size=1), accumulate_grad_batches=2)  # fmt: skip
+
+
+# ============================================================================= 6. engines
+def test_vllm_not_installed_names_the_extra(monkeypatch):
+    from lightning_grpo.rollout.vllm import import_vllm
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ImportError, match=r"engine='vllm' needs vLLM: pip install 'lightning-grpo\[cpu\]' \(CPU\) or 'lightning-grpo\[gpu\]'"):
+        import_vllm()
+
+
+def test_vllm_not_installed_fails_at_fit_setup(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    fit_error(ImportError, r"needs vLLM: pip install 'lightning-grpo\[cpu\]'.*; or set RolloutCallback.engine: hf", callback=hf_callback(engine="vllm"))
+
+
+def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
+    monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)  # the check needs no engine
+    callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm_args={"max_model_len": 12})
+    fit_error(ValueError, r"data.max_prompt_length \(6 tokens\) \+ RolloutCallback.sampling.max_new_tokens \(10\) = 16 tokens exceeds "
+              r"RolloutCallback.vllm_args.max_model_len \(12\)", callback=callback, dm=PromptDataModule(batch_size=4, max_prompt_length=6))  # fmt: skip
+
+
+def test_max_new_tokens_beyond_default_max_model_len(monkeypatch):
+    monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)
+    callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=510))
+    fit_error(ValueError, r"the longest prompt of the data \(data.max_prompt_length is not set\) \(5 tokens\) \+ "
+              r"RolloutCallback.sampling.max_new_tokens \(510\) = 515 tokens exceeds RolloutCallback.vllm_args.max_model_len \(default\) \(512\)",
+              callback=callback)  # fmt: skip
+
+
+def test_max_new_tokens_beyond_hf_policy_positions():
+    fit_error(ValueError, r"\+ RolloutCallback.sampling.max_new_tokens \(600\) = 605 tokens exceeds the policy's max_position_embeddings \(engine 'hf'\) \(512\)",
+              callback=hf_callback(sampling=SamplingConfig(n=4, max_new_tokens=600)))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dtype": "fp32"}, r"VLLMEngine dtype must be one of \['bfloat16', 'float16', 'float32'\], got 'fp32'"),
+        ({"weight_push": "copy"}, r"VLLMEngine weight_push must be one of auto, reload, inplace; got 'copy'"),
+    ],
+    ids=["dtype", "weight_push"],
+)
+def test_vllm_engine_bad_argument(monkeypatch, tiny_model_path, kwargs, message):
+    from lightning_grpo.rollout.vllm import VLLMEngine
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # rejected before vLLM is even imported
+    with pytest.raises(ValueError, match=message):
+        VLLMEngine(str(tiny_model_path), **kwargs)
+
+
+def test_vllm_args_with_hf_engine():
+    fit_error(ValueError, r"RolloutCallback.vllm_args \['max_model_len'\] are for engine 'vllm', but RolloutCallback.engine is 'hf'",
+              callback=hf_callback(vllm_args={"max_model_len": 64}))  # fmt: skip
+
+
+def test_hf_engine_without_eos(tiny_model_path):
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo.rollout.hf import HFEngine
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    with pytest.raises(ValueError, match=r"HFEngine eos_token_id must be the tokenizer's EOS token id \(an int\), got None"):
+        HFEngine(model, eos_token_id=None, pad_token_id=0)
+    assert HFEngine(model, eos_token_id=2, pad_token_id=None).pad_token_id == 2  # no pad token: pad with EOS
+
+
+# ================================================================ 7. incompatible options
+def test_lora_sync_adapter_without_enable_lora(monkeypatch):
+    monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)
+    fit_error(ValueError, r"RolloutCallback.lora_sync='adapter' needs RolloutCallback.vllm_args.enable_lora: true",
+              module=GRPOModule(lora=LoraSettings(r=4)), callback=hf_callback(engine="vllm", lora_sync="adapter"))  # fmt: skip
+
+
+def test_lora_sync_adapter_with_hf_engine():
+    fit_error(ValueError, r"RolloutCallback.lora_sync='adapter' hands the LoRA adapter to vLLM, but RolloutCallback.engine is 'hf'",
+              module=GRPOModule(lora=LoraSettings(r=4)), callback=hf_callback(lora_sync="adapter"))  # fmt: skip
+
+
+def test_lora_sync_adapter_without_lora(monkeypatch):
+    monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)
+    callback = hf_callback(engine="vllm", lora_sync="adapter", vllm_args={"enable_lora": True})
+    fit_error(ValueError, r"RolloutCallback.lora_sync='adapter' needs a LoRA policy, but model.lora is not set", callback=callback)
+
+
+def test_reference_adapter_without_lora():
+    with pytest.raises(ValueError, match=r"reference='adapter' needs lora settings"):
+        GRPOModule(reference="adapter")
+
+
+def test_kl_beta_with_reference_none():
+    fit_error(ValueError, r"model.loss.init_args.beta=0.04 puts a KL to the reference model in the loss, but model.reference='none'",
+              module=GRPOModule(loss=GRPOLoss(beta=0.04), reference="none"))  # fmt: skip
+
+
+def test_kl_in_reward_with_reference_none():
+    fit_error(ValueError, r"model.kl_in_reward_coef=0.1 subtracts a KL to the reference model from the rewards, but model.reference='none'",
+              module=GRPOModule(kl_in_reward_coef=0.1, reference="none"))  # fmt: skip
+
+
+def test_temperature_zero_for_training():
+    with pytest.raises(ValueError, match=r"RolloutCallback sampling.temperature must be > 0 for training \(0 is greedy decoding\)"):
+        hf_callback(sampling=SamplingConfig(temperature=0.0))
+
+
+def test_forward_rows_zero():
+    fit_error(ValueError, r"RolloutCallback.forward_rows must be an integer >= 1, got 0", callback=hf_callback(forward_rows=0))
+
+
+@pytest.mark.parametrize(
+    ("lr", "message"),
+    [
+        (-1e-3, r"model.optimizer: AdamW rejected its arguments: Invalid learning rate: -0.001"),
+        (0.0, r"model.optimizer: the learning rate must be > 0 \(0 never changes the policy\), got 0.0"),
+    ],
+    ids=["negative", "zero"],
+)
+def test_learning_rate_not_positive(lr, message):
+    fit_error(ValueError, message, module=GRPOModule(optimizer=functools.partial(torch.optim.AdamW, lr=lr)))
+
+
+def test_num_iterations_zero():
+    with pytest.raises(ValueError, match=r"num_iterations and steps_per_generation must be >= 1, got 0, 1"):
+        GRPOModule(num_iterations=0)
+
+
+# ================================================================================ 8. model
+def test_model_directory_without_config(tmp_path):
+    fit_error(FileNotFoundError, rf"model.model: {tmp_path} has no config.json \(expected a Hugging Face model directory",
+              module=GRPOModule(model=str(tmp_path)))  # fmt: skip
+
+
+def test_model_path_missing(tmp_path):
+    fit_error(FileNotFoundError, rf"model.model: {tmp_path}/nowhere is not a directory", module=GRPOModule(model=str(tmp_path / "nowhere")))
