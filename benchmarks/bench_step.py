@@ -2,10 +2,11 @@
 log-probs, train, weight sync) for the quickstart setting, with the vLLM and the HF engine, at
 the quickstart size (88K parameters) and at about 70M parameters.
 
-    python benchmarks/bench_step.py --write      # all six rows, results into docs/benchmarks.md
+    python benchmarks/bench_step.py --write      # all seven rows, results into docs/benchmarks.md
 
-Engine ``vllm`` pushes with ``weight_push="auto"`` (the in-place CPU path), ``vllm-reload`` with
-vLLM's ``reload_weights``.
+Engine ``vllm`` runs VLLMEngine's defaults (``weight_push="auto"``, ``cpu_gemm="auto"``: in place,
+plain kernels at the tiny size, packed at 70M); ``vllm-inplace-packed`` keeps vLLM's oneDNN kernels
+and repacks them at each push; ``vllm-reload`` pushes with vLLM's ``reload_weights``.
 
 Each row runs in a fresh subprocess. The phases come from the RolloutCallback's timers
 (``time/*``); "train" is the forward + backward + optimizer time of the step's training batches.
@@ -56,8 +57,8 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int)
             rows.append({**{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")},
                          "tail": time.perf_counter() - self.start})  # fmt: skip
 
-    engine, _, push = engine.partition("-")  # "vllm-reload": vLLM with weight_push="reload"
-    vllm_args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20, "weight_push": push or "auto"}
+    engine, push, gemm = (engine.split("-") + ["auto", "auto"])[:3]  # "vllm-inplace-packed", "vllm-reload"
+    vllm_args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20, "weight_push": push, "cpu_gemm": gemm}
     callback = RolloutCallback(
         engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],
         vllm_args=vllm_args if engine == "vllm" else None, seed=0,
@@ -135,8 +136,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--max-new-tokens", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=8)
-    rows = ["vllm:tiny", "vllm-reload:tiny", "hf:tiny", "vllm:70m", "vllm-reload:70m", "hf:70m"]
-    parser.add_argument("--rows", nargs="+", default=rows, help="ENGINE:SIZE; vllm-reload = weight_push='reload'")
+    rows = ["vllm:tiny", "vllm-inplace-packed:tiny", "vllm-reload:tiny", "hf:tiny", "vllm:70m", "vllm-reload:70m", "hf:70m"]
+    parser.add_argument("--rows", nargs="+", default=rows, help="ENGINE[-PUSH[-GEMM]]:SIZE, e.g. vllm-reload:tiny")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     if args.child:

@@ -37,6 +37,8 @@ MISSING_VLLM = (
     "engine='vllm' needs vLLM: pip install 'lightning-grpo[cpu]' (CPU) or 'lightning-grpo[gpu]' (CUDA)"
 )
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: ``cpu_gemm="auto"`` uses plain kernels up to this hidden size (measured, docs/benchmarks.md).
+PLAIN_GEMM_MAX_HIDDEN = 128
 
 
 def import_vllm() -> Any:
@@ -78,6 +80,7 @@ class VLLMEngine(RolloutEngine):
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
         weight_push: Literal["auto", "reload", "inplace"] = "auto",
+        cpu_gemm: Literal["auto", "packed", "plain"] = "auto",
         extra_llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """
@@ -100,12 +103,19 @@ class VLLMEngine(RolloutEngine):
                 loaded model and repack its CPU GEMM weights (:mod:`~lightning_grpo.rollout.vllm_push`;
                 CPU, one process, dense unquantised models; about 3x faster at the quickstart size).
                 ``auto``: ``inplace`` where it applies, else ``reload``.
+            cpu_gemm: the linear kernels of the ``inplace`` path. ``packed``: vLLM's oneDNN kernels,
+                repacked at every push. ``plain``: ``torch.nn.functional.linear`` on plain weights
+                from the first push on, so a push is a copy. ``auto``: ``plain`` for hidden size
+                <= 128, where it generates as fast and pushes 5x faster; ``packed`` above (measured:
+                from hidden 256 on, plain generation is 1.5-2x slower; docs/benchmarks.md).
             extra_llm_kwargs: more keyword arguments for ``vllm.LLM`` (override the ones above).
         """
         if dtype not in _DTYPES:
             raise ValueError(f"VLLMEngine dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         if weight_push not in ("auto", "reload", "inplace"):
             raise ValueError(f"VLLMEngine weight_push must be one of auto, reload, inplace; got {weight_push!r}")
+        if cpu_gemm not in ("auto", "packed", "plain"):
+            raise ValueError(f"VLLMEngine cpu_gemm must be one of auto, packed, plain; got {cpu_gemm!r}")
         if not os.path.isfile(os.path.join(str(model_path), "config.json")):
             raise FileNotFoundError(
                 f"VLLMEngine model_path {model_path!s} has no config.json (expected an HF checkpoint directory)"
@@ -114,7 +124,9 @@ class VLLMEngine(RolloutEngine):
         self.dtype = _DTYPES[dtype]
         self.max_model_len = max_model_len
         self.weight_push = weight_push
+        self.cpu_gemm = cpu_gemm
         self._inplace_push: Any = None  # the CpuInplacePush plan, built at the first push
+        self._plain_kernels = False  # a plain_gemm push switched layers to F.linear
         self._lora_request = None
         self._lora_version = 0
         kwargs: dict[str, Any] = {
@@ -182,7 +194,13 @@ class VLLMEngine(RolloutEngine):
         push = self._push_plan()
         if push is not None:
             push(dict(cast))
+            self._plain_kernels = self._plain_kernels or push.plain_gemm
         else:
+            if self._plain_kernels:  # reload_weights expects vLLM's packed layout
+                from lightning_grpo.rollout.vllm_push import repack_plain_layers
+
+                self.llm.apply_model(repack_plain_layers)
+                self._plain_kernels = False
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
 
@@ -193,8 +211,12 @@ class VLLMEngine(RolloutEngine):
         if self._inplace_push is None:
             from lightning_grpo.rollout.vllm_push import plan_cpu_push
 
-            tp = self.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size
-            plan = self.llm.apply_model(lambda model: plan_cpu_push(model, tp))[0]
+            config = self.llm.llm_engine.vllm_config
+            tp = config.parallel_config.tensor_parallel_size
+            hidden = getattr(config.model_config.hf_config, "hidden_size", None)
+            small = hidden is not None and hidden <= PLAIN_GEMM_MAX_HIDDEN
+            plain = self.cpu_gemm == "plain" or (self.cpu_gemm == "auto" and small)
+            plan = self.llm.apply_model(lambda model: plan_cpu_push(model, tp, plain))[0]
             if plan is None and self.weight_push == "inplace":
                 raise ValueError(
                     "VLLMEngine weight_push='inplace' covers CPU engines of dense unquantised models in one "

@@ -46,12 +46,22 @@ class _Plain:
 
 
 class CpuInplacePush:
-    """Copies HF-named tensors into a loaded vLLM model and repacks its CPU GEMM weights."""
+    """Copies HF-named tensors into a loaded vLLM model and refreshes its CPU GEMM weights.
 
-    def __init__(self, linears: list[_Linear], embeddings: list[_Embedding], plain: list[_Plain]) -> None:
+    ``plain_gemm=False`` keeps vLLM's oneDNN-packed kernels and repacks every linear layer at each
+    push. ``plain_gemm=True`` switches the layers to ``torch.nn.functional.linear`` on their plain
+    weights at the first push; later pushes are then in-place copies. Plain kernels generate
+    faster for very small layers (hidden 64: the quickstart) and slower from hidden 256 on
+    (docs/benchmarks.md).
+    """
+
+    def __init__(
+        self, linears: list[_Linear], embeddings: list[_Embedding], plain: list[_Plain], plain_gemm: bool = False
+    ) -> None:
         self.linears = linears
         self.embeddings = embeddings
         self.plain = plain
+        self.plain_gemm = plain_gemm
         self.required = sorted(
             {f"{s}.weight" for lin in linears for s in lin.sources}
             | {f"{s}.bias" for lin in linears if lin.has_bias for s in lin.sources}
@@ -65,23 +75,52 @@ class CpuInplacePush:
         missing = [name for name in self.required if name not in weights]
         if missing:
             raise KeyError(f"weight push is missing {len(missing)} tensor(s) the vLLM model needs: {missing[:8]}")
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
         for lin in self.linears:
-            stacked = torch.cat([weights[f"{s}.weight"] for s in lin.sources])  # [sum(N_i), K]
-            lin.module.weight = nn.Parameter(stacked, requires_grad=False)
-            if lin.has_bias:
-                lin.module.bias.data.copy_(torch.cat([weights[f"{s}.bias"] for s in lin.sources]))
-            dispatch_cpu_unquantized_gemm(lin.module, remove_weight=True)
+            self._load_linear(lin, weights)
         for emb in self.embeddings:
             source = weights[f"{emb.source}.weight"]  # [V, H]; the engine's is [V_padded, H]
             emb.module.weight.data[: source.shape[0]].copy_(source)
-            dispatch_cpu_unquantized_gemm(emb.module, remove_weight=False)
+            self._refresh_gemm(emb.module, remove_weight=False)
         for plain in self.plain:
             plain.param.data.copy_(weights[plain.source])
 
+    def _load_linear(self, lin: _Linear, weights: Mapping[str, torch.Tensor]) -> None:
+        parts = [weights[f"{s}.weight"] for s in lin.sources]
+        stacked = (sum(p.shape[0] for p in parts), parts[0].shape[1])  # [sum(N_i), K]
+        if self.plain_gemm and tuple(lin.module.weight.shape) == stacked:  # plain kernels since an earlier push
+            torch.cat(parts, out=lin.module.weight.data)
+        else:
+            lin.module.weight = nn.Parameter(torch.cat(parts), requires_grad=False)  # [sum(N_i), K]
+        if lin.has_bias:
+            lin.module.bias.data.copy_(torch.cat([weights[f"{s}.bias"] for s in lin.sources]))
+        self._refresh_gemm(lin.module, remove_weight=True)
 
-def plan_cpu_push(model: nn.Module, tensor_parallel_size: int = 1) -> CpuInplacePush | None:
+    def _refresh_gemm(self, module: nn.Module, remove_weight: bool) -> None:
+        if self.plain_gemm:
+            module.cpu_linear = torch.nn.functional.linear  # vLLM calls cpu_linear(x, module.weight, bias)
+            return
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        dispatch_cpu_unquantized_gemm(module, remove_weight=remove_weight)
+
+
+def repack_plain_layers(model: nn.Module) -> None:
+    """Put vLLM's packed kernels back on layers a ``plain_gemm`` push switched to plain ones (vLLM's
+    ``reload_weights`` expects the packed layout: emptied linear weights)."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in model.modules():
+        if getattr(module, "cpu_linear", None) is not torch.nn.functional.linear:
+            continue
+        if isinstance(module, LinearBase) and module.weight.numel() > 0:
+            dispatch_cpu_unquantized_gemm(module, remove_weight=True)
+        elif isinstance(module, VocabParallelEmbedding):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+def plan_cpu_push(model: nn.Module, tensor_parallel_size: int = 1, plain_gemm: bool = False) -> CpuInplacePush | None:
     """Map every parameter of vLLM ``model`` to the HF tensors it is loaded from, or None if any is not covered."""
     from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
@@ -116,7 +155,7 @@ def plan_cpu_push(model: nn.Module, tensor_parallel_size: int = 1) -> CpuInplace
                     covered.add(id(param))
     if any(id(p) not in covered for p in model.parameters()):
         return None
-    return CpuInplacePush(linears, embeddings, plain)
+    return CpuInplacePush(linears, embeddings, plain, plain_gemm)
 
 
 def _unquantized_embedding_method() -> Any:

@@ -68,12 +68,14 @@ def _refresh_gaps(engine, model, optimizer) -> tuple[float, float, float]:
     return synced_before, synced_after, stale
 
 
-@pytest.fixture(params=["inplace", "reload"])
+@pytest.fixture(params=["inplace-plain", "inplace-packed", "reload"])
 def push_mode(request, vllm_engine):
     """Run a test with each weight-push path of the shared engine (restored afterwards)."""
-    previous, vllm_engine.weight_push = vllm_engine.weight_push, request.param
+    previous = vllm_engine.weight_push, vllm_engine.cpu_gemm
+    vllm_engine.weight_push, _, gemm = request.param.partition("-")
+    vllm_engine.cpu_gemm, vllm_engine._inplace_push = gemm or "auto", None  # the plan is rebuilt
     yield request.param
-    vllm_engine.weight_push = previous
+    (vllm_engine.weight_push, vllm_engine.cpu_gemm), vllm_engine._inplace_push = previous, None
 
 
 def test_weight_refresh_follows_optimizer_steps(vllm_engine, tiny_model_path, push_mode):
@@ -123,14 +125,16 @@ def test_inplace_push_covers_the_model_and_matches_reload(vllm_engine, tiny_mode
         for param in model.parameters():
             param.add_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
     logprobs = {}
-    for mode in ("reload", "inplace"):
-        vllm_engine.weight_push = mode
+    for mode, gemm in (("reload", "auto"), ("inplace", "packed"), ("inplace", "plain")):
+        vllm_engine.weight_push, vllm_engine.cpu_gemm, vllm_engine._inplace_push = mode, gemm, None
         vllm_engine.load_weights(policy_weights_for_engine(model))
-        logprobs[mode] = vllm_engine.generate(LONG_PROMPTS, SAMPLING, seed=3).logprobs
-    vllm_engine.weight_push = "auto"
-    assert isinstance(vllm_engine._push_plan(), CpuInplacePush)  # auto picks the fast path on CPU
-    gap = max(abs(a - b) for r, i in zip(logprobs["reload"], logprobs["inplace"]) for a, b in zip(r, i))
-    assert gap <= 1e-6
+        logprobs[gemm if mode == "inplace" else mode] = vllm_engine.generate(LONG_PROMPTS, SAMPLING, seed=3).logprobs
+    vllm_engine.weight_push, vllm_engine.cpu_gemm, vllm_engine._inplace_push = "auto", "auto", None
+    plan = vllm_engine._push_plan()
+    assert isinstance(plan, CpuInplacePush) and plan.plain_gemm  # auto on CPU: in place, plain kernels at hidden 64
+    for gemm, tol in (("packed", 1e-6), ("plain", 1e-5)):  # same kernels as reload; F.linear rounds differently
+        gap = max(abs(a - b) for r, i in zip(logprobs["reload"], logprobs[gemm]) for a, b in zip(r, i))
+        assert gap <= tol, (gemm, gap)
     with pytest.raises(KeyError, match=r"missing 1 tensor\(s\).*model.norm.weight"):
         vllm_engine.load_weights((n, t) for n, t in policy_weights_for_engine(model) if n != "model.norm.weight")
 
