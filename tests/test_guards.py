@@ -319,3 +319,50 @@ def test_zero_std_alarm_stays_quiet_once_the_task_is_learned(tiny_model_path):
     guard = ZeroStdGuard(threshold=0.5, max_reward=0.9, window=1)
     _fit(module, [guard], steps=2, rewards=[RewardSpec(full_reward)])
     assert guard.alarms == []
+
+
+def test_entropy_explosion_alarm_fires_when_entropy_rises(tiny_model_path):
+    """Collapse the policy first (lr 1e-2), then push its entropy up hard (entropy bonus 1.0): the
+    rise over the window and the ceiling both trip the explosion alarm."""
+    from lightning_grpo import GRPOLoss
+
+    policy = _policy(tiny_model_path)
+    sampling = SamplingConfig(n=8, temperature=1.0, max_new_tokens=2)
+
+    def rollout():
+        return RolloutCallback(engine="hf", sampling=sampling, rewards=[RewardSpec("prefix_match")], seed=0)
+
+    collapse = GRPOModule(model=policy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.0))
+    _fit(collapse, [rollout()], steps=50, batch_size=8)
+    rise, ceiling = EntropyGuard(rise_factor=5.0, window=20), EntropyGuard(ceiling=2.0)
+    explode = GRPOModule(model=policy, loss=GRPOLoss(entropy_coef=1.0),
+                         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.0))  # fmt: skip
+    _fit(explode, [rollout(), rise, ceiling], steps=40, batch_size=8)
+    assert rise.alarms and ceiling.alarms, "entropy explosion not detected"
+    first = rise.alarms[0]["message"]
+    assert first.startswith("entropy explosion: rose ") and "x in 20 steps" in first
+    assert "add a KL term (loss.init_args.beta)" in first
+    assert ceiling.alarms[0]["message"].startswith("entropy explosion: ") and "above ceiling 2" in ceiling.alarms[0]["message"]
+
+
+def test_guards_of_one_type_have_distinct_state_keys():
+    assert EntropyGuard(floor=0.1).state_key != EntropyGuard(ceiling=3.0).state_key
+    guard = NonFiniteGuard()
+    key = guard.state_key
+    guard.consecutive, guard.total = 2, 5  # state, not settings: the key stays
+    assert guard.state_key == key == "NonFiniteGuard{'action': 'skip', 'max_consecutive': 3}"
+
+
+def test_guard_state_and_skipped_steps_survive_a_checkpoint(tiny_model_path, tmp_path):
+    module = GRPOModule(model=_policy(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    trainer = _fit(module, [NaNGradients({1}), NonFiniteGuard(), EntropyGuard(floor=0.01)], steps=2)
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    resumed = GRPOModule(model=_policy(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    guard = NonFiniteGuard()
+    L.seed_everything(0)
+    trainer = L.Trainer(max_steps=3, callbacks=[RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=3),
+                        rewards=[RewardSpec("prefix_match")], seed=3), guard, EntropyGuard(floor=0.01)], accelerator="cpu",
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0)  # fmt: skip
+    trainer.fit(resumed, datamodule=PromptDataModule(batch_size=4), ckpt_path=tmp_path / "run.ckpt")
+    assert trainer.global_step == 3 and guard.total == 1 and resumed.skipped_steps == 1

@@ -54,6 +54,8 @@ class Guard(Callback):
     """Base class: :meth:`fire` records an alarm and carries out the configured action."""
 
     name: ClassVar[str] = "guard"
+    #: The constructor settings that tell two guards of one type apart (their ``state_key``).
+    SETTINGS: ClassVar[tuple[str, ...]] = ()
     #: A "warn" guard that stops and starts firing again stays silent (alarms are still recorded)
     #: for this many steps after its last warning.
     REWARN_AFTER: ClassVar[int] = 100
@@ -95,9 +97,11 @@ class Guard(Callback):
         module.log(f"alarm/{self.name}", 0.0, on_step=True, on_epoch=False, batch_size=1)
         self._firing = False
 
+    @property
     @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"alarms": len(self.alarms)}
+    def state_key(self) -> str:
+        """Unique per configuration, so several guards of one type can share a Trainer (and a checkpoint)."""
+        return self._generate_state_key(action=self.action, **{name: getattr(self, name) for name in self.SETTINGS})
 
 
 def _append_alarm(trainer: L.Trainer, record: dict[str, Any]) -> None:
@@ -123,6 +127,7 @@ class NonFiniteGuard(Guard):
     """
 
     name = "non_finite"
+    SETTINGS = ("max_consecutive",)
 
     def __init__(self, action: Action = "skip", max_consecutive: int = 3) -> None:
         super().__init__(action)
@@ -209,6 +214,7 @@ class EntropyGuard(Guard):
     """
 
     name = "entropy"
+    SETTINGS = ("floor", "ceiling", "collapse_factor", "rise_factor", "window", "max_reward")
     COLLAPSE_KNOBS = ("raise the upper clip (loss.init_args.policy_loss_args.eps_high, DAPO Clip-Higher: 0.28), use "
                       "policy_loss clip_cov or kl_cov, advantage qae, or loss.init_args.entropy_coef > 0; lower the lr")  # fmt: skip
     EXPLOSION_KNOBS = ("lower the lr, tighten eps_high, add a KL term (loss.init_args.beta), use clip_cov / kl_cov, "

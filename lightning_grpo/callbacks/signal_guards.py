@@ -41,6 +41,7 @@ class IdenticalSamplesGuard(Guard):
     :func:`improbable_identical_groups`); the likely cause is seeding."""
 
     name = "identical_samples"
+    SETTINGS = ("threshold", "max_chance")
 
     def __init__(self, threshold: float = 0.25, max_chance: float = 1e-4, action: Action = "warn") -> None:
         super().__init__(action)
@@ -72,6 +73,7 @@ class ZeroStdGuard(Guard):
     over the same window has reached it (the groups are all-right: the task is learned)."""
 
     name = "zero_reward_std"
+    SETTINGS = ("threshold", "max_reward", "window")
 
     def __init__(
         self, threshold: float = 0.75, max_reward: float | None = None, window: int = 20, action: Action = "warn"
@@ -81,7 +83,7 @@ class ZeroStdGuard(Guard):
             raise ValueError(f"ZeroStdGuard.threshold must be in (0, 1], got {threshold}")
         if window < 1:
             raise ValueError(f"ZeroStdGuard.window must be >= 1, got {window}")
-        self.threshold, self.max_reward = threshold, max_reward
+        self.threshold, self.max_reward, self.window = threshold, max_reward, window
         self.fractions: deque[float] = deque(maxlen=window)
         self.rewards: deque[float] = deque(maxlen=window)
 
@@ -120,6 +122,7 @@ class MismatchGuard(Guard):
     """
 
     name = "mismatch"
+    SETTINGS = ("max_k3", "max_abs")
 
     def __init__(self, max_k3: float | None = 1e-2, max_abs: float | None = None, action: Action = "warn") -> None:
         super().__init__(action)
