@@ -113,10 +113,6 @@ def _append_alarm(trainer: L.Trainer, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def _finite(value: float) -> bool:
-    return math.isfinite(value)
-
-
 class NonFiniteGuard(Guard):
     """NaN / inf in the loss or the gradient norm: drop the step (default), stop after
     ``max_consecutive`` such steps in a row.
@@ -141,7 +137,8 @@ class NonFiniteGuard(Guard):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         norm = float(pl_module.grad_norm())
         loss = pl_module.step_metrics.compute().get("loss", 0.0)
-        bad = [f"{what} is {value}" for what, value in (("loss", loss), ("gradient norm", norm)) if not _finite(value)]
+        checked = (("loss", loss), ("gradient norm", norm))
+        bad = [f"{what} is {value}" for what, value in checked if not math.isfinite(value)]
         if not bad:
             self.consecutive = 0
             self.clear(pl_module)
@@ -246,11 +243,11 @@ class EntropyGuard(Guard):
     @override
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         entropy = pl_module.step_metrics.compute().get("entropy")
-        if entropy is None or not _finite(entropy):
+        if entropy is None or not math.isfinite(entropy):
             return
         self.history.append(entropy)
         reward = pl_module.rollout_metrics.get("reward_mean")
-        if reward is not None and _finite(reward):
+        if reward is not None and math.isfinite(reward):
             self.rewards.append(reward)
         message = self._collapse(entropy) or self._explosion(entropy)
         if message is None:

@@ -159,16 +159,6 @@ class RolloutCallback(Callback):
         check_fit_config(trainer, pl_module, self)
 
     @override
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        embeddings = pl_module.policy.get_input_embeddings() if hasattr(pl_module.policy, "get_input_embeddings") else None
-        vocab = len(trainer.datamodule.tokenizer)
-        if embeddings is not None and embeddings.num_embeddings < vocab:
-            raise ValueError(
-                f"the tokenizer ({trainer.datamodule.tokenizer_path}) has {vocab} tokens but the policy's embedding "
-                f"has {embeddings.num_embeddings} rows: set data.tokenizer_path to the policy's tokenizer"
-            )
-
-    @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Log the held-out metrics of the untrained policy at step 0 (the curve's starting point)."""
         records = trainer.datamodule.val_records
@@ -235,9 +225,7 @@ class RolloutCallback(Callback):
             batch, result.rewards.to(module.device), result.weights.to(module.device), self.forward_rows
         )
         times["time/prepare"] = time.perf_counter() - start
-        timeouts = {f"reward/{name}/timeouts": float(count) for name, count in self.reward_set.timeout_counts.items()
-                    if self.reward_set.specs[self.reward_set.names.index(name)].timeout_s is not None}  # fmt: skip
-        module.rollout_metrics = {**result.metrics, **timeouts, **times}
+        module.rollout_metrics = {**result.metrics, **self.reward_set.timeout_totals(), **times}
         self.generations += 1
         for callback in trainer.callbacks:  # guards inspect the fresh batch before it trains
             hook = getattr(callback, "on_rollout_end", None)

@@ -5,6 +5,7 @@ See :mod:`lightning_grpo.callbacks.guards` for the actions and the alarm records
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -14,7 +15,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ..batch import RolloutBatch
-from .guards import Action, Guard, _finite
+from .guards import Action, Guard
 
 
 def improbable_identical_groups(batch: RolloutBatch, max_chance: float) -> Tensor:
@@ -136,7 +137,7 @@ class MismatchGuard(Guard):
         found = []
         for key, limit in (("mismatch_k3", self.max_k3), ("mismatch_max_abs", self.max_abs)):
             value = metrics.get(key)
-            if limit is not None and value is not None and _finite(value) and value > limit:
+            if limit is not None and value is not None and math.isfinite(value) and value > limit:
                 found.append(f"{key} {value:.3g} > {limit:g}")
         if not found:
             self.clear(pl_module)

@@ -160,6 +160,14 @@ class RewardSet:
         self.timeout_counts: dict[str, int] = {n: 0 for n in self.names}
         self.weights = torch.tensor([float(s.weight) for s in self.specs], dtype=torch.float32)  # [R]
 
+    def timeout_totals(self, prefix: str = "reward/") -> dict[str, float]:
+        """``{prefix}{name}/timeouts``: calls timed out so far, for each function with a ``timeout_s``."""
+        return {
+            f"{prefix}{spec.label}/timeouts": float(self.timeout_counts[spec.label])
+            for spec in self.specs
+            if spec.timeout_s is not None
+        }
+
     def _check_inputs(self, completions: Sequence[str], columns: Mapping[str, Any]) -> None:
         batch = len(completions)
         for key, value in columns.items():

@@ -40,7 +40,7 @@ class _Embedding:
 
 
 @dataclass
-class _Plain:
+class _Param:
     param: torch.Tensor
     source: str  # HF parameter name
 
@@ -56,17 +56,17 @@ class CpuInplacePush:
     """
 
     def __init__(
-        self, linears: list[_Linear], embeddings: list[_Embedding], plain: list[_Plain], plain_gemm: bool = False
+        self, linears: list[_Linear], embeddings: list[_Embedding], params: list[_Param], plain_gemm: bool = False
     ) -> None:
         self.linears = linears
         self.embeddings = embeddings
-        self.plain = plain
+        self.params = params
         self.plain_gemm = plain_gemm
         self.required = sorted(
             {f"{s}.weight" for lin in linears for s in lin.sources}
             | {f"{s}.bias" for lin in linears if lin.has_bias for s in lin.sources}
             | {f"{e.source}.weight" for e in embeddings}
-            | {p.source for p in plain}
+            | {p.source for p in params}
         )
 
     @torch.no_grad()
@@ -81,8 +81,8 @@ class CpuInplacePush:
             source = weights[f"{emb.source}.weight"]  # [V, H]; the engine's is [V_padded, H]
             emb.module.weight.data[: source.shape[0]].copy_(source)
             self._refresh_gemm(emb.module, remove_weight=False)
-        for plain in self.plain:
-            plain.param.data.copy_(weights[plain.source])
+        for other in self.params:  # norms, unfused biases, ...
+            other.param.data.copy_(weights[other.source])
 
     def _load_linear(self, lin: _Linear, weights: Mapping[str, torch.Tensor]) -> None:
         parts = [weights[f"{s}.weight"] for s in lin.sources]
@@ -129,7 +129,7 @@ def plan_cpu_push(model: nn.Module, tensor_parallel_size: int = 1, plain_gemm: b
     if not current_platform.is_cpu() or tensor_parallel_size != 1:
         return None
     packed: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", {}) or {})
-    linears, embeddings, plain = [], [], []
+    linears, embeddings, params = [], [], []
     covered: set[int] = set()
     for name, module in model.named_modules():
         hf_name = name.removesuffix(".base_layer")  # vLLM's LoRA wrappers hold the layer as base_layer
@@ -151,11 +151,11 @@ def plan_cpu_push(model: nn.Module, tensor_parallel_size: int = 1, plain_gemm: b
         else:
             for param_name, param in module.named_parameters(recurse=False):
                 if id(param) not in covered:
-                    plain.append(_Plain(param, f"{hf_name}.{param_name}"))
+                    params.append(_Param(param, f"{hf_name}.{param_name}"))
                     covered.add(id(param))
     if any(id(p) not in covered for p in model.parameters()):
         return None
-    return CpuInplacePush(linears, embeddings, plain, plain_gemm)
+    return CpuInplacePush(linears, embeddings, params, plain_gemm)
 
 
 def _unquantized_embedding_method() -> Any:
