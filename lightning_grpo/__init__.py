@@ -25,6 +25,7 @@ _LAZY = {
     "IdenticalSamplesGuard": "lightning_grpo.callbacks.signal_guards",
     "MismatchGuard": "lightning_grpo.callbacks.signal_guards",
     "ZeroStdGuard": "lightning_grpo.callbacks.signal_guards",
+    "EntropyController": "lightning_grpo.callbacks.entropy_control",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -110,6 +110,11 @@ def test_a_skip_asked_by_one_rank_is_taken_by_all(ddp_update, tiny_model_path):
         assert all(torch.equal(state[n], before[n]) for n in before), f"rank {rank} updated its weights"
 
 
+def test_the_entropy_controller_takes_rank_zeros_decision_on_every_rank(ddp_update):
+    for rank, result in enumerate(ddp_update):
+        assert result["metrics"][("entropy_control", 1)] == {"entropy_coef": 0.005, "moves": 1}, rank
+
+
 def test_per_rank_counts_would_give_a_different_update(ddp_update, tiny_model_path):
     """Control: the comparison above detects a module that normalises by its own rank's tokens."""
     from tests.distributed_worker import single_process_update

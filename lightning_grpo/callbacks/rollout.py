@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 import lightning as L
@@ -241,15 +242,33 @@ class RolloutCallback(Callback):
         seed = derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step)
         return evaluate_prompts(engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, self.val_samples, seed)
 
+    # ------------------------------------------------------- settings guards may change
+    @property
+    def dynamic_sampling(self) -> bool:
+        return self.selector.dynamic_sampling
+
+    def set_dynamic_sampling(self, on: bool) -> None:
+        """Switch dynamic sampling on / off from the next generation (ZeroStdGuard ``fix``)."""
+        self.selector.dynamic_sampling = bool(on)
+
+    def set_temperature(self, temperature: float) -> None:
+        """Sample (and compute log-probs) at ``temperature`` from the next generation on."""
+        if not temperature > 0:
+            raise ValueError(f"RolloutCallback temperature must be > 0 for training, got {temperature}")
+        self.sampling = replace(self.sampling, temperature=float(temperature))
+
     # ------------------------------------------------------------------------- state
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "generations": self.generations}
+        return {"seed": self.seed, "generations": self.generations, "dynamic_sampling": self.dynamic_sampling,
+                "temperature": self.sampling.temperature}  # fmt: skip
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.seed = state_dict["seed"]
         self.generations = state_dict["generations"]
+        self.set_dynamic_sampling(state_dict.get("dynamic_sampling", self.dynamic_sampling))  # a guard may have changed them
+        self.set_temperature(state_dict.get("temperature", self.sampling.temperature))
         self._engine_version = -1  # a resumed run always pushes before its first generation
 
 

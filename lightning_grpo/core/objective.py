@@ -18,6 +18,8 @@ name fails before any work; nothing here branches on a name.
 
 from __future__ import annotations
 
+import inspect
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -94,6 +96,36 @@ class GRPOLoss:
         self._top_entropy_mask = TOKEN_MASKS.get("top_entropy")
         self._entropy_bonus = TOKEN_TERMS.get("entropy_bonus")
         self._llds = TOKEN_TERMS.get("llds")
+
+    # ------------------------------------------------------------------ knobs (controllers)
+    def knobs(self) -> tuple[str, ...]:
+        """Names a controller may move during training: ``entropy_coef`` and the numeric keyword
+        arguments of the configured policy loss (``eps_high``, ``clip_ratio``, ``kl_cov_ratio``, ...)."""
+        params = inspect.signature(self.policy_loss_fn).parameters.values()
+        numeric = [p.name for p in params if p.kind is p.KEYWORD_ONLY and isinstance(p.default, float)]
+        return ("entropy_coef", *numeric)
+
+    def knob(self, name: str) -> float:
+        """Current value of a knob (a policy-loss argument not given explicitly: its default)."""
+        if name == "entropy_coef":
+            return self.entropy_coef
+        self._check_knob(name)
+        default = inspect.signature(self.policy_loss_fn).parameters[name].default
+        return float(self.policy_loss_args.get(name, default))
+
+    def set_knob(self, name: str, value: float) -> None:
+        """Set a knob for the following loss calls (EntropyController); ``value`` finite and >= 0."""
+        self._check_knob(name)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"GRPOLoss knob {name} must be finite and >= 0, got {value}")
+        if name == "entropy_coef":
+            self.entropy_coef = float(value)
+        else:
+            self.policy_loss_args[name] = float(value)
+
+    def _check_knob(self, name: str) -> None:
+        if name not in self.knobs():
+            raise ValueError(f"GRPOLoss has no knob {name!r} with this policy loss; available: {', '.join(self.knobs())}")
 
     @property
     def needs_entropy(self) -> bool:
