@@ -292,6 +292,7 @@ class GRPOModule(L.LightningModule):
                 entropy=out.entropy,
                 num_tokens=num_tokens,
                 num_sequences=num_sequences,
+                **({"turn_ids": micro.turn_ids} if micro.turn_ids is not None else {}),
             )
         except NonFiniteError as err:  # rows are micro-batch rows: name the step and micro-batch too
             raise NonFiniteError(f"step {self.trainer.global_step}, micro-batch {int(batch['micro'])}: {err}") from err
