@@ -22,7 +22,8 @@ class ChatRenderer:
 
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
-        tools: functions or JSON schemas passed to ``apply_chat_template(..., tools=...)``.
+        tools: functions (their schemas: :func:`~lightning_grpo.agents.tools.tool_schema`) or JSON
+            schemas, passed to ``apply_chat_template(..., tools=...)``.
     """
 
     def __init__(self, tokenizer: Any, tools: list[Callable | dict] | None = None) -> None:
@@ -31,8 +32,11 @@ class ChatRenderer:
                 "multi-turn chat episodes need a tokenizer with a chat template "
                 f"({type(tokenizer).__name__} has none); return None from Environment.reset to use plain-text prompts"
             )
+        from .tools import tool_schema
+
         self.tokenizer = tokenizer
-        self.tools = list(tools) if tools else None
+        # schemas built here, so a tool without type hints / docstring fails before any episode
+        self.tools = [t if isinstance(t, dict) else tool_schema(t) for t in tools] if tools else None
         self.end_of_turn = self._assistant_suffix()
 
     def render(self, messages: Messages, add_generation_prompt: bool) -> str:

@@ -178,3 +178,15 @@ def tiny_model_dir(config: TinyModelConfig | None = None, cache_dir: str | os.Pa
 
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+#: ``model.model`` / ``data.tokenizer_path`` values naming a built-in tiny model: ``"tiny:chars"``, ``"tiny:tools"``.
+BUILTIN_PREFIX = "tiny:"
+
+
+def builtin_model_path(source: str | None) -> str | None:
+    """The directory of a built-in tiny model named ``"tiny:<tokenizer variant>"`` (built on first use);
+    any other value unchanged."""
+    if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
+        return str(tiny_model_dir(TinyModelConfig(tokenizer=source[len(BUILTIN_PREFIX) :])))
+    return source
