@@ -2,6 +2,8 @@
 
 from .environment import ENVIRONMENTS, Environment, Step, Turn, resolve_environment
 from .tools import ToolEnvironment, parse_tool_calls, tool_schema
+from . import calculator as _calculator  # noqa: E402,F401  (registers "calculator")
+from . import secret_digit as _secret_digit  # noqa: E402,F401  (registers "secret_digit")
 
 __all__ = [
     "ENVIRONMENTS",

@@ -16,7 +16,8 @@ from ..callbacks.sampling import sample_groups
 from ..data.reward_set import RewardScores, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
 from . import rewards as _rewards  # noqa: F401  (registers env_reward, tool_call_made)
-from . import secret_digit as _secret_digit  # noqa: F401  (registers the built-in environment)
+from . import calculator as _calculator  # noqa: F401  (registers the built-in environments)
+from . import secret_digit as _secret_digit  # noqa: F401
 from .chat import ChatRenderer
 from .environment import resolve_environment
 from .episodes import EpisodeLimits, EpisodeRollout, run_episodes
