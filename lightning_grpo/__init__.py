@@ -15,6 +15,7 @@ _LAZY = {
     "GRPOModule": "lightning_grpo.module",
     "LoraSettings": "lightning_grpo.module",
     "RolloutCallback": "lightning_grpo.callbacks.rollout",
+    "AgentRolloutCallback": "lightning_grpo.agents.callback",
     "PromptDataModule": "lightning_grpo.data.datamodule",
     "RewardSpec": "lightning_grpo.data.reward_set",
     "SamplingConfig": "lightning_grpo.rollout.base",

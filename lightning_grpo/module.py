@@ -121,7 +121,9 @@ class GRPOModule(L.LightningModule):
         self.lora = lora
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
-        self.model_source = model if isinstance(model, str) or model is None else None
+        from .data.tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
+
+        self.model_source = builtin_model_path(model) if isinstance(model, str) or model is None else None
         self.policy: nn.Module | None = model if isinstance(model, nn.Module) else None
         self.reference: nn.Module | None = None
         self.optimizer_factory = optimizer
@@ -292,6 +294,7 @@ class GRPOModule(L.LightningModule):
                 entropy=out.entropy,
                 num_tokens=num_tokens,
                 num_sequences=num_sequences,
+                **({"turn_ids": micro.turn_ids} if micro.turn_ids is not None else {}),
             )
         except NonFiniteError as err:  # rows are micro-batch rows: name the step and micro-batch too
             raise NonFiniteError(f"step {self.trainer.global_step}, micro-batch {int(batch['micro'])}: {err}") from err

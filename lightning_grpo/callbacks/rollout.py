@@ -202,10 +202,7 @@ class RolloutCallback(Callback):
         def seed_for(round_: int) -> int:
             return derive_seed(self.seed, rank, generation * self.max_generation_rounds + round_)
 
-        result = sample_groups(
-            engine, self.reward_set, dm.tokenizer, self.sampling, self.selector, prompts_for, seed_for,
-            target_groups=dm.batch_size, max_rounds=self.max_generation_rounds,
-        )  # fmt: skip
+        result = self._sample_groups(trainer, module, engine, prompts_for, seed_for)
         times["time/generate"], times["time/reward"] = result.generate_time, result.reward_time
         start = time.perf_counter()
         tensors = result.tensors
@@ -221,6 +218,7 @@ class RolloutCallback(Callback):
             prompt_length=tensors.input_ids.shape[1] - mask.shape[1],
             group_size=result.group_size,
             temperature=self.sampling.temperature,
+            turn_ids=tensors.turn_ids,
         ).to(module.device)
         module.rollout_batch = module.prepare_rollout_batch(
             batch, result.rewards.to(module.device), result.weights.to(module.device), self.forward_rows
@@ -232,6 +230,14 @@ class RolloutCallback(Callback):
             hook = getattr(callback, "on_rollout_end", None)
             if hook is not None:
                 hook(trainer, module, module.rollout_batch)
+
+    def _sample_groups(self, trainer: L.Trainer, module: L.LightningModule, engine: RolloutEngine, prompts_for, seed_for):
+        """One generation batch of kept groups (subclasses sample multi-turn episodes here)."""
+        dm = trainer.datamodule
+        return sample_groups(
+            engine, self.reward_set, dm.tokenizer, self.sampling, self.selector, prompts_for, seed_for,
+            target_groups=dm.batch_size, max_rounds=self.max_generation_rounds,
+        )  # fmt: skip
 
     # -------------------------------------------------------------------- validation
     def evaluate(self, module: L.LightningModule, records: list[dict]) -> dict[str, float]:

@@ -5,7 +5,7 @@ Per token, for the completion tokens that survive the masks:
     L_t = w_t * policy_loss_t(logp, old, A)          # w_t: rollout correction weight (TIS), else 1
           + beta * KL_t(logp, ref)                     # KL as a loss term (beta = 0: no reference)
           - entropy_coef * H_t                         # entropy bonus
-          + llds_coef * LLDS_t                         # likelihood-preserving regulariser
+          + llds_coef * LLDS_t                         # likelihood-preserving regulariser (per turn)
     loss = aggregate(L, loss_mask)                     # token-mean, seq-mean-token-mean, ...
 
     loss_mask = mask * correction_mask (MIS / IcePop) * off-policy sequence mask
@@ -152,6 +152,7 @@ class GRPOLoss:
         num_tokens: float | Tensor | None = None,  # global normaliser (token-mean)
         num_sequences: float | Tensor | None = None,  # global normaliser (seq-mean modes)
         generator: torch.Generator | None = None,
+        turn_ids: Tensor | None = None,  # [B, T] long: model turn per token (multi-turn; LLDS gates per turn)
     ) -> LossOutput:
         mask = mask.to(torch.float32)
         old = logp.detach() if old_logp is None else old_logp
@@ -172,7 +173,7 @@ class GRPOLoss:
         if self.entropy_coef != 0.0:
             token_loss = token_loss + self._entropy_bonus(entropy, loss_mask, self.entropy_coef)
         if self.llds_coef != 0.0:
-            token_loss = token_loss + self._llds(logp, old, loss_mask, self.llds_coef)
+            token_loss = token_loss + self._llds(logp, old, loss_mask, self.llds_coef, turn_ids=turn_ids)
 
         loss = self.aggregate_fn(
             token_loss, loss_mask, num_tokens=num_tokens, num_sequences=num_sequences, **self.aggregation_args
