@@ -78,3 +78,56 @@ def test_push_keeps_server_logprobs_equal_to_trainer(vllm_server, tiny_model_pat
         assert max(probe.gaps) < 1e-5, probe.gaps
     else:  # the server keeps the step-0 weights: the gap exceeds the tolerance and grows with training
         assert min(probe.gaps) > 1e-5 and probe.gaps[-1] > 0.1, probe.gaps
+
+
+class SeedLog:
+    """Wraps ServerClient.generate to record the seed of every request sent to a server."""
+
+    def __init__(self, monkeypatch):
+        self.seeds: list[tuple[int, int]] = []  # (request seed, n)
+        original = ServerClient.generate
+
+        def generate(client, prompt_ids, params):
+            self.seeds.append((params["seed"], params["n"]))
+            return original(client, prompt_ids, params)
+
+        monkeypatch.setattr(ServerClient, "generate", generate)
+
+
+def test_async_run_distinct_seeds_diverse_groups_bounded_staleness(vllm_server, tiny_model_path, tmp_path, monkeypatch):
+    from lightning_grpo import IdenticalSamplesGuard
+    from tests.test_training import Recorder
+
+    log = SeedLog(monkeypatch)
+    guard, recorder = IdenticalSamplesGuard(), Recorder()
+    rollout = _server_callback(vllm_server, max_staleness=1)
+    _, module = _fit([rollout, guard, recorder], tiny_model_path, steps=4, root=tmp_path)
+    # seed 004: every sample of every request of every step has its own seed (vLLM: sample i = seed + i)
+    sample_seeds = [seed + i for seed, n in log.seeds for i in range(n)]
+    assert len(log.seeds) >= 4 * 4  # 4 prompts x 4 trained batches (+ the batch sampled ahead, if it started)
+    assert len(set(sample_seeds)) == len(sample_seeds)
+    assert not guard.alarms
+    assert all(step["train/frac_identical_groups"] < 0.5 for step in recorder.steps)
+    # step 0 trains a batch sampled by its own weights, later steps one sampled a step earlier
+    assert [step["train/staleness_max"] for step in recorder.steps] == [0.0, 1.0, 1.0, 1.0]
+    assert module.loss_fn.correction_fn is not None  # async_correction (tis_token) switched on
+    assert all("train/is_weight_mean" in step for step in recorder.steps)
+
+
+def test_identical_samples_guard_fires_on_a_deliberately_shared_seed(vllm_server, tiny_model_path, tmp_path):
+    """The seed-004 bug reproduced on the server: G requests of one sample each, all with one seed."""
+    from lightning_grpo import IdenticalSamplesGuard
+    from lightning_grpo.rollout.server_engine import ServerEngine, _to_rollout
+
+    class SharedSeedEngine(ServerEngine):
+        def generate(self, prompt_ids, sampling, seed, stop_token_ids=None):
+            params = {"n": 1, "temperature": sampling.temperature, "max_tokens": sampling.max_new_tokens, "seed": seed}
+            client = self.live_clients()[0]
+            per_prompt = [[client.generate(p, params)[0] for _ in range(sampling.n)] for p in prompt_ids]
+            return _to_rollout(prompt_ids, per_prompt, sampling.n)
+
+    engine = SharedSeedEngine([ServerClient(vllm_server)])
+    rollout, guard = _server_callback(vllm_server), IdenticalSamplesGuard()
+    rollout.use_engine(engine)
+    _fit([rollout, guard], tiny_model_path, steps=1, root=tmp_path)
+    assert len(guard.alarms) == 1 and "share one random seed" in guard.alarms[0]["message"]
