@@ -69,6 +69,10 @@ def check_engine(module: Any, callback: Any) -> None:
             f"{CB}.vllm_args {sorted(callback.vllm_args)} are for engine 'vllm', but {CB}.engine is 'hf' "
             "(which takes no engine arguments): remove vllm_args or set engine: vllm"
         )
+    if name == "vllm_server" and callback.engine is None:
+        from .rollout.vllm_server import ServerSettings
+
+        ServerSettings.from_args(callback.vllm_args)  # unknown or bad vllm_args: one clear error now
     _check_lora_sync(module, callback)
 
 
@@ -273,6 +277,11 @@ def _engine_max_length(module: Any, callback: Any) -> tuple[int | None, str]:
 
         default = inspect.signature(VLLMEngine.__init__).parameters["max_model_len"].default
         return default, f"{CB}.vllm_args.max_model_len (default)"
+    if callback.engine_name == "vllm_server":
+        from .rollout.vllm_server import ServerSettings
+
+        limit = callback.vllm_args.get("max_model_len", ServerSettings.max_model_len)
+        return limit, f"{CB}.vllm_args.max_model_len" + ("" if "max_model_len" in callback.vllm_args else " (default)")
     policy = getattr(module, "policy", None)
     config = getattr(policy, "config", None)
     positions = getattr(config, "max_position_embeddings", None)

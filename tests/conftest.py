@@ -32,3 +32,20 @@ def vllm_engine(tiny_model_path):
     engine = VLLMEngine(str(tiny_model_path), enable_lora=True, max_lora_rank=8)
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_path, tmp_path_factory):
+    """URL of the ONE vLLM server (child process, tiny model) of the test session, for
+    ``engine: vllm_server`` tests. Shared: every run pushes its weights before it samples.
+    Mark tests that use it ``@pytest.mark.vllm``."""
+    pytest.importorskip("vllm")
+    from lightning_grpo.rollout.server_client import ServerClient
+    from lightning_grpo.rollout.server_process import ServerProcess, free_port
+
+    server = ServerProcess(str(tiny_model_path), free_port(), tmp_path_factory.mktemp("vllm-server")).start()
+    try:
+        server.wait_healthy(300, ServerClient(server.url).healthy)
+        yield server.url
+    finally:
+        server.stop()

@@ -12,7 +12,7 @@ from typing import Any
 import lightning as L
 
 from ..callbacks.rollout import RolloutCallback
-from ..callbacks.sampling import sample_groups
+from ..callbacks.sampling import SampleResult, sample_groups
 from ..data.reward_set import RewardScores, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
 from . import rewards as _rewards  # noqa: F401  (registers env_reward, tool_call_made)
@@ -119,7 +119,7 @@ class AgentRolloutCallback(RolloutCallback):
         )
         return self.reward_set.score([s.last_text for s in episodes], columns)
 
-    def _sample_groups(self, trainer: L.Trainer, module: L.LightningModule, engine: RolloutEngine, prompts_for, seed_for):
+    def _sample_groups(self, trainer: L.Trainer, engine: RolloutEngine, prompts_for, seed_for) -> SampleResult:
         tokenizer = trainer.datamodule.tokenizer
         rounds: list[EpisodeRollout] = []
 

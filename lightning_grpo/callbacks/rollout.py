@@ -29,22 +29,26 @@ from ..core import SELECTIONS
 from ..data.reward_set import RewardSet, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
 from ..validation import check_fit_config
-from .sampling import GroupSelector, sample_groups, score_rollout
+from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
+from .async_setup import check_async_config, checkpoint_on_server_failure, install_async_correction
+from .sampling import GroupSelector, SampleResult, sample_groups, score_rollout
 
 
 class RolloutCallback(Callback):
     """Drives rollouts for :class:`~lightning_grpo.GRPOModule`.
 
     Args:
-        engine: "vllm" (in-process vLLM, weights pushed after each optimizer step) or "hf"
-            (transformers ``generate`` on the live policy).
+        engine: "vllm" (in-process vLLM, weights pushed after each optimizer step), "vllm_server"
+            (vLLM servers, started here or given as ``vllm_args.urls``; weights pushed through
+            vLLM's RL API; docs/distributed.md) or "hf" (transformers ``generate`` on the live policy).
         sampling: group size ``n`` (G, or G' with GFPO), temperature, top_p, top_k,
             max_new_tokens.
         rewards: reward functions with weights (default: exact match against ``answer``).
         seed: run seed; each rank and generation samples with a seed derived from it. None: the
             seed given to ``seed_everything`` (LightningCLI's ``--seed_everything``), else 0.
         vllm_args: keyword arguments of :class:`~lightning_grpo.rollout.vllm.VLLMEngine`
-            (dtype, max_model_len, kv_cache_memory_bytes, enable_lora, ...).
+            (dtype, max_model_len, kv_cache_memory_bytes, enable_lora, ...); for "vllm_server" the
+            fields of :class:`~lightning_grpo.rollout.vllm_server.ServerSettings` (urls, num_servers, ...).
         dynamic_sampling: drop groups whose rewards are all equal and refill (DAPO).
         dynamic_sampling_reward: the reward function (its name / alias) whose spread decides which
             groups dynamic sampling keeps (verl ``filter_groups.metric``, e.g. the accuracy reward
@@ -60,11 +64,16 @@ class RolloutCallback(Callback):
             and lets vLLM apply it (needs ``vllm_args.enable_lora``).
         val_samples: sampled completions per validation prompt for ``val/reward_mean``.
         forward_rows: rows per no-grad forward pass (reference / old log-probs).
+        max_staleness: k >= 1 samples the next k generation batches on the servers while the
+            trainer trains (engine "vllm_server"); a batch never trains with weights more than k
+            optimizer steps newer than those that sampled it. 0 = synchronous.
+        async_correction: with ``max_staleness >= 1``, the off-policy correction (``CORRECTIONS``)
+            the loss uses when it has none of its own (behaviour = sampling weights); None = off.
     """
 
     def __init__(
         self,
-        engine: Literal["vllm", "hf"] = "vllm",
+        engine: Literal["vllm", "vllm_server", "hf"] = "vllm",
         sampling: SamplingConfig | None = None,
         rewards: list[RewardSpec] | None = None,
         seed: int | None = None,
@@ -79,7 +88,10 @@ class RolloutCallback(Callback):
         lora_sync: Literal["merged", "adapter"] = "merged",
         val_samples: int = 4,
         forward_rows: int = 64,
+        max_staleness: int = 0,
+        async_correction: str | None = "tis_token",
     ) -> None:
+        check_async_config(engine, max_staleness, async_correction)
         self.engine_name = engine
         self.sampling = sampling or SamplingConfig()
         if self.sampling.greedy:
@@ -108,6 +120,9 @@ class RolloutCallback(Callback):
         self._train_time = 0.0
         self._batch_start = 0.0
         self.generations = 0
+        self.max_staleness = max_staleness
+        self.async_correction = async_correction
+        self._pipeline: AsyncRollout | None = None
 
     # ------------------------------------------------------------------------ engine
     def _reward_column(self, name: str | None) -> int | None:
@@ -143,7 +158,11 @@ class RolloutCallback(Callback):
         from ..rollout.weights import policy_weights_for_engine
 
         start = time.perf_counter()
-        self.engine.load_weights(policy_weights_for_engine(module.policy))
+        weights = policy_weights_for_engine(module.policy)
+        if getattr(self.engine, "versioned", False):  # servers tag each sample with the version
+            self.engine.load_weights(weights, version=step)
+        else:
+            self.engine.load_weights(weights)
         self._engine_version = step
         return time.perf_counter() - start
 
@@ -158,6 +177,8 @@ class RolloutCallback(Callback):
         if self.seed is None:
             self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         check_fit_config(trainer, pl_module, self)
+        if self.max_staleness > 0:
+            install_async_correction(pl_module, self.async_correction)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -171,6 +192,9 @@ class RolloutCallback(Callback):
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._pipeline is not None:
+            self._pipeline.close()
+            self._pipeline = None
         if self.engine is not None and self._owns_engine:
             self.engine.close()
             self.engine = None
@@ -188,13 +212,31 @@ class RolloutCallback(Callback):
         self._train_time += time.perf_counter() - self._batch_start
 
     def _generate(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        engine = self._ensure_engine(trainer, module)
-        times = {"time/sync": self.sync_weights(module), "time/train": self._train_time}
+        self._ensure_engine(trainer, module)
+        times = {"time/train": self._train_time}
         self._train_time = 0.0
-        dm = trainer.datamodule
+        with checkpoint_on_server_failure(trainer):
+            result, phase_times = self._next_batch(trainer, module)
+        times.update(phase_times)
+        self._use_batch(trainer, module, result, times)
+
+    def _next_batch(self, trainer: L.Trainer, module: L.LightningModule) -> tuple[SampleResult, dict[str, float]]:
+        """The generation batch for this step: sampled now (synchronous) or by the pipeline."""
         per_gen = steps_per_batch(module.hparams.num_iterations, module.hparams.steps_per_generation, 1)
         generation = trainer.global_step // per_gen
+        if self.max_staleness == 0:
+            sync = self.sync_weights(module)
+            return self._sample(trainer, generation), {"time/sync": sync}
+        if self._pipeline is None:
+            self._pipeline = self._async_pipeline(trainer, module, per_gen)
+        return self._pipeline.next_batch(generation, trainer.global_step)
+
+    def _sample(self, trainer: L.Trainer, generation: int) -> SampleResult:
+        """Sample and score generation batch ``generation`` (any thread; seeds and prompts depend
+        on ``generation`` and the rank only)."""
+        dm = trainer.datamodule
         rank, world = trainer.global_rank, trainer.world_size
+        engine = VersionRecorder(self.engine)
 
         def prompts_for(round_: int) -> list[dict]:
             return dm.generation_prompts(generation, rank, world, round_, self.max_generation_rounds)
@@ -202,8 +244,22 @@ class RolloutCallback(Callback):
         def seed_for(round_: int) -> int:
             return derive_seed(self.seed, rank, generation * self.max_generation_rounds + round_)
 
-        result = self._sample_groups(trainer, module, engine, prompts_for, seed_for)
+        result = self._sample_groups(trainer, engine, prompts_for, seed_for)
+        result.metrics.update(engine.metrics())
+        return result
+
+    def _async_pipeline(self, trainer: L.Trainer, module: L.LightningModule, per_gen: int) -> AsyncRollout:
+        from ..rollout.weights import policy_weights_for_engine
+
+        def prepare(step: int):
+            self._engine_version = step
+            return self.engine.prepare_push(policy_weights_for_engine(module.policy))
+
+        return AsyncRollout(self.max_staleness, per_gen, prepare, self.engine.send_push, lambda g: self._sample(trainer, g))
+
+    def _use_batch(self, trainer: L.Trainer, module: L.LightningModule, result: SampleResult, times: dict[str, float]) -> None:
         times["time/generate"], times["time/reward"] = result.generate_time, result.reward_time
+        result.metrics.update(staleness_metrics(result.metrics, trainer.global_step, self.max_staleness or None))
         start = time.perf_counter()
         tensors = result.tensors
         mask = tensors.completion_mask
@@ -231,7 +287,7 @@ class RolloutCallback(Callback):
             if hook is not None:
                 hook(trainer, module, module.rollout_batch)
 
-    def _sample_groups(self, trainer: L.Trainer, module: L.LightningModule, engine: RolloutEngine, prompts_for, seed_for):
+    def _sample_groups(self, trainer: L.Trainer, engine: RolloutEngine, prompts_for, seed_for) -> SampleResult:
         """One generation batch of kept groups (subclasses sample multi-turn episodes here)."""
         dm = trainer.datamodule
         return sample_groups(
@@ -244,9 +300,12 @@ class RolloutCallback(Callback):
         """Held-out metrics of a batch of prompt records (called by ``GRPOModule.validation_step``)."""
         trainer = module.trainer
         engine = self._ensure_engine(trainer, module)
-        self.sync_weights(module)
         seed = derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step)
-        return evaluate_prompts(engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, self.val_samples, seed)
+        args = (engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, self.val_samples, seed)
+        if self._pipeline is not None:  # the worker owns the servers: queue behind its work
+            return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
+        self.sync_weights(module)
+        return evaluate_prompts(*args)
 
     # ------------------------------------------------------- settings guards may change
     @property

@@ -31,6 +31,25 @@ def _vllm_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutE
     pushed right after (the callback does it before the first generation)."""
     from .vllm import VLLMEngine
 
+    return VLLMEngine(_model_dir(module, tokenizer), seed=seed, **args)
+
+
+@ENGINES.register("vllm_server")
+def _vllm_server_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutEngine:
+    """vLLM servers (``rollout/vllm_server.py``): the user's (``urls``) or started on the model directory."""
+    from .vllm_server import ServerSettings, build_server_engine
+
+    settings = ServerSettings.from_args(args)
+    trainer = module._trainer
+    rank = trainer.global_rank if trainer is not None else 0
+    log_dir = (trainer.log_dir if trainer is not None else None) or tempfile.mkdtemp(prefix="lightning-grpo-servers-")
+    model_dir = _model_dir(module, tokenizer) if settings.urls is None else None
+    return build_server_engine(settings, model_dir, rank, log_dir)
+
+
+def _model_dir(module, tokenizer) -> str:
+    """A checkpoint directory vLLM can load: the module's model path when it has one, otherwise
+    the live policy saved to a temporary directory (the built-in tiny model without a policy)."""
     path = module.model_source
     if path is not None and not Path(path).expanduser().is_dir():  # a hub id: vLLM needs the files on disk
         path = _download(path)
@@ -40,7 +59,7 @@ def _vllm_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutE
         from ..data.tiny import tiny_model_dir
 
         path = str(tiny_model_dir())
-    return VLLMEngine(str(path), seed=seed, **args)
+    return str(path)
 
 
 def _download(repo_id: str) -> str:
@@ -89,5 +108,5 @@ def _save_on_every_rank(model):
 
 
 def build_engine(name: str, module, tokenizer, seed: int, args: dict[str, Any] | None = None) -> RolloutEngine:
-    """The engine called ``name`` ("vllm" or "hf") for ``module``'s policy."""
+    """The engine called ``name`` ("vllm", "vllm_server" or "hf") for ``module``'s policy."""
     return ENGINES.get(name)(module, tokenizer, seed, dict(args or {}))

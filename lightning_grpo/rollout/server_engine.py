@@ -1,0 +1,207 @@
+"""Rollouts on one or more vLLM servers (``engine: vllm_server``), weights pushed through vLLM's RL API.
+
+:class:`ServerEngine` implements the same :class:`~lightning_grpo.rollout.base.RolloutEngine`
+interface as the in-process engines. One request per prompt (``n = G`` samples) with its own
+seed (:func:`~lightning_grpo.rollout.base.request_seed`, as the in-process engine; vLLM gives
+sample ``i`` of a request ``seed + i``), so no two samples of a call share a random stream.
+Prompts are dealt round-robin over the live servers and sent concurrently (data-parallel
+rollout). A server that stops answering is marked dead and its prompts go to the others; when
+none is left, :class:`NoServerLeftError` names every URL.
+
+Every sample carries the weight version that produced it (the server reports it per sample);
+:meth:`ServerEngine.load_weights` writes the weights once into shared-memory buckets
+(:mod:`~lightning_grpo.rollout.shm_transfer`) and each server loads them through
+``/update_weights``, then records the version.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+
+from .base import Rollout, RolloutEngine, SamplingConfig, request_seed, validate_prompts
+from .server_client import Sample, ServerClient, ServerUnavailableError
+from .shm_transfer import BUCKET_BYTES, ShmBuckets, write_buckets
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class NoServerLeftError(RuntimeError):
+    """Every vLLM server of the engine stopped answering."""
+
+
+@dataclass
+class ServerRollout(Rollout):
+    """A :class:`Rollout` that also records, per completion, the weight version that sampled it."""
+
+    versions: list[int] = field(default_factory=list)
+    """P*G weight versions (the ``trainer.global_step`` of the push; -1 = the server's initial weights)."""
+
+
+class ServerEngine(RolloutEngine):
+    """Samples on vLLM servers; see the module docstring.
+
+    Args:
+        clients: one :class:`ServerClient` per server.
+        dtype: the servers' dtype (pushed weights are cast to it).
+        max_model_len: the servers' longest prompt + completion (checked before sending).
+        pusher: this process pushes weights (DDP: rank 0 only). Other processes' ``load_weights``
+            waits until every server reports the version instead.
+        bucket_bytes: bytes per shared-memory bucket (one ``/update_weights`` call each).
+        processes: child :class:`~lightning_grpo.rollout.server_process.ServerProcess` objects
+            stopped by :meth:`close` (servers this engine started).
+        version_timeout: seconds a non-pushing process waits for a version to reach the servers.
+    """
+
+    needs_weight_sync = True
+    versioned = True  # load_weights(weights, version=step): the callback passes the trainer's step
+
+    def __init__(
+        self,
+        clients: list[ServerClient],
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        pusher: bool = True,
+        bucket_bytes: int = BUCKET_BYTES,
+        processes: list | None = None,
+        version_timeout: float = 600.0,
+    ) -> None:
+        if not clients:
+            raise ValueError("ServerEngine needs at least one server")
+        if dtype not in _DTYPES:
+            raise ValueError(f"ServerEngine dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        self.clients = list(clients)
+        self.dead: dict[str, str] = {}  # url -> why it was dropped
+        self.dtype = _DTYPES[dtype]
+        self.max_model_len = max_model_len
+        self.pusher = pusher
+        self.bucket_bytes = bucket_bytes
+        self.processes = list(processes or [])
+        self.version_timeout = version_timeout
+        self.version = -1  # weight version last pushed (or awaited)
+        self.last_push_seconds = 0.0
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vllm-server-request")
+
+    @property
+    def urls(self) -> list[str]:
+        return [c.url for c in self.clients]
+
+    def live_clients(self) -> list[ServerClient]:
+        live = [c for c in self.clients if c.url not in self.dead]
+        if not live:
+            reasons = "; ".join(f"{url}: {why}" for url, why in self.dead.items())
+            raise NoServerLeftError(f"no vLLM server left ({reasons})")
+        return live
+
+    def _drop(self, client: ServerClient, err: Exception) -> None:
+        self.dead.setdefault(client.url, str(err))
+
+    # -------------------------------------------------------------- generation
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int, stop_token_ids: list[int] | None = None
+    ) -> ServerRollout:
+        """Sample ``sampling.n`` completions per prompt on the servers (``stop_token_ids``: extra
+        token ids that end a completion, e.g. a multi-turn agent's end-of-turn)."""
+        validate_prompts(prompt_ids)
+        longest = max(len(p) for p in prompt_ids)
+        if longest + sampling.max_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"longest prompt ({longest} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds the "
+                f"servers' max_model_len ({self.max_model_len}); raise vllm_args.max_model_len"
+            )
+        base = {
+            "n": sampling.n,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "max_tokens": sampling.max_new_tokens,
+            **({"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}),
+        }
+        params = [{**base, "seed": request_seed(seed, p)} for p in range(len(prompt_ids))]
+        results: list[list[Sample] | None] = [None] * len(prompt_ids)
+        pending = list(range(len(prompt_ids)))
+        while pending:
+            live = self.live_clients()
+            sent = []
+            for i, p in enumerate(pending):
+                client = live[i % len(live)]
+                sent.append((p, client, self._pool.submit(client.generate, prompt_ids[p], params[p])))
+            pending = []
+            for p, client, future in sent:
+                try:
+                    results[p] = future.result()
+                except ServerUnavailableError as err:  # retried on the servers still answering
+                    self._drop(client, err)
+                    pending.append(p)
+        return _to_rollout(prompt_ids, results, sampling.n)
+
+    # ------------------------------------------------------------- weight push
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
+        """Push ``(hf_name, tensor)`` pairs to every live server and tag them ``version`` (default:
+        the last version + 1). A non-pushing process (DDP rank > 0) waits for the version instead."""
+        self.send_push(self.prepare_push(weights), self.version + 1 if version is None else int(version))
+
+    def prepare_push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> ShmBuckets | None:
+        """Snapshot the weights into shared-memory buckets (the caller may change them afterwards)."""
+        return write_buckets(weights, self.dtype, self.bucket_bytes) if self.pusher else None
+
+    def send_push(self, buckets: ShmBuckets | None, version: int) -> None:
+        """Load prepared buckets into every live server as ``version`` (then remove them); a
+        non-pushing process waits until every server reports ``version``."""
+        start = time.perf_counter()
+        if buckets is None:
+            self.wait_for_version(version)
+        else:
+            try:
+                futures = [(c, self._pool.submit(c.push, buckets.update_infos, version)) for c in self.live_clients()]
+                for client, future in futures:
+                    try:
+                        future.result()
+                    except ServerUnavailableError as err:
+                        self._drop(client, err)
+                self.live_clients()  # raise if the push lost every server
+            finally:
+                buckets.unlink()
+        self.version = version
+        self.last_push_seconds = time.perf_counter() - start
+
+    def wait_for_version(self, version: int) -> None:
+        """Block until every live server reports weight version >= ``version``."""
+        deadline = time.monotonic() + self.version_timeout
+        for client in self.live_clients():
+            while True:
+                try:
+                    reported = client.weight_version()
+                except ServerUnavailableError as err:
+                    self._drop(client, err)
+                    break
+                if reported.lstrip("-").isdigit() and int(reported) >= version:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"vLLM server {client.url} still has weight version {reported}, waited for {version}")
+                time.sleep(0.05)
+        self.live_clients()
+
+    def close(self) -> None:
+        """Stop the servers this engine started (user-run servers are left running)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for process in self.processes:
+            process.stop()
+        self.processes = []
+
+
+def _to_rollout(prompt_ids: list[list[int]], results: list[list[Sample]], n: int) -> ServerRollout:
+    samples = [s for per_prompt in results for s in per_prompt]
+    return ServerRollout(
+        prompt_ids=[list(p) for p in prompt_ids],
+        completion_ids=[s.token_ids for s in samples],
+        logprobs=[s.logprobs for s in samples],
+        finished=[s.finished for s in samples],
+        group_size=n,
+        versions=[s.version for s in samples],
+    )

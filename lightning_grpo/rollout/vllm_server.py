@@ -1,0 +1,88 @@
+"""``engine: vllm_server``: connect to vLLM servers the user runs, or start them as child processes.
+
+Settings come from ``RolloutCallback.vllm_args`` (:class:`ServerSettings`). With ``urls`` the
+servers are the user's (started as in docs/distributed.md); otherwise ``num_servers`` servers
+are started here on free ports with the policy's model directory, their logs in the run
+directory, and stopped when the engine closes.
+
+Under DDP: with ``urls`` every rank samples on the same servers and rank 0 alone pushes weights
+(the other ranks wait until every server reports the new version before they sample again);
+with started servers each rank starts and updates its own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .server_client import ServerClient
+from .server_engine import ServerEngine
+from .shm_transfer import BUCKET_BYTES
+
+
+@dataclass
+class ServerSettings:
+    """``vllm_args`` of ``engine: vllm_server``."""
+
+    urls: list[str] | None = None
+    """Servers you run (``http://host:port``); None = start ``num_servers`` here."""
+    num_servers: int = 1
+    """Servers to start when ``urls`` is None (each takes ``kv_cache_memory_bytes`` plus a model copy)."""
+    server_args: list[str] = field(default_factory=list)
+    """More ``vllm serve`` options for started servers (e.g. ``["--tensor-parallel-size", "2"]``)."""
+    server_start_timeout: float = 300.0
+    """Seconds to wait for a started server's ``/health``."""
+    dtype: str = "float32"
+    """The servers' dtype (pushed weights are cast to it)."""
+    max_model_len: int = 512
+    """Longest prompt + completion in tokens."""
+    kv_cache_memory_bytes: int | None = 64 * 1024**2
+    """KV cache of a started server (None: vLLM sizes it)."""
+    request_timeout: float = 600.0
+    """Seconds before an unanswered request marks a server dead."""
+    bucket_bytes: int = BUCKET_BYTES
+    """Bytes per weight-push bucket (one ``/update_weights`` call each)."""
+    log_dir: str | None = None
+    """Where started servers write ``vllm-server-<port>.log``; None = the run's log directory."""
+
+    def __post_init__(self) -> None:
+        if self.urls is not None and (not isinstance(self.urls, list) or not self.urls):
+            raise ValueError(f"vllm_args.urls must be a non-empty list of server URLs or null, got {self.urls!r}")
+        for url in self.urls or []:
+            if not str(url).startswith(("http://", "https://")):
+                raise ValueError(f"vllm_args.urls: {url!r} is not an http:// or https:// URL")
+        if self.num_servers < 1:
+            raise ValueError(f"vllm_args.num_servers must be >= 1, got {self.num_servers}")
+        if self.server_start_timeout <= 0:
+            raise ValueError(f"vllm_args.server_start_timeout must be > 0 seconds, got {self.server_start_timeout}")
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> "ServerSettings":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise ValueError(f"engine 'vllm_server': unknown vllm_args {unknown}; expected some of {sorted(known)}")
+        return cls(**args)
+
+
+def build_server_engine(settings: ServerSettings, model_dir: str | None, rank: int, default_log_dir: str) -> ServerEngine:
+    """Connect to ``settings.urls`` or start servers on ``model_dir``; rank 0 pushes to shared servers."""
+    common = dict(dtype=settings.dtype, max_model_len=settings.max_model_len, bucket_bytes=settings.bucket_bytes)
+    if settings.urls is not None:
+        clients = [ServerClient(url, settings.request_timeout) for url in settings.urls]
+        for client in clients:
+            if not client.healthy():
+                raise ConnectionError(f"vLLM server {client.url} (vllm_args.urls) does not answer GET /health")
+        return ServerEngine(clients, pusher=rank == 0, **common)
+    from .server_process import start_servers
+
+    log_dir = settings.log_dir or os.path.join(default_log_dir, f"vllm-servers-rank{rank}")
+    processes = start_servers(
+        str(model_dir), settings.num_servers, log_dir, settings.server_start_timeout,
+        lambda url: ServerClient(url).healthy(),
+        dtype=settings.dtype, max_model_len=settings.max_model_len,
+        kv_cache_bytes=settings.kv_cache_memory_bytes, extra_args=list(settings.server_args),
+    )  # fmt: skip
+    clients = [ServerClient(p.url, settings.request_timeout) for p in processes]
+    return ServerEngine(clients, processes=processes, pusher=True, **common)
