@@ -28,6 +28,7 @@ from .core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs, logp
 from .core.guards import NonFiniteError
 from .core.kl import kl_penalty_in_reward
 from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
+from .packing import PackingMode, choose_plan, packed_token_logprobs
 
 
 @dataclass
@@ -84,6 +85,10 @@ class GRPOModule(L.LightningModule):
             exist) or "logits" (the model's own forward, completion logits only; use it with
             FSDP2 / DeepSpeed ZeRO-3, which gather parameters in the root forward).
         logprob_chunk_size: rows of the LM head computed at once (memory vs speed).
+        packing: padding-free forwards (``lightning_grpo.packing``): a micro-batch's sequences
+            packed into rows with restarting position ids, for the policy, reference and old
+            log-probs. "auto" packs when it saves at least a quarter of the padded tokens and the
+            model's attention supports it; "on" / "off" force it.
         gradient_checkpointing: recompute activations in backward (saves memory).
         optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
     """
@@ -103,6 +108,7 @@ class GRPOModule(L.LightningModule):
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
         logprob_chunk_size: int = 1024,
+        packing: PackingMode = "auto",
         gradient_checkpointing: bool = False,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
@@ -112,6 +118,8 @@ class GRPOModule(L.LightningModule):
         self.loss_fn = loss if loss is not None else GRPOLoss()
         self._advantage_fn = ADVANTAGES.get(advantage)
         self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(reward_aggregation)
+        if packing not in ("auto", "on", "off"):
+            raise ValueError(f"GRPOModule packing must be 'auto', 'on' or 'off', got {packing!r}")
         if num_iterations < 1 or steps_per_generation < 1:
             raise ValueError(
                 f"num_iterations and steps_per_generation must be >= 1, got {num_iterations}, {steps_per_generation}"
@@ -195,16 +203,24 @@ class GRPOModule(L.LightningModule):
     # ------------------------------------------------------------------------- log-probs
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
         """Log-probs (and entropy) of the completion tokens at the sampling temperature, through
-        the path named by ``logprob_path`` (models without a decoder / LM head use "logits")."""
+        the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), packed
+        or padded as ``packing`` says."""
         chunked = self.hparams.logprob_path == "chunked_hidden"
-        if chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings"):
+        chunked = chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
+        plan = choose_plan(model, batch, self.hparams.packing)
+        if plan is not None:
+            return packed_token_logprobs(
+                model, batch, plan, chunked=chunked, compute_entropy=compute_entropy, chunk_size=self.hparams.logprob_chunk_size
+            )
+        if chunked:
             return self._logprobs_chunked_hidden(model, batch, compute_entropy)
         return self._logprobs_model_forward(model, batch, compute_entropy)
 
     def _logprobs_chunked_hidden(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool) -> TokenLogProbs:
         """Decoder, then the LM head in chunks: the [B, Lc, V] logits never exist."""
         ids, lp = batch.input_ids, batch.prompt_length  # [B, L]
-        decoder_out = model.get_decoder()(input_ids=ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask))
+        pos = position_ids(batch.attention_mask)
+        decoder_out = model.get_decoder()(input_ids=ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False)
         head = model.get_output_embeddings()
         return logprobs_from_hidden(
             decoder_out.last_hidden_state[:, lp - 1 : -1],  # [B, Lc, H] states that predict the completion
