@@ -142,8 +142,31 @@ def choose_plan(model: nn.Module, batch: RolloutBatch, mode: PackingMode) -> Pac
     return plan if mode == "on" or plan.share <= AUTO_MAX_SHARE else None
 
 
+def padded_token_logprobs(
+    model: nn.Module, batch: RolloutBatch, *, chunked: bool, compute_entropy: bool, chunk_size: int
+) -> TokenLogProbs:
+    """Completion log-probs (and entropy) of ``batch`` from the padded ``[B, L]`` forward, ``[B, Lc]``.
+    ``chunked``: decoder, then the LM head in chunks (the [B, Lc, V] logits never exist); else the
+    model's own forward, HF models asked for the completion logits only (``logits_to_keep``)."""
+    ids, lp = batch.input_ids, batch.prompt_length  # [B, L]
+    pos = position_ids(batch.attention_mask)  # [B, L]
+    if chunked:
+        out = model.get_decoder()(input_ids=ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False)
+        head = model.get_output_embeddings()
+        return logprobs_from_hidden(
+            out.last_hidden_state[:, lp - 1 : -1],  # [B, Lc, H] states that predict the completion
+            head.weight, ids[:, lp:], bias=head.bias, temperature=batch.temperature,
+            compute_entropy=compute_entropy, chunk_size=chunk_size,
+        )  # fmt: skip
+    keep = ids.shape[1] - lp + 1
+    kwargs = {"logits_to_keep": keep} if hasattr(model, "get_output_embeddings") else {}
+    logits = model(input_ids=ids, attention_mask=batch.attention_mask, position_ids=pos, **kwargs).logits
+    logits = logits[:, -keep:-1]  # [B, Lc, V]
+    return logprobs_from_logits(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
+
+
 def packed_token_logprobs(
-    model: nn.Module, batch: RolloutBatch, plan: PackPlan, *, chunked: bool, compute_entropy: bool, chunk_size: int
+    model: nn.Module, batch: RolloutBatch, *, plan: PackPlan, chunked: bool, compute_entropy: bool, chunk_size: int
 ) -> TokenLogProbs:
     """Completion log-probs (and entropy) of ``batch`` from one packed forward, in the padded
     ``[B, Lc]`` layout (0 on padding). ``chunked``: decoder, then the LM head in chunks on the real

@@ -139,10 +139,11 @@ class RolloutCallback(Callback):
             return 0.0
         if not self.weight_sync and self._engine_version >= 0:
             return 0.0
-        from ..rollout.weights import policy_weights_for_engine
+        from ..rollout.weights import gathered_weights_for_engine
 
         start = time.perf_counter()
-        self.engine.load_weights(policy_weights_for_engine(module.policy))
+        with gathered_weights_for_engine(module.policy) as weights:  # full parameters under FSDP2
+            self.engine.load_weights(weights)
         self._engine_version = step
         return time.perf_counter() - start
 
