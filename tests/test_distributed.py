@@ -26,11 +26,11 @@ _LAUNCH_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LSB_", "JSM_", "OMPI_", "PMI_", 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
 
-def _run_worker(mode: str, model_dir: Path, out: Path, timeout: float = 300, *extra: str) -> None:
+def _run_worker(mode: str, model_dir: Path, out: Path, timeout: float = 300, *extra: str, worker: Path = WORKER) -> None:
     """Run the worker script (rank 0; Lightning starts rank 1) and fail with its output on error."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith(_LAUNCH_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER.parents[1]), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, str(WORKER), mode, "--model", str(model_dir), "--out", str(out), *extra]
+    cmd = [sys.executable, str(worker), mode, "--model", str(model_dir), "--out", str(out), *extra]
     # own session: on a timeout the whole group (rank 0 and the rank Lightning started) is killed
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -155,14 +155,14 @@ class RolloutCallback(Callback):
             return 0.0
         if not self.weight_sync and self._engine_version >= 0:
             return 0.0
-        from ..rollout.weights import policy_weights_for_engine
+        from ..rollout.weights import gathered_weights_for_engine
 
         start = time.perf_counter()
-        weights = policy_weights_for_engine(module.policy)
-        if getattr(self.engine, "versioned", False):  # servers tag each sample with the version
-            self.engine.load_weights(weights, version=step)
-        else:
-            self.engine.load_weights(weights)
+        with gathered_weights_for_engine(module.policy) as weights:  # full parameters under FSDP2
+            if getattr(self.engine, "versioned", False):  # servers tag each sample with the version
+                self.engine.load_weights(weights, version=step)
+            else:
+                self.engine.load_weights(weights)
         self._engine_version = step
         return time.perf_counter() - start
 
