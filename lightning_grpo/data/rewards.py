@@ -228,3 +228,16 @@ def length(
     It rewards length; give it a negative weight to penalise length instead.
     """
     return [float(n) / max_length if max_length else float(n) for n in completion_lengths]
+
+
+# ---------------------------------------------------------------- multi-turn episodes (agents)
+@REWARDS.register("env_reward")
+def env_reward(completions: list[str], env_reward: Sequence[float]) -> list[float]:
+    """The environment's reward of each episode (sum over turns; ``lightning_grpo.agents``)."""
+    return [float(r) for r in env_reward]
+
+
+@REWARDS.register("tool_call_made")
+def tool_call_made(completions: list[str], tool_calls: Sequence[int]) -> list[float]:
+    """1 when the episode made at least one tool call that ran and returned, else 0 (a format reward)."""
+    return [1.0 if n > 0 else 0.0 for n in tool_calls]
