@@ -86,15 +86,15 @@ def run_row(row: str, steps: int, warmup: int) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    sync = next(r for r in results if r["row"] == "server-sync")
+    sync = next((r for r in results if r["row"] == "server-sync"), None)
     lines = [
         "| rollout | samples / s | optimizer steps / min | vs server sync | weight push per step (ms) |",
         "|---|---:|---:|---:|---:|",
     ]
     for r in results:
         rate = r["steps"] * PROMPTS * GROUP / r["seconds"]
-        ratio = sync["seconds"] / r["seconds"]
-        lines.append(f"| {r['row']} | {rate:.1f} | {60 * r['steps'] / r['seconds']:.1f} | {ratio:.2f}x | {r['push_ms']:.1f} |")
+        ratio = f"{sync['seconds'] / r['seconds']:.2f}x" if sync else "-"
+        lines.append(f"| {r['row']} | {rate:.1f} | {60 * r['steps'] / r['seconds']:.1f} | {ratio} | {r['push_ms']:.1f} |")
     return "\n".join(lines)
 
 
