@@ -34,6 +34,11 @@ PROMPTS, GROUP, NEW_TOKENS = 8, 8, 16
 
 
 def child(row: str, steps: int, warmup: int) -> None:
+    engine, k = ROWS[row]
+    pinned = engine == "vllm_server" and os.environ.get("BENCH_PIN", "1") == "1"
+    if pinned:  # before torch starts its thread pool: one thread each, trainer on core 1, server on core 0
+        os.environ["OMP_NUM_THREADS"] = "1"
+        os.sched_setaffinity(0, {1})
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -43,14 +48,13 @@ def child(row: str, steps: int, warmup: int) -> None:
     from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
     from lightning_grpo.data.tiny import TinyModelConfig, tiny_model_dir
 
-    engine, k = ROWS[row]
     path = str(tiny_model_dir(TinyModelConfig(**SHAPE)))
     args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20}
-    if engine == "vllm_server":
-        os.sched_setaffinity(0, {1})  # trainer on core 1, the server on core 0
+    if pinned:
         args["server_cpus"] = [0]
     marks: dict[str, float] = {}
     syncs: list[float] = []
+    phases: list[dict] = []
 
     class Clock(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -58,6 +62,7 @@ def child(row: str, steps: int, warmup: int) -> None:
                 marks["start"] = time.perf_counter()
             if trainer.global_step >= warmup:
                 syncs.append(pl_module.rollout_metrics.get("time/sync", 0.0))
+                phases.append({k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")})
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             marks["end"] = time.perf_counter()
@@ -75,7 +80,9 @@ def child(row: str, steps: int, warmup: int) -> None:
     seconds = marks["end"] - marks["start"]
     params = sum(p.numel() for p in module.policy.parameters())
     print("RESULT " + json.dumps({"row": row, "seconds": seconds, "steps": measured, "params": params,
-                                  "push_ms": 1000 * statistics.median(syncs[1:] or [0.0])}))  # fmt: skip
+                                  "push_ms": 1000 * statistics.median(syncs[1:] or [0.0]),
+                                  "phases_ms": {k: 1000 * statistics.median(p.get(k, 0.0) for p in phases[1:])
+                                                for k in phases[-1]}}))  # fmt: skip
 
 
 def run_row(row: str, steps: int, warmup: int) -> dict:
@@ -88,13 +95,18 @@ def run_row(row: str, steps: int, warmup: int) -> dict:
 def table(results: list[dict]) -> str:
     sync = next((r for r in results if r["row"] == "server-sync"), None)
     lines = [
-        "| rollout | samples / s | optimizer steps / min | vs server sync | weight push per step (ms) |",
-        "|---|---:|---:|---:|---:|",
+        "| rollout | samples / s | optimizer steps / min | vs server sync | weight push per step (ms) | generate (ms) | train (ms) | wait_rollout (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         rate = r["steps"] * PROMPTS * GROUP / r["seconds"]
         ratio = f"{sync['seconds'] / r['seconds']:.2f}x" if sync else "-"
-        lines.append(f"| {r['row']} | {rate:.1f} | {60 * r['steps'] / r['seconds']:.1f} | {ratio} | {r['push_ms']:.1f} |")
+        ph = r.get("phases_ms", {})
+        wait = f"{ph['time/wait_rollout']:.0f}" if "time/wait_rollout" in ph else "-"
+        lines.append(
+            f"| {r['row']} | {rate:.1f} | {60 * r['steps'] / r['seconds']:.1f} | {ratio} | {r['push_ms']:.1f} | "
+            f"{ph.get('time/generate', 0):.0f} | {ph.get('time/train', 0):.0f} | {wait} |"
+        )
     return "\n".join(lines)
 
 
@@ -107,8 +119,9 @@ def write(text: str, results: list[dict], args: argparse.Namespace) -> None:
         f"{SECTION}\n\n{params:.1f}M-parameter Qwen2 (hidden 384, 6 layers), {PROMPTS} prompts x {GROUP} samples, "
         f"{NEW_TOKENS} new tokens, one optimizer step per generation, steps {args.warmup}-{args.steps} timed. "
         f"Machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, vllm {vllm.__version__}. "
-        "Server rows: server pinned to core 0, trainer to core 1 (one core each); in-process row: one process, "
-        "both cores.\n\n"
+        "Server rows: server pinned to core 0, trainer to core 1, one thread each (`OMP_NUM_THREADS=1`); "
+        "in-process row: one process, both cores, 2 threads. Phases: medians per step (ms) of the callback's timers "
+        "(`wait_rollout`: the trainer waiting for an asynchronous batch).\n\n"
         f"Command: `python benchmarks/bench_async.py --steps {args.steps} --warmup {args.warmup} --write`\n\n{text}\n"
     )
     path = ROOT / "docs" / "benchmarks.md"
