@@ -6,6 +6,10 @@ the end, and every guard's alarm count (steps at which it fired, from ``alarms.j
 Writes a markdown table and a reward / accuracy curve (PNG).
 
     python benchmarks/quickstart_seeds.py --seeds 0 1 2 --write
+    python benchmarks/quickstart_seeds.py --recipe recipes/quickstart_async.yaml --seeds 0 1 2 --write
+
+``--write`` puts the table into README.md (quickstart) or docs/benchmarks.md (another recipe),
+between ``<!-- <recipe>-results -->`` markers, and the curve into ``docs/<recipe>_curve.png``.
 """
 
 from __future__ import annotations
@@ -19,14 +23,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = "<!-- quickstart-results -->"
 #: The guards of recipes/quickstart.yaml, by their alarm names (columns of the table).
 GUARDS = ("non_finite", "non_finite_logprobs", "entropy", "identical_samples", "mismatch", "zero_reward_std")
 
 
-def run(seed: int, out: Path, extra: list[str]) -> dict:
+def run(seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/quickstart.yaml", reuse: bool = False) -> dict:
     save = out / f"seed{seed}"
-    cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(ROOT / "recipes/quickstart.yaml"),
+    done = save / "result.json"
+    if reuse and done.is_file():  # a run of this seed finished earlier (e.g. seeds run one per command)
+        return json.loads(done.read_text())
+    cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
            "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
     start = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -38,7 +44,7 @@ def run(seed: int, out: Path, extra: list[str]) -> dict:
     tenth = max(1, len(reward) // 10)
     alarms_file = metrics.parent / "alarms.jsonl"
     records = [json.loads(line) for line in alarms_file.open()] if alarms_file.exists() else []
-    return {
+    result = {
         "alarms": {g: sum(r["guard"] == g for r in records) for g in GUARDS},
         "seed": seed,
         "wall_s": wall,
@@ -49,6 +55,8 @@ def run(seed: int, out: Path, extra: list[str]) -> dict:
         "reward_curve": reward,
         "acc_curve": acc,
     }
+    done.write_text(json.dumps(result))
+    return result
 
 
 def table(results: list[dict]) -> str:
@@ -89,20 +97,28 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "quickstart.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "quickstart-seeds")
+    parser.add_argument("--out", type=Path, default=None, help="default: runs/<recipe>-seeds")
+    parser.add_argument("--reuse", action="store_true", help="take a seed's result from an earlier run into --out")
     parser.add_argument("--write", action="store_true", help="write the table into README.md and the curve into docs/")
     parser.add_argument("extra", nargs="*", help="more CLI overrides, after --")
     args = parser.parse_args()
-    results = [run(seed, args.out, args.extra) for seed in args.seeds]
+    recipe = args.recipe.resolve()
+    out = args.out or ROOT / "runs" / f"{recipe.stem}-seeds"
+    results = [run(seed, out, args.extra, recipe, args.reuse) for seed in args.seeds]
     text = table(results)
     print(text)
     if args.write:
-        plot(results, ROOT / "docs" / "quickstart_curve.png")
-        readme = (ROOT / "README.md").read_text()
-        head, _, rest = readme.partition(RESULTS)
-        _, _, tail = rest.partition(RESULTS)
-        (ROOT / "README.md").write_text(f"{head}{RESULTS}\n{text}\n{RESULTS}{tail}")
+        plot(results, ROOT / "docs" / f"{recipe.stem}_curve.png")
+        target = ROOT / ("README.md" if recipe.stem == "quickstart" else "docs/benchmarks.md")
+        marker = f"<!-- {recipe.stem}-results -->"
+        page = target.read_text()
+        if marker not in page:
+            raise SystemExit(f"{target} has no {marker} markers to write the table between")
+        head, _, rest = page.partition(marker)
+        _, _, tail = rest.partition(marker)
+        target.write_text(f"{head}{marker}\n{text}\n{marker}{tail}")
 
 
 if __name__ == "__main__":

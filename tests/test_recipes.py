@@ -116,6 +116,7 @@ def _prepared(path: Path, tmp_path: Path, train: bool = False) -> tuple[dict[str
         cfg, changed = tiny_substitute(cfg), True
     if not HAS_VLLM or (train and cfg["model"].get("model") == "tiny:tools"):  # the session engine has another vocabulary
         _rollout_args(cfg).update(engine="hf", vllm_args=None)
+        _rollout_args(cfg).pop("max_staleness", None)  # asynchronous rollouts need vLLM servers
         changed = True
     if not changed:
         return cfg, path
@@ -233,7 +234,12 @@ def test_recipe_trains(path, tmp_path, tiny_cache, request):
     cli = _cli(["-c", str(config_file), *_run_args(tmp_path, steps)])
     trainer, module = cli.trainer, cli.model
     (callback,) = [c for c in trainer.callbacks if isinstance(c, RolloutCallback)]
-    if HAS_VLLM and callback.engine_name == "vllm":
+    if HAS_VLLM and callback.engine_name == "vllm_server":  # the session's server, not a new one
+        from lightning_grpo.rollout.server_client import ServerClient
+        from lightning_grpo.rollout.server_engine import ServerEngine
+
+        callback.use_engine(ServerEngine([ServerClient(request.getfixturevalue("vllm_server"))]))
+    elif HAS_VLLM and callback.engine_name == "vllm":
         callback.use_engine(request.getfixturevalue("vllm_engine"))
     module.configure_model()  # build the policy now to snapshot its weights (fit reuses it)
     before = _trainable(module)

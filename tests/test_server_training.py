@@ -49,14 +49,14 @@ class PushProbe(L.Callback):
         self._measure(pl_module)
 
 
-def _fit(callbacks, model_path, steps, root=None, batch_size=4):
+def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None):
     L.seed_everything(0)
     module = GRPOModule(model=str(model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     trainer = L.Trainer(
         max_steps=steps, callbacks=callbacks, accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=root,
     )  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=batch_size))
+    trainer.fit(module, datamodule=PromptDataModule(batch_size=batch_size), ckpt_path=ckpt_path)
     return trainer, module
 
 
@@ -131,3 +131,17 @@ def test_identical_samples_guard_fires_on_a_deliberately_shared_seed(vllm_server
     rollout.use_engine(engine)
     _fit([rollout, guard], tiny_model_path, steps=1, root=tmp_path)
     assert len(guard.alarms) == 1 and "share one random seed" in guard.alarms[0]["message"]
+
+
+def test_resume_restarts_the_pipeline_with_the_restored_weights(vllm_server, tiny_model_path, tmp_path):
+    from tests.test_training import Recorder
+
+    trainer, _ = _fit([_server_callback(vllm_server, max_staleness=1)], tiny_model_path, steps=2, root=tmp_path)
+    path = str(tmp_path / "two.ckpt")
+    trainer.save_checkpoint(path)
+    recorder = Recorder()
+    _fit([_server_callback(vllm_server, max_staleness=1), recorder], tiny_model_path, steps=4, root=tmp_path, ckpt_path=path)
+    # the first resumed step trains a batch sampled by the restored weights (version 2), not one
+    # left over from before the checkpoint; the next is one step stale again
+    assert [s["train/weight_version_min"] for s in recorder.steps] == [2.0, 2.0]
+    assert [s["train/staleness_max"] for s in recorder.steps] == [0.0, 1.0]

@@ -87,6 +87,7 @@ class ServerProcess:
         kv_cache_bytes: int | None = 64 * 1024**2,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
+        cpus: list[int] | None = None,
     ) -> None:
         self.model, self.port, self.host = str(model), int(port), host
         self.log_dir = Path(log_dir)
@@ -96,6 +97,7 @@ class ServerProcess:
             args += ["--kv-cache-memory-bytes", str(kv_cache_bytes)]
         self.command = server_command(self.model, self.port, host, dtype, max_model_len, args)
         self.env = dict(env or {})
+        self.cpus = list(cpus) if cpus else None  # CPU affinity of the server (and its engine processes)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -125,7 +127,10 @@ class ServerProcess:
         }
         log = open(self.log_path, "ab")
         try:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=pin
+            )
         finally:
             log.close()
         return self

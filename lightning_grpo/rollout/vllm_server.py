@@ -31,6 +31,8 @@ class ServerSettings:
     """Servers to start when ``urls`` is None (each takes ``kv_cache_memory_bytes`` plus a model copy)."""
     server_args: list[str] = field(default_factory=list)
     """More ``vllm serve`` options for started servers (e.g. ``["--tensor-parallel-size", "2"]``)."""
+    server_cpus: list[int] | None = None
+    """CPU cores started servers are pinned to (e.g. ``[0]``, leaving the others to the trainer); None = any."""
     server_start_timeout: float = 300.0
     """Seconds to wait for a started server's ``/health``."""
     dtype: str = "float32"
@@ -83,6 +85,7 @@ def build_server_engine(settings: ServerSettings, model_dir: str | None, rank: i
         lambda url: ServerClient(url).healthy(),
         dtype=settings.dtype, max_model_len=settings.max_model_len,
         kv_cache_bytes=settings.kv_cache_memory_bytes, extra_args=list(settings.server_args),
+        cpus=settings.server_cpus,
     )  # fmt: skip
     clients = [ServerClient(p.url, settings.request_timeout) for p in processes]
     return ServerEngine(clients, processes=processes, pusher=True, **common)
