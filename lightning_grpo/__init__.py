@@ -15,6 +15,7 @@ _LAZY = {
     "GRPOModule": "lightning_grpo.module",
     "LoraSettings": "lightning_grpo.module",
     "RolloutCallback": "lightning_grpo.callbacks.rollout",
+    "AgentRolloutCallback": "lightning_grpo.agents.callback",
     "PromptDataModule": "lightning_grpo.data.datamodule",
     "RewardSpec": "lightning_grpo.data.reward_set",
     "SamplingConfig": "lightning_grpo.rollout.base",
@@ -25,6 +26,7 @@ _LAZY = {
     "IdenticalSamplesGuard": "lightning_grpo.callbacks.signal_guards",
     "MismatchGuard": "lightning_grpo.callbacks.signal_guards",
     "ZeroStdGuard": "lightning_grpo.callbacks.signal_guards",
+    "EntropyController": "lightning_grpo.callbacks.entropy_control",
 }
 
 __all__ = ["__version__", *_LAZY]

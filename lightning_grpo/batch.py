@@ -36,6 +36,7 @@ class RolloutBatch:
     temperature: float  # sampling temperature: log-probs are computed at the same temperature
     old_logp: Tensor | None = None  # [B, Lc] when the batch is reused after an optimizer step
     ref_logp: Tensor | None = None  # [B, Lc] when beta > 0
+    turn_ids: Tensor | None = None  # [B, Lc] long: model turn of each sampled token, -1 elsewhere (multi-turn)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

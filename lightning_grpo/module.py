@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import lightning as L
@@ -23,11 +24,13 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from .batch import RolloutBatch, micro_step, position_ids
-from .core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs, logprobs_from_hidden, logprobs_from_logits
+from .batch import RolloutBatch, micro_step
+from .core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
 from .core.guards import NonFiniteError
 from .core.kl import kl_penalty_in_reward
 from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
+from .fsdp import fsdp_units, run_as_forward, shard_policy
+from .packing import PackingMode, choose_plan, packed_token_logprobs, padded_token_logprobs
 
 
 @dataclass
@@ -81,9 +84,17 @@ class GRPOModule(L.LightningModule):
         lora: LoRA settings, or None for full fine-tuning.
         dtype: dtype to load a model path in.
         logprob_path: "chunked_hidden" (decoder, then the LM head in chunks: the full logits never
-            exist) or "logits" (the model's own forward, completion logits only; use it with
-            FSDP2 / DeepSpeed ZeRO-3, which gather parameters in the root forward).
+            exist; run as a root forward under FSDP2) or "logits" (the model's own forward,
+            completion logits only; for DeepSpeed ZeRO-3, which gathers parameters there).
         logprob_chunk_size: rows of the LM head computed at once (memory vs speed).
+        packing: padding-free forwards (``lightning_grpo.packing``): a micro-batch's sequences
+            packed into rows with restarting position ids, for the policy, reference and old
+            log-probs. "auto" packs when it saves at least a quarter of the padded tokens and the
+            model's attention supports it; "on" / "off" force it.
+
+    Under Lightning's ``ModelParallelStrategy`` (``tensor_parallel_size=1``) the policy and the
+    reference copy are sharded with FSDP2 in ``configure_model`` (``lightning_grpo.fsdp``); both
+    log-prob paths work sharded, and RolloutCallback gathers full weights for the vLLM push.
         gradient_checkpointing: recompute activations in backward (saves memory).
         optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
     """
@@ -103,6 +114,7 @@ class GRPOModule(L.LightningModule):
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
         logprob_chunk_size: int = 1024,
+        packing: PackingMode = "auto",
         gradient_checkpointing: bool = False,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
@@ -112,6 +124,8 @@ class GRPOModule(L.LightningModule):
         self.loss_fn = loss if loss is not None else GRPOLoss()
         self._advantage_fn = ADVANTAGES.get(advantage)
         self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(reward_aggregation)
+        if packing not in ("auto", "on", "off"):
+            raise ValueError(f"GRPOModule packing must be 'auto', 'on' or 'off', got {packing!r}")
         if num_iterations < 1 or steps_per_generation < 1:
             raise ValueError(
                 f"num_iterations and steps_per_generation must be >= 1, got {num_iterations}, {steps_per_generation}"
@@ -121,7 +135,9 @@ class GRPOModule(L.LightningModule):
         self.lora = lora
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
-        self.model_source = model if isinstance(model, str) or model is None else None
+        from .data.tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
+
+        self.model_source = builtin_model_path(model) if isinstance(model, str) or model is None else None
         self.policy: nn.Module | None = model if isinstance(model, nn.Module) else None
         self.reference: nn.Module | None = None
         self.optimizer_factory = optimizer
@@ -161,6 +177,13 @@ class GRPOModule(L.LightningModule):
         self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
         if self.reference_mode == "copy" and self.reference is None:
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        mesh = self.device_mesh  # set by ModelParallelStrategy: shard with FSDP2 over data parallelism
+        if mesh is not None and not fsdp_units(self.policy):
+            if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
+                raise NotImplementedError("GRPOModule shards with FSDP2 only: use ModelParallelStrategy(tensor_parallel_size=1)")
+            dp_mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+            for model in filter(None, (self.policy, self.reference)):
+                shard_policy(model, dp_mesh)
 
     def _load_policy(self) -> nn.Module:
         from transformers import AutoModelForCausalLM
@@ -195,35 +218,16 @@ class GRPOModule(L.LightningModule):
     # ------------------------------------------------------------------------- log-probs
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
         """Log-probs (and entropy) of the completion tokens at the sampling temperature, through
-        the path named by ``logprob_path`` (models without a decoder / LM head use "logits")."""
+        the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), packed
+        or padded as ``packing`` says (``lightning_grpo.packing``)."""
         chunked = self.hparams.logprob_path == "chunked_hidden"
-        if chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings"):
-            return self._logprobs_chunked_hidden(model, batch, compute_entropy)
-        return self._logprobs_model_forward(model, batch, compute_entropy)
-
-    def _logprobs_chunked_hidden(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool) -> TokenLogProbs:
-        """Decoder, then the LM head in chunks: the [B, Lc, V] logits never exist."""
-        ids, lp = batch.input_ids, batch.prompt_length  # [B, L]
-        decoder_out = model.get_decoder()(input_ids=ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask))
-        head = model.get_output_embeddings()
-        return logprobs_from_hidden(
-            decoder_out.last_hidden_state[:, lp - 1 : -1],  # [B, Lc, H] states that predict the completion
-            head.weight,
-            ids[:, lp:],
-            bias=head.bias,
-            temperature=batch.temperature,
-            compute_entropy=compute_entropy,
-            chunk_size=self.hparams.logprob_chunk_size,
-        )
-
-    def _logprobs_model_forward(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool) -> TokenLogProbs:
-        """The model's own forward (what FSDP2 / ZeRO-3 need to gather parameters); HF models
-        are asked for the completion logits only (``logits_to_keep``)."""
-        ids, lp = batch.input_ids, batch.prompt_length
-        kwargs = {"logits_to_keep": ids.shape[1] - lp + 1} if hasattr(model, "get_output_embeddings") else {}
-        out = model(input_ids=ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask), **kwargs)
-        logits = out.logits[:, -(ids.shape[1] - lp + 1) : -1]  # [B, Lc, V]
-        return logprobs_from_logits(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
+        chunked = chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
+        plan = choose_plan(model, batch, self.hparams.packing)
+        fn = padded_token_logprobs if plan is None else partial(packed_token_logprobs, plan=plan)
+        kwargs = dict(chunked=chunked, compute_entropy=compute_entropy, chunk_size=self.hparams.logprob_chunk_size)
+        if chunked:  # decoder and LM head called directly: run them as a root forward for FSDP2
+            return run_as_forward(model, fn, model, batch, **kwargs)
+        return fn(model, batch, **kwargs)
 
     @torch.no_grad()
     def _logprobs_no_grad(self, batch: RolloutBatch, reference: bool, rows_per_pass: int) -> Tensor:
@@ -292,6 +296,7 @@ class GRPOModule(L.LightningModule):
                 entropy=out.entropy,
                 num_tokens=num_tokens,
                 num_sequences=num_sequences,
+                **({"turn_ids": micro.turn_ids} if micro.turn_ids is not None else {}),
             )
         except NonFiniteError as err:  # rows are micro-batch rows: name the step and micro-batch too
             raise NonFiniteError(f"step {self.trainer.global_step}, micro-batch {int(batch['micro'])}: {err}") from err

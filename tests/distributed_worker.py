@@ -7,7 +7,8 @@ script (``sys.argv``) for rank 1 with ``LOCAL_RANK=1``. Each rank writes its res
 
 ``update``: one optimizer step (SGD) of GRPOModule on a fixed RolloutBatch half per rank (the two
     halves have different token counts and completion widths), for several aggregations and
-    ``accumulate_grad_batches`` 1 and 2; plus a control run whose counts are NOT reduced over ranks.
+    ``accumulate_grad_batches`` 1 and 2; plus a control run whose counts are NOT reduced over ranks,
+    a skip asked by one rank, and an EntropyController whose ranks would decide differently.
     The test compares the updated weights with a 1-process update on the concatenated batch
     (:func:`single_process_update`, run in the test's own process).
 ``e2e``: a few steps of the full loop (PromptDataModule, RolloutCallback with ``--engine hf`` or
@@ -93,8 +94,9 @@ def full_batch(vocab: int) -> RolloutBatch:
 
 
 # --------------------------------------------------------------------------------- one update
-def _trainer(devices: int, accumulate: int) -> L.Trainer:
+def _trainer(devices: int, accumulate: int, callbacks: list | None = None) -> L.Trainer:
     return L.Trainer(
+        callbacks=callbacks,
         accelerator="cpu",
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
@@ -119,9 +121,11 @@ def _module(model_dir: str, aggregation: str) -> GRPOModule:
     )
 
 
-def _fit(module: GRPOModule, batch: RolloutBatch, devices: int, accumulate: int, metrics: dict | None = None) -> dict[str, torch.Tensor]:
+def _fit(
+    module: GRPOModule, batch: RolloutBatch, devices: int, accumulate: int, metrics: dict | None = None, callbacks=None
+) -> dict[str, torch.Tensor]:
     module.rollout_batch = batch
-    trainer = _trainer(devices, accumulate)
+    trainer = _trainer(devices, accumulate, callbacks)
     # an IterableDataset: Lightning adds no DistributedSampler, every rank sees every tick
     trainer.fit(module, train_dataloaders=DataLoader(GenerationTicks(1, accumulate), batch_size=None))
     assert trainer.global_step == 1, trainer.global_step
@@ -153,6 +157,14 @@ def run_update(model_dir: str, out: Path) -> None:
         module.on_train_batch_start = lambda batch, batch_idx: module.skip_optimizer_step("test: rank 1 only")
     results[("skip_on_rank_1", 1)] = _fit(module, rollout_half(rank, module.policy.config.vocab_size), WORLD, 1)
     metrics[("skip_on_rank_1", 1)] = {"skipped_steps": module.skipped_steps}
+    # EntropyController: rank 0's decision (its floor is above the entropy: raise the bonus) is every
+    # rank's, although rank 1 alone would keep the knob (its floor is 0).
+    from lightning_grpo import EntropyController
+
+    module = _module(model_dir, "token_mean")
+    controller = EntropyController(floor=100.0 if rank == 0 else 0.0, window=1)
+    _fit(module, rollout_half(rank, module.policy.config.vocab_size), WORLD, 1, callbacks=[controller])
+    metrics[("entropy_control", 1)] = {"entropy_coef": module.loss_fn.entropy_coef, "moves": controller.moves}
     # Control: per-rank counts (no all-reduce), as a module without the global normaliser would do.
     module = _module(model_dir, "token_mean")
     module._global_sum = lambda value: value.to(module.device, torch.float32)

@@ -26,11 +26,11 @@ _LAUNCH_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LSB_", "JSM_", "OMPI_", "PMI_", 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
 
-def _run_worker(mode: str, model_dir: Path, out: Path, timeout: float = 300, *extra: str) -> None:
+def _run_worker(mode: str, model_dir: Path, out: Path, timeout: float = 300, *extra: str, worker: Path = WORKER) -> None:
     """Run the worker script (rank 0; Lightning starts rank 1) and fail with its output on error."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith(_LAUNCH_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER.parents[1]), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, str(WORKER), mode, "--model", str(model_dir), "--out", str(out), *extra]
+    cmd = [sys.executable, str(worker), mode, "--model", str(model_dir), "--out", str(out), *extra]
     # own session: on a timeout the whole group (rank 0 and the rank Lightning started) is killed
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -108,6 +108,11 @@ def test_a_skip_asked_by_one_rank_is_taken_by_all(ddp_update, tiny_model_path):
         assert result["metrics"][("skip_on_rank_1", 1)] == {"skipped_steps": 1}, rank
         state = result["states"][("skip_on_rank_1", 1)]
         assert all(torch.equal(state[n], before[n]) for n in before), f"rank {rank} updated its weights"
+
+
+def test_the_entropy_controller_takes_rank_zeros_decision_on_every_rank(ddp_update):
+    for rank, result in enumerate(ddp_update):
+        assert result["metrics"][("entropy_control", 1)] == {"entropy_coef": 0.005, "moves": 1}, rank
 
 
 def test_per_rank_counts_would_give_a_different_update(ddp_update, tiny_model_path):

@@ -6,7 +6,11 @@ Each guard is a Lightning callback with an ``action``:
 - ``skip``: also drop the current optimizer step (its gradients are discarded, every rank
   skips; counted in ``train/skipped_steps``);
 - ``stop``: also skip the step and stop the run (``trainer.should_stop``), with the diagnosis in
-  the log and in :attr:`Guard.stop_message`.
+  the log and in :attr:`Guard.stop_message`;
+- ``fix``: apply the guard's known remedy (:meth:`Guard.remedy`) through the object that owns
+  the setting, log what changed; when no remedy is left, warn. Only guards with a remedy
+  accept it: ZeroStdGuard (dynamic sampling, then a higher temperature), MismatchGuard (the
+  TIS correction). Under DDP rank 0 decides for every rank.
 
 Whatever the action, a firing guard logs ``alarm/<name> = 1`` at that step (0 at checks where
 it does not fire; the markers of ``lightning-grpo report``) and appends ``{"step", "guard", "action", "message"}`` to
@@ -45,8 +49,8 @@ from typing_extensions import override
 
 from ..batch import RolloutBatch
 
-Action = Literal["warn", "skip", "stop"]
-ACTIONS = ("warn", "skip", "stop")
+Action = Literal["warn", "skip", "stop", "fix"]
+ACTIONS = ("warn", "skip", "stop", "fix")
 log = logging.getLogger("lightning_grpo.guards")
 
 
@@ -61,8 +65,9 @@ class Guard(Callback):
     REWARN_AFTER: ClassVar[int] = 100
 
     def __init__(self, action: Action) -> None:
-        if action not in ACTIONS:
-            raise ValueError(f"{type(self).__name__}.action must be one of {', '.join(ACTIONS)}; got {action!r}")
+        actions = ACTIONS if type(self).remedy is not Guard.remedy else ACTIONS[:3]
+        if action not in actions:
+            raise ValueError(f"{type(self).__name__}.action must be one of {', '.join(actions)}; got {action!r}")
         self.action = action
         self.alarms: list[dict[str, Any]] = []
         self.stop_message: str | None = None
@@ -73,6 +78,13 @@ class Guard(Callback):
         """Record the alarm and act on it (``action`` overrides the configured one)."""
         action = action or self.action
         step = trainer.global_step
+        if action == "fix":
+            change = self.remedy(trainer, module)
+            if change is None:
+                action, message = "warn", f"{message} (no automatic remedy left)"
+            else:
+                message = f"{message} -> fixed: {change}"
+                self._firing, self._warned_at = False, None  # every fix is logged
         record = {"step": step, "guard": self.name, "action": action, "message": message}
         self.alarms.append(record)
         module.log(f"alarm/{self.name}", 1.0, on_step=True, on_epoch=False, batch_size=1)
@@ -91,6 +103,18 @@ class Guard(Callback):
             log.warning(text)
             self._warned_at = step
         self._firing = True
+
+    def remedy(self, trainer: L.Trainer, module: L.LightningModule) -> str | None:
+        """Apply the next known remedy and describe the change; None when none is left (action
+        ``fix``). Guards without a remedy do not override this and refuse ``action="fix"``."""
+        return None
+
+    def agree(self, trainer: L.Trainer, fires: bool) -> bool:
+        """With ``fix`` under DDP, rank 0's verdict for every rank (a remedy changes settings that
+        all ranks must share); otherwise this rank's. Call on every rank at the same point."""
+        if self.action == "fix" and trainer.world_size > 1:
+            return bool(trainer.strategy.broadcast(bool(fires), src=0))
+        return fires
 
     def clear(self, module: L.LightningModule) -> None:
         """The condition does not hold at this check: log ``alarm/<name> = 0``; the next firing warns again."""

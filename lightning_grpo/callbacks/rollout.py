@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 import lightning as L
@@ -154,14 +155,14 @@ class RolloutCallback(Callback):
             return 0.0
         if not self.weight_sync and self._engine_version >= 0:
             return 0.0
-        from ..rollout.weights import policy_weights_for_engine
+        from ..rollout.weights import gathered_weights_for_engine
 
         start = time.perf_counter()
-        weights = policy_weights_for_engine(module.policy)
-        if getattr(self.engine, "versioned", False):  # servers tag each sample with the version
-            self.engine.load_weights(weights, version=step)
-        else:
-            self.engine.load_weights(weights)
+        with gathered_weights_for_engine(module.policy) as weights:  # full parameters under FSDP2
+            if getattr(self.engine, "versioned", False):  # servers tag each sample with the version
+                self.engine.load_weights(weights, version=step)
+            else:
+                self.engine.load_weights(weights)
         self._engine_version = step
         return time.perf_counter() - start
 
@@ -243,10 +244,7 @@ class RolloutCallback(Callback):
         def seed_for(round_: int) -> int:
             return derive_seed(self.seed, rank, generation * self.max_generation_rounds + round_)
 
-        result = sample_groups(
-            engine, self.reward_set, dm.tokenizer, self.sampling, self.selector, prompts_for, seed_for,
-            target_groups=dm.batch_size, max_rounds=self.max_generation_rounds,
-        )  # fmt: skip
+        result = self._sample_groups(trainer, engine, prompts_for, seed_for)
         result.metrics.update(engine.metrics())
         return result
 
@@ -276,6 +274,7 @@ class RolloutCallback(Callback):
             prompt_length=tensors.input_ids.shape[1] - mask.shape[1],
             group_size=result.group_size,
             temperature=self.sampling.temperature,
+            turn_ids=tensors.turn_ids,
         ).to(module.device)
         module.rollout_batch = module.prepare_rollout_batch(
             batch, result.rewards.to(module.device), result.weights.to(module.device), self.forward_rows
@@ -287,6 +286,14 @@ class RolloutCallback(Callback):
             hook = getattr(callback, "on_rollout_end", None)
             if hook is not None:
                 hook(trainer, module, module.rollout_batch)
+
+    def _sample_groups(self, trainer: L.Trainer, engine: RolloutEngine, prompts_for, seed_for) -> SampleResult:
+        """One generation batch of kept groups (subclasses sample multi-turn episodes here)."""
+        dm = trainer.datamodule
+        return sample_groups(
+            engine, self.reward_set, dm.tokenizer, self.sampling, self.selector, prompts_for, seed_for,
+            target_groups=dm.batch_size, max_rounds=self.max_generation_rounds,
+        )  # fmt: skip
 
     # -------------------------------------------------------------------- validation
     def evaluate(self, module: L.LightningModule, records: list[dict]) -> dict[str, float]:
@@ -300,15 +307,33 @@ class RolloutCallback(Callback):
         self.sync_weights(module)
         return evaluate_prompts(*args)
 
+    # ------------------------------------------------------- settings guards may change
+    @property
+    def dynamic_sampling(self) -> bool:
+        return self.selector.dynamic_sampling
+
+    def set_dynamic_sampling(self, on: bool) -> None:
+        """Switch dynamic sampling on / off from the next generation (ZeroStdGuard ``fix``)."""
+        self.selector.dynamic_sampling = bool(on)
+
+    def set_temperature(self, temperature: float) -> None:
+        """Sample (and compute log-probs) at ``temperature`` from the next generation on."""
+        if not temperature > 0:
+            raise ValueError(f"RolloutCallback temperature must be > 0 for training, got {temperature}")
+        self.sampling = replace(self.sampling, temperature=float(temperature))
+
     # ------------------------------------------------------------------------- state
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "generations": self.generations}
+        return {"seed": self.seed, "generations": self.generations, "dynamic_sampling": self.dynamic_sampling,
+                "temperature": self.sampling.temperature}  # fmt: skip
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.seed = state_dict["seed"]
         self.generations = state_dict["generations"]
+        self.set_dynamic_sampling(state_dict.get("dynamic_sampling", self.dynamic_sampling))  # a guard may have changed them
+        self.set_temperature(state_dict.get("temperature", self.sampling.temperature))
         self._engine_version = -1  # a resumed run always pushes before its first generation
 
 

@@ -65,7 +65,7 @@ def score_rollout(rollout: Rollout, reward_set: RewardSet, tokenizer, records: l
     columns = {key: [rec[key] for rec in records for _ in range(G)] for key in records[0]}
     columns.update(
         completion_ids=rollout.completion_ids,
-        completion_lengths=[len(ids) for ids in rollout.completion_ids],
+        completion_lengths=rollout.sampled_lengths(),
         truncated=[not f for f in rollout.finished],
     )
     return reward_set.score(completions, columns)
@@ -75,13 +75,15 @@ def rollout_statistics(rollout: Rollout, scores: RewardScores) -> dict[str, floa
     """Reward, diversity and length statistics of one round as the policy sampled it."""
     G = rollout.group_size
     total = (scores.rewards @ scores.weights).view(-1, G)  # [P, G]
-    lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)  # [B]
+    lengths = torch.tensor(rollout.sampled_lengths(), dtype=torch.float32)  # [B]
     groups = [rollout.completion_ids[p * G : (p + 1) * G] for p in range(total.shape[0])]
     distinct = torch.tensor([len({tuple(c) for c in grp}) for grp in groups], dtype=torch.float32)  # [P]
     out = {
         "reward_mean": total.mean().item(),
         "reward_std": total.std(correction=0).item(),
         "frac_reward_zero_std": (total.max(-1).values == total.min(-1).values).float().mean().item(),
+        "reward_levels": float(total.unique().numel()),  # distinct total rewards (2: a pass / fail reward)
+        "frac_groups_all_lowest": (total.max(-1).values == total.min()).float().mean().item(),  # every sample at the batch minimum
         "frac_identical_groups": (distinct == 1).float().mean().item() if G > 1 else 0.0,
         "distinct_per_group": distinct.mean().item(),
         "completion_length_mean": lengths.mean().item(),
@@ -100,6 +102,7 @@ def _take_rows(rollout: Rollout, rows: list[int], group_size: int) -> Rollout:
         logprobs=[rollout.logprobs[r] for r in rows],
         finished=[rollout.finished[r] for r in rows],
         group_size=group_size,
+        turn_ids=None if rollout.turn_ids is None else [rollout.turn_ids[r] for r in rows],
     )
 
 
@@ -113,8 +116,17 @@ def sample_groups(
     seed_for: Callable[[int], int],
     target_groups: int,
     max_rounds: int,
+    generate: Callable[[list[dict], int], Rollout] | None = None,
+    score: Callable[[Rollout, list[dict]], RewardScores] | None = None,
 ) -> SampleResult:
-    """Sample rounds until ``target_groups`` groups are kept (one round without dynamic sampling)."""
+    """Sample rounds until ``target_groups`` groups are kept (one round without dynamic sampling).
+
+    ``generate(records, seed)`` and ``score(rollout, records)`` replace the engine call and the
+    reward scoring (multi-turn episodes, :mod:`lightning_grpo.agents`)."""
+    if generate is None:
+        generate = lambda records, seed: engine.generate([r["prompt_ids"] for r in records], sampling, seed)  # noqa: E731
+    if score is None:
+        score = lambda rollout, records: score_rollout(rollout, reward_set, tokenizer, records)  # noqa: E731
     k = selector.out_group_size
     kept: list[Rollout] = []
     kept_rewards: list[Tensor] = []
@@ -125,16 +137,16 @@ def sample_groups(
     for round_ in range(max_rounds if selector.dynamic_sampling else 1):
         records = prompts_for(round_)
         start = time.perf_counter()
-        rollout = engine.generate([r["prompt_ids"] for r in records], sampling, seed_for(round_))
+        rollout = generate(records, seed_for(round_))
         gen_time += time.perf_counter() - start
         start = time.perf_counter()
-        scores = score_rollout(rollout, reward_set, tokenizer, records)
+        scores = score(rollout, records)
         reward_time += time.perf_counter() - start
         rounds += 1
         if round_ == 0:
             metrics = rollout_statistics(rollout, scores)
         total = scores.rewards @ scores.weights  # [B]
-        lengths = torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32)
+        lengths = torch.tensor(rollout.sampled_lengths(), dtype=torch.float32)  # [B] GFPO counts sampled tokens
         rows = selector.rows(total, lengths).nonzero().flatten()  # [P * k], group-contiguous
         signal = total if selector.signal_column is None else scores.rewards[:, selector.signal_column]  # [B]
         groups = selector.groups(signal[rows])  # [P]
@@ -155,6 +167,7 @@ def sample_groups(
             logprobs=[lp for r in kept for lp in r.logprobs],
             finished=[f for r in kept for f in r.finished],
             group_size=k,
+            turn_ids=None if kept[0].turn_ids is None else [t for r in kept for t in r.turn_ids],
         )
         rewards = torch.cat(kept_rewards)
     else:  # no group carried signal: train on the first round (advantages are all zero)

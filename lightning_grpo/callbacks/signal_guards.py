@@ -15,7 +15,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ..batch import RolloutBatch
-from .guards import Action, Guard
+from .guards import Action, Guard, log
 
 
 def improbable_identical_groups(batch: RolloutBatch, max_chance: float) -> Tensor:
@@ -70,47 +70,94 @@ class IdenticalSamplesGuard(Guard):
 class ZeroStdGuard(Guard):
     """Groups whose samples all got the same reward (``train/frac_reward_zero_std``) have zero
     advantages and teach nothing. Fires when the fraction, averaged over the last ``window``
-    generation batches (once there are that many), reaches ``threshold``; with ``max_reward`` set, not while the reward mean
-    over the same window has reached it (the groups are all-right: the task is learned)."""
+    generation batches (once there are that many), reaches ``threshold``; with ``max_reward`` set,
+    not while the reward mean over the same window has reached it (the groups are all-right: the
+    task is learned).
+
+    A pass / fail reward (two distinct values in some batch of the window and never more, e.g.
+    exact match of a one-digit answer) makes zero-std groups a property of the task: a prompt solved with
+    probability p gives an all-equal group of G with probability p^G + (1 - p)^G (0.51 at p = 0.08,
+    G = 8): all-wrong groups dominate a cold start, all-right groups a learned task. The guard
+    says so once (at its first full window) and from then on counts only the groups without
+    signal that are not learned, those whose every sample got the batch's lowest reward
+    (``train/frac_groups_all_lowest``); it fires when they reach ``pass_fail_threshold`` (the
+    prompts are too hard, the reward never pays). None: ``threshold`` on all zero-std groups.
+    """
 
     name = "zero_reward_std"
-    SETTINGS = ("threshold", "max_reward", "window")
+    SETTINGS = ("threshold", "max_reward", "window", "pass_fail_threshold")
 
     def __init__(
-        self, threshold: float = 0.75, max_reward: float | None = None, window: int = 20, action: Action = "warn"
+        self,
+        threshold: float = 0.75,
+        max_reward: float | None = None,
+        window: int = 20,
+        pass_fail_threshold: float | None = 0.95,
+        action: Action = "warn",
     ) -> None:
         super().__init__(action)
-        if not 0 < threshold <= 1:
-            raise ValueError(f"ZeroStdGuard.threshold must be in (0, 1], got {threshold}")
+        for field, value in (("threshold", threshold), ("pass_fail_threshold", pass_fail_threshold)):
+            if value is not None and not 0 < value <= 1:
+                raise ValueError(f"ZeroStdGuard.{field} must be in (0, 1], got {value}")
         if window < 1:
             raise ValueError(f"ZeroStdGuard.window must be >= 1, got {window}")
         self.threshold, self.max_reward, self.window = threshold, max_reward, window
+        self.pass_fail_threshold = pass_fail_threshold
         self.fractions: deque[float] = deque(maxlen=window)
         self.rewards: deque[float] = deque(maxlen=window)
+        self.levels: deque[float] = deque(maxlen=window)
+        self.lowest: deque[float] = deque(maxlen=window)
+        self.noted = False  # the pass / fail note was logged
 
     def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
         metrics = pl_module.rollout_metrics
         if "frac_reward_zero_std" not in metrics:
             return
         self.fractions.append(metrics["frac_reward_zero_std"])
+        self.lowest.append(metrics.get("frac_groups_all_lowest", float("nan")))
         self.rewards.append(metrics.get("reward_mean", float("nan")))
-        frac, reward = sum(self.fractions) / len(self.fractions), sum(self.rewards) / len(self.rewards)
+        self.levels.append(metrics.get("reward_levels", float("inf")))
+        reward = sum(self.rewards) / len(self.rewards)
         learned = self.max_reward is not None and reward >= self.max_reward
-        if len(self.fractions) < self.fractions.maxlen or frac < self.threshold or learned:
+        if len(self.fractions) < self.fractions.maxlen or learned:
             self.clear(pl_module)
             return
+        pass_fail = self._pass_fail(trainer, batch.group_size, reward)
+        fractions, threshold = (self.lowest, self.pass_fail_threshold) if pass_fail else (self.fractions, self.threshold)
+        frac = sum(fractions) / len(fractions)
+        if not frac >= threshold:
+            self.clear(pl_module)
+            return
+        self.fire(trainer, pl_module, self._message(trainer, frac, reward, pass_fail))
+
+    def _pass_fail(self, trainer: L.Trainer, group_size: int, reward: float) -> bool:
+        """Whether the reward is pass / fail over the window (noted once, the first time)."""
+        pass_fail = self.pass_fail_threshold is not None and max(self.levels) == 2  # both values seen, never more
+        if pass_fail and not self.noted and trainer.global_rank == 0:
+            p = min(max(reward, 0.0), 1.0)
+            log.warning(  # a note, once: not an alarm
+                f"[{self.name}] note: the reward is pass / fail (two values): with G = {group_size} a prompt solved "
+                f"with probability p gives an all-equal group with probability p^G + (1 - p)^G "
+                f"({p**group_size + (1 - p) ** group_size:.2f} at the reward mean {p:.3g}), so zero-std groups are "
+                f"expected; this guard fires only when {self.pass_fail_threshold:.0%} of the groups got the lowest "
+                "reward on every sample (pass_fail_threshold)"
+            )
+        self.noted = self.noted or pass_fail
+        return pass_fail
+
+    def _message(self, trainer: L.Trainer, frac: float, reward: float, pass_fail: bool) -> str:
         refilling = any(getattr(getattr(cb, "selector", None), "dynamic_sampling", False) for cb in trainer.callbacks)
         fix = (
             "dynamic sampling is on: raise RolloutCallback.max_generation_rounds to refill the batch"
             if refilling
             else "enable dynamic sampling (RolloutCallback.dynamic_sampling: true, DAPO)"
         )
-        message = (
-            f"{frac:.0%} of groups have zero reward std over the last {len(self.fractions)} batches (reward mean "
+        what = "got the lowest reward on every sample (pass / fail reward)" if pass_fail else "have zero reward std"
+        return (
+            f"{frac:.0%} of groups {what} over the last {len(self.fractions)} batches (reward mean "
             f"{reward:.3g}): {fix}, raise sampling.n or the temperature, or use a denser reward; a reward mean near "
             "its maximum means the prompts have become too easy"
         )
-        self.fire(trainer, pl_module, message)
 
 
 class MismatchGuard(Guard):

@@ -5,7 +5,7 @@ Per token, for the completion tokens that survive the masks:
     L_t = w_t * policy_loss_t(logp, old, A)          # w_t: rollout correction weight (TIS), else 1
           + beta * KL_t(logp, ref)                     # KL as a loss term (beta = 0: no reference)
           - entropy_coef * H_t                         # entropy bonus
-          + llds_coef * LLDS_t                         # likelihood-preserving regulariser
+          + llds_coef * LLDS_t                         # likelihood-preserving regulariser (per turn)
     loss = aggregate(L, loss_mask)                     # token-mean, seq-mean-token-mean, ...
 
     loss_mask = mask * correction_mask (MIS / IcePop) * off-policy sequence mask
@@ -18,6 +18,8 @@ name fails before any work; nothing here branches on a name.
 
 from __future__ import annotations
 
+import inspect
+import math
 from typing import Any, NamedTuple
 
 import torch
@@ -95,6 +97,36 @@ class GRPOLoss:
         self._entropy_bonus = TOKEN_TERMS.get("entropy_bonus")
         self._llds = TOKEN_TERMS.get("llds")
 
+    # ------------------------------------------------------------------ knobs (controllers)
+    def knobs(self) -> tuple[str, ...]:
+        """Names a controller may move during training: ``entropy_coef`` and the numeric keyword
+        arguments of the configured policy loss (``eps_high``, ``clip_ratio``, ``kl_cov_ratio``, ...)."""
+        params = inspect.signature(self.policy_loss_fn).parameters.values()
+        numeric = [p.name for p in params if p.kind is p.KEYWORD_ONLY and isinstance(p.default, float)]
+        return ("entropy_coef", *numeric)
+
+    def knob(self, name: str) -> float:
+        """Current value of a knob (a policy-loss argument not given explicitly: its default)."""
+        if name == "entropy_coef":
+            return self.entropy_coef
+        self._check_knob(name)
+        default = inspect.signature(self.policy_loss_fn).parameters[name].default
+        return float(self.policy_loss_args.get(name, default))
+
+    def set_knob(self, name: str, value: float) -> None:
+        """Set a knob for the following loss calls (EntropyController); ``value`` finite and >= 0."""
+        self._check_knob(name)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"GRPOLoss knob {name} must be finite and >= 0, got {value}")
+        if name == "entropy_coef":
+            self.entropy_coef = float(value)
+        else:
+            self.policy_loss_args[name] = float(value)
+
+    def _check_knob(self, name: str) -> None:
+        if name not in self.knobs():
+            raise ValueError(f"GRPOLoss has no knob {name!r} with this policy loss; available: {', '.join(self.knobs())}")
+
     @property
     def needs_entropy(self) -> bool:
         return self.entropy_coef != 0.0 or self.top_entropy_quantile is not None
@@ -120,6 +152,7 @@ class GRPOLoss:
         num_tokens: float | Tensor | None = None,  # global normaliser (token-mean)
         num_sequences: float | Tensor | None = None,  # global normaliser (seq-mean modes)
         generator: torch.Generator | None = None,
+        turn_ids: Tensor | None = None,  # [B, T] long: model turn per token (multi-turn; LLDS gates per turn)
     ) -> LossOutput:
         mask = mask.to(torch.float32)
         old = logp.detach() if old_logp is None else old_logp
@@ -140,7 +173,7 @@ class GRPOLoss:
         if self.entropy_coef != 0.0:
             token_loss = token_loss + self._entropy_bonus(entropy, loss_mask, self.entropy_coef)
         if self.llds_coef != 0.0:
-            token_loss = token_loss + self._llds(logp, old, loss_mask, self.llds_coef)
+            token_loss = token_loss + self._llds(logp, old, loss_mask, self.llds_coef, turn_ids=turn_ids)
 
         loss = self.aggregate_fn(
             token_loss, loss_mask, num_tokens=num_tokens, num_sequences=num_sequences, **self.aggregation_args

@@ -23,8 +23,9 @@ Departures:
   of all ranks first. Interpolation is linear, as ``torch.quantile`` (TRL).
 - LLDS: the paper's regulariser acts on responses whose likelihood fell under the update and
   only on the tokens whose log-prob fell; we gate per row (one response = one row) with
-  sum_t (logp - old) < 0 and regularise with the hinge max(0, old - logp). The paper's
-  per-action (multi-turn) gating is not implemented. ``coef`` has no default (pick it per recipe).
+  sum_t (logp - old) < 0 and regularise with the hinge max(0, old - logp); multi-turn episodes
+  gate per action (model turn, ``turn_ids``) as the paper does. ``coef`` has no default (pick it
+  per recipe).
 """
 
 from __future__ import annotations
@@ -58,13 +59,15 @@ def entropy_bonus(entropy: Tensor, mask: Tensor, coef: float) -> Tensor:
 
 
 @TOKEN_TERMS.register("llds")
-def llds(logp: Tensor, old_logp: Tensor, mask: Tensor, coef: float) -> Tensor:
-    """LLDS likelihood-preserving regulariser (arXiv 2512.04220).
+def llds(logp: Tensor, old_logp: Tensor, mask: Tensor, coef: float, turn_ids: Tensor | None = None) -> Tensor:
+    """LLDS likelihood-preserving regulariser (arXiv 2512.04220), gated per action.
 
-    d_t = logp_t - old_t (old detached);  gate_i = 1[sum_t d_it < 0] over row i's valid tokens
-    L_t = coef * gate_i * max(0, -d_t)   on valid tokens, 0 elsewhere.
-    Acts only on responses whose total log-likelihood fell, and only on their tokens whose
-    log-prob fell; its gradient on such a token is -coef d logp_t (pushes the log-prob back up).
+    d_t = logp_t - old_t (old detached);  gate_a = 1[sum_{t in a} d_t < 0] over the valid tokens
+    of action a;  L_t = coef * gate_a(t) * max(0, -d_t)   on valid tokens, 0 elsewhere.
+    An action is one model turn of a multi-turn episode (``turn_ids`` [B, T] long: the turn of
+    each token, < 0 on tokens outside any turn), else the whole row (one response). Acts only on
+    actions whose log-likelihood fell, and only on their tokens whose log-prob fell; its gradient
+    on such a token is -coef d logp_t (pushes the log-prob back up).
     logp, old_logp, mask: [B, T] -> [B, T] float32.
     """
     valid, dtype = _valid_and_dtype(logp, mask)
@@ -72,7 +75,15 @@ def llds(logp: Tensor, old_logp: Tensor, mask: Tensor, coef: float) -> Tensor:
         raise ValueError(f"old_logp has shape {tuple(old_logp.shape)}, logp {tuple(logp.shape)}")
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     d = torch.where(valid, logp.to(dtype) - old_logp.detach().to(dtype), zero)  # [B, T]
-    fell = (d.detach().sum(dim=-1, keepdim=True) < 0) & valid  # [B, T]
+    if turn_ids is None:
+        fell = (d.detach().sum(dim=-1, keepdim=True) < 0) & valid  # [B, T]
+    else:
+        if turn_ids.shape != logp.shape:
+            raise ValueError(f"turn_ids has shape {tuple(turn_ids.shape)}, logp {tuple(logp.shape)}")
+        turn = turn_ids.long().clamp(min=-1) + 1  # [B, T] 0 = outside any turn
+        sums = torch.zeros(logp.shape[0], int(turn.max()) + 1, dtype=dtype, device=logp.device)  # [B, turns+1]
+        sums.scatter_add_(1, turn, d.detach())
+        fell = (sums.gather(1, turn) < 0) & valid & (turn > 0)  # [B, T]
     return torch.where(fell, coef * torch.relu(-d), zero)
 
 

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_grpo.batch import steps_per_batch
 from lightning_grpo.data.schedule import generation_indices, permutation, refill_indices
 from lightning_grpo.data.tasks import DIGIT_RULES, digit_task
+from lightning_grpo.data.tiny import builtin_model_path
 
 #: File suffix -> ``datasets`` builder name.
 SUPPORTED_EXTENSIONS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -163,7 +164,7 @@ class PromptDataModule(L.LightningDataModule):
         self._train_files = _check_files(train_files, "train_files")
         self._val_files = _check_files(val_files, "val_files")
         self.train_dataset, self.val_dataset = train_dataset, val_dataset
-        self.tokenizer_path = tokenizer_path
+        self.tokenizer_path = builtin_model_path(tokenizer_path)  # "tiny:tools" -> a built-in tiny model
         self.prompt_column, self.answer_column = prompt_column, answer_column
         self.use_chat_template, self.system_prompt = use_chat_template, system_prompt
         self.val_fraction, self.seed, self.shuffle = val_fraction, seed, shuffle

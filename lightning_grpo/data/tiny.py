@@ -25,6 +25,34 @@ CHATML_TEMPLATE = (
 )
 
 
+#: The ``tools`` variant: ChatML with tool support (Qwen2.5 / Hermes layout: tools announced in a
+#: system message, calls as ``<tool_call>`` JSON, results as ``<tool_response>`` in a user turn).
+#: Tools are listed by name only, to keep tiny prompts short.
+CHATML_TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\ntools:{% for tool in tools %} {{ tool.function.name }}{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{% elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n{{ message.content or '' }}"
+    "{% for call in message.tool_calls %}<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": "
+    "{{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+#: Extra characters of the ``tools`` variant (JSON and tool names).
+TOOLS_ALPHABET = list('_{}[]",') + list(string.ascii_uppercase)
+#: Whole strings that the ``tools`` variant spells as one token each, as a real BPE vocabulary spells
+#: frequent strings: the Hermes markers, and the complete call of the built-in secret-digit tool, so
+#: that a random 88K-parameter model can sample a well-formed call (lightning_grpo.agents.secret_digit).
+TOOLS_WORDS = [
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    '<tool_call>\n{"name": "secret_digit", "arguments": {}}\n</tool_call>',
+]
+
+
 @dataclass(frozen=True)
 class TinyModelConfig:
     """Shape of the tiny Qwen2 policy. head_dim = hidden_size / num_attention_heads must be one
@@ -39,9 +67,15 @@ class TinyModelConfig:
     initializer_range: float = 0.02
     tie_word_embeddings: bool = False
     seed: int = 0
+    tokenizer: str = "chars"
+    """"chars" (character level, plain ChatML) or "tools" (more characters, ChatML with tool
+    support, Hermes markers as tokens: :data:`CHATML_TOOLS_TEMPLATE`)."""
 
     def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True) + "|v2"
+        fields = asdict(self)
+        if fields["tokenizer"] == "chars":  # the original key of the default tokenizer
+            del fields["tokenizer"]
+        blob = json.dumps(fields, sort_keys=True) + "|v2"
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -53,9 +87,13 @@ def default_cache_dir() -> Path:
     return Path(base) / "lightning_grpo"
 
 
-def build_char_tokenizer():
+def build_char_tokenizer(variant: str = "chars"):
     """A character-level tokenizer: one token per character of :data:`ALPHABET` (fixed ids);
-    characters outside it are dropped."""
+    characters outside it are dropped. ``variant="tools"`` adds :data:`TOOLS_ALPHABET`, the
+    :data:`TOOLS_WORDS` as single tokens and the tool-aware chat template."""
+    if variant not in ("chars", "tools"):
+        raise ValueError(f"tiny tokenizer variant must be 'chars' or 'tools', got {variant!r}")
+    alphabet = ALPHABET + (TOOLS_ALPHABET if variant == "tools" else [])
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -65,7 +103,7 @@ def build_char_tokenizer():
     # encodes the same ids whether it is loaded as Qwen2Tokenizer or PreTrainedTokenizerFast.
     byte_char = bytes_to_unicode()
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}  # fixed ids: pad 0, eos 1
-    vocab.update({byte_char[ord(c)]: len(SPECIAL_TOKENS) + i for i, c in enumerate(ALPHABET)})
+    vocab.update({byte_char[ord(c)]: len(SPECIAL_TOKENS) + i for i, c in enumerate(alphabet)})
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -76,12 +114,14 @@ def build_char_tokenizer():
     )
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    if variant == "tools":
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOLS_WORDS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<pad>",
         eos_token="<eos>",
         unk_token="<unk>",
-        chat_template=CHATML_TEMPLATE,
+        chat_template=CHATML_TOOLS_TEMPLATE if variant == "tools" else CHATML_TEMPLATE,
         clean_up_tokenization_spaces=False,
     )
 
@@ -126,7 +166,7 @@ def tiny_model_dir(config: TinyModelConfig | None = None, cache_dir: str | os.Pa
         return target
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{target.name}-{os.getpid()}"
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(config.tokenizer)
     model = build_tiny_model(config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -138,3 +178,15 @@ def tiny_model_dir(config: TinyModelConfig | None = None, cache_dir: str | os.Pa
 
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+#: ``model.model`` / ``data.tokenizer_path`` values naming a built-in tiny model: ``"tiny:chars"``, ``"tiny:tools"``.
+BUILTIN_PREFIX = "tiny:"
+
+
+def builtin_model_path(source: str | None) -> str | None:
+    """The directory of a built-in tiny model named ``"tiny:<tokenizer variant>"`` (built on first use);
+    any other value unchanged."""
+    if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
+        return str(tiny_model_dir(TinyModelConfig(tokenizer=source[len(BUILTIN_PREFIX) :])))
+    return source

@@ -10,7 +10,7 @@ from lightning_grpo.rollout.base import (
 )
 from lightning_grpo.rollout.hf import HFEngine
 from lightning_grpo.rollout.vllm import VLLMEngine
-from lightning_grpo.rollout.weights import policy_weights_for_engine
+from lightning_grpo.rollout.weights import gathered_weights_for_engine, policy_weights_for_engine
 
 __all__ = [
     "HFEngine",
@@ -20,6 +20,7 @@ __all__ = [
     "SamplingConfig",
     "VLLMEngine",
     "derive_seed",
+    "gathered_weights_for_engine",
     "policy_weights_for_engine",
     "rollout_to_tensors",
 ]

@@ -38,6 +38,9 @@ class SamplingConfig:
     """Keep the k most likely tokens; 0 = off."""
     max_new_tokens: int = 16
     """Most tokens sampled per completion (the EOS token counts)."""
+    stop_token_ids: list[int] | None = None
+    """Token ids that end a completion like EOS (kept as its last token), e.g. a chat template's
+    end-of-turn / end-of-tool-call marker; None = EOS only."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -50,6 +53,8 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"SamplingConfig.max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if self.stop_token_ids is not None and not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"SamplingConfig.stop_token_ids must be a list of token ids (ints >= 0), got {self.stop_token_ids!r}")
 
     @property
     def greedy(self) -> bool:
@@ -81,10 +86,14 @@ class Rollout:
     """P*G flags: True = the completion ended with EOS, False = it hit ``max_new_tokens``."""
     group_size: int
     """G, completions per prompt."""
+    turn_ids: list[list[int]] | None = None
+    """Multi-turn episodes (:mod:`lightning_grpo.agents`): P*G lists, same lengths as ``completion_ids``:
+    the 0-based model turn of each sampled token, -1 on tokens the environment appended (no loss,
+    log-prob 0). None: every completion token was sampled (one turn)."""
 
     def __post_init__(self) -> None:
         expected = len(self.prompt_ids) * self.group_size
-        for field in ("completion_ids", "logprobs", "finished"):
+        for field in ("completion_ids", "logprobs", "finished") + (("turn_ids",) if self.turn_ids is not None else ()):
             got = len(getattr(self, field))
             if got != expected:
                 raise ValueError(
@@ -94,6 +103,14 @@ class Rollout:
         for i, (ids, lps) in enumerate(zip(self.completion_ids, self.logprobs)):
             if len(ids) != len(lps):
                 raise ValueError(f"Rollout.logprobs[{i}] has {len(lps)} values for {len(ids)} completion tokens")
+            if self.turn_ids is not None and len(self.turn_ids[i]) != len(ids):
+                raise ValueError(f"Rollout.turn_ids[{i}] has {len(self.turn_ids[i])} values for {len(ids)} completion tokens")
+
+    def sampled_lengths(self) -> list[int]:
+        """Tokens the policy sampled per row (environment tokens of multi-turn episodes not counted)."""
+        if self.turn_ids is None:
+            return [len(c) for c in self.completion_ids]
+        return [sum(1 for t in turns if t >= 0) for turns in self.turn_ids]
 
 
 class RolloutTensors(NamedTuple):
@@ -110,9 +127,11 @@ class RolloutTensors(NamedTuple):
     attention_mask: torch.Tensor
     """[B, Lp+Lc] long: 1 on prompt and completion tokens, 0 on padding."""
     completion_mask: torch.Tensor
-    """[B, Lc] float: 1 on sampled tokens (EOS included), 0 on padding."""
+    """[B, Lc] float: 1 on sampled tokens (EOS included), 0 on padding (and on environment tokens)."""
     rollout_logprobs: torch.Tensor
     """[B, Lc] float32: the engine's log-prob of each sampled token, 0 on padding."""
+    turn_ids: torch.Tensor | None = None
+    """[B, Lc] long: model turn of each sampled token, -1 elsewhere (multi-turn episodes only)."""
 
 
 def rollout_to_tensors(rollout: Rollout, pad_id: int) -> RolloutTensors:
@@ -125,6 +144,7 @@ def rollout_to_tensors(rollout: Rollout, pad_id: int) -> RolloutTensors:
     attention_mask = torch.zeros((B, Lp + Lc), dtype=torch.long)  # [B, Lp+Lc]
     completion_mask = torch.zeros((B, Lc), dtype=torch.float32)  # [B, Lc]
     rollout_logprobs = torch.zeros((B, Lc), dtype=torch.float32)  # [B, Lc]
+    turn_ids = None if rollout.turn_ids is None else torch.full((B, Lc), -1, dtype=torch.long)  # [B, Lc]
     for b, (ids, lps) in enumerate(zip(rollout.completion_ids, rollout.logprobs)):
         prompt = rollout.prompt_ids[b // G]
         if prompt:
@@ -135,7 +155,11 @@ def rollout_to_tensors(rollout: Rollout, pad_id: int) -> RolloutTensors:
             attention_mask[b, Lp : Lp + len(ids)] = 1
             completion_mask[b, : len(ids)] = 1
             rollout_logprobs[b, : len(ids)] = torch.tensor(lps, dtype=torch.float32)
-    return RolloutTensors(input_ids, attention_mask, completion_mask, rollout_logprobs)
+            if turn_ids is not None:
+                turn_ids[b, : len(ids)] = torch.tensor(rollout.turn_ids[b], dtype=torch.long)
+    if turn_ids is not None:
+        completion_mask = (turn_ids >= 0).float()  # environment tokens carry no loss
+    return RolloutTensors(input_ids, attention_mask, completion_mask, rollout_logprobs, turn_ids)
 
 
 class RolloutEngine(abc.ABC):

@@ -83,12 +83,11 @@ def _save_for_engine(policy, tokenizer) -> str:
             f"got {type(base).__name__}: use engine='hf' or pass GRPOModule(model='path/to/model')"
         )
     directory = Path(tempfile.mkdtemp(prefix="lightning-grpo-engine-"))
-    from .weights import policy_weights_for_engine
+    from .weights import gathered_weights_for_engine
 
-    # HF checkpoint names (a peft model's LoRA layers merged, no base_layer / lora_ names)
-    weights = {name: tensor.detach() for name, tensor in policy_weights_for_engine(policy)}
-    with _save_on_every_rank(base):  # each rank builds its own engine from its own directory
-        base.save_pretrained(directory, state_dict=weights)
+    # HF checkpoint names (a peft model's LoRA layers merged, no base_layer / lora_ names; full under FSDP2)
+    with gathered_weights_for_engine(policy) as pairs, _save_on_every_rank(base):  # one directory per rank
+        base.save_pretrained(directory, state_dict={name: tensor.detach() for name, tensor in pairs})
     tokenizer.save_pretrained(directory)
     return str(directory)
 

@@ -83,7 +83,8 @@ class HFEngine(RolloutEngine):
             dim=1,
         )  # [P*G, Ln]
         del out
-        return self._cut_at_eos(prompt_ids, new_tokens.tolist(), token_logprobs.tolist(), sampling.n)
+        stops = {self.eos_token_id, *(sampling.stop_token_ids or ())}
+        return self._cut_at_eos(prompt_ids, new_tokens.tolist(), token_logprobs.tolist(), sampling.n, stops)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """No-op: the engine samples from the live policy."""
@@ -118,20 +119,21 @@ class HFEngine(RolloutEngine):
             min_new_tokens=0,
             max_new_tokens=sampling.max_new_tokens,
             num_beams=1,
-            eos_token_id=self.eos_token_id,
+            eos_token_id=[self.eos_token_id, *(sampling.stop_token_ids or ())],
             pad_token_id=self.pad_token_id,
             return_dict_in_generate=True,
             output_logits=True,
         )
 
     def _cut_at_eos(
-        self, prompt_ids: list[list[int]], tokens: list[list[int]], logprobs: list[list[float]], n: int
+        self, prompt_ids: list[list[int]], tokens: list[list[int]], logprobs: list[list[float]], n: int, stops: set[int]
     ) -> Rollout:
-        """Drop everything after the first EOS (generate pads finished rows) and flag finished rows."""
+        """Drop everything after the first EOS / stop token (generate pads finished rows) and flag finished rows."""
         completions, lps, finished = [], [], []
         for row_tokens, row_lps in zip(tokens, logprobs):
-            done = self.eos_token_id in row_tokens
-            end = row_tokens.index(self.eos_token_id) + 1 if done else len(row_tokens)
+            end = next((i + 1 for i, tok in enumerate(row_tokens) if tok in stops), None)
+            done = end is not None
+            end = end if done else len(row_tokens)
             completions.append(row_tokens[:end])
             lps.append(row_lps[:end])
             finished.append(done)

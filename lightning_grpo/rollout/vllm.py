@@ -178,6 +178,7 @@ class VLLMEngine(RolloutEngine):
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 max_tokens=sampling.max_new_tokens,
+                stop_token_ids=list(sampling.stop_token_ids or ()),  # kept as the last token, like EOS
                 logprobs=0,  # the sampled token's log-prob only
                 seed=request_seed(seed, p),  # sample i of the group uses this + i (vLLM)
             )

@@ -6,11 +6,16 @@ LoRA-wrapped layer yields ``W + delta_W`` under the base layer's HF name (no ``b
 prefix, no ``.base_layer``); adapter tensors themselves are not yielded and the peft model is
 never modified (an in-place merge / unmerge would leave rounding drift in the trained weights).
 Tensors are produced one at a time; merged ones are fresh and dropped once the consumer moves on.
+
+A policy sharded with FSDP2 holds only its shard of each parameter: push inside
+:func:`gathered_weights_for_engine`, which all-gathers the full parameters unit by unit (bucketed:
+one collective per FSDP2 unit) for the push and reshards afterwards.
 """
 
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from typing import Iterator
 
 import torch
@@ -27,7 +32,24 @@ def policy_weights_for_engine(model: nn.Module, merge_lora: bool = True) -> Iter
             already merged by peft are taken as they stand). False = the base weights alone, for an
             engine that applies the adapter itself (``VLLMEngine.load_lora_adapter``).
     """
-    yield from _walk(_unwrap_peft(model), "", merge_lora, _peft_classes())
+    for name, tensor in _walk(_unwrap_peft(model), "", merge_lora, _peft_classes()):
+        if hasattr(tensor, "full_tensor"):  # a DTensor: only this rank's shard is here
+            raise RuntimeError(
+                f"policy_weights_for_engine: {name} is sharded ({type(tensor).__name__}); push inside "
+                "gathered_weights_for_engine(model), which all-gathers the full parameters first"
+            )
+        yield name, tensor
+
+
+@contextmanager
+def gathered_weights_for_engine(model: nn.Module, merge_lora: bool = True) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
+    """:func:`policy_weights_for_engine` with full parameters when ``model`` is FSDP2-sharded (every
+    unit all-gathered on entry, resharded on exit; a collective: all ranks enter together). The
+    tensors are views of the gathered parameters: consume them inside the ``with`` block."""
+    from ..fsdp import gathered
+
+    with gathered(model):
+        yield policy_weights_for_engine(model, merge_lora)
 
 
 def _unwrap_peft(model: nn.Module) -> nn.Module:

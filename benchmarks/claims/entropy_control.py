@@ -1,0 +1,71 @@
+"""Claim: entropy control (EntropyController, knob entropy_coef) keeps the entropy above its
+floor at a learning rate where the quickstart collapses (2e-3), and learns.
+
+Seed 000 (section 01): entropy must be held in a band; a collapsing policy stops exploring and
+its wrong answers stay wrong. Arms, each on the quickstart recipe with lr 2e-3, 3 seeds:
+``plain`` (no controller) and ``controlled`` (EntropyController floor 0.5, window 5).
+
+    python benchmarks/claims/entropy_control.py --write
+"""
+
+from __future__ import annotations
+
+from common import PLOTS, args, callbacks_with, final, plot, recipe, run, tail_mean, write_section
+
+FLOOR = 0.5
+LR = 2e-3
+
+
+def configs() -> dict[str, dict]:
+    base = recipe({"model": {"optimizer": {"init_args": {"lr": LR}}}})
+    controller = {"class_path": "lightning_grpo.EntropyController", "init_args": {"knob": "entropy_coef", "floor": FLOOR, "window": 5}}
+    controlled = recipe({"model": {"optimizer": {"init_args": {"lr": LR}}}})
+    controlled["trainer"]["callbacks"] = callbacks_with(controlled, controller)
+    return {"plain": base, "controlled": controlled}
+
+
+def main() -> None:
+    a = args(__doc__)
+    runs = {arm: {s: run(cfg, s, a.out / "entropy_control" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
+    rows = ["| seed | arm | entropy, last tenth | steps after 100 with entropy < floor | entropy_coef at the end | held-out greedy accuracy, end |",
+            "|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    wins = 0
+    for s in a.seeds:
+        for arm in runs:
+            cols = runs[arm][s]
+            ent = cols["train/entropy"]
+            below = sum(v < FLOOR for step, v in ent if step >= 100)
+            after = sum(step >= 100 for step, _ in ent)
+            coef = final(cols.get("entropy_control/entropy_coef", []))
+            rows.append(f"| {s} | {arm} | {tail_mean(ent):.3f} | {below}/{after} | {'-' if coef != coef else f'{coef:.3f}'} | "
+                        f"{final(cols['val/greedy_accuracy']):.2f} |")  # fmt: skip
+        wins += final(runs["controlled"][s]["val/greedy_accuracy"]) > final(runs["plain"][s]["val/greedy_accuracy"])
+    table = "\n".join(rows)
+    print(table)
+    print(f"controlled ends higher on {wins}/{len(a.seeds)} seeds")
+    if a.write:
+        plot(runs, [("train/entropy", "token entropy"), ("train/reward_mean", "training reward"),
+                    ("val/greedy_accuracy", "held-out greedy accuracy")], PLOTS / "entropy_control.png")  # fmt: skip
+        write_section("entropy_control", SECTION.format(table=table, wins=wins, n=len(a.seeds), floor=FLOOR))
+
+
+SECTION = """
+## Entropy control at a collapsing learning rate
+
+**Claim** (seed 000, section 01): entropy must be held in a band; once it collapses the policy
+stops exploring and learning stalls. **Setup**: the quickstart at lr 2e-3 (where it collapses;
+`docs/stability.md`), with and without `EntropyController(knob=entropy_coef, floor={floor},
+window=5)`; 1000 steps, held-out greedy accuracy on 50 prompts never trained on.
+`python benchmarks/claims/entropy_control.py --write`.
+
+{table}
+
+**Measured**: the controlled run ends with higher held-out accuracy on {wins} of {n} seeds.
+Entropy is logged every 10 steps; "steps with entropy < floor" counts logged values.
+
+![entropy control](claims/entropy_control.png)
+"""
+
+
+if __name__ == "__main__":
+    main()

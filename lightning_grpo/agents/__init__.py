@@ -1,0 +1,26 @@
+"""Agentic GRPO: multi-turn environments, tool calls, token-in-token-out episodes (docs/agents.md)."""
+
+from .environment import ENVIRONMENTS, Environment, Step, Turn, resolve_environment
+from .tools import ToolEnvironment, parse_tool_calls, tool_schema
+from . import calculator as _calculator  # noqa: E402,F401  (registers "calculator")
+from . import secret_digit as _secret_digit  # noqa: E402,F401  (registers "secret_digit")
+
+__all__ = [
+    "ENVIRONMENTS",
+    "Environment",
+    "Step",
+    "Turn",
+    "ToolEnvironment",
+    "AgentRolloutCallback",
+    "parse_tool_calls",
+    "resolve_environment",
+    "tool_schema",
+]
+
+
+def __getattr__(name: str):
+    if name == "AgentRolloutCallback":  # imports Lightning: on first use only
+        from .callback import AgentRolloutCallback
+
+        return AgentRolloutCallback
+    raise AttributeError(f"module 'lightning_grpo.agents' has no attribute {name!r}")

@@ -1,0 +1,154 @@
+"""AgentRolloutCallback: the RolloutCallback with multi-turn episodes instead of single completions.
+
+Everything downstream of sampling is the RolloutCallback's: groups, advantages, dynamic sampling,
+GFPO (lengths count sampled tokens), the overlong filter, guards, weight pushes and resume; the
+engine (``hf`` or ``vllm``) samples every live episode's next turn in one call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+
+from ..callbacks.rollout import RolloutCallback
+from ..callbacks.sampling import SampleResult, sample_groups
+from ..data.reward_set import RewardScores, RewardSpec
+from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
+from . import rewards as _rewards  # noqa: F401  (registers env_reward, tool_call_made)
+from . import calculator as _calculator  # noqa: F401  (registers the built-in environments)
+from . import secret_digit as _secret_digit  # noqa: F401
+from .chat import ChatRenderer
+from .environment import resolve_environment
+from .episodes import EpisodeLimits, EpisodeRollout, run_episodes
+from .report import episode_metrics, successful_calls
+
+#: A vocabulary token whose text ends with this marker ends a turn (Hermes / Qwen2.5 tool calls).
+TOOL_CALL_END = "</tool_call>"
+
+
+class AgentRolloutCallback(RolloutCallback):
+    """Drives multi-turn episodes for :class:`~lightning_grpo.GRPOModule`.
+
+    Args:
+        environment: registry name (``ENVIRONMENTS``: "secret_digit") or import path of an
+            :class:`~lightning_grpo.agents.Environment` class; one object is built per episode.
+        environment_args: keyword arguments of that class.
+        max_turns: model turns per episode (then it ends as truncated).
+        max_episode_tokens: tokens after the prompt (sampled + environment) per episode; None =
+            the engine's maximum length only. ``sampling.max_new_tokens`` limits each turn.
+        env_workers: threads running environment steps (tool calls) at once.
+        stop_tokens: tokens that end a turn besides EOS; None = the chat template's end-of-turn
+            token and every token ending with ``</tool_call>``.
+        **kwargs: the arguments of :class:`~lightning_grpo.RolloutCallback` (engine, sampling,
+            rewards (default: ``env_reward``), seed, vllm_args, dynamic_sampling, gfpo_keep, ...).
+    """
+
+    def __init__(
+        self,
+        environment: str = "secret_digit",
+        environment_args: dict[str, Any] | None = None,
+        max_turns: int = 4,
+        max_episode_tokens: int | None = None,
+        env_workers: int = 8,
+        stop_tokens: list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("rewards") is None:
+            kwargs["rewards"] = [RewardSpec("env_reward")]
+        super().__init__(**kwargs)
+        self.env_class = resolve_environment(environment)
+        self.environment_args = dict(environment_args or {})
+        self.limits = EpisodeLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens, workers=env_workers)
+        self.stop_tokens = stop_tokens
+        self.renderer: ChatRenderer | None = None
+        self._tokenizer: Any = None
+
+    # ------------------------------------------------------------------------ set-up
+    def make_env(self) -> Any:
+        return self.env_class(**self.environment_args)
+
+    def _prepare(self, tokenizer: Any, engine: RolloutEngine) -> None:
+        """Renderer, stop tokens and the engine's length limit (once per tokenizer)."""
+        if self._tokenizer is tokenizer:
+            return
+        tools = list(getattr(self.make_env(), "tools", None) or [])
+        self.renderer = ChatRenderer(tokenizer, tools) if getattr(tokenizer, "chat_template", None) else None
+        self.sampling.stop_token_ids = self._stop_ids(tokenizer)
+        self.limits.max_model_len = getattr(engine, "max_model_len", None)
+        self._tokenizer = tokenizer
+
+    def _stop_ids(self, tokenizer: Any) -> list[int]:
+        if self.stop_tokens is not None:
+            ids = []
+            for token in self.stop_tokens:
+                encoded = tokenizer(token, add_special_tokens=False)["input_ids"]
+                if len(encoded) != 1:
+                    raise ValueError(f"AgentRolloutCallback.stop_tokens: {token!r} is {len(encoded)} tokens, not one")
+                ids.append(encoded[0])
+            return ids
+        ids = set()
+        if self.renderer is not None:
+            end = tokenizer(self.renderer.end_of_turn.strip(), add_special_tokens=False)["input_ids"]
+            if len(end) == 1:
+                ids.add(end[0])
+        for token, i in tokenizer.get_vocab().items():
+            if tokenizer.convert_tokens_to_string([token]).endswith(TOOL_CALL_END):
+                ids.add(i)
+        return sorted(ids)
+
+    # --------------------------------------------------------------------- sampling
+    def run(self, engine: RolloutEngine, tokenizer: Any, records: list[dict], sampling: SamplingConfig, seed: int) -> EpisodeRollout:
+        """Episodes for ``records`` (``sampling.n`` per record) with this callback's environment."""
+        self._prepare(tokenizer, engine)
+        sampling.stop_token_ids = self.sampling.stop_token_ids
+        return run_episodes(engine, self.make_env, tokenizer, self.renderer, records, sampling, seed, self.limits)
+
+    def score(self, rollout: EpisodeRollout, records: list[dict]) -> RewardScores:
+        """Reward functions on each episode's final answer, with the episode columns (agents.rewards)."""
+        G, episodes = rollout.group_size, rollout.episodes
+        columns = {key: [rec[key] for rec in records for _ in range(G)] for key in records[0]}
+        columns.update(
+            completion_ids=rollout.completion_ids,
+            completion_lengths=rollout.sampled_lengths(),
+            truncated=[not f for f in rollout.finished],
+            transcript=[s.messages if s.messages is not None else self._tokenizer.decode(s.ids) for s in episodes],
+            env_reward=[s.reward for s in episodes],
+            turns=[s.turns for s in episodes],
+            tool_calls=[successful_calls(s) for s in episodes],
+        )
+        return self.reward_set.score([s.last_text for s in episodes], columns)
+
+    def _sample_groups(self, trainer: L.Trainer, engine: RolloutEngine, prompts_for, seed_for) -> SampleResult:
+        tokenizer = trainer.datamodule.tokenizer
+        rounds: list[EpisodeRollout] = []
+
+        def generate(records: list[dict], seed: int) -> EpisodeRollout:
+            rounds.append(self.run(engine, tokenizer, records, self.sampling, seed))
+            return rounds[-1]
+
+        result = sample_groups(
+            engine, self.reward_set, tokenizer, self.sampling, self.selector, prompts_for, seed_for,
+            target_groups=trainer.datamodule.batch_size, max_rounds=self.max_generation_rounds,
+            generate=generate, score=self.score,
+        )  # fmt: skip
+        result.metrics.update(episode_metrics(rounds[0].episodes, sum(r.env_time for r in rounds)))
+        return result
+
+    # ------------------------------------------------------------------- validation
+    def evaluate(self, module: L.LightningModule, records: list[dict]) -> dict[str, float]:
+        """Greedy episodes on held-out records: accuracy (first reward function), tool-call rate, turns."""
+        trainer = module.trainer
+        engine = self._ensure_engine(trainer, module)
+        self.sync_weights(module)
+        seed = derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step)
+        greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
+        rollout = self.run(engine, trainer.datamodule.tokenizer, records, greedy, seed)
+        scores = self.score(rollout, records)
+        stats = episode_metrics(rollout.episodes, rollout.env_time, prefix="val/")
+        return {
+            "val/greedy_accuracy": scores.rewards[:, 0].mean().item(),
+            "val/reward_mean": (scores.rewards @ scores.weights).mean().item(),
+            "val/tool_call_rate": stats["val/tool_call_rate"],
+            "val/turns_mean": stats["val/turns_mean"],
+        }

@@ -1,0 +1,84 @@
+"""Rendering episode turns with the tokenizer's chat template, new messages only.
+
+Token-in-token-out: the model's sampled ids go into the trajectory as they are; only the
+messages the environment adds are rendered and tokenised. The text of the new messages is the
+difference between the template's rendering of the conversation with and without them
+(``apply_chat_template(history + new) - apply_chat_template(history)``), prefixed with what the
+template writes after an assistant message that the model did not sample itself (e.g. the
+``<|im_end|>\\n`` after a turn that stopped at ``</tool_call>``, or the ``\\n`` after ``<|im_end|>``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .environment import Messages
+
+_PROBE = "\x00probe\x00"
+
+
+class ChatRenderer:
+    """Tokenises episode openings and environment turns with ``tokenizer``'s chat template.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        tools: functions (their schemas: :func:`~lightning_grpo.agents.tools.tool_schema`) or JSON
+            schemas, passed to ``apply_chat_template(..., tools=...)``.
+    """
+
+    def __init__(self, tokenizer: Any, tools: list[Callable | dict] | None = None) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "multi-turn chat episodes need a tokenizer with a chat template "
+                f"({type(tokenizer).__name__} has none); return None from Environment.reset to use plain-text prompts"
+            )
+        from .tools import tool_schema
+
+        self.tokenizer = tokenizer
+        # schemas built here, so a tool without type hints / docstring fails before any episode
+        self.tools = [t if isinstance(t, dict) else tool_schema(t) for t in tools] if tools else None
+        self.end_of_turn = self._assistant_suffix()
+
+    def render(self, messages: Messages, add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (templates write their own special tokens: none added)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, messages: Messages) -> list[int]:
+        """The opening of an episode, ending with the generation prompt."""
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def _assistant_suffix(self) -> str:
+        """What the template writes after an assistant message's content (``<|im_end|>\\n`` for ChatML)."""
+        convo = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE}]
+        text = self.tokenizer.apply_chat_template(convo, tokenize=False)
+        return text[text.rindex(_PROBE) + len(_PROBE) :]
+
+    def observation_ids(self, history: Messages, new: Messages, sampled_text: str) -> list[int]:
+        """Token ids that follow a model turn: the rest of the assistant message the model did not
+        sample, then ``new`` rendered, ending with the next generation prompt.
+
+        ``history`` ends with the model's turn as a message; ``sampled_text`` is that turn's decoded
+        ids (special tokens kept).
+        """
+        before = self.render(history, add_generation_prompt=False)
+        after = self.render(history + new, add_generation_prompt=True)
+        if not after.startswith(before):
+            raise ValueError(
+                "the chat template renders the conversation differently once new messages follow it, so the "
+                "new messages cannot be tokenised on their own; first differing characters: "
+                f"{before[-60:]!r} vs {after[len(before) - 60 : len(before)]!r}"
+            )
+        return self.encode(self.glue(sampled_text) + after[len(before) :])
+
+    def glue(self, sampled_text: str) -> str:
+        """The part of the template's end-of-turn text that the sampled turn did not already end with."""
+        suffix = self.end_of_turn
+        for k in range(len(suffix), 0, -1):
+            if sampled_text.endswith(suffix[:k]):
+                return suffix[k:]
+        return suffix

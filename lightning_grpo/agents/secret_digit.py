@@ -1,0 +1,49 @@
+"""The built-in tool task: answer a secret digit that only a tool call reveals.
+
+Each episode draws its own secret digit (from the episode's seed, so nothing can be memorised);
+the prompt (a dataset record's ``prompt``, e.g. the digit task's ``"4821="``) does not contain it.
+The model may call ``secret_digit()``, read the result in a tool message, and answer; the answer
+is right when its first character is the secret. A model that never calls the tool is right one
+time in ten (chance). With ``tools_enabled=False`` (the control) nothing is offered or executed.
+
+Flow with the tiny ``tools`` tokenizer (one token spells the whole call, see
+:data:`~lightning_grpo.data.tiny.TOOLS_WORDS`)::
+
+    <|im_start|>system\\ntools: secret_digit<|im_end|>\\n<|im_start|>user\\n4821=<|im_end|>\\n<|im_start|>assistant\\n
+    [model] <tool_call>\\n{"name": "secret_digit", "arguments": {}}\\n</tool_call>        (stop token)
+    [env]   <|im_end|>\\n<|im_start|>user\\n<tool_response>\\n7\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n
+    [model] 7<|im_end|>                                                          -> reward 1
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from .environment import ENVIRONMENTS, Messages, Turn
+from .tools import ToolEnvironment
+
+
+@ENVIRONMENTS.register("secret_digit")
+class SecretDigitEnv(ToolEnvironment):
+    """The secret-digit task (see the module docstring).
+
+    Args:
+        timeout_s: seconds a tool call may take.
+        tools_enabled: False = the control run: no tool offered, every call answered "unknown tool".
+    """
+
+    def __init__(self, timeout_s: float | None = 10.0, tools_enabled: bool = True) -> None:
+        def secret_digit() -> str:
+            """Reveal the secret digit of this episode."""
+            return self.secret
+
+        super().__init__([secret_digit], timeout_s=timeout_s, tools_enabled=tools_enabled)
+        self.secret = ""
+
+    def reset(self, record: dict[str, Any], seed: int) -> Messages:
+        self.secret = str(random.Random(seed).randrange(10))
+        return [{"role": "user", "content": record["prompt"]}]
+
+    def answer(self, message: dict[str, Any], turn: Turn) -> float:
+        return 1.0 if (message.get("content") or "")[:1] == self.secret else 0.0
