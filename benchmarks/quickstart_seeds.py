@@ -29,14 +29,14 @@ GUARDS = ("non_finite", "non_finite_logprobs", "entropy", "identical_samples", "
 
 def run(seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/quickstart.yaml", reuse: bool = False) -> dict:
     save = out / f"seed{seed}"
-    done = save / "result.json"
-    if reuse and done.is_file():  # a run of this seed finished earlier (e.g. seeds run one per command)
-        return json.loads(done.read_text())
-    cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
-           "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
-    start = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - start
+    wall_file = save / "wall_seconds.txt"
+    if not (reuse and wall_file.is_file()):  # --reuse: a run of this seed finished earlier (seeds one per command)
+        cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
+               "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wall_file.write_text(f"{time.perf_counter() - start}\n")
+    wall = float(wall_file.read_text())
     metrics = next(save.glob("**/metrics.csv"))
     rows = list(csv.DictReader(metrics.open()))
     reward = [(int(r["step"]), float(r["train/reward_mean"])) for r in rows if r.get("train/reward_mean")]
@@ -44,7 +44,7 @@ def run(seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/q
     tenth = max(1, len(reward) // 10)
     alarms_file = metrics.parent / "alarms.jsonl"
     records = [json.loads(line) for line in alarms_file.open()] if alarms_file.exists() else []
-    result = {
+    return {
         "alarms": {g: sum(r["guard"] == g for r in records) for g in GUARDS},
         "seed": seed,
         "wall_s": wall,
@@ -55,8 +55,6 @@ def run(seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/q
         "reward_curve": reward,
         "acc_curve": acc,
     }
-    done.write_text(json.dumps(result))
-    return result
 
 
 def table(results: list[dict]) -> str:

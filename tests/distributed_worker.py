@@ -179,7 +179,7 @@ def run_update(model_dir: str, out: Path) -> None:
 
 
 # --------------------------------------------------------------------------------- end to end
-def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "path") -> None:
+def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "path", url: str | None = None) -> None:
     """``steps`` training steps of the full loop with ``engine`` ("hf" or "vllm") on each rank; the
     policy is given to GRPOModule as a model directory (``policy="path"``) or as a built
     ``nn.Module`` (``"module"``: the vLLM engine is then built from a per-rank save of it)."""
@@ -190,8 +190,19 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
     from lightning_grpo.data.reward_set import RewardSpec
     from lightning_grpo.rollout.base import SamplingConfig
 
+    pushes: list[bool] = []  # per weight push: did this rank send the weights (or wait for them)?
     if engine == "hf":
         from lightning_grpo.rollout.hf import HFEngine as engine_class
+    elif engine == "vllm_server":  # every rank samples on the same server; rank 0 alone pushes
+        from lightning_grpo.rollout.server_engine import ServerEngine as engine_class
+
+        original_send = engine_class.send_push
+
+        def recording_send(self, buckets, version):
+            pushes.append(buckets is not None)
+            return original_send(self, buckets, version)
+
+        engine_class.send_push = recording_send
     else:
         from lightning_grpo.rollout.vllm import VLLMEngine as engine_class
 
@@ -248,7 +259,7 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
         sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=4),
         rewards=[RewardSpec(digit_fraction)],  # varies between samples: nonzero advantages
         seed=7,
-        vllm_args={"kv_cache_memory_bytes": 32 * 1024**2} if engine == "vllm" else None,
+        vllm_args={"kv_cache_memory_bytes": 32 * 1024**2} if engine == "vllm" else {"urls": [url]} if url else None,
     )
     trainer = L.Trainer(
         accelerator="cpu",
@@ -278,6 +289,7 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
             "after": {k: v.detach().clone() for k, v in module.policy.state_dict().items()},
             "rollout_rows": len(module.rollout_batch),
             "process_group_after_fit": torch.distributed.is_initialized(),
+            "pushes": pushes,
         },
         out / f"e2e-{engine}-rank{rank}.pt",
     )
@@ -303,7 +315,8 @@ def module_policy_state(model_dir: str) -> dict[str, torch.Tensor]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["update", "e2e"])
-    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--engine", choices=["hf", "vllm", "vllm_server"], default="hf")
+    parser.add_argument("--url", default=None, help="vLLM server for --engine vllm_server")
     parser.add_argument("--policy", choices=["path", "module"], default="path")
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
@@ -314,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.mode == "update":
         run_update(args.model, out)
     else:
-        run_e2e(args.model, out, args.steps, args.engine, args.policy)
+        run_e2e(args.model, out, args.steps, args.engine, args.policy, args.url)
 
 
 if __name__ == "__main__":

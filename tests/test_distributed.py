@@ -181,3 +181,16 @@ def test_vllm_engine_inside_ddp_ranks(tiny_model_path, tmp_path):
     _check_e2e(ranks, steps)
     for r in ranks:  # the engine samples with the policy's current weights on every rank
         assert max(c["logprob_gap"] for c in r["checks"]) < 1e-4, r["checks"]
+
+
+@pytest.mark.vllm
+def test_vllm_server_shared_by_ddp_ranks_rank0_pushes(vllm_server, tiny_model_path, tmp_path):
+    """Both ranks sample on the session's server; rank 0 alone pushes after every optimizer step,
+    rank 1 waits until the server reports the new version, and both sample with current weights."""
+    steps = 3
+    _run_worker("e2e", tiny_model_path, tmp_path, 400, "--steps", str(steps), "--engine", "vllm_server", "--url", vllm_server)
+    ranks = _load(tmp_path, "e2e-vllm_server")
+    _check_e2e(ranks, steps)
+    assert ranks[0]["pushes"] == [True] * steps and ranks[1]["pushes"] == [False] * steps
+    for r in ranks:
+        assert max(c["logprob_gap"] for c in r["checks"]) < 1e-4, r["checks"]
