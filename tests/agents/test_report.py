@@ -32,3 +32,13 @@ def test_summary_lines_of_an_agent_run():
         "held-out tool-call rate: 0.000 -> 1.000",
     ]
     assert summary_lines(FakeRun({"train/reward_mean": [0.5]})) == []
+
+
+def test_agent_rewards():
+    from lightning_grpo.data.rewards import REWARDS
+
+    made, env = REWARDS.get("tool_call_made"), REWARDS.get("env_reward")
+    calls, truncated = [2, 1, 0, 0], [False, True, False, True]
+    assert made(["a"] * 4, tool_calls=calls, truncated=truncated) == [1.0, 0.0, 0.0, 0.0]
+    assert made(["a"] * 4, tool_calls=calls, truncated=truncated, require_answer=False) == [1.0, 1.0, 0.0, 0.0]
+    assert env(["a", "b"], env_reward=[1, 0.25]) == [1.0, 0.25]
