@@ -26,6 +26,9 @@ _LAZY = {
     "IdenticalSamplesGuard": "lightning_grpo.callbacks.signal_guards",
     "MismatchGuard": "lightning_grpo.callbacks.signal_guards",
     "ZeroStdGuard": "lightning_grpo.callbacks.signal_guards",
+    "RewardHackingGuard": "lightning_grpo.callbacks.drift_guards",
+    "LengthGuard": "lightning_grpo.callbacks.drift_guards",
+    "ReferenceSync": "lightning_grpo.callbacks.reference_sync",
     "EntropyController": "lightning_grpo.callbacks.entropy_control",
 }
 

@@ -63,6 +63,8 @@ class Guard(Callback):
     #: A "warn" guard that stops and starts firing again stays silent (alarms are still recorded)
     #: for this many steps after its last warning.
     REWARN_AFTER: ClassVar[int] = 100
+    #: The guard checks in ``on_validation_end`` (its alarm column goes straight to the loggers).
+    CHECKS_AT_VALIDATION: ClassVar[bool] = False
 
     def __init__(self, action: Action) -> None:
         actions = ACTIONS if type(self).remedy is not Guard.remedy else ACTIONS[:3]
@@ -87,7 +89,7 @@ class Guard(Callback):
                 self._firing, self._warned_at = False, None  # every fix is logged
         record = {"step": step, "guard": self.name, "action": action, "message": message}
         self.alarms.append(record)
-        module.log(f"alarm/{self.name}", 1.0, on_step=True, on_epoch=False, batch_size=1)
+        self._log_alarm(module, 1.0)
         _append_alarm(trainer, record)
         text = f"[{self.name}] step {step}: {message}"
         if action in ("skip", "stop"):
@@ -104,6 +106,13 @@ class Guard(Callback):
             self._warned_at = step
         self._firing = True
 
+    def _log_alarm(self, module: L.LightningModule, value: float) -> None:
+        if self.CHECKS_AT_VALIDATION:  # Lightning refuses self.log in on_validation_end: write to the loggers
+            for logger in module.trainer.loggers if module.trainer.global_rank == 0 else ():
+                logger.log_metrics({f"alarm/{self.name}": value}, step=module.trainer.global_step)
+        else:
+            module.log(f"alarm/{self.name}", value, on_step=True, on_epoch=False, batch_size=1)
+
     def remedy(self, trainer: L.Trainer, module: L.LightningModule) -> str | None:
         """Apply the next known remedy and describe the change; None when none is left (action
         ``fix``). Guards without a remedy do not override this and refuse ``action="fix"``."""
@@ -118,7 +127,7 @@ class Guard(Callback):
 
     def clear(self, module: L.LightningModule) -> None:
         """The condition does not hold at this check: log ``alarm/<name> = 0``; the next firing warns again."""
-        module.log(f"alarm/{self.name}", 0.0, on_step=True, on_epoch=False, batch_size=1)
+        self._log_alarm(module, 0.0)
         self._firing = False
 
     @property

@@ -15,6 +15,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ..batch import RolloutBatch
+from ..core import CORRECTIONS
 from .guards import Action, Guard, log
 
 
@@ -82,10 +83,14 @@ class ZeroStdGuard(Guard):
     signal that are not learned, those whose every sample got the batch's lowest reward
     (``train/frac_groups_all_lowest``); it fires when they reach ``pass_fail_threshold`` (the
     prompts are too hard, the reward never pays). None: ``threshold`` on all zero-std groups.
+
+    ``action="fix"``: switch on dynamic sampling (:meth:`RolloutCallback.set_dynamic_sampling`);
+    if it is on, raise the sampling temperature by ``temperature_step`` up to
+    ``max_temperature``; then warn. The window starts afresh after each fix.
     """
 
     name = "zero_reward_std"
-    SETTINGS = ("threshold", "max_reward", "window", "pass_fail_threshold")
+    SETTINGS = ("threshold", "max_reward", "window", "pass_fail_threshold", "max_temperature")
 
     def __init__(
         self,
@@ -94,8 +99,13 @@ class ZeroStdGuard(Guard):
         window: int = 20,
         pass_fail_threshold: float | None = 0.95,
         action: Action = "warn",
+        max_temperature: float = 1.2,
+        temperature_step: float = 0.1,
     ) -> None:
         super().__init__(action)
+        if not (max_temperature > 0 and temperature_step > 0):
+            raise ValueError(f"ZeroStdGuard.max_temperature and temperature_step must be > 0, got {max_temperature}, {temperature_step}")
+        self.max_temperature, self.temperature_step = max_temperature, temperature_step
         for field, value in (("threshold", threshold), ("pass_fail_threshold", pass_fail_threshold)):
             if value is not None and not 0 < value <= 1:
                 raise ValueError(f"ZeroStdGuard.{field} must be in (0, 1], got {value}")
@@ -119,16 +129,33 @@ class ZeroStdGuard(Guard):
         self.levels.append(metrics.get("reward_levels", float("inf")))
         reward = sum(self.rewards) / len(self.rewards)
         learned = self.max_reward is not None and reward >= self.max_reward
-        if len(self.fractions) < self.fractions.maxlen or learned:
+        message = None
+        if len(self.fractions) == self.fractions.maxlen and not learned:
+            pass_fail = self._pass_fail(trainer, batch.group_size, reward)
+            fractions, threshold = (self.lowest, self.pass_fail_threshold) if pass_fail else (self.fractions, self.threshold)
+            frac = sum(fractions) / len(fractions)
+            if frac >= threshold:
+                message = self._message(trainer, frac, reward, pass_fail)
+        if not self.agree(trainer, message is not None):
             self.clear(pl_module)
             return
-        pass_fail = self._pass_fail(trainer, batch.group_size, reward)
-        fractions, threshold = (self.lowest, self.pass_fail_threshold) if pass_fail else (self.fractions, self.threshold)
-        frac = sum(fractions) / len(fractions)
-        if not frac >= threshold:
-            self.clear(pl_module)
-            return
-        self.fire(trainer, pl_module, self._message(trainer, frac, reward, pass_fail))
+        self.fire(trainer, pl_module, message or "rank 0 found too many groups without signal")
+
+    def remedy(self, trainer: L.Trainer, module: L.LightningModule) -> str | None:
+        rollout = next((cb for cb in trainer.callbacks if hasattr(cb, "set_dynamic_sampling")), None)
+        if rollout is None:
+            return None
+        for window in (self.fractions, self.rewards, self.levels, self.lowest):
+            window.clear()  # judge the remedy on batches sampled with it
+        if not rollout.dynamic_sampling:
+            rollout.set_dynamic_sampling(True)
+            return "dynamic sampling switched on (groups with equal rewards are dropped and refilled)"
+        before = rollout.sampling.temperature
+        if before < self.max_temperature:
+            after = round(min(self.max_temperature, before + self.temperature_step), 6)
+            rollout.set_temperature(after)
+            return f"sampling temperature raised {before:g} -> {after:g} (max_temperature {self.max_temperature:g})"
+        return None
 
     def _pass_fail(self, trainer: L.Trainer, group_size: int, reward: float) -> bool:
         """Whether the reward is pass / fail over the window (noted once, the first time)."""
@@ -167,13 +194,26 @@ class MismatchGuard(Guard):
     Args:
         max_k3: alarm when the step's ``mismatch_k3`` exceeds it (None = not checked).
         max_abs: alarm when the largest per-token gap exceeds it (None = not checked).
+        action: ``fix`` switches on the ``correction`` (token-level truncated importance
+            sampling, cap 2) in the loss when it has none (:meth:`GRPOLoss.set_correction`); then warns.
+        correction, correction_args: the correction ``fix`` switches on.
     """
 
     name = "mismatch"
     SETTINGS = ("max_k3", "max_abs")
 
-    def __init__(self, max_k3: float | None = 1e-2, max_abs: float | None = None, action: Action = "warn") -> None:
+    def __init__(
+        self,
+        max_k3: float | None = 1e-2,
+        max_abs: float | None = None,
+        action: Action = "warn",
+        correction: str = "tis_token",
+        correction_args: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(action)
+        CORRECTIONS.get(correction)  # an unknown name fails here, listing the known ones
+        self.correction, self.correction_args = correction, dict(correction_args or {})
+        self.applied = False  # the fix switched the correction on (re-applied on resume)
         if max_k3 is None and max_abs is None:
             raise ValueError("MismatchGuard needs max_k3 or max_abs")
         self.max_k3, self.max_abs = max_k3, max_abs
@@ -186,7 +226,7 @@ class MismatchGuard(Guard):
             value = metrics.get(key)
             if limit is not None and value is not None and math.isfinite(value) and value > limit:
                 found.append(f"{key} {value:.3g} > {limit:g}")
-        if not found:
+        if not self.agree(trainer, bool(found)):
             self.clear(pl_module)
             return
         message = (
@@ -195,3 +235,24 @@ class MismatchGuard(Guard):
             "fp16 rather than bf16, and check that weights reach the engine (RolloutCallback.weight_sync)"
         )
         self.fire(trainer, pl_module, message)
+
+    def remedy(self, trainer: L.Trainer, module: L.LightningModule) -> str | None:
+        loss = getattr(module, "loss_fn", None)
+        if loss is None or not hasattr(loss, "set_correction") or loss.correction_fn is not None:
+            return None  # a correction is already on: nothing further to switch on
+        loss.set_correction(self.correction, self.correction_args)
+        self.applied = True
+        return f"correction {self.correction} switched on in the loss (GRPOLoss.set_correction)"
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.applied and pl_module.loss_fn.correction_fn is None:  # resumed after a fix
+            pl_module.loss_fn.set_correction(self.correction, self.correction_args)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"applied": self.applied}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.applied = bool(state_dict.get("applied", False))

@@ -92,6 +92,19 @@ def _whiten(x: Tensor, eps: float) -> Tensor:
     return torch.where(constant, torch.zeros_like(x), (x - x.mean()) / (_std(x) + eps))
 
 
+def _constant_rows(groups: Tensor) -> Tensor:
+    """[P, G] -> [B] bool: the row's group has all-equal values."""
+    constant = groups.amax(dim=1, keepdim=True) == groups.amin(dim=1, keepdim=True)  # [P, 1]
+    return constant.expand_as(groups).reshape(-1)
+
+
+def _whiten_signal(x: Tensor, constant: Tensor, eps: float) -> Tensor:
+    """``_whiten(x)``, with the rows of all-equal groups (``constant`` [B]) kept at exactly 0:
+    subtracting the batch mean would otherwise give them -mean(x) / std(x), float noise of
+    ~1e-8 when every group is centred. [B]"""
+    return torch.where(constant, torch.zeros_like(x), _whiten(x, eps))
+
+
 def expand_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:
     """Broadcast per-completion advantages [B] to tokens: A[b, t] = A[b] * mask[b, t]. [B, T]
 
@@ -149,11 +162,12 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, group_size: int, *, eps: f
     """REINFORCE++ with baseline: x_i = r_i - mean_g r, A = (x - mean(x)) / (std(x) + eps).
 
     The whitening is over all B completions (verl ``reinforce_plus_plus_baseline`` whitens
-    over tokens). A batch where every x is equal (e.g. every group constant) gives 0. [B] -> [B]
+    over tokens). All-equal groups give exactly 0 (mean(x) is 0 up to rounding, so this only
+    removes float noise). [B] -> [B]
     """
     groups = as_groups(rewards, group_size)  # [P, G]
     x = _centred(groups, groups.mean(dim=1, keepdim=True)).reshape(-1)  # [B]
-    return _whiten(x, eps)
+    return _whiten_signal(x, _constant_rows(groups), eps)
 
 
 def _inverted_cdf_quantile(groups: Tensor, quantile: float) -> Tensor:
@@ -258,13 +272,18 @@ def normalize_then_sum(
         A   = (S - mean(S)) / (std(S) + batch_eps)   over the batch, if ``batch_normalize``
 
     The final batch whitening is the GDPO paper's and TRL's ``normalize_then_sum`` (TRL's eps
-    is 1e-4); ``batch_normalize=False`` returns the plain weighted sum S.
+    is 1e-4); ``batch_normalize=False`` returns the plain weighted sum S. Departure: a group whose
+    every reward function is constant keeps A = 0 exactly (the paper's formula gives it
+    -mean(S) / std(S): float noise for the centring estimators, a shift for ``qae``).
     """
     rewards, weights = _check_multi(rewards, weights)
     fn = ADVANTAGES.get(estimator)
     per_reward = [fn(rewards[:, k], group_size, **estimator_params) for k in range(rewards.shape[1])]
     total = (torch.stack(per_reward, dim=1) * weights).sum(dim=1)  # [B]
-    return _whiten(total, batch_eps) if batch_normalize else total
+    if not batch_normalize:
+        return total
+    constant = torch.stack([_constant_rows(as_groups(rewards[:, k], group_size)) for k in range(rewards.shape[1])]).all(0)  # [B]
+    return _whiten_signal(total, constant, batch_eps)
 
 
 # Read by the fit-time checks (lightning_grpo.validation) instead of branching on names: each of

@@ -80,6 +80,7 @@ class GRPOLoss:
         self.aggregate_fn = AGGREGATIONS.get(aggregation)
         self.aggregation_args = dict(aggregation_args or {})
         self.kl_fn = KL_ESTIMATORS.get(kl_estimator)
+        self.correction = correction
         self.correction_fn = CORRECTIONS.get(correction) if correction is not None else None
         self.correction_args = dict(correction_args or {})
         if beta < 0:
@@ -122,6 +123,13 @@ class GRPOLoss:
             self.entropy_coef = float(value)
         else:
             self.policy_loss_args[name] = float(value)
+
+    def set_correction(self, name: str | None, args: dict[str, Any] | None = None) -> None:
+        """Switch the train-inference correction (a name in ``CORRECTIONS``, or None = off) for the
+        following loss calls (MismatchGuard ``fix``)."""
+        self.correction_fn = CORRECTIONS.get(name) if name is not None else None
+        self.correction_args = dict(args or {})
+        self.correction = name
 
     def _check_knob(self, name: str) -> None:
         if name not in self.knobs():

@@ -340,3 +340,15 @@ def test_aggregations_edges():
         close(REWARD_AGGREGATIONS.get(name)(rw.to(torch.bfloat16), t([1.0, 1.0]), 1, estimator="dr_grpo"), [0.0])
         with pytest.raises(ValueError, match=r"advantage 'grpo' divides by the std"):
             REWARD_AGGREGATIONS.get(name)(rw, t([1.0, 1.0]), 1)
+
+
+def test_batch_whitened_estimators_keep_all_equal_groups_at_exactly_zero():
+    """The batch mean of the centred rewards is 0 only up to float rounding (here -1.2e-8 after
+    whitening, measured before the fix); the all-equal group [0.3, 0.3, 0.3] must stay at 0."""
+    r = t([0.1, 0.2, 0.7, 0.3, 0.3, 0.3, 0.9, 0.05, 0.33])
+    assert reinforce_pp_baseline_advantages(r, 3)[3:6].tolist() == [0.0, 0.0, 0.0]
+    rw = torch.stack([r, t([0.3, 0.7, 0.11, 0.5, 0.5, 0.5, 0.2, 0.9, 0.4])], 1)
+    assert normalize_then_sum(rw, t([1.0, 0.5]), 3)[3:6].tolist() == [0.0, 0.0, 0.0]
+    assert normalize_then_sum(rw, t([1.0, 0.5]), 3, estimator="qae")[3:6].tolist() == [0.0, 0.0, 0.0]
+    # a group constant in one reward but not in the other still carries signal
+    assert normalize_then_sum(rw, t([1.0, 0.5]), 3)[0:3].abs().min() > 0.1
