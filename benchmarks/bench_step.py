@@ -39,6 +39,16 @@ SIZES = {
                 intermediate_size=2048),
 }  # fmt: skip
 PHASES = ["generate", "reward", "prepare", "train", "sync"]
+
+
+def size_config(size: str) -> dict:
+    """A named size, or "h<N>": hidden N, 4 layers, heads of 32, MLP 4N (the hidden-size sweep)."""
+    if size in SIZES:
+        return SIZES[size]
+    hidden = int(size[1:])
+    return dict(hidden_size=hidden, num_hidden_layers=4, num_attention_heads=hidden // 32,
+                num_key_value_heads=hidden // 32, intermediate_size=4 * hidden)  # fmt: skip
+
 PROFILE = ["sync", "generate", "reward", "prepare", "rollout_rest", "forward", "backward", "step_hook", "optimizer",
            "lightning", "other"]  # fmt: skip
 SECTION = "## Training step: phases"
@@ -114,7 +124,7 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
     from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
     from lightning_grpo.data.tiny import TinyModelConfig, tiny_model_dir
 
-    path = str(tiny_model_dir(TinyModelConfig(**SIZES[size])))
+    path = str(tiny_model_dir(TinyModelConfig(**size_config(size))))
     rows: list[dict] = []
 
     class Timer(L.Callback):
@@ -192,13 +202,14 @@ def profile_table(results: list[dict], args) -> str:
 
 def table(results: list[dict], args) -> str:
     lines = [
-        SECTION,
+        args.section,
         "",
         f"Quickstart setting: {args.prompts} prompts x 8 samples, up to {args.max_new_tokens} new tokens, "
         f"{args.steps} steps, median over steps 4-{args.steps} (ms). Machine: {platform.processor() or platform.machine()}, "
         f"2 cores; {versions()}.",
         "",
-        f"Command: `python benchmarks/bench_step.py --steps {args.steps} --max-new-tokens {args.max_new_tokens} --write`",
+        f"Command: `python benchmarks/bench_step.py --steps {args.steps} --max-new-tokens {args.max_new_tokens} "
+        f"--rows {' '.join(args.rows)} --write" + (f" --section '{args.section}'`" if args.section != SECTION else "`"),
         "",
         "| engine | model | step | generate | reward | prepare | train | weight sync | sync share |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -206,7 +217,7 @@ def table(results: list[dict], args) -> str:
     for r in results:
         ms = {k: r[k] * 1000 for k in ["step", *PHASES]}
         lines.append(
-            f"| {r['engine']} | {r['params'] / 1e6:.2f}M | {ms['step']:.0f} | {ms['generate']:.0f} | {ms['reward']:.1f} | "
+            f"| {r['engine']} | {r['size']}, {r['params'] / 1e6:.2f}M | {ms['step']:.0f} | {ms['generate']:.0f} | {ms['reward']:.1f} | "
             f"{ms['prepare']:.1f} | {ms['train']:.0f} | {ms['sync']:.1f} | {r['sync'] / r['step']:.1%} |"
         )
     return "\n".join(lines) + "\n"
@@ -237,6 +248,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="split the step further (see the docstring)")
     parser.add_argument("--packing", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--section", default=SECTION, help="docs/benchmarks.md section to (re)write")
     args = parser.parse_args()
     if args.child:
         child(*args.child, args.steps, args.max_new_tokens, args.prompts, args.profile, args.packing)
@@ -245,7 +257,7 @@ def main() -> None:
     text = profile_table(results, args) if args.profile else table(results, args)
     print(text)
     if args.write:
-        write_section(text, PROFILE_SECTION if args.profile else SECTION)
+        write_section(text, PROFILE_SECTION if args.profile else args.section)
 
 
 if __name__ == "__main__":

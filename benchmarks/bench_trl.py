@@ -28,13 +28,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_step import SIZES  # noqa: E402
 
 MAX_NEW, PROMPTS, G, LR = 64, 8, 8, 1e-4
+ROLLOUT = ("sync", "generate", "reward", "prepare", "rollout_rest")  # ours; the rest is the training batch
 
 
 def trl_child(steps: int, vllm: bool, out: Path) -> None:
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    # TRL builds its LLM without enforce_eager: vLLM then compiles, which TORCHDYNAMO_DISABLE forbids
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "0" if vllm else "1")
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -70,16 +72,28 @@ def trl_child(steps: int, vllm: bool, out: Path) -> None:
     )  # fmt: skip
     trainer = GRPOTrainer(model=path, reward_funcs=[prefix_match], args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[Clock()])  # fmt: skip
+    rollout: list[float] = []  # generation + rewards + log-probs, TRL's _generate_and_score_completions
+    original = trainer._generate_and_score_completions
+
+    def timed(*a, **k):
+        start = time.perf_counter()
+        out = original(*a, **k)
+        rollout.append(time.perf_counter() - start)
+        return out
+
+    trainer._generate_and_score_completions = timed
     trainer.train()
     steps_s = [b - a for a, b in zip(ends, ends[1:])]
-    print("RESULT " + json.dumps({"steps": steps_s, "length": statistics.mean(lengths) if lengths else None}))
+    phases = [{"rollout": g, "rest": t - g} for g, t in zip(rollout[1:], steps_s)]
+    print("RESULT " + json.dumps({"steps": steps_s, "phases": phases, "length": statistics.mean(lengths) if lengths else None}))
 
 
-def ours(engine: str, steps: int) -> dict:
+def ours(engine: str, steps: int, packing: str) -> dict:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_step.py"), "--child", engine, "10m", "--steps", str(steps),
-           "--max-new-tokens", str(MAX_NEW), "--prompts", str(PROMPTS), "--profile"]  # fmt: skip
+           "--max-new-tokens", str(MAX_NEW), "--prompts", str(PROMPTS), "--profile", "--packing", packing]  # fmt: skip
     rows = _result(cmd)["rows"]
-    return {"steps": [r["wall"] for r in rows[1:]], "length": None}
+    phases = [{"rollout": sum(r[k] for k in ROLLOUT), "rest": r["wall"] - sum(r[k] for k in ROLLOUT), **r} for r in rows[1:]]
+    return {"steps": [r["wall"] for r in rows[1:]], "phases": phases, "length": None}
 
 
 def _result(cmd: list[str]) -> dict:
@@ -91,8 +105,9 @@ def _result(cmd: list[str]) -> dict:
 
 
 def run(name: str, steps: int, out: Path) -> dict:
-    if name.startswith("ours-"):
-        return ours(name[5:], steps)
+    if name.startswith("ours-"):  # ours-ENGINE or ours-ENGINE-nopack
+        engine, _, nopack = name[5:].partition("-")
+        return ours(engine, steps, "off" if nopack else "auto")
     return _result([sys.executable, __file__, "--trl-child", name, "--steps", str(steps), "--out", str(out)])
 
 
@@ -111,6 +126,7 @@ def main() -> None:
         trl_child(args.steps, args.trl_child == "trl-vllm", out)
         return
     medians: dict[str, list[float]] = {name: [] for name in args.runs}
+    phase_medians: dict[str, list[dict]] = {name: [] for name in args.runs}
     for r in range(args.rounds):
         for name in args.runs:
             try:
@@ -120,8 +136,10 @@ def main() -> None:
                 continue
             median = statistics.median(result["steps"][args.skip - 1 :])
             medians[name].append(median)
+            kept = result["phases"][args.skip - 1 :]
+            phase_medians[name].append({k: statistics.median(p[k] for p in kept) for k in kept[0]})
             print(f"round {r} {name}: median step {median:.3f} s, completion length {result['length']}", flush=True)
-    print(json.dumps(medians))
+    print(json.dumps({"step_medians": medians, "phase_medians": phase_medians}))
     for name, values in medians.items():
         if values:
             print(f"{name}: median {statistics.median(values):.3f} s over {len(values)} runs, "

@@ -91,12 +91,12 @@ class GRPOModule(L.LightningModule):
             packed into rows with restarting position ids, for the policy, reference and old
             log-probs. "auto" packs when it saves at least a quarter of the padded tokens and the
             model's attention supports it; "on" / "off" force it.
+        gradient_checkpointing: recompute activations in backward (saves memory).
+        optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
 
     Under Lightning's ``ModelParallelStrategy`` (``tensor_parallel_size=1``) the policy and the
     reference copy are sharded with FSDP2 in ``configure_model`` (``lightning_grpo.fsdp``); both
     log-prob paths work sharded, and RolloutCallback gathers full weights for the vLLM push.
-        gradient_checkpointing: recompute activations in backward (saves memory).
-        optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
     """
 
     def __init__(

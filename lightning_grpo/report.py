@@ -210,7 +210,9 @@ def _metric_lines(run: Run) -> list[str]:
     for column, name in fractions:
         values = run.values(column)
         lines.append(f"{name}: mean fraction {_mean(values):.3f}" if values else f"{name}: not logged")
-    return lines
+    from .agents.report import summary_lines  # multi-turn episodes (agents): turns, tool calls, faults
+
+    return lines + summary_lines(run)
 
 
 def _alarm_lines(run: Run) -> list[str]:

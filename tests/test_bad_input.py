@@ -38,7 +38,7 @@ pytestmark = pytest.mark.usefixtures("tiny_cache")
         (lambda: GRPOModule(advantage="grpoo"), r"unknown advantage estimator 'grpoo'; valid names: .*\bdr_grpo\b.*\bgrpo\b"),
         (lambda: GRPOModule(reward_aggregation="sum"), r"unknown multi-reward aggregation 'sum'; valid names: .*\bsum_then_normalize\b"),
         (lambda: hf_callback(gfpo_keep=2, gfpo_metric="shortest"), r"unknown sample selection 'shortest'; valid names: .*\bgfpo_length\b"),
-        (lambda: RewardSet([RewardSpec("exact")]), r"unknown reward function 'exact'; registered: (\w+, )*exact_match, .*or give an import path"),
+        (lambda: RewardSet([RewardSpec("exact")]), r"unknown reward function 'exact'; registered: env_reward, exact_match, .*or give an import path"),
     ],
     ids=["policy_loss", "aggregation", "kl_estimator", "correction", "advantage", "reward_aggregation", "gfpo_metric", "reward"],
 )

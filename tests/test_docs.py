@@ -51,3 +51,12 @@ def test_stability_page_names_every_guard_and_only_existing_tests():
     cited = set(re.findall(r"\b(test_\w+)(?:`|::|,)", text))
     cited = {c for c in cited if not c.endswith(".py") and c != "test_bad_input"}
     assert cited and cited <= defined, sorted(cited - defined)
+
+
+def test_agents_custom_environment_example_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(tmp_path / "cache"))
+    blocks = python_blocks(DOCS / "agents.md")
+    assert len(blocks) == 1
+    env_class = blocks[0].split("class HigherLower")[1].split("\n\n\n")[0]
+    assert len(env_class.splitlines()) <= 30  # "a 30-line custom environment"
+    exec(compile(blocks[0], "docs/agents.md", "exec"), {"__name__": "agents_example"})

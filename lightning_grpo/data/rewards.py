@@ -228,3 +228,21 @@ def length(
     It rewards length; give it a negative weight to penalise length instead.
     """
     return [float(n) / max_length if max_length else float(n) for n in completion_lengths]
+
+
+# ---------------------------------------------------------------- multi-turn episodes (agents)
+@REWARDS.register("env_reward")
+def env_reward(completions: list[str], env_reward: Sequence[float]) -> list[float]:
+    """The environment's reward of each episode (sum over turns; ``lightning_grpo.agents``)."""
+    return [float(r) for r in env_reward]
+
+
+@REWARDS.register("tool_call_made")
+def tool_call_made(
+    completions: list[str], tool_calls: Sequence[int], truncated: Sequence[bool], require_answer: bool = True
+) -> list[float]:
+    """1 when the episode made at least one tool call that ran and returned, else 0 (a format reward).
+
+    ``require_answer``: only episodes that also ended with an answer (not truncated by
+    ``max_turns`` / a length limit) count, so calling again and again is not rewarded."""
+    return [1.0 if n > 0 and not (require_answer and t) else 0.0 for n, t in zip(tool_calls, truncated)]

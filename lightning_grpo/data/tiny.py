@@ -42,9 +42,12 @@ CHATML_TOOLS_TEMPLATE = (
 #: Extra characters of the ``tools`` variant (JSON and tool names).
 TOOLS_ALPHABET = list('_{}[]",') + list(string.ascii_uppercase)
 #: Whole strings that the ``tools`` variant spells as one token each, as a real BPE vocabulary spells
-#: frequent strings: the Hermes markers, and the complete call of the built-in secret-digit tool, so
+#: frequent strings: the chat roles, the Hermes markers, and the complete call of the built-in secret-digit tool, so
 #: that a random 88K-parameter model can sample a well-formed call (lightning_grpo.agents.secret_digit).
 TOOLS_WORDS = [
+    "system",
+    "user",
+    "assistant",
     "<tool_call>",
     "</tool_call>",
     "<tool_response>",
@@ -75,6 +78,8 @@ class TinyModelConfig:
         fields = asdict(self)
         if fields["tokenizer"] == "chars":  # the original key of the default tokenizer
             del fields["tokenizer"]
+        else:  # the tools vocabulary changed once (role words added)
+            fields["tokenizer_version"] = 2
         blob = json.dumps(fields, sort_keys=True) + "|v2"
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

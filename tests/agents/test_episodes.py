@@ -114,7 +114,7 @@ def test_max_turns_ends_truncated(tok):
 
 
 def test_episode_token_budget_and_engine_length(tok):
-    engine, renderer, records, sampling, limits = setup(tok, lambda c, r, p: ids_of(tok, CALL_TEXT), max_episode_tokens=20)
+    engine, renderer, records, sampling, limits = setup(tok, lambda c, r, p: ids_of(tok, CALL_TEXT), max_episode_tokens=10)
     out = run_episodes(engine, SecretDigitEnv, tok, renderer, records, sampling, seed=0, limits=limits)
     assert out.completion_ids[0] == ids_of(tok, CALL_TEXT) and out.finished == [False]  # the observation would overflow
     prompt_len = len(out.prompt_ids[0])

@@ -132,7 +132,7 @@ def test_resolve_by_name_and_by_import_path():
 
 
 def test_resolve_errors_name_the_string():
-    with pytest.raises(ValueError, match=r"unknown reward function 'exact'; registered: (\w+, )*exact_match, length, math_accuracy"):
+    with pytest.raises(ValueError, match=r"unknown reward function 'exact'; registered: env_reward, exact_match, length, math_accuracy"):
         resolve_reward("exact")
     with pytest.raises(ValueError, match=r"reward function 'no_such_pkg.fn' could not be imported: No module named 'no_such_pkg'"):
         resolve_reward("no_such_pkg.fn")

@@ -1,0 +1,99 @@
+"""Run the tool quickstart (recipes/tool_quickstart.yaml) for several seeds, with the tool and
+without it (the control: ``environment_args.tools_enabled: false``), and measure what it learns.
+
+Per run: wall time of the whole command, held-out success (greedy episodes on the 50 held-out
+prompts, each with its own secret digit) at step 0 and at the end, held-out tool-call rate at the
+end, and the training reward of the first and last tenth of the steps. Writes a markdown table
+(README.md, between the tool-quickstart markers, with ``--write``).
+
+    python benchmarks/tool_quickstart_seeds.py --seeds 0 1 2 --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = ROOT / "recipes" / "tool_quickstart.yaml"
+RESULTS = "<!-- tool-quickstart-results -->"
+
+
+def recipe(out: Path, tools: bool) -> Path:
+    """The recipe as shipped, or its copy with the tool disabled (the control)."""
+    if tools:
+        return RECIPE
+    cfg = yaml.safe_load(RECIPE.read_text())
+    (agent,) = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("AgentRolloutCallback")]
+    agent["init_args"]["environment_args"]["tools_enabled"] = False
+    path = out / "tool_quickstart_control.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def run(seed: int, out: Path, tools: bool, extra: list[str]) -> dict:
+    save = out / f"{'tools' if tools else 'control'}-seed{seed}"
+    cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe(out, tools)),
+           "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    rows = list(csv.DictReader(next(save.glob("**/metrics.csv")).open()))
+    reward = [float(r["train/reward_mean"]) for r in rows if r.get("train/reward_mean")]
+    val = [r for r in rows if r.get("val/greedy_accuracy")]
+    tenth = max(1, len(reward) // 10)
+    return {
+        "seed": seed,
+        "tools": tools,
+        "wall_s": wall,
+        "reward_first": sum(reward[:tenth]) / tenth,
+        "reward_last": sum(reward[-tenth:]) / tenth,
+        "success_start": float(val[0]["val/greedy_accuracy"]),
+        "success_end": float(val[-1]["val/greedy_accuracy"]),
+        "tool_rate_end": float(val[-1]["val/tool_call_rate"]),
+    }
+
+
+def table(results: list[dict]) -> str:
+    lines = [
+        "| run | seed | wall time (s) | held-out success, step 0 -> end | held-out tool-call rate, end | train reward, first -> last tenth |",
+        "|---|---:|---:|---|---:|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {'tool' if r['tools'] else 'control (no tool)'} | {r['seed']} | {r['wall_s']:.0f} | "
+            f"{r['success_start']:.2f} -> {r['success_end']:.2f} | {r['tool_rate_end']:.2f} | "
+            f"{r['reward_first']:.3f} -> {r['reward_last']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "tool-quickstart-seeds")
+    parser.add_argument("--no-control", action="store_true", help="skip the runs without the tool")
+    parser.add_argument("--write", action="store_true", help="write the table into README.md")
+    parser.add_argument("extra", nargs="*", help="more CLI overrides, after --")
+    args = parser.parse_args()
+    results = [run(seed, args.out, True, args.extra) for seed in args.seeds]
+    if not args.no_control:
+        results += [run(seed, args.out, False, args.extra) for seed in args.seeds]
+    text = table(results)
+    print(text)
+    if args.write:
+        readme = (ROOT / "README.md").read_text()
+        head, _, rest = readme.partition(RESULTS)
+        _, _, tail = rest.partition(RESULTS)
+        (ROOT / "README.md").write_text(f"{head}{RESULTS}\n{text}\n{RESULTS}{tail}")
+
+
+if __name__ == "__main__":
+    main()
