@@ -249,11 +249,12 @@ class RolloutCallback(Callback):
         return result
 
     def _async_pipeline(self, trainer: L.Trainer, module: L.LightningModule, per_gen: int) -> AsyncRollout:
-        from ..rollout.weights import policy_weights_for_engine
+        from ..rollout.weights import gathered_weights_for_engine
 
         def prepare(step: int):
             self._engine_version = step
-            return self.engine.prepare_push(policy_weights_for_engine(module.policy))
+            with gathered_weights_for_engine(module.policy) as weights:  # snapshot taken inside (FSDP2: gathered)
+                return self.engine.prepare_push(weights)
 
         return AsyncRollout(self.max_staleness, per_gen, prepare, self.engine.send_push, lambda g: self._sample(trainer, g))
 
