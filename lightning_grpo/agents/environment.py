@@ -12,13 +12,13 @@ Environments are looked up by registry name (:data:`ENVIRONMENTS`) or by import 
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from lightning_grpo.core.registry import Registry
+from lightning_grpo.resolve import resolve_callable
 
 ENVIRONMENTS: Registry = Registry("environment")
 
@@ -82,30 +82,7 @@ class Environment:
 
 def resolve_environment(name: str | type | Callable[..., Environment]) -> Callable[..., Environment]:
     """The environment class registered as ``name`` or imported from ``"pkg.mod.Cls"`` / ``"pkg.mod:Cls"``."""
-    if callable(name):
-        return name
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"environment must be a registry name or an import path, got {name!r}")
-    if name in ENVIRONMENTS:
-        return ENVIRONMENTS.get(name)
-    if ":" in name:
-        module_name, _, attr = name.partition(":")
-    elif "." in name:
-        module_name, _, attr = name.rpartition(".")
-    else:
-        raise ValueError(
-            f"unknown environment {name!r}; registered: {', '.join(ENVIRONMENTS.names())}; "
-            "or give an import path like 'my_pkg.envs.MyEnv'"
-        )
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ValueError(f"environment {name!r} could not be imported: {err}") from err
-    if not callable(obj):
-        raise TypeError(f"environment {name!r} resolves to a {type(obj).__name__}, which is not callable")
-    return obj
+    return resolve_callable(name, ENVIRONMENTS, "environment", "'my_pkg.envs.MyEnv'")
 
 
 def check_messages(value: Any, where: str) -> None:

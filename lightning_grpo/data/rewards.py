@@ -15,7 +15,6 @@ Functions are looked up by registry name (:data:`REWARDS`) or by import path
 
 from __future__ import annotations
 
-import importlib
 import re
 import threading
 import warnings
@@ -24,6 +23,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 
 from lightning_grpo.core.registry import Registry
+from lightning_grpo.resolve import resolve_callable
 
 RewardFn = Callable[..., Sequence[float]]
 
@@ -44,30 +44,7 @@ def resolve_reward(name: str | RewardFn) -> RewardFn:
     A callable is returned unchanged. Raises ``ValueError`` naming the string when it is neither
     registered nor importable, and ``TypeError`` when the imported object is not callable.
     """
-    if callable(name):
-        return name
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"reward function name must be a non-empty string, got {name!r}")
-    if name in REWARDS:
-        return REWARDS.get(name)
-    if ":" in name:
-        module_name, _, attr_path = name.partition(":")
-    elif "." in name:
-        module_name, _, attr_path = name.rpartition(".")
-    else:
-        raise ValueError(
-            f"unknown reward function {name!r}; registered: {', '.join(REWARDS.names())}; "
-            "or give an import path like 'my_pkg.rewards.fn' or 'my_pkg.rewards:fn'"
-        )
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for attr in attr_path.split("."):
-            obj = getattr(obj, attr)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ValueError(f"reward function {name!r} could not be imported: {err}") from err
-    if not callable(obj):
-        raise TypeError(f"reward function {name!r} resolves to a {type(obj).__name__}, which is not callable")
-    return obj
+    return resolve_callable(name, REWARDS, "reward function", "'my_pkg.rewards.fn' or 'my_pkg.rewards:fn'")
 
 
 def _validated_by(check: Callable[..., None]) -> Callable[[RewardFn], RewardFn]:

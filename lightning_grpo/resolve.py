@@ -1,0 +1,41 @@
+"""Name-or-import-path lookup shared by the user-pluggable pieces (reward functions, environments)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from .core.registry import Registry
+
+
+def resolve_callable(name: str | Callable, registry: Registry, what: str, example: str) -> Callable:
+    """The callable registered in ``registry`` as ``name``, or imported from ``"pkg.mod.obj"`` /
+    ``"pkg.mod:obj"``; a callable is returned unchanged.
+
+    ``what`` names the kind in errors (``"reward function"``), ``example`` is an import path shown
+    when the name is unknown. Raises ``ValueError`` naming the string when it is neither registered
+    nor importable, ``TypeError`` when the imported object is not callable.
+    """
+    if callable(name):
+        return name
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} must be a registry name or an import path, got {name!r}")
+    if name in registry:
+        return registry.get(name)
+    if ":" in name:
+        module_name, _, attr_path = name.partition(":")
+    elif "." in name:
+        module_name, _, attr_path = name.rpartition(".")
+    else:
+        raise ValueError(
+            f"unknown {what} {name!r}; registered: {', '.join(registry.names())}; or give an import path like {example}"
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for attr in attr_path.split("."):
+            obj = getattr(obj, attr)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"{what} {name!r} could not be imported: {err}") from err
+    if not callable(obj):
+        raise TypeError(f"{what} {name!r} resolves to a {type(obj).__name__}, which is not callable")
+    return obj
