@@ -48,7 +48,7 @@ SECTION = """
 ## DAPO Clip-Higher at a collapsing learning rate
 
 **Claim** (DAPO, Yu et al. 2025; seed 000 section 01): decoupling the clip range (eps_high 0.28
-> eps_low 0.2) lets low-probability tokens grow, keeps entropy higher and reaches higher
+above eps_low 0.2) lets low-probability tokens grow, keeps entropy higher and reaches higher
 accuracy. **Setup**: the quickstart at lr 2e-3 with `steps_per_generation: 4`, eps_high 0.2 vs
 0.28. `python benchmarks/claims/clip_higher.py --write`.
 
