@@ -69,3 +69,19 @@ def test_dynamic_sampling_reward_must_name_a_configured_reward():
 
     with pytest.raises(ValueError, match=r"dynamic_sampling_reward 'acc' is not one of the configured rewards \['prefix_match'\]"):
         RolloutCallback(engine="hf", rewards=[RewardSpec("prefix_match")], dynamic_sampling=True, dynamic_sampling_reward="acc")
+
+
+def test_wrong_completion_length_is_the_mean_over_unrewarded_samples():
+    from lightning_grpo.callbacks.sampling import rollout_statistics
+    from lightning_grpo.data.reward_set import RewardScores
+
+    ids = [[5, 1], [5, 6, 7, 1], [5, 6, 7, 8, 9, 1], [6]]  # lengths 2, 4, 6, 1
+    rollout = Rollout([[3]], ids, [[-1.0] * len(c) for c in ids], [True, True, True, False], group_size=4)
+
+    def stats(rewards):
+        scores = RewardScores(torch.tensor(rewards).view(4, 1), torch.tensor([1.0]), ["acc"], [False])
+        return rollout_statistics(rollout, scores)
+
+    assert stats([1.0, 0.0, 0.0, 1.0])["completion_length_wrong_mean"] == pytest.approx(5.0)  # (4 + 6) / 2
+    assert stats([0.0, 0.0, 0.0, 0.0])["completion_length_wrong_mean"] == pytest.approx(13 / 4)
+    assert stats([1.0, 1.0, 1.0, 1.0]).get("completion_length_wrong_mean") is None  # none wrong: absent

@@ -91,6 +91,9 @@ def rollout_statistics(rollout: Rollout, scores: RewardScores) -> dict[str, floa
         "completion_length_max": lengths.max().item(),
         "truncation_ratio": 1.0 - sum(rollout.finished) / len(rollout.finished),
     }
+    wrong = total.flatten() <= 0  # [B] no reward: a pass / fail task's wrong answers
+    if wrong.any():  # absent when every completion earned something
+        out["completion_length_wrong_mean"] = lengths[wrong].mean().item()
     out.update(scores.metrics())
     return out
 

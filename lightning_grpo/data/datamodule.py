@@ -128,7 +128,7 @@ class PromptDataModule(L.LightningDataModule):
         shuffle: Shuffle the training prompts (per epoch, by ``seed``).
         task_seed: Seed of the built-in digit task.
         task_rule: Answer rule of the built-in digit task (``"last_plus_one"``, ``"last_digit"``,
-            ``"first_digit"``).
+            ``"first_digit"``, or ``"count_to_last"`` with answers of 1-10 characters).
         task_num_train: Training prompts of the built-in digit task.
         task_num_val: Validation prompts of the built-in digit task.
         cache_dir: Cache folder of ``datasets.load_dataset``; ``None`` for its default.

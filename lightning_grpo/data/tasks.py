@@ -1,4 +1,4 @@
-"""The built-in synthetic verifiable task: four digits, then ``=``, then one answer digit.
+"""The built-in synthetic verifiable task: four digits, then ``=``, then the answer.
 
 A prompt is four random digits followed by ``=`` (plain text, no chat template), e.g. ``"4821="``;
 the answer is one digit computed from the prompt by a named rule (default ``(last + 1) mod 10``,
@@ -6,8 +6,9 @@ so ``"4821="`` -> ``"2"``). A tiny random model learns it in about 1000 GRPO ste
 (see ``docs`` / the quickstart), which makes it the smoke test of the whole pipeline.
 
 The split is generated deterministically from a seed, the validation prompts never occur in
-the training set, and every answer digit is equally frequent in both splits (to within one
-prompt), so guessing a digit scores 0.1 on average.
+the training set, and every answer is equally frequent in both splits (to within one prompt), so
+guessing a digit scores 0.1 on average. The rule ``count_to_last`` has multi-character answers of
+one to ten characters (``"4823="`` -> ``"0123"``), for claims about completion length.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Callable
 
 from lightning_grpo.core.registry import Registry
 
-#: A rule maps the four prompt digits (a string like ``"4821"``) to the one answer digit.
+#: A rule maps the four prompt digits (a string like ``"4821"``) to the answer (a string of
+#: digits; every rule has ten distinct answers).
 DigitRule = Callable[[str], str]
 
 DIGIT_RULES: Registry = Registry("digit task rule")
@@ -44,13 +46,20 @@ def first_digit(digits: str) -> str:
     return digits[0]
 
 
-def _quotas(total: int, rng: random.Random) -> dict[str, int]:
-    """Split ``total`` prompts over the ten answer digits as evenly as possible.
+@DIGIT_RULES.register("count_to_last")
+def count_to_last(digits: str) -> str:
+    """The digits from 0 up to the last digit, 1 to 10 characters: ``"4823"`` -> ``"0123"``."""
+    return "".join(str(d) for d in range(int(digits[-1]) + 1))
 
-    The ``total % 10`` digits that get one extra prompt are picked at random.
+
+def _quotas(total: int, answers: list[str], rng: random.Random) -> dict[str, int]:
+    """Split ``total`` prompts over the (sorted) distinct ``answers`` as evenly as possible.
+
+    The ``total % len(answers)`` answers that get one extra prompt are picked at random.
     """
-    extra = set(rng.sample(range(10), total % 10))
-    return {str(d): total // 10 + (1 if d in extra else 0) for d in range(10)}
+    k = len(answers)
+    extra = set(rng.sample(range(k), total % k))
+    return {a: total // k + (1 if i in extra else 0) for i, a in enumerate(answers)}
 
 
 def digit_task(
@@ -66,11 +75,11 @@ def digit_task(
         num_train: Number of training prompts (>= 1).
         num_val: Number of validation prompts (>= 0); disjoint from the training prompts.
         rule: Name of the answer rule in :data:`DIGIT_RULES` (``"last_plus_one"``,
-            ``"last_digit"``, ``"first_digit"``).
+            ``"last_digit"``, ``"first_digit"``, ``"count_to_last"``).
 
     Returns:
         ``(train, val)``: each a shuffled list of records whose answers are balanced over the
-        ten digits (each digit appears ``n // 10`` or ``n // 10 + 1`` times).
+        rule's ten answers (each appears ``n // 10`` or ``n // 10 + 1`` times).
     """
     rule_fn: DigitRule = DIGIT_RULES.get(rule)
     if not isinstance(num_train, int) or num_train < 1:
@@ -79,13 +88,15 @@ def digit_task(
         raise ValueError(f"digit_task: num_val must be an integer >= 0, got {num_val!r}")
     rng = random.Random(seed)
     # Every possible prompt, grouped by its answer, each group in a seeded random order.
-    by_answer: dict[str, list[str]] = {str(d): [] for d in range(10)}
+    by_answer: dict[str, list[str]] = {}
     for n in range(10**NUM_DIGITS):
         digits = f"{n:0{NUM_DIGITS}d}"
-        by_answer[rule_fn(digits)].append(digits)
+        by_answer.setdefault(rule_fn(digits), []).append(digits)
+    by_answer = {a: by_answer[a] for a in sorted(by_answer)}  # "0" .. "9" for one-digit rules
     for group in by_answer.values():
         rng.shuffle(group)
-    val_quota, train_quota = _quotas(num_val, rng), _quotas(num_train, rng)
+    answers = list(by_answer)
+    val_quota, train_quota = _quotas(num_val, answers, rng), _quotas(num_train, answers, rng)
     train: list[dict[str, str]] = []
     val: list[dict[str, str]] = []
     for answer, group in by_answer.items():

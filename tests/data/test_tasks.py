@@ -18,13 +18,16 @@ from lightning_grpo.data.tasks import DIGIT_RULES, digit_task
         ("last_digit", "4821", "1"),
         ("first_digit", "4821", "4"),
         ("first_digit", "0821", "0"),
+        ("count_to_last", "4823", "0123"),
+        ("count_to_last", "4820", "0"),
+        ("count_to_last", "0009", "0123456789"),
     ],
 )
 def test_rules_on_hand_examples(rule, digits, answer):
     assert DIGIT_RULES.get(rule)(digits) == answer
 
 
-@pytest.mark.parametrize("rule", ["last_plus_one", "last_digit", "first_digit"])
+@pytest.mark.parametrize("rule", ["last_plus_one", "last_digit", "first_digit", "count_to_last"])
 def test_records_follow_the_rule(rule):
     train, val = digit_task(seed=3, rule=rule)
     assert (len(train), len(val)) == (300, 50)
@@ -59,6 +62,14 @@ def test_answers_are_balanced(rule):
         assert sum(r["answer"] == guess for r in train) / len(train) == 0.1
 
 
+def test_count_to_last_answers_vary_in_length_and_are_balanced():
+    train, val = digit_task(seed=0, rule="count_to_last")
+    lengths = Counter(len(r["answer"]) for r in train)
+    assert lengths == {n: 30 for n in range(1, 11)}  # answers "0", "01", ..., "0123456789"
+    assert Counter(len(r["answer"]) for r in val) == {n: 5 for n in range(1, 11)}
+    assert {r["answer"] for r in train} == {"0123456789"[:n] for n in range(1, 11)}
+
+
 def test_uneven_sizes_are_balanced_to_within_one():
     train, val = digit_task(seed=5, num_train=303, num_val=7)
     train_counts, val_counts = Counter(r["answer"] for r in train), Counter(r["answer"] for r in val)
@@ -67,7 +78,7 @@ def test_uneven_sizes_are_balanced_to_within_one():
 
 
 def test_unknown_rule_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown digit task rule 'sum'; valid names: first_digit, last_digit, last_plus_one"):
+    with pytest.raises(ValueError, match=r"unknown digit task rule 'sum'; valid names: count_to_last, first_digit, last_digit, last_plus_one"):
         digit_task(rule="sum")
 
 

@@ -1,0 +1,106 @@
+"""Claim: Dr.GRPO's length bias. With ``seq_mean_token_mean`` (each sequence's loss divided by
+its own length), wrong answers grow longer than with ``seq_mean_token_sum_norm`` (a constant
+divisor, number of sequences x max_new_tokens).
+
+Dr.GRPO paper (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783): the
+1/|o_i| normaliser gives a long wrong answer a smaller per-token penalty than a short one, so
+the policy drifts towards long wrong answers; Dr.GRPO removes it. Arms, on the quickstart recipe
+with the ``count_to_last`` rule (``"4823="`` -> ``"0123"``, answers of 1 to 10 characters),
+``exact_match`` reward and max_new_tokens 24, the same ``grpo`` advantage in both (only the
+aggregation differs), 3 seeds.
+
+    python benchmarks/claims/dr_grpo.py --write
+"""
+
+from __future__ import annotations
+
+from common import PLOTS, args, final, plot, recipe, run, tail_mean, write_section
+
+MAX_NEW_TOKENS = 24
+STEPS = 400
+ARMS = ("seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def configs() -> dict[str, dict]:
+    out = {}
+    for arm in ARMS:
+        loss = {"aggregation": arm}
+        if arm == "seq_mean_token_sum_norm":
+            loss["aggregation_args"] = {"max_length": MAX_NEW_TOKENS}
+        config = recipe({"trainer": {"max_steps": STEPS, "val_check_interval": STEPS // 4},
+                         "model": {"loss": {"init_args": loss}}, "data": {"task_rule": "count_to_last"}})  # fmt: skip
+        rollout = config["trainer"]["callbacks"][0]["init_args"]
+        rollout["sampling"]["max_new_tokens"] = MAX_NEW_TOKENS
+        rollout["rewards"] = [{"name": "exact_match"}]
+        out[arm] = config
+    return out
+
+
+def mean(curve: list[tuple[int, float]], lo: int, hi: int) -> float:
+    """Mean of a logged curve over steps ``lo <= step < hi``."""
+    values = [v for step, v in curve if lo <= step < hi]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def main() -> None:
+    a = args(__doc__)
+    runs = {arm: {s: run(cfg, s, a.out / "dr_grpo" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
+    rows = ["| seed | arm | wrong length, first tenth | wrong length, run mean | wrong length, last tenth | all completions, last tenth | reward, last tenth | held-out greedy accuracy, end |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    longer = longer_run = 0
+    for s in a.seeds:
+        for arm in runs:
+            cols = runs[arm][s]
+            wrong = cols["train/completion_length_wrong_mean"]
+            rows.append(f"| {s} | {arm} | {mean(wrong, 0, STEPS // 10):.2f} | {mean(wrong, 0, STEPS):.2f} | {tail_mean(wrong):.2f} | "
+                        f"{tail_mean(cols['train/completion_length_mean']):.2f} | {tail_mean(cols['train/reward_mean']):.3f} | "
+                        f"{final(cols['val/greedy_accuracy']):.2f} |")  # fmt: skip
+        ends = {arm: tail_mean(runs[arm][s]["train/completion_length_wrong_mean"]) for arm in runs}
+        longer += ends["seq_mean_token_mean"] > ends["seq_mean_token_sum_norm"]
+        whole = {arm: mean(runs[arm][s]["train/completion_length_wrong_mean"], 0, STEPS) for arm in runs}
+        longer_run += whole["seq_mean_token_mean"] > whole["seq_mean_token_sum_norm"]
+    table = "\n".join(rows)
+    print(table)
+    print(f"seq_mean_token_mean has longer wrong answers on {longer}/{len(a.seeds)} seeds (last tenth), "
+          f"{longer_run}/{len(a.seeds)} (run mean)")
+    if a.write:
+        plot(runs, [("train/completion_length_wrong_mean", "length of wrong completions (tokens)"),
+                    ("train/reward_mean", "training reward"), ("val/greedy_accuracy", "held-out greedy accuracy")],
+             PLOTS / "dr_grpo.png")  # fmt: skip
+        write_section("dr_grpo", SECTION.format(table=table, longer=longer, longer_run=longer_run, n=len(a.seeds)))
+
+
+SECTION = """
+## Dr.GRPO: length of wrong answers, per-sequence vs constant normaliser
+
+**Claim** (Dr.GRPO, Liu et al. 2025, arXiv 2503.20783): dividing each sequence's loss by its own
+length (`seq_mean_token_mean`, the original GRPO) penalises a long wrong answer less per token
+than a short one, so wrong answers grow longer during training; a constant normaliser
+(`seq_mean_token_sum_norm`, N_seq x max_new_tokens) removes the bias and keeps them short.
+**Setup**: the quickstart with the task rule `count_to_last` (`4823=` -> `0123`, answers of 1 to
+10 characters), reward `exact_match`, max_new_tokens 24, 400 steps; the same `grpo` advantage in
+both arms, only the aggregation differs. "Wrong length" is `train/completion_length_wrong_mean`,
+the mean length in tokens (EOS included) of the sampled completions with reward 0, logged every
+10 steps. `python benchmarks/claims/dr_grpo.py --write`.
+
+{table}
+
+**Measured**: `seq_mean_token_mean` has the longer wrong answers in the last tenth on {longer} of
+{n} seeds, and over the whole run on {longer_run} of {n}. In both arms and on every seed the
+wrong answers get *shorter*, from about 19 tokens (the random policy rarely samples EOS) to 2
+(one character and EOS): the only answers random sampling finds right are the shortest (`0`,
+right on the 10% of prompts ending in 0), so the positive advantages pull both arms to the
+one-character answer `0` (entropy 0.04-0.16 at the end, held-out greedy accuracy 0.10 = the
+share of held-out prompts ending in 0). The plot shows that collapse coming later with
+`seq_mean_token_sum_norm` on every seed, most on seed 0, whose wrong answers over the whole run
+are longer with it (12.3 vs 6.0 tokens), the opposite of the claim; seeds 1 and 2 differ by
+less than 0.5 token. Neither arm learns the rule in 400 steps, so the regime the paper
+describes (a policy that learns while its wrong answers lengthen) is not reached here.
+**Verdict: not reproduced** (no arm's wrong answers grow; no consistent difference).
+
+![dr grpo](claims/dr_grpo.png)
+"""
+
+
+if __name__ == "__main__":
+    main()
