@@ -14,10 +14,9 @@ tool messages.
 from __future__ import annotations
 
 import json
-import threading
-from concurrent.futures import Future
 from typing import Any, Callable
 
+from ..data.reward_set import CallExpired, call_with_timeout
 from .environment import Environment, Messages, Step, Turn
 
 #: transformers' response template for Qwen2 models (``transformers/cli/serving/utils.py``), thinking dropped.
@@ -72,35 +71,6 @@ def parse_tool_calls(tokenizer: Any, text: str) -> tuple[dict[str, Any], str | N
     return message, None
 
 
-def call_with_timeout(fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float | None) -> Any:
-    """``fn(**kwargs)`` in a daemon thread, waiting at most ``timeout_s`` (``TimeoutError`` after).
-
-    A call that never returns cannot be killed; it is left behind without blocking the exit.
-    """
-    if timeout_s is None:
-        return fn(**kwargs)
-    future: Future = Future()
-
-    def target() -> None:
-        if future.set_running_or_notify_cancel():
-            try:
-                future.set_result(fn(**kwargs))
-            except BaseException as err:  # noqa: BLE001 - re-raised by future.result()
-                future.set_exception(err)
-
-    threading.Thread(target=target, name="tool-call", daemon=True).start()
-    try:
-        return future.result(timeout=timeout_s)
-    except TimeoutError:
-        if future.done():  # the tool itself raised TimeoutError
-            raise
-        raise _Expired() from None
-
-
-class _Expired(Exception):
-    """The tool call did not finish in time."""
-
-
 class ToolEnvironment(Environment):
     """An environment whose model turns may call tools; a turn without a call ends the episode.
 
@@ -144,8 +114,8 @@ class ToolEnvironment(Environment):
             known = ", ".join(self._by_name) or "none"
             return _tool_message(name, f"error: unknown tool {name!r} (available: {known})")
         try:
-            result = call_with_timeout(fn, args, self.timeout_s)
-        except _Expired:
+            result = call_with_timeout(fn, self.timeout_s, (), args, name="tool-call")
+        except CallExpired:
             self.counts["tool_timeouts"] += 1
             return _tool_message(name, f"error: tool {name!r} timed out after {self.timeout_s} s")
         except Exception as err:  # noqa: BLE001 - the model sees the error, the run goes on

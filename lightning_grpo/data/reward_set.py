@@ -79,8 +79,11 @@ class RewardScores:
         return out
 
 
-def _call_with_timeout(fn: RewardFn, timeout_s: float | None, args: tuple, kwargs: dict) -> Any:
-    """``fn(*args, **kwargs)``, waiting at most ``timeout_s`` (raises ``TimeoutError``).
+def call_with_timeout(
+    fn: Callable[..., Any], timeout_s: float | None, args: tuple, kwargs: dict, name: str = "reward-timeout"
+) -> Any:
+    """``fn(*args, **kwargs)``, waiting at most ``timeout_s`` (raises ``CallExpired`` after; shared by
+    reward functions and agent tools).
 
     Runs in a daemon thread behind a ``Future``: a call that never returns cannot be killed, but
     it is left behind without blocking the interpreter's exit.
@@ -96,17 +99,17 @@ def _call_with_timeout(fn: RewardFn, timeout_s: float | None, args: tuple, kwarg
             except BaseException as err:  # noqa: BLE001 - re-raised by future.result()
                 future.set_exception(err)
 
-    threading.Thread(target=target, name="reward-timeout", daemon=True).start()
+    threading.Thread(target=target, name=name, daemon=True).start()
     try:
         return future.result(timeout=timeout_s)
     except TimeoutError:
         if future.done():  # the function itself raised TimeoutError
             raise
-        raise _Expired() from None
+        raise CallExpired() from None
 
 
-class _Expired(Exception):
-    """Internal marker: the call did not finish in time."""
+class CallExpired(Exception):
+    """The call did not finish in time."""
 
 
 def _prefix(text: str, n: int = 40) -> str:
@@ -209,8 +212,8 @@ class RewardSet:
         self, spec: RewardSpec, fn: RewardFn, completions: list[str], columns: dict[str, Any]
     ) -> tuple[list[float], bool]:
         try:
-            out = _call_with_timeout(fn, spec.timeout_s, (completions,), {**columns, **spec.kwargs})
-        except _Expired:
+            out = call_with_timeout(fn, spec.timeout_s, (completions,), {**columns, **spec.kwargs})
+        except CallExpired:
             if spec.on_timeout == "raise":
                 raise RewardTimeoutError(
                     f"reward function {spec.label!r} did not finish within timeout_s={spec.timeout_s} on a batch "
@@ -230,8 +233,8 @@ class RewardSet:
         for i, text in enumerate(completions):
             one = {k: v[i : i + 1] for k, v in columns.items()}
             try:
-                _call_with_timeout(fn, spec.timeout_s, ([text],), {**one, **spec.kwargs})
-            except _Expired:
+                call_with_timeout(fn, spec.timeout_s, ([text],), {**one, **spec.kwargs})
+            except CallExpired:
                 continue
             except Exception:  # noqa: BLE001 - this is the sample we are looking for
                 return RewardError(
