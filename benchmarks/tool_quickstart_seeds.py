@@ -6,16 +6,21 @@ prompts, each with its own secret digit) at step 0 and at the end, held-out tool
 end, and the training reward of the first and last tenth of the steps. Writes a markdown table
 (README.md, between the tool-quickstart markers, with ``--write``).
 
-    python benchmarks/tool_quickstart_seeds.py --seeds 0 1 2 --write
+    python benchmarks/tool_quickstart_seeds.py --seeds 0 1 2 --jobs 2 --write
+
+With ``--jobs N`` up to N runs go at once, each pinned to its own CPU core (one thread), so each
+run's wall time is that of a run alone on one core.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -38,12 +43,16 @@ def recipe(out: Path, tools: bool) -> Path:
     return path
 
 
-def run(seed: int, out: Path, tools: bool, extra: list[str]) -> dict:
+def run(seed: int, out: Path, tools: bool, extra: list[str], core: int | None = None) -> dict:
     save = out / f"{'tools' if tools else 'control'}-seed{seed}"
     cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe(out, tools)),
            "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
+    env = dict(os.environ)
+    if core is not None:  # one core (util-linux taskset), one thread
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        cmd = ["taskset", "-c", str(core), *cmd]
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     rows = list(csv.DictReader(next(save.glob("**/metrics.csv")).open()))
     reward = [float(r["train/reward_mean"]) for r in rows if r.get("train/reward_mean")]
@@ -81,11 +90,24 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "tool-quickstart-seeds")
     parser.add_argument("--no-control", action="store_true", help="skip the runs without the tool")
     parser.add_argument("--write", action="store_true", help="write the table into README.md")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each pinned to its own core (<= CPU count)")
     parser.add_argument("extra", nargs="*", help="more CLI overrides, after --")
     args = parser.parse_args()
-    results = [run(seed, args.out, True, args.extra) for seed in args.seeds]
-    if not args.no_control:
-        results += [run(seed, args.out, False, args.extra) for seed in args.seeds]
+    cores = sorted(os.sched_getaffinity(0))
+    if not 1 <= args.jobs <= len(cores):
+        parser.error(f"--jobs must be between 1 and the {len(cores)} usable CPU cores, got {args.jobs}")
+    runs = [(seed, True) for seed in args.seeds] + ([] if args.no_control else [(seed, False) for seed in args.seeds])
+    free = list(cores[: args.jobs]) if args.jobs > 1 else [None]
+
+    def one(spec: tuple[int, bool]) -> dict:
+        core = free.pop()  # each worker thread holds one core while its run lasts
+        try:
+            return run(spec[0], args.out, spec[1], args.extra, core)
+        finally:
+            free.append(core)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(one, runs))
     text = table(results)
     print(text)
     if args.write:

@@ -1,7 +1,8 @@
 """The built-in tool task: answer a secret digit that only a tool call reveals.
 
 Each episode draws its own secret digit (from the episode's seed, so nothing can be memorised);
-the prompt (a dataset record's ``prompt``, e.g. the digit task's ``"4821="``) does not contain it.
+the user message (``question``, or else a dataset record's ``prompt``, e.g. the digit task's
+``"4821="``) does not contain it.
 The model may call ``secret_digit()``, read the result in a tool message, and answer; the answer
 is right when its first character is the secret. A model that never calls the tool is right one
 time in ten (chance). With ``tools_enabled=False`` (the control) nothing is offered or executed.
@@ -9,7 +10,7 @@ time in ten (chance). With ``tools_enabled=False`` (the control) nothing is offe
 Flow with the tiny ``tools`` tokenizer (one token spells the whole call, see
 :data:`~lightning_grpo.data.tiny.TOOLS_WORDS`)::
 
-    <|im_start|>system\\ntools: secret_digit<|im_end|>\\n<|im_start|>user\\n4821=<|im_end|>\\n<|im_start|>assistant\\n
+    <|im_start|>system\\ntools: secret_digit<|im_end|>\\n<|im_start|>user\\nsecret<|im_end|>\\n<|im_start|>assistant\\n
     [model] <tool_call>\\n{"name": "secret_digit", "arguments": {}}\\n</tool_call>        (stop token)
     [env]   <|im_end|>\\n<|im_start|>user\\n<tool_response>\\n7\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n
     [model] 7<|im_end|>                                                          -> reward 1
@@ -31,19 +32,25 @@ class SecretDigitEnv(ToolEnvironment):
     Args:
         timeout_s: seconds a tool call may take.
         tools_enabled: False = the control run: no tool offered, every call answered "unknown tool".
+        question: the user message of every episode; None = the dataset record's ``prompt``. The tool
+            quickstart asks ``"secret"``: a prompt without digits, so the only digit in the context
+            is the revealed one (the digit task's prompts put four distractor digits there).
     """
 
-    def __init__(self, timeout_s: float | None = 10.0, tools_enabled: bool = True) -> None:
+    def __init__(self, timeout_s: float | None = 10.0, tools_enabled: bool = True, question: str | None = None) -> None:
+        if question is not None and (not isinstance(question, str) or not question.strip()):
+            raise ValueError(f"SecretDigitEnv.question must be a non-empty string or None, got {question!r}")
         def secret_digit() -> str:
             """Reveal the secret digit of this episode."""
             return self.secret
 
         super().__init__([secret_digit], timeout_s=timeout_s, tools_enabled=tools_enabled)
         self.secret = ""
+        self.question = question
 
     def reset(self, record: dict[str, Any], seed: int) -> Messages:
         self.secret = str(random.Random(seed).randrange(10))
-        return [{"role": "user", "content": record["prompt"]}]
+        return [{"role": "user", "content": self.question if self.question is not None else record["prompt"]}]
 
     def answer(self, message: dict[str, Any], turn: Turn) -> float:
         return 1.0 if (message.get("content") or "")[:1] == self.secret else 0.0

@@ -92,6 +92,25 @@ def test_tool_path_end_to_end_with_training(caller_dir):
     assert float(logged["train/agent/turns_mean"]) > 1.0
 
 
+def test_validation_batches_draw_their_own_episodes(caller_dir):
+    """Each held-out batch of one check gets its own seed: the secret digits differ between batches
+    (one seed per check made every batch replay the same few secrets)."""
+    callback = _callback()
+    secrets, run = [], callback.run
+
+    def recording_run(*args, **kwargs):
+        rollout = run(*args, **kwargs)
+        secrets.append([episode.env.secret for episode in rollout.episodes])
+        return rollout
+
+    callback.run = recording_run
+    trainer = L.Trainer(callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=3)  # fmt: skip
+    trainer.validate(GRPOModule(model=caller_dir), datamodule=PromptDataModule(tokenizer_path=caller_dir, batch_size=2, val_batch_size=10))
+    assert [len(s) for s in secrets] == [10, 10, 10]
+    assert secrets[0] != secrets[1] and secrets[1] != secrets[2] and secrets[0] != secrets[2]
+
+
 @pytest.mark.vllm
 def test_vllm_engine_runs_turn_synchronous_episodes(vllm_engine, tiny_model_path):
     """Plain-text episodes on the session's vLLM engine: stop token ids end turns (kept as the last

@@ -104,6 +104,16 @@ def test_group_rows_and_per_episode_secrets(tok):
     assert [e.env.secret for e in again.episodes] == [e.env.secret for e in out.episodes]  # seeded
 
 
+def test_secret_digit_question_replaces_the_record_prompt(tok):
+    engine, renderer, records, sampling, limits = setup(tok, answer_secret(tok))
+    out = run_episodes(engine, lambda: SecretDigitEnv(question="secret"), tok, renderer, records, sampling, seed=3, limits=limits)
+    assert out.prompt_ids[0] == ids_of(tok, "<|im_start|>system\ntools: secret_digit<|im_end|>\n<|im_start|>user\nsecret<|im_end|>\n<|im_start|>assistant\n")
+    assert out.episodes[0].reward == 1.0
+    for bad in ("", "  ", 7):
+        with pytest.raises(ValueError, match="SecretDigitEnv.question must be a non-empty string"):
+            SecretDigitEnv(question=bad)
+
+
 def test_max_turns_ends_truncated(tok):
     engine, renderer, records, sampling, limits = setup(tok, lambda c, r, p: ids_of(tok, CALL_TEXT), max_turns=2)
     out = run_episodes(engine, SecretDigitEnv, tok, renderer, records, sampling, seed=0, limits=limits)
