@@ -14,6 +14,7 @@ Flow with the tiny ``tools`` tokenizer (one token spells the whole call, see
     [model] <tool_call>\\n{"name": "secret_digit", "arguments": {}}\\n</tool_call>        (stop token)
     [env]   <|im_end|>\\n<|im_start|>user\\n<tool_response>\\n7\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n
     [model] 7<|im_end|>                                                          -> reward 1
+                                    (recipes/tool_quickstart.yaml samples 1 token per turn: "7")
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class SecretDigitEnv(ToolEnvironment):
     def __init__(self, timeout_s: float | None = 10.0, tools_enabled: bool = True, question: str | None = None) -> None:
         if question is not None and (not isinstance(question, str) or not question.strip()):
             raise ValueError(f"SecretDigitEnv.question must be a non-empty string or None, got {question!r}")
+
         def secret_digit() -> str:
             """Reveal the secret digit of this episode."""
             return self.secret
