@@ -14,7 +14,7 @@ import lightning as L
 from ..callbacks.rollout import RolloutCallback
 from ..callbacks.sampling import SampleResult, sample_groups
 from ..data.reward_set import RewardScores, RewardSpec
-from ..rollout.base import RolloutEngine, SamplingConfig
+from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed, request_seed
 from . import rewards as _rewards  # noqa: F401  (registers env_reward, tool_call_made)
 from . import calculator as _calculator  # noqa: F401  (registers the built-in environments)
 from . import secret_digit as _secret_digit  # noqa: F401
@@ -63,6 +63,7 @@ class AgentRolloutCallback(RolloutCallback):
         self.stop_tokens = stop_tokens
         self.renderer: ChatRenderer | None = None
         self._tokenizer: Any = None
+        self._val_batch = 0  # index of the validation batch being evaluated (its episodes' seeds)
 
     # ------------------------------------------------------------------------ set-up
     def make_env(self) -> Any:
@@ -136,14 +137,20 @@ class AgentRolloutCallback(RolloutCallback):
         return result
 
     # ------------------------------------------------------------------- validation
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:  # fmt: skip
+        self._val_batch = batch_idx
+
     def evaluate(self, module: L.LightningModule, records: list[dict]) -> dict[str, float]:
         """Greedy episodes on held-out records: accuracy (first reward function), tool-call rate, turns.
-        Each validation batch has its own seed (:meth:`validation_seed`), so its episodes draw their own
-        values (secret digits)."""
+
+        Each validation batch gets its own seed (environments draw per-episode values from it, e.g. the
+        secret digit), so the held-out episodes of one check are all different."""
         trainer = module.trainer
         engine = self._ensure_engine(trainer, module)
         self.sync_weights(module)
-        seed = self.validation_seed(trainer)
+        check = derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step)
+        seed = request_seed(check, self._val_batch) & 0x7FFFFFFF
         greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
         rollout = self.run(engine, trainer.datamodule.tokenizer, records, greedy, seed)
         scores = self.score(rollout, records)

@@ -27,7 +27,7 @@ from typing_extensions import override
 from ..batch import RolloutBatch, steps_per_batch
 from ..core import SELECTIONS
 from ..data.reward_set import RewardSet, RewardSpec
-from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed, request_seed
+from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
 from ..validation import check_fit_config
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
 from .async_setup import check_async_config, checkpoint_on_server_failure, install_async_correction
@@ -120,7 +120,6 @@ class RolloutCallback(Callback):
         self._train_time = 0.0
         self._batch_start = 0.0
         self.generations = 0
-        self._val_batch = 0  # index of the validation batch being evaluated (validation_seed)
         self.max_staleness = max_staleness
         self.async_correction = async_correction
         self._pipeline: AsyncRollout | None = None
@@ -298,23 +297,11 @@ class RolloutCallback(Callback):
         )  # fmt: skip
 
     # -------------------------------------------------------------------- validation
-    @override
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int,
-                                  dataloader_idx: int = 0) -> None:  # fmt: skip
-        self._val_batch = batch_idx
-
-    def validation_seed(self, trainer: L.Trainer) -> int:
-        """The seed of the validation batch being evaluated: distinct per rank, step and batch, so the
-        batches of one check never replay each other's random draws (sampled completions, and the
-        per-episode values environments draw from it, e.g. a secret digit)."""
-        check = derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step)
-        return request_seed(check, self._val_batch) & 0x7FFFFFFF
-
     def evaluate(self, module: L.LightningModule, records: list[dict]) -> dict[str, float]:
         """Held-out metrics of a batch of prompt records (called by ``GRPOModule.validation_step``)."""
         trainer = module.trainer
         engine = self._ensure_engine(trainer, module)
-        seed = self.validation_seed(trainer)
+        seed = derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step)
         args = (engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, self.val_samples, seed)
         if self._pipeline is not None:  # the worker owns the servers: queue behind its work
             return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
