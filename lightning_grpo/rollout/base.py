@@ -190,6 +190,17 @@ def validate_prompts(prompt_ids: list[list[int]]) -> None:
             raise ValueError(f"prompt_ids[{i}] must be a non-empty list of token ids, got {ids!r:.80}")
 
 
+def check_fits(prompt_ids: list[list[int]], max_new_tokens: int, max_model_len: int, whose: str, remedy: str) -> None:
+    """Raise one clear ValueError if the longest prompt + ``max_new_tokens`` exceeds ``max_model_len``
+    (``whose``: the engine named in the message, ``remedy``: the setting to raise)."""
+    longest = max(len(p) for p in prompt_ids)
+    if longest + max_new_tokens > max_model_len:
+        raise ValueError(
+            f"longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"{whose} max_model_len ({max_model_len}); raise {remedy}"
+        )
+
+
 def _mix64(x: int) -> int:
     """SplitMix64 finaliser: a bijection on 64-bit integers that scrambles nearby inputs."""
     x &= _MASK64

@@ -23,7 +23,7 @@ from typing import Iterable
 
 import torch
 
-from .base import Rollout, RolloutEngine, SamplingConfig, request_seed, validate_prompts
+from .base import Rollout, RolloutEngine, SamplingConfig, check_fits, request_seed, validate_prompts
 from .server_client import Sample, ServerClient, ServerUnavailableError
 from .shm_transfer import BUCKET_BYTES, ShmBuckets, write_buckets
 
@@ -108,12 +108,7 @@ class ServerEngine(RolloutEngine):
         """Sample ``sampling.n`` completions per prompt on the servers (``stop_token_ids``: extra
         token ids that end a completion, e.g. a multi-turn agent's end-of-turn)."""
         validate_prompts(prompt_ids)
-        longest = max(len(p) for p in prompt_ids)
-        if longest + sampling.max_new_tokens > self.max_model_len:
-            raise ValueError(
-                f"longest prompt ({longest} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds the "
-                f"servers' max_model_len ({self.max_model_len}); raise vllm_args.max_model_len"
-            )
+        check_fits(prompt_ids, sampling.max_new_tokens, self.max_model_len, "servers'", "vllm_args.max_model_len")
         base = {
             "n": sampling.n,
             "temperature": sampling.temperature,

@@ -31,7 +31,7 @@ from typing import Any, Iterable, Literal
 
 import torch
 
-from lightning_grpo.rollout.base import Rollout, RolloutEngine, SamplingConfig, request_seed, validate_prompts
+from lightning_grpo.rollout.base import Rollout, RolloutEngine, SamplingConfig, check_fits, request_seed, validate_prompts
 
 MISSING_VLLM = (
     "engine='vllm' needs vLLM: pip install 'lightning-grpo[cpu]' (CPU) or 'lightning-grpo[gpu]' (CUDA)"
@@ -163,12 +163,7 @@ class VLLMEngine(RolloutEngine):
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         validate_prompts(prompt_ids)
-        longest = max(len(p) for p in prompt_ids)
-        if longest + sampling.max_new_tokens > self.max_model_len:
-            raise ValueError(
-                f"longest prompt ({longest} tokens) + max_new_tokens ({sampling.max_new_tokens}) exceeds the "
-                f"engine's max_model_len ({self.max_model_len}); raise VLLMEngine(max_model_len=...)"
-            )
+        check_fits(prompt_ids, sampling.max_new_tokens, self.max_model_len, "engine's", "VLLMEngine(max_model_len=...)")
         from vllm import SamplingParams
 
         params = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_grpo.rollout.base import Rollout, SamplingConfig, derive_seed, request_seed, rollout_to_tensors
+from lightning_grpo.rollout.base import Rollout, SamplingConfig, check_fits, derive_seed, request_seed, rollout_to_tensors
 
 
 def test_rollout_to_tensors_layout_on_a_hand_example():
@@ -94,3 +94,13 @@ def test_vllm_engine_from_a_hub_id_that_cannot_be_fetched_names_it(monkeypatch):
     module = SimpleNamespace(model_source="lightning-grpo-test/no-such-model", policy=None)
     with pytest.raises(FileNotFoundError, match=r"model.model 'lightning-grpo-test/no-such-model' is not a local directory and could not be fetched"):
         build_engine("vllm", module, tokenizer=None, seed=0)
+
+
+def test_check_fits_names_the_lengths_the_engine_and_the_setting():
+    check_fits([[1, 2, 3], [4] * 10], max_new_tokens=6, max_model_len=16, whose="engine's", remedy="X")  # 10 + 6 = 16 fits
+    with pytest.raises(ValueError) as err:
+        check_fits([[1, 2, 3], [4] * 10], max_new_tokens=7, max_model_len=16, whose="servers'", remedy="vllm_args.max_model_len")
+    assert str(err.value) == (
+        "longest prompt (10 tokens) + max_new_tokens (7) exceeds the servers' max_model_len (16); "
+        "raise vllm_args.max_model_len"
+    )
