@@ -103,11 +103,19 @@ def plot(runs: dict[str, dict[int, dict]], panels: list[tuple[str, str]], path: 
                 ax.plot(steps, values, styles[i % 3], color=color, lw=1, marker="o" if column.startswith("val/") else None,
                         ms=3, label=f"{arm}, seed {seed}")  # fmt: skip
         ax.set(title=title, xlabel="optimizer step")
+    save_figure(fig, axes, path)
+
+
+def save_figure(fig: Any, axes: Any, path: Path) -> None:
+    """Grid on every panel, legend on the first, then write ``path`` (directories made) and close."""
+    for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=6)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
     plt.close(fig)
 
 

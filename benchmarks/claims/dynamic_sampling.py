@@ -10,7 +10,7 @@ samples generated, and held-out accuracy against steps and against generated sam
 
 from __future__ import annotations
 
-from common import PLOTS, args, final, recipe, run, write_section
+from common import PLOTS, args, final, recipe, run, save_figure, write_section
 
 SAMPLES_PER_ROUND = 8 * 8  # prompts x group size of the quickstart
 
@@ -71,13 +71,7 @@ def _plot(runs, path) -> None:
             axes[1].plot([samples_at(cols, s) for s in steps], acc, style, color=color, marker="o", ms=3)
     axes[0].set(title="held-out accuracy vs optimizer steps", xlabel="optimizer step")
     axes[1].set(title="held-out accuracy vs generated samples", xlabel="samples generated")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=6)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, axes, path)
 
 
 SECTION = """
