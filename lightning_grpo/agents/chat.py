@@ -3,9 +3,11 @@
 Token-in-token-out: the model's sampled ids go into the trajectory as they are; only the
 messages the environment adds are rendered and tokenised. The text of the new messages is the
 difference between the template's rendering of the conversation with and without them
-(``apply_chat_template(history + new) - apply_chat_template(history)``), prefixed with what the
-template writes after an assistant message that the model did not sample itself (e.g. the
-``<|im_end|>\\n`` after a turn that stopped at ``</tool_call>``, or the ``\\n`` after ``<|im_end|>``).
+(``apply_chat_template(history + new) - apply_chat_template(history)``; for templates that render
+a final assistant message differently, such as Qwen3's, what follows the model's message in the
+new rendering: :meth:`ChatRenderer.new_text`), prefixed with what the template writes after an
+assistant message that the model did not sample itself (e.g. the ``<|im_end|>\\n`` after a turn
+that stopped at ``</tool_call>``, or the ``\\n`` after ``<|im_end|>``).
 """
 
 from __future__ import annotations

@@ -48,7 +48,8 @@ def test_tool_schema_in_the_qwen3_system_block(qwen_tokenizer):
     schema = tool_schema(calculate)
     assert schema["function"]["name"] == "calculate" and schema["function"]["parameters"]["required"] == ["expression"]
     text = ChatRenderer(qwen_tokenizer, [calculate]).render(OPENING, add_generation_prompt=True)
-    assert text == TOOLS_BLOCK.format(schema=json.dumps(schema)) + "<|im_start|>user\nWhat is (3 + 4) * 12?<|im_end|>\n<|im_start|>assistant\n"
+    user = "<|im_start|>user\nWhat is (3 + 4) * 12?<|im_end|>\n<|im_start|>assistant\n"
+    assert text == TOOLS_BLOCK.format(schema=json.dumps(schema)) + user
 
 
 @pytest.mark.parametrize("before", ["", "Let me compute.\n", "<think>\nmultiply\n</think>\n\n"])
@@ -89,6 +90,19 @@ def test_calculator_episode_through_the_qwen3_template(qwen_tokenizer):
                                        "<|im_start|>user\nWhat is (3 + 4) * 12?<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
 
 
+def test_user_feedback_turn_through_the_qwen3_template(qwen_tokenizer):
+    """An environment that answers with a user message (no tools): Qwen3 then renders the model's message
+    without the empty <think> block too; the new tokens are the user turn and the generation prompt."""
+    renderer = ChatRenderer(qwen_tokenizer)
+    history = [{"role": "user", "content": "Guess a digit."}, {"role": "assistant", "content": "7"}]
+    new = [{"role": "user", "content": "Higher."}]
+    ids = renderer.observation_ids(history, new, "7<|im_end|>")
+    assert ids == ids_of(qwen_tokenizer, "\n<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n")
+    full = renderer.render(history + new, add_generation_prompt=True)  # the turn as sampled + the new ids
+    head = full[: full.index("7<|im_end|>")]
+    assert ids_of(qwen_tokenizer, full) == ids_of(qwen_tokenizer, head) + ids_of(qwen_tokenizer, "7<|im_end|>") + ids
+
+
 def test_template_that_drops_the_model_message_is_refused_by_name():
     """A template that renders a non-final assistant message without its content: the end of the model's
     message cannot be found, so the new messages cannot be tokenised on their own; one clear error."""
@@ -101,18 +115,18 @@ def test_template_that_drops_the_model_message_is_refused_by_name():
     )
     renderer = ChatRenderer(tok)
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    with pytest.raises(ValueError, match=r"renders the conversation differently once new messages follow it.*"
-                                         r"first difference at character 52: 'yo<\|im_end\|>\\n' vs '<\|im_end\|>\\n<\|im_start\|>user"):  # fmt: skip
+    expected = r"first difference at character 52: 'yo<\|im_end\|>\\n' vs '<\|im_end\|>\\n<\|im_start\|>user"
+    with pytest.raises(ValueError, match=r"renders the conversation differently once new messages follow it.*" + expected):
         renderer.observation_ids(history, [{"role": "user", "content": "ok"}], "yo<|im_end|>")
 
 
 def split_one_token(tok, ids: list[int]) -> list[int]:
     """``ids`` with its first token that two vocabulary tokens also spell replaced by those two (searched
     over the real vocabulary): the same text, ids that decode -> encode does not give back."""
-    vocab = tok.get_vocab()
+    vocab = tok.get_vocab()  # byte-level token strings -> ids
     for i, piece in enumerate(tok.convert_ids_to_tokens(ids)):
         for k in range(1, len(piece)):
-            if piece[:k] in vocab and piece[k:] in vocab and i > 0:
+            if piece[:k] in vocab and piece[k:] in vocab:
                 return ids[:i] + [vocab[piece[:k]], vocab[piece[k:]]] + ids[i + 1 :]
     raise AssertionError("no token of the call splits into two vocabulary tokens")
 
@@ -135,4 +149,5 @@ def test_real_bpe_drift_trains_the_sampled_ids(qwen_tokenizer):
     Lp = len(out.prompt_ids[0])
     assert tensors.input_ids[0, Lp : Lp + n].tolist() == spelled  # what the trainer scores
     assert tensors.rollout_logprobs[0, :n].tolist() == pytest.approx(out.logprobs[0][:n])
-    assert tensors.completion_mask[0].tolist() == [1.0] * n + [0.0] * len(ids_of(tok, response("84"))) + [1.0] * len(ids_of(tok, "84<|im_end|>"))
+    env, answer = len(ids_of(tok, response("84"))), len(ids_of(tok, "84<|im_end|>"))
+    assert tensors.completion_mask[0].tolist() == [1.0] * n + [0.0] * env + [1.0] * answer

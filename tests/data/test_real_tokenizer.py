@@ -57,7 +57,8 @@ def test_message_list_prompts_and_the_system_prompt(qwen_tokenizer):
     assert records[1]["prompt_ids"] == [IM_START, SYSTEM, NL, 3102, 1849, 13, IM_END, NL, IM_START, USER, NL, 13048, IM_END, NL,
                                         IM_START, ASSISTANT, NL]  # fmt: skip
     for row, record in zip(rows, records):  # the ids are the tokenizer's own chat-template ids
-        messages = row["prompt"] if row["prompt"][0]["role"] == "system" else [{"role": "system", "content": "You are terse."}, *row["prompt"]]
+        system = [] if row["prompt"][0]["role"] == "system" else [{"role": "system", "content": "You are terse."}]
+        messages = system + row["prompt"]
         direct = qwen_tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)["input_ids"]
         assert record["prompt_ids"] == list(direct)
 
