@@ -145,8 +145,8 @@ def test_agent_steps_on_the_real_vocabulary(qwen_tokenizer):
     assert torch.equal(batch.completion_mask, (batch.turn_ids >= 0).float())  # environment tokens carry no loss
     calls_made = sum(check_episode(tok, rollout, rec.calls[0], batch, b) for b in range(len(rollout.episodes)))
     # one forward over each whole trajectory gives the engine's log-probs on every sampled token
-    sampled = batch.completion_mask.bool()  # (float32 round-off grows with |log-prob|: up to ~140 on garbage tokens)
-    torch.testing.assert_close(batch.old_logp[sampled], batch.rollout_logp[sampled], atol=1e-4, rtol=1e-5)
+    sampled = batch.completion_mask.bool()  # float32 round-off: off the taught contexts the solved head gives log-probs down to ~-140
+    torch.testing.assert_close(batch.old_logp[sampled], batch.rollout_logp[sampled], atol=1e-3, rtol=1e-4)
     assert calls_made >= 2
     assert len(rec.steps) == 2
     assert all(math.isfinite(step["loss"]) and step["grad_norm"] > 0 for step in rec.steps), rec.steps
