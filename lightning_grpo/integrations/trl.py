@@ -93,7 +93,7 @@ class TRLEnvironment(ToolEnvironment):
         observation = self._reset(**{k: v for k, v in record.items() if k != "prompt_ids"})
         if observation is not None:
             if not isinstance(observation, str):
-                raise TypeError(f"{name}.reset returned a {type(observation).__name__}; expected a string or None")
+                raise TypeError(f"{name}.reset returned {observation!r:.60} ({type(observation).__name__}); expected a string or None")
             last = messages[-1]
             if not isinstance(last.get("content"), str):
                 raise TypeError(f"TRLEnvironment: cannot append {name}.reset's observation to a non-text message {last!r:.80}")
