@@ -7,7 +7,9 @@ verifiers (``pip install 'lightning-grpo[verifiers]'``, Prime Intellect's packag
 
 - :func:`taskset_records` turns each task into a record: ``prompt`` (chat messages: the system
   prompt, then the task's prompt) and ``vf_task`` (the Task object); :class:`TasksetDataModule` is
-  :class:`~lightning_grpo.PromptDataModule` over those records (recipe: ``data.class_path``);
+  :class:`~lightning_grpo.PromptDataModule` over those records (Python); for a recipe,
+  ``python -m lightning_grpo.integrations.verifiers my_pkg.tasks.MyTaskset tasks.jsonl`` writes the
+  records to a file whose ``vf_task`` column names each task (taskset import path, its config, index);
 - :func:`verifiers_reward` scores each completion the way verifiers does: a ``vf.Trace`` of the
   task's prompt plus the completion as the assistant's reply, then ``await task.score(trace)``
   (score-only, in this process: no harness, no runtime); it returns ``trace.reward`` (the weighted
@@ -21,6 +23,9 @@ need a runtime are skipped by ``task.score`` (verifiers logs which). docs/enviro
 
 from __future__ import annotations
 
+import argparse
+import functools
+import json
 from typing import Any, Literal, Sequence
 
 from ..data.datamodule import PromptDataModule
@@ -79,16 +84,52 @@ def taskset_records(taskset: Any, taskset_args: dict[str, Any] | None = None, li
     return records
 
 
+def task_reference(taskset: str, taskset_args: dict[str, Any] | None, limit: int | None, idx: int) -> str:
+    """A task named by its taskset (import path), the taskset's config, the ``limit`` and its index: a
+    :data:`TASK_COLUMN` value that a file can hold (JSON text)."""
+    return json.dumps({"taskset": taskset, "taskset_args": dict(taskset_args or {}), "limit": limit, "idx": idx}, sort_keys=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _referenced_tasks(taskset: str, taskset_args: str, limit: int | None) -> list[Any]:
+    return [record[TASK_COLUMN] for record in taskset_records(taskset, json.loads(taskset_args), limit)]
+
+
+def resolve_task(value: Any) -> Any:
+    """The Task a :data:`TASK_COLUMN` value holds: the Task itself, or the one a :func:`task_reference` names."""
+    vf = _vf()
+    if isinstance(value, vf.Task):
+        return value
+    try:
+        ref = json.loads(value) if isinstance(value, str) else None
+        tasks = _referenced_tasks(ref["taskset"], json.dumps(ref["taskset_args"], sort_keys=True), ref["limit"])
+        return tasks[ref["idx"]]
+    except (TypeError, KeyError, IndexError, json.JSONDecodeError) as err:
+        raise TypeError(
+            f"column {TASK_COLUMN!r} must hold verifiers.v1.Task objects (taskset_records) or task references "
+            f"(write_taskset), got {value!r:.100}"
+        ) from err
+
+
+def write_taskset(taskset: str, path: str, taskset_args: dict[str, Any] | None = None, limit: int | None = None) -> int:
+    """Write the records of :func:`taskset_records` as JSON lines, each task as a :func:`task_reference`
+    (for ``data.train_files`` with ``use_chat_template: true`` and ``answer_column: null``); returns the count."""
+    records = taskset_records(taskset, taskset_args, limit)
+    with open(path, "w") as f:
+        for i, record in enumerate(records):
+            f.write(json.dumps({"prompt": record["prompt"], TASK_COLUMN: task_reference(taskset, taskset_args, limit, i)}) + "\n")
+    return len(records)
+
+
 def score_traces(completions: Sequence[str], tasks: Sequence[Any]) -> list[Any]:
     """``vf.Trace`` of each (task prompt, completion), scored by ``await task.score(trace)`` (all in one event loop)."""
     vf = _vf()
     from verifiers.v1.graph import MessageNode
 
     roles = {"system": vf.SystemMessage, "user": vf.UserMessage, "assistant": vf.AssistantMessage}
+    tasks = [resolve_task(task) for task in tasks]
     traces = []
     for task, completion in zip(tasks, completions):
-        if not isinstance(task, vf.Task):
-            raise TypeError(f"column {TASK_COLUMN!r} must hold verifiers.v1.Task objects (from taskset_records), got {type(task).__name__}")
         opening = task_messages(task)
         unknown = [m["role"] for m in opening if m["role"] not in roles]
         if unknown:
@@ -120,11 +161,12 @@ def verifiers_reward(completions: list[str], vf_task: list[Any], reward: str | N
 
     Args:
         completions: the sampled replies.
-        vf_task: each completion's Task (the :data:`TASK_COLUMN` column of :func:`taskset_records`).
+        vf_task: each completion's Task, or a task reference (the :data:`TASK_COLUMN` column of
+            :func:`taskset_records` / :func:`write_taskset`).
         reward: None = ``trace.reward``, the weighted sum verifiers trains on; a reward's name = its
             unweighted score (give its weight in the :class:`~lightning_grpo.RewardSpec`).
     """
-    key = (tuple(completions), tuple(id(t) for t in vf_task))
+    key = (tuple(completions), tuple(t if isinstance(t, str) else id(t) for t in vf_task))
     if key != _LastBatch.key:
         _LastBatch.traces, _LastBatch.key = score_traces(completions, vf_task), key
     if reward is None:
@@ -170,3 +212,19 @@ class TasksetDataModule(PromptDataModule):
         super().__init__(train_dataset=records, tokenizer_path=tokenizer_path, answer_column=None, use_chat_template=True,
                          val_fraction=val_fraction, batch_size=batch_size, val_batch_size=val_batch_size,
                          max_prompt_length=max_prompt_length, on_long_prompt=on_long_prompt, seed=seed, shuffle=shuffle)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m lightning_grpo.integrations.verifiers TASKSET OUT.jsonl [--args JSON] [--limit N]``."""
+    parser = argparse.ArgumentParser(description="Write a verifiers taskset's tasks as prompt records (JSON lines).")
+    parser.add_argument("taskset", help="import path of the Taskset class, e.g. my_pkg.tasks.MyTaskset")
+    parser.add_argument("out", help="the .jsonl file to write")
+    parser.add_argument("--args", default="{}", help="the taskset config's fields as JSON")
+    parser.add_argument("--limit", type=int, default=None, help="the first N tasks (needed for an infinite taskset)")
+    opts = parser.parse_args(argv)
+    count = write_taskset(opts.taskset, opts.out, json.loads(opts.args), opts.limit)
+    print(f"wrote {count} tasks of {opts.taskset} to {opts.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -9,6 +9,7 @@ built here, ``await task.score(trace)``), and the rewards the trainer used and l
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 
 import pytest
@@ -96,12 +97,29 @@ def test_bad_tasksets_and_rewards():
     tasks = [r["vf_task"] for r in taskset_records(DigitTaskset, {"num_tasks": 2})]
     with pytest.raises(ValueError, match=r"the task has no reward 'nope' \(or it did not run\); its rewards: \['correct', 'digit'\]"):
         verifiers_reward(["1", "2"], tasks, reward="nope")
-    with pytest.raises(TypeError, match=r"column 'vf_task' must hold verifiers\.v1\.Task objects"):
+    with pytest.raises(TypeError, match=r"column 'vf_task' must hold verifiers\.v1\.Task objects \(taskset_records\) or task references \(write_taskset\), got 'not a task'"):
         verifiers_reward(["1"], ["not a task"])
     broken = RewardSet([RewardSpec(verifiers_reward, alias="vf")])
     records = taskset_records(f"{TASKS}.Broken")
     with pytest.raises(Exception, match=r"reward function 'vf' raised TaskError: task BrokenTask scoring: ZeroDivisionError: no on sample 0"):
         broken.score(["1"], {"vf_task": [records[0]["vf_task"]]})
+
+
+@verifiers
+def test_records_written_to_a_file_score_the_same(tmp_path, capsys):
+    """``python -m lightning_grpo.integrations.verifiers`` writes records whose vf_task column names
+    each task (for data.train_files in a recipe); they score as the Task objects do."""
+    from lightning_grpo.integrations.verifiers import main, taskset_records, verifiers_reward
+
+    out = tmp_path / "tasks.jsonl"
+    main([f"{TASKS}.DigitTaskset", str(out), "--args", '{"num_tasks": 4}'])
+    assert capsys.readouterr().out == f"wrote 4 tasks of {TASKS}.DigitTaskset to {out}\n"
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    objects = taskset_records(f"{TASKS}.DigitTaskset", {"num_tasks": 4})
+    assert [r["prompt"] for r in rows] == [r["prompt"] for r in objects]
+    completions = ["1", "2 x", "3", "x"]  # answers 1, 2, 3, 4: right, right, right, no digit
+    assert verifiers_reward(completions, [r["vf_task"] for r in rows]) == [1.5, 1.5, 1.5, 0.0]
+    assert verifiers_reward(completions, [r["vf_task"] for r in objects]) == [1.5, 1.5, 1.5, 0.0]
 
 
 @verifiers
