@@ -28,4 +28,4 @@ fi
 import torch, verifiers, verifiers.v1  # noqa: F401
 print(f"  verifiers venv: torch {torch.__version__}, verifiers {verifiers.__version__}")
 PY
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m verifiers tests/integrations/test_verifiers.py
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -m verifiers tests/integrations/test_verifiers.py tests/integrations/test_environments_doc.py
