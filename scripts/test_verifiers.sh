@@ -23,7 +23,7 @@ trap 'rm -f "$constraints"' EXIT
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PYTHON" -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install --quiet -c "$constraints" -e ".[verifiers]" pytest pytest-timeout
+"$VENV/bin/python" -m pip install --quiet --no-compile -c "$constraints" -e ".[verifiers]" pytest pytest-timeout
 "$VENV/bin/python" - <<'PY'
 import torch, verifiers, verifiers.v1  # noqa: F401
 print(f"  verifiers venv: torch {torch.__version__}, verifiers {verifiers.__version__}")

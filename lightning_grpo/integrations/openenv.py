@@ -115,7 +115,8 @@ class _OpenEnvBase(Environment):
         raise NotImplementedError
 
     def _step(self, action: Any) -> tuple[Any, Any, bool]:
-        """(observation, reward, done) after ``action``; raises ValueError for an action the environment rejects."""
+        """(observation, reward, done) after ``action``; raises :class:`InvalidAction` when the environment
+        rejects the action itself (a server's Action model), any other error for a failing environment."""
         raise NotImplementedError
 
     # ----------------------------------------------------------------------- the episode

@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from ..agents.environment import Messages, Turn, check_reward
+from ..agents.environment import Messages, check_reward
 from ..agents.tools import ToolEnvironment, tool_schema
 from ._common import resolve, synchronous
 
@@ -99,10 +99,6 @@ class TRLEnvironment(ToolEnvironment):
                 raise TypeError(f"TRLEnvironment: cannot append {name}.reset's observation to a non-text message {last!r:.80}")
             messages[-1] = {**last, "content": last["content"] + observation}  # as TRL does: no separator
         return messages
-
-    def answer(self, message: dict[str, Any], turn: Turn) -> float:
-        """The final answer earns nothing here: ``get_reward`` and the reward functions score the episode."""
-        return 0.0
 
     def finish(self) -> float:
         if self._get_reward is None:
