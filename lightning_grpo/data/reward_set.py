@@ -9,7 +9,7 @@ import numbers
 import re
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import torch
@@ -136,12 +136,41 @@ def _params(fn: RewardFn) -> _Params | None:
     return _Params(named, required, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params))
 
 
+def instantiate_reward_class(spec: RewardSpec) -> RewardSpec:
+    """A reward named by a class (``reward_model``, ``llm_judge``, or a user's ``"pkg.mod:MyReward"``)
+    is built once here with the spec's ``kwargs`` as constructor options; the instance (a callable
+    ``(completions, **columns) -> scores``) then scores every batch. Other specs are returned as they are.
+
+    The returned spec holds the instance as ``name``, no ``kwargs`` and the original log name as
+    ``alias``. A rejected option raises one ``ValueError`` naming the reward and the option.
+    """
+    cls = spec.name if callable(spec.name) else resolve_reward(spec.name)
+    if not isinstance(cls, type):
+        return spec
+    label = spec.label
+    params = inspect.signature(cls).parameters.values()
+    named = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    required = sorted(p.name for p in params if p.name in named and p.default is inspect.Parameter.empty)
+    unknown = sorted(set(spec.kwargs) - named)
+    if unknown:
+        raise ValueError(f"reward {label!r}: unknown kwargs {unknown}; its options are {sorted(named)}")
+    missing = [name for name in required if name not in spec.kwargs]
+    if missing:
+        raise ValueError(f"reward {label!r} needs kwargs {missing}")
+    try:
+        instance = cls(**spec.kwargs)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"reward {label!r}: {err}") from err
+    return replace(spec, name=instance, kwargs={}, alias=label)
+
+
 class RewardSet:
     """Several weighted reward functions that score a batch of completions into a ``[B, R]`` tensor."""
 
     def __init__(self, specs: Sequence[RewardSpec | Mapping[str, Any]]) -> None:
-        """Resolve every function and check its kwargs (errors here, before any rollout)."""
-        self.specs = [s if isinstance(s, RewardSpec) else RewardSpec(**s) for s in specs]
+        """Resolve every function and check its kwargs (errors here, before any rollout); build
+        the reward classes (:func:`instantiate_reward_class`)."""
+        self.specs = [instantiate_reward_class(s if isinstance(s, RewardSpec) else RewardSpec(**s)) for s in specs]
         if not self.specs:
             raise ValueError("RewardSet needs at least one reward function")
         self.fns = [resolve_reward(s.name) for s in self.specs]
@@ -170,6 +199,16 @@ class RewardSet:
             for spec in self.specs
             if spec.timeout_s is not None
         }
+
+    def totals(self, prefix: str = "reward/") -> dict[str, float]:
+        """:meth:`timeout_totals` plus the running counters of reward objects that keep some
+        (``fn.totals()``, e.g. ``llm_judge``'s ``judge_failures``) as ``{prefix}{name}/{key}``."""
+        out = self.timeout_totals(prefix)
+        for spec, fn in zip(self.specs, self.fns):
+            counters = getattr(fn, "totals", None)
+            if callable(counters):
+                out.update({f"{prefix}{spec.label}/{key}": float(v) for key, v in counters().items()})
+        return out
 
     def _check_inputs(self, completions: Sequence[str], columns: Mapping[str, Any]) -> None:
         batch = len(completions)
@@ -221,6 +260,8 @@ class RewardSet:
                 ) from None
             self.timeout_counts[spec.label] += 1
             return [0.0] * len(completions), True
+        except RewardError as err:  # the function named the failing sample itself (llm_judge, reward_model)
+            raise RewardError(f"reward function {spec.label!r}: {err}") from err
         except Exception as err:
             raise self._locate_failure(spec, fn, completions, columns, err) from err
         return self._check_output(spec.label, out, completions), False
