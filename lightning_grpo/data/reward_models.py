@@ -18,6 +18,7 @@ every rank loads its own copy and scores its own rows; nothing is gathered (grou
 
 from __future__ import annotations
 
+import inspect
 import threading
 from pathlib import Path
 from typing import Any, Literal
@@ -176,6 +177,7 @@ class RewardModel:
         model = AutoModelForSequenceClassification.from_pretrained(self.path, dtype=dtype)
         if model.config.pad_token_id is None:  # batches need it: transformers pools the last non-pad token
             model.config.pad_token_id = self.tokenizer.pad_token_id
+        self._takes_positions = "position_ids" in inspect.signature(model.forward).parameters
         return model.to(device).eval().requires_grad_(False)
 
     # ------------------------------------------------------------------- scoring
@@ -220,7 +222,11 @@ class RewardModel:
         model = self.model
         device = next(model.parameters()).device
         batch = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")
-        logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)).logits
+        mask = batch["attention_mask"].to(device)  # [b, T]
+        inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": mask}
+        if self._takes_positions:  # left padding: each row's positions start at 0, as unpadded
+            inputs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, T]
+        logits = model(**inputs).logits
         return ACTIVATIONS[self.activation](logits.float())[:, self.label].cpu()  # [b, num_labels] -> [b]
 
     def __getstate__(self) -> dict[str, Any]:  # picklable (ddp_spawn): weights reload in the child

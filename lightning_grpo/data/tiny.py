@@ -208,6 +208,7 @@ def save_tiny_reward_model(
 
     tokenizer = build_char_tokenizer()
     tokenizer.padding_side = padding_side
+    tokenizer.init_kwargs["padding_side"] = padding_side  # saved in tokenizer_config.json
     shape = TinyModelConfig(seed=seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
