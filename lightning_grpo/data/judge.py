@@ -38,7 +38,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Sequence
 
-from lightning_grpo.data.options import check_bool, check_choice, check_int, check_number, fail, is_int, is_number
+from lightning_grpo.data.options import check_bool, check_choice, check_int, check_number, fail, is_int, is_number, prompt_column
 from lightning_grpo.data.rewards import REWARDS, RewardError
 
 #: The default ``template``: the question, the reference answer and the response, scored 0-10.
@@ -104,7 +104,9 @@ class LLMJudge:
     Args:
         base_url: the endpoint's API root, e.g. ``http://127.0.0.1:8000/v1``.
         model: the served model name (vLLM: ``--served-model-name``, else the model path).
-        template: the user message (``{completion}`` plus any columns: ``{prompt}``, ``{answer}``, ...).
+        template: the user message: ``{completion}`` plus any columns (``{answer}``, ...);
+            ``{prompt}`` is the prompt as the data holds it (``raw_prompt`` when the records carry
+            it, chat messages written as ``role: content`` lines), not the policy's chat-templated text.
         system: an optional system message (chat endpoint only).
         endpoint: ``"chat"`` (``/chat/completions``, the server applies the judge's chat template)
             or ``"completions"`` (``/completions``, the template is sent as raw text).
@@ -216,13 +218,12 @@ class LLMJudge:
         return {"model": self.model, **body, **self.sampling, **self.extra_body}
 
     def __call__(self, completions: list[str], **columns: Any) -> list[float]:
-        missing = [f for f in self.fields if f != "completion" and f not in columns]
+        sources = {f: prompt_column(columns, None) if f == "prompt" else f for f in self.fields if f != "completion"}
+        missing = [f for f, column in sources.items() if column not in columns]
         if missing:
-            raise JudgeError(
-                f"judge template fields {missing} are not columns of the data; columns: {sorted(columns)}"
-            )
+            raise JudgeError(f"judge template fields {missing} are not columns of the data; columns: {sorted(columns)}")
         texts = [
-            self.template.format(completion=c, **{f: render_value(columns[f][i]) for f in self.fields if f != "completion"})
+            self.template.format(completion=c, **{f: render_value(columns[column][i]) for f, column in sources.items()})
             for i, c in enumerate(completions)
         ]
         if not texts:

@@ -1,10 +1,15 @@
-"""Checks of the ``kwargs`` of model-backed rewards (``reward_model``, ``llm_judge``): each raises one
-``ValueError`` naming the option (``kwargs.<name>``), what was expected and what was given."""
+"""Shared by the model-backed rewards (``reward_model``, ``llm_judge``): checks of their ``kwargs``,
+each raising one ``ValueError`` naming the option (``kwargs.<name>``), what was expected and what
+was given; and where a batch's prompts are found."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
+
+#: The record column holding the prompt as the data holds it (text or chat messages), before the
+#: policy's chat template; ``prompt`` holds the text fed to the policy.
+RAW_PROMPT = "raw_prompt"
 
 
 def fail(option: str, expected: str, got: Any) -> NoReturn:
@@ -41,3 +46,10 @@ def check_choice(option: str, value: Any, choices: Sequence[Any]) -> None:
 def check_bool(option: str, value: Any) -> None:
     if not isinstance(value, bool):
         fail(option, "true or false", value)
+
+
+def prompt_column(columns: Mapping[str, Any], column: str | None) -> str | None:
+    """The column a model-backed reward reads prompts from: ``column`` when given, else
+    ``raw_prompt`` when the batch has it, else ``prompt``; None when that column is absent."""
+    name = column or (RAW_PROMPT if RAW_PROMPT in columns else "prompt")
+    return name if name in columns else None

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from lightning_grpo.data.options import check_bool, check_choice, check_int, fail, is_int
+from lightning_grpo.data.options import check_bool, check_choice, check_int, fail, is_int, prompt_column
 from lightning_grpo.data.rewards import REWARDS, RewardError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -102,7 +102,9 @@ class RewardModel:
         batch_size: rows per forward pass.
         dtype: ``"auto"`` (bfloat16 on CUDA, float32 elsewhere), ``"float32"``, ``"bfloat16"``, ``"float16"``.
         device: ``"auto"`` (the rank's CUDA device, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-        prompt_column: the column holding each prompt: a string or a list of chat messages.
+        prompt_column: the column holding each prompt, text or a list of chat messages; default
+            ``raw_prompt`` (the data's prompt before the policy's chat template) when the records
+            carry it, else ``prompt``.
         chat_template: render with the tokenizer's chat template; false scores ``prompt + completion``
             as plain text (the tokenizer then adds its own special tokens).
         max_length: longest input in tokens; longer inputs keep their last ``max_length`` tokens
@@ -118,7 +120,7 @@ class RewardModel:
         batch_size: int = 16,
         dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
         device: str = "auto",
-        prompt_column: str = "prompt",
+        prompt_column: str | None = None,
         chat_template: bool = True,
         max_length: int | None = None,
         label: int | str | None = None,
@@ -129,8 +131,8 @@ class RewardModel:
         check_int("batch_size", batch_size, 1)
         check_choice("dtype", dtype, ["auto", *_DTYPES])
         _check_device(device)
-        if not isinstance(prompt_column, str) or not prompt_column:
-            fail("prompt_column", "a column name", prompt_column)
+        if prompt_column is not None and (not isinstance(prompt_column, str) or not prompt_column):
+            fail("prompt_column", "a column name or null", prompt_column)
         check_bool("chat_template", chat_template)
         check_int("max_length", max_length, 1, optional=True)
         self.path, self.batch_size, self.dtype, self.device = model, batch_size, dtype, device
@@ -198,11 +200,13 @@ class RewardModel:
         return out
 
     def __call__(self, completions: list[str], **columns: Any) -> list[float]:
-        if self.prompt_column not in columns:
+        column = prompt_column(columns, self.prompt_column)
+        if column is None:
             raise RewardError(
-                f"reward_model: prompt_column {self.prompt_column!r} is not a column of the data; columns: {sorted(columns)}"
+                f"reward_model: prompt_column {self.prompt_column or 'prompt'!r} is not a column of the data; "
+                f"columns: {sorted(columns)}"
             )
-        texts = self.texts(completions, list(columns[self.prompt_column]))
+        texts = self.texts(completions, list(columns[column]))
         limit = {"truncation": True, "max_length": self.max_length} if self.max_length else {}
         ids = [self.tokenizer(t, add_special_tokens=not self.chat_template, **limit)["input_ids"] for t in texts]
         empty = [i for i, row in enumerate(ids) if not row]

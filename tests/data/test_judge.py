@@ -60,6 +60,13 @@ def test_requests_carry_the_filled_template_and_scores_are_parsed(stubs):
     assert rewards.totals() == {"reward/llm_judge/judge_failures": 0.0, "reward/llm_judge/judge_retries": 0.0}
 
 
+def test_prompt_is_the_data_prompt_before_the_policy_template(stubs):
+    stub = stubs(length_reply)
+    rewards = judge_set(stub.base_url, template="Q:{prompt} R:{completion}")
+    rewards.score(["7"], {"prompt": ["<|im_start|>user\n3+4=<|im_end|>\n"], "raw_prompt": [[{"role": "user", "content": "3+4="}]]})
+    assert user_text(stub.requests[0]) == "Q:user: 3+4= R:7"
+
+
 def test_score_pattern_clamp_and_normalize(stubs):
     stub = stubs(lambda body: (200, {"choices": [{"text": f"<score>{user_text(body)}</score> out of 10"}]}))
     tagged = judge_set(stub.base_url, endpoint="completions", template="{completion}", score_pattern=r"<score>(.*?)</score>")

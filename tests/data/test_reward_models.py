@@ -87,6 +87,17 @@ def test_weights_load_once_and_not_before_the_first_batch(rm_dirs, monkeypatch):
     assert clone._model is None and clone(["1"], prompt=["1234="]) == pytest.approx(rm(["1"], prompt=["1234="]), abs=1e-6)
 
 
+def test_the_prompt_before_the_policy_template_is_preferred(rm_dirs):
+    """Records carry ``prompt`` (the policy's chat-templated text) and ``raw_prompt`` (as the data
+    holds it): the reward model renders ``raw_prompt`` with its own template."""
+    rendered = [f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n" for p in ("a", "b", "c", "d")]
+    rewards = RewardSet([RewardSpec("reward_model", kwargs={"model": rm_dirs["right"]})])
+    scores = rewards.score(COMPLETIONS, {"prompt": rendered, "raw_prompt": PROMPTS}).rewards[:, 0]
+    torch.testing.assert_close(scores, _score(rm_dirs["right"]), rtol=0, atol=1e-6)
+    chosen = RewardSet([RewardSpec("reward_model", kwargs={"model": rm_dirs["right"], "prompt_column": "question"})])
+    torch.testing.assert_close(chosen.score(COMPLETIONS, {"prompt": rendered, "question": PROMPTS}).rewards[:, 0], scores, rtol=0, atol=1e-6)
+
+
 def test_plain_text_and_truncation_keep_the_scored_end(rm_dirs):
     texts = [p + c for p, c in zip(PROMPTS[:2], COMPLETIONS[:2])]
     scores = _score(rm_dirs["right"], COMPLETIONS[:2], PROMPTS[:2], chat_template=False)
@@ -168,3 +179,26 @@ def test_missing_or_wrong_prompts_at_scoring_time(rm_dirs):
     plain = RewardSet([RewardSpec("reward_model", kwargs={"model": rm_dirs["right"], "chat_template": False})])
     with pytest.raises(RewardError, match=r"chat_template is false but prompt 0 is a list, not text"):
         plain.score(["1"], {"prompt": [[{"role": "user", "content": "1="}]]})
+
+
+class CallCounter:
+    """A user's stateful reward class: built once, it counts the batches it scored."""
+
+    def __init__(self, bonus: float = 0.0):
+        if bonus < 0:
+            raise ValueError(f"kwargs.bonus must be >= 0, got {bonus}")
+        self.bonus, self.batches = bonus, 0
+
+    def __call__(self, completions, **columns):
+        self.batches += 1
+        return [self.batches + self.bonus] * len(completions)
+
+
+def test_a_reward_class_is_built_once_with_its_kwargs():
+    rewards = RewardSet([RewardSpec(f"{__name__}:CallCounter", kwargs={"bonus": 0.5}), RewardSpec(CallCounter, alias="plain")])
+    assert rewards.names == ["CallCounter", "plain"]
+    assert [rewards.score(["a"]).rewards[0].tolist() for _ in range(3)] == [[1.5, 1.0], [2.5, 2.0], [3.5, 3.0]]
+    with pytest.raises(ValueError, match=r"reward 'CallCounter': unknown kwargs \['bonsu'\]; its options are \['bonus'\]"):
+        RewardSet([RewardSpec(f"{__name__}:CallCounter", kwargs={"bonsu": 1})])
+    with pytest.raises(ValueError, match=r"reward 'CallCounter': kwargs.bonus must be >= 0, got -1"):
+        RewardSet([RewardSpec(f"{__name__}:CallCounter", kwargs={"bonus": -1})])
