@@ -36,7 +36,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, NamedTuple, Sequence
 
 from lightning_grpo.data.options import check_bool, check_choice, check_int, check_number, fail, is_int, is_number, prompt_column
 from lightning_grpo.data.rewards import REWARDS, RewardError
@@ -54,6 +54,28 @@ _RETRY_STATUS = {408, 429}
 
 class JudgeError(RewardError):
     """The judge failed on a sample (after its retries), or answered a request with a client error."""
+
+
+class Endpoint(NamedTuple):
+    """One OpenAI-compatible endpoint: its path under ``base_url``, the request body of a filled-in
+    template (and system message), and where the reply text sits in the answer's first choice."""
+
+    path: str
+    body: Callable[[str, str | None], dict[str, Any]]
+    reply: Callable[[dict[str, Any]], Any]
+    reply_field: str
+
+
+def _chat_body(text: str, system: str | None) -> dict[str, Any]:
+    system_messages = [{"role": "system", "content": system}] if system is not None else []
+    return {"messages": [*system_messages, {"role": "user", "content": text}]}
+
+
+#: ``endpoint``: ``"chat"`` (the server applies the judge's chat template) or ``"completions"`` (raw text).
+ENDPOINTS = {
+    "chat": Endpoint("chat/completions", _chat_body, lambda choice: choice["message"]["content"], "choices[0].message.content"),
+    "completions": Endpoint("completions", lambda text, system: {"prompt": text}, lambda choice: choice["text"], "choices[0].text"),
+}
 
 
 class _Transient(Exception):
@@ -95,6 +117,38 @@ def parse_score(reply: str, pattern: re.Pattern) -> float | None:
     except (TypeError, ValueError):
         return None
     return value if math.isfinite(value) else None
+
+
+def _compile(score_pattern: Any) -> re.Pattern:
+    if not isinstance(score_pattern, str):
+        fail("score_pattern", "a regex string", score_pattern)
+    try:
+        pattern = re.compile(score_pattern, re.DOTALL)
+    except re.error as err:
+        raise ValueError(f"kwargs.score_pattern {score_pattern!r} is not a valid regex: {err}") from None
+    if pattern.groups > 1:
+        fail("score_pattern", "a regex with at most one group (the score)", score_pattern)
+    return pattern
+
+
+def _check_clamp(clamp: Any, normalize: Any) -> tuple[float, float] | None:
+    check_bool("normalize", normalize)
+    if clamp is None:
+        if normalize:
+            raise ValueError("kwargs.normalize needs kwargs.clamp (the range mapped onto [0, 1])")
+        return None
+    if not isinstance(clamp, (list, tuple)) or len(clamp) != 2 or not all(map(is_number, clamp)) or not clamp[0] < clamp[1]:
+        fail("clamp", "[low, high] with finite low < high", clamp)
+    return float(clamp[0]), float(clamp[1])
+
+
+def _check_requests(max_concurrency: Any, timeout_s: Any, retries: Any, backoff_s: Any, on_failure: Any) -> None:
+    check_int("max_concurrency", max_concurrency, 1)
+    check_number("timeout_s", timeout_s, 0, strict=True, unit=" (seconds)")
+    check_int("retries", retries, 0)
+    check_number("backoff_s", backoff_s, 0, unit=" (seconds)")
+    if on_failure != "raise" and not is_number(on_failure):
+        fail("on_failure", "'raise' or a finite number (the reward of a failed row)", on_failure)
 
 
 @REWARDS.register("llm_judge")
@@ -149,20 +203,13 @@ class LLMJudge:
         if not isinstance(model, str) or not model:
             fail("model", "the served model name (a non-empty string)", model)
         self.fields = template_fields(template)
-        if system is not None and not isinstance(system, str):
-            fail("system", "a string or null", system)
-        check_choice("endpoint", endpoint, ("chat", "completions"))
-        if system is not None and endpoint != "chat":
-            raise ValueError("kwargs.system needs endpoint 'chat' (a completions request has no messages)")
-        self.url = f"{base_url.rstrip('/')}/{'chat/completions' if endpoint == 'chat' else 'completions'}"
-        self.pattern = self._compile(score_pattern)
-        self.clamp = self._check_clamp(clamp, normalize)
-        check_int("max_concurrency", max_concurrency, 1)
-        check_number("timeout_s", timeout_s, 0, strict=True, unit=" (seconds)")
-        check_int("retries", retries, 0)
-        check_number("backoff_s", backoff_s, 0, unit=" (seconds)")
-        if on_failure != "raise" and not is_number(on_failure):
-            fail("on_failure", "'raise' or a finite number (the reward of a failed row)", on_failure)
+        check_choice("endpoint", endpoint, list(ENDPOINTS))
+        if system is not None and (not isinstance(system, str) or endpoint != "chat"):
+            fail("system", "a string (with endpoint 'chat': a completions request has no messages) or null", system)
+        self.url = f"{base_url.rstrip('/')}/{ENDPOINTS[endpoint].path}"
+        self.pattern = _compile(score_pattern)
+        self.clamp = _check_clamp(clamp, normalize)
+        _check_requests(max_concurrency, timeout_s, retries, backoff_s, on_failure)
         check_number("temperature", temperature, 0)
         check_int("max_tokens", max_tokens, 1)
         if seed is not None and not is_int(seed):
@@ -183,38 +230,10 @@ class LLMJudge:
         self.retried = 0  # extra attempts made, since construction
         self._lock = threading.Lock()
 
-    # ------------------------------------------------------------------- options
-    @staticmethod
-    def _compile(score_pattern: Any) -> re.Pattern:
-        if not isinstance(score_pattern, str):
-            fail("score_pattern", "a regex string", score_pattern)
-        try:
-            pattern = re.compile(score_pattern, re.DOTALL)
-        except re.error as err:
-            raise ValueError(f"kwargs.score_pattern {score_pattern!r} is not a valid regex: {err}") from None
-        if pattern.groups > 1:
-            fail("score_pattern", "a regex with at most one group (the score)", score_pattern)
-        return pattern
-
-    @staticmethod
-    def _check_clamp(clamp: Any, normalize: Any) -> tuple[float, float] | None:
-        check_bool("normalize", normalize)
-        if clamp is None:
-            if normalize:
-                raise ValueError("kwargs.normalize needs kwargs.clamp (the range mapped onto [0, 1])")
-            return None
-        if not isinstance(clamp, (list, tuple)) or len(clamp) != 2 or not all(map(is_number, clamp)) or not clamp[0] < clamp[1]:
-            fail("clamp", "[low, high] with finite low < high", clamp)
-        return float(clamp[0]), float(clamp[1])
-
     # ------------------------------------------------------------------- scoring
     def request(self, text: str) -> dict[str, Any]:
         """The JSON body sent for one filled-in template."""
-        if self.endpoint == "chat":
-            system = [{"role": "system", "content": self.system}] if self.system is not None else []
-            body: dict[str, Any] = {"messages": [*system, {"role": "user", "content": text}]}
-        else:
-            body = {"prompt": text}
+        body = ENDPOINTS[self.endpoint].body(text, self.system)
         return {"model": self.model, **body, **self.sampling, **self.extra_body}
 
     def __call__(self, completions: list[str], **columns: Any) -> list[float]:
@@ -228,8 +247,9 @@ class LLMJudge:
         ]
         if not texts:
             return []
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(texts)), thread_name_prefix="llm-judge") as pool:
-            outcomes = list(pool.map(self._judge, texts))
+        workers = min(self.max_concurrency, len(texts))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm-judge") as pool:
+            outcomes = list(pool.map(self._judge, texts))  # [B] (score or None, why it failed)
         scores = []
         for i, (score, reason) in enumerate(outcomes):
             if score is None and self.on_failure == "raise":
@@ -277,7 +297,9 @@ class LLMJudge:
             detail = err.read().decode(errors="replace")[:300]
             if err.code in _RETRY_STATUS or err.code >= 500:
                 raise _Transient(f"HTTP {err.code}: {detail}") from None
-            raise JudgeError(f"judge at {self.url} answered HTTP {err.code} (a bad request, not retried): {detail}") from None
+            raise JudgeError(
+                f"judge at {self.url} answered HTTP {err.code} (a bad request, not retried): {detail}"
+            ) from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
             reason = getattr(err, "reason", err)
             if isinstance(reason, (socket.timeout, TimeoutError)):
@@ -289,11 +311,11 @@ class LLMJudge:
             raise _Transient(f"the answer is not JSON: {payload[:80]!r}") from None
 
     def _reply(self, answer: Any) -> str:
+        endpoint = ENDPOINTS[self.endpoint]
         try:
-            choice = answer["choices"][0]
-            reply = choice["message"]["content"] if self.endpoint == "chat" else choice["text"]
+            reply = endpoint.reply(answer["choices"][0])
         except (KeyError, IndexError, TypeError):
-            raise _Transient(f"the answer has no {'choices[0].message.content' if self.endpoint == 'chat' else 'choices[0].text'}: {str(answer)[:80]}") from None
+            raise _Transient(f"the answer has no {endpoint.reply_field}: {str(answer)[:80]}") from None
         return reply if isinstance(reply, str) else ""
 
     def totals(self) -> dict[str, float]:

@@ -190,11 +190,11 @@ class RewardModel:
             is_chat = isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)
             if not self.chat_template:
                 if not isinstance(prompt, str):
-                    raise RewardError(f"reward_model: chat_template is false but prompt {i} is a {type(prompt).__name__}, not text")
+                    raise RewardError(f"chat_template is false but prompt {i} is a {type(prompt).__name__}, not text")
                 out.append(prompt + completion)
                 continue
             if not isinstance(prompt, str) and not is_chat:
-                raise RewardError(f"reward_model: prompt {i} is a {type(prompt).__name__}; expected text or a list of chat messages")
+                raise RewardError(f"prompt {i} is a {type(prompt).__name__}; expected text or a list of chat messages")
             messages = list(prompt) if is_chat else [{"role": "user", "content": prompt}]
             out.append(self.tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": completion}], tokenize=False))
         return out
@@ -203,7 +203,7 @@ class RewardModel:
         column = prompt_column(columns, self.prompt_column)
         if column is None:
             raise RewardError(
-                f"reward_model: prompt_column {self.prompt_column or 'prompt'!r} is not a column of the data; "
+                f"prompt_column {self.prompt_column or 'prompt'!r} is not a column of the data; "
                 f"columns: {sorted(columns)}"
             )
         texts = self.texts(completions, list(columns[column]))
@@ -211,7 +211,7 @@ class RewardModel:
         ids = [self.tokenizer(t, add_special_tokens=not self.chat_template, **limit)["input_ids"] for t in texts]
         empty = [i for i, row in enumerate(ids) if not row]
         if empty:
-            raise RewardError(f"reward_model: sample {empty[0]} has no tokens to score")
+            raise RewardError(f"sample {empty[0]} has no tokens to score")
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # similar lengths together: less padding
         scores = [0.0] * len(ids)
         for start in range(0, len(order), self.batch_size):
@@ -222,12 +222,15 @@ class RewardModel:
 
     @torch.inference_mode()
     def score_ids(self, ids: list[list[int]]) -> torch.Tensor:
-        """``[b]`` float32 rewards of token-id rows (padded here as the tokenizer is configured)."""
+        """``[b]`` float32 rewards of token-id rows (padded on the tokenizer's ``padding_side``)."""
         model = self.model
         device = next(model.parameters()).device
-        batch = self.tokenizer.pad({"input_ids": ids}, return_tensors="pt")
-        mask = batch["attention_mask"].to(device)  # [b, T]
-        inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": mask}
+        width, left = max(map(len, ids)), self.tokenizer.padding_side == "left"
+        padded = [[0] * (width - len(row)) + [1] * len(row) if left else [1] * len(row) + [0] * (width - len(row)) for row in ids]
+        mask = torch.tensor(padded, device=device)  # [b, T] 1 on tokens, 0 on padding
+        input_ids = torch.full(mask.shape, self.tokenizer.pad_token_id, dtype=torch.long, device=device)  # [b, T]
+        input_ids[mask.bool()] = torch.tensor([t for row in ids for t in row], device=device)
+        inputs = {"input_ids": input_ids, "attention_mask": mask}
         if self._takes_positions:  # left padding: each row's positions start at 0, as unpadded
             inputs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, T]
         logits = model(**inputs).logits

@@ -156,27 +156,31 @@ def test_a_server_error_is_retried_then_scored(stubs):
 
 def test_a_client_error_always_raises(stubs):
     stub = stubs(lambda body: (404, "The model `judge` does not exist."))
-    with pytest.raises(RewardError, match=r"judge at http://127.0.0.1:\d+/v1/chat/completions answered HTTP 404 \(a bad request, not retried\): .*The model `judge` does not exist"):
+    message = r"judge at http://127.0.0.1:\d+/v1/chat/completions answered HTTP 404 \(a bad request, not retried\): .*The model `judge`"
+    with pytest.raises(RewardError, match=message):
         judge_set(stub.base_url, template="{completion}", on_failure=0.0).score(["a"])
     assert len(stub.requests) == 1
 
 
 def test_template_fields_must_be_columns(stubs):
     rewards = judge_set(stubs(length_reply).base_url, template="{question} R:{completion}")
-    with pytest.raises(RewardError, match=r"judge template fields \['question'\] are not columns of the data; columns: \['answer', 'prompt'\]"):
+    message = r"judge template fields \['question'\] are not columns of the data; columns: \['answer', 'prompt'\]"
+    with pytest.raises(RewardError, match=message):
         rewards.score(["a"], {"prompt": ["p"], "answer": ["1"]})
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"base_url": "localhost:8000"}, r"kwargs.base_url must be an http\(s\) URL such as 'http://127.0.0.1:8000/v1', got 'localhost:8000'"),
+        ({"base_url": "localhost:8000"},
+         r"kwargs.base_url must be an http\(s\) URL such as 'http://127.0.0.1:8000/v1', got 'localhost:8000'"),
         ({"model": ""}, r"kwargs.model must be the served model name \(a non-empty string\), got ''"),
         ({"template": "Rate {prompt}"}, r"kwargs.template must contain \{completion\}"),
         ({"template": "{completion} {0}"}, r"kwargs.template fields must be plain column names like \{prompt\}, got \['0'\]"),
         ({"template": "{completion"}, r"kwargs.template is not a valid format string"),
         ({"endpoint": "responses"}, r"kwargs.endpoint must be one of 'chat', 'completions', got 'responses'"),
-        ({"endpoint": "completions", "system": "hi"}, r"kwargs.system needs endpoint 'chat'"),
+        ({"endpoint": "completions", "system": "hi"},
+         r"kwargs.system must be a string \(with endpoint .chat.: a completions request has no messages\) or null, got .hi."),
         ({"score_pattern": "(("}, r"kwargs.score_pattern '\(\(' is not a valid regex"),
         ({"score_pattern": "(a)(b)"}, r"kwargs.score_pattern must be a regex with at most one group"),
         ({"clamp": [1, 0]}, r"kwargs.clamp must be \[low, high\] with finite low < high, got \[1, 0\]"),
@@ -202,7 +206,12 @@ def test_the_api_key_is_read_from_the_environment(stubs, monkeypatch):
     seen = []
     stub = stubs(lambda body: (200, "1"))
     original = urllib.request.urlopen
-    monkeypatch.setattr(urllib.request, "urlopen", lambda req, timeout: (seen.append(req.get_header("Authorization")), original(req, timeout=timeout))[1])
+
+    def urlopen(request, timeout):
+        seen.append(request.get_header("Authorization"))
+        return original(request, timeout=timeout)
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
     monkeypatch.setenv("MY_JUDGE_KEY", "sk-test")
     judge_set(stub.base_url, template="{completion}", api_key_env="MY_JUDGE_KEY").score(["a"])
     assert seen == ["Bearer sk-test"]
