@@ -10,7 +10,8 @@ backoff.
 Failure policy, stated once:
 
 - An outage (connection refused or reset, no answer within ``timeout_s``, HTTP 408 / 429 / 5xx, a
-  body that is not a completion) and a reply without a score are retried; after the last retry
+  body that is not a completion) is retried, and so is a reply without a score when the judge
+  samples (``temperature > 0``; a greedy reply would repeat itself); after the last attempt
   ``on_failure: raise`` stops training with one :class:`JudgeError` that names the URL, what
   failed and the sample, and ``on_failure: <number>`` scores the row with that number and counts it
   (``reward/<name>/judge_failures``; retries in ``reward/<name>/judge_retries``, both totals since
@@ -254,8 +255,8 @@ class LLMJudge:
         for i, (score, reason) in enumerate(outcomes):
             if score is None and self.on_failure == "raise":
                 raise JudgeError(
-                    f"judge at {self.url} failed on sample {i} (completion {completions[i][:40]!r}) after "
-                    f"{self.retries + 1} attempts: {reason} (on_failure='raise'; set a number to score it instead)"
+                    f"judge at {self.url} failed on sample {i} (completion {completions[i][:40]!r}) {reason} "
+                    "(on_failure='raise'; set a number to score it instead)"
                 )
             scores.append(self._scale(score) if score is not None else float(self.on_failure))
         return scores
@@ -268,25 +269,29 @@ class LLMJudge:
         return (score - low) / (high - low) if self.normalize else score
 
     def _judge(self, text: str) -> tuple[float | None, str]:
-        """(score, "") or (None, why the last attempt failed); client errors raise JudgeError."""
-        reason = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
+        """(score, "") or (None, after how many attempts and why the last one failed); a reply without
+        a score is retried only when sampling (``temperature > 0``): a greedy reply repeats itself.
+        Client errors raise JudgeError."""
+        attempts = 0
+        while True:
+            if attempts:
                 with self._lock:
                     self.retried += 1
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                time.sleep(self.backoff_s * 2 ** (attempts - 1))
+            attempts += 1
             try:
                 reply = self._reply(self._post(self.request(text)))
+                score = parse_score(reply, self.pattern)
+                if score is not None:
+                    return score, ""
+                reason = f"no score matching score_pattern '{self.pattern.pattern}' in the reply {reply[:80]!r}"
+                retry = self.sampling["temperature"] > 0
             except _Transient as err:
-                reason = str(err)
-                continue
-            score = parse_score(reply, self.pattern)
-            if score is not None:
-                return score, ""
-            reason = f"no score matching {self.pattern.pattern!r} in the reply {reply[:80]!r}"
-        with self._lock:
-            self.failures += 1
-        return None, reason
+                reason, retry = str(err), True
+            if not retry or attempts > self.retries:
+                with self._lock:
+                    self.failures += 1
+                return None, f"after {attempts} attempt{'s' if attempts > 1 else ''}: {reason}"
 
     def _post(self, body: dict[str, Any]) -> Any:
         request = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=self.headers, method="POST")

@@ -132,14 +132,15 @@ def test_a_slow_judge_counts_retries_and_failures(slow_stub):
 
 def test_a_reply_without_a_score(stubs):
     stub = stubs(lambda body: (200, "I cannot judge this response."))
-    with pytest.raises(RewardError, match=re.escape(
-        "failed on sample 0 (completion 'a') after 2 attempts: no score matching '-?\\\\d+(?:\\\\.\\\\d+)?' in the reply "
-        "'I cannot judge this response.'"
-    )):  # fmt: skip
-        judge_set(stub.base_url, template="{completion}", retries=1).score(["a"])
-    counted = judge_set(stub.base_url, template="{completion}", retries=0, on_failure=0.5)
-    assert counted.score(["a", "b"]).rewards[:, 0].tolist() == [0.5, 0.5]
-    assert counted.totals()["reward/llm_judge/judge_failures"] == 2.0
+    message = ("failed on sample 0 (completion 'a') after 2 attempts: no score matching score_pattern '-?\\d+(?:\\.\\d+)?' in the reply "
+               "'I cannot judge this response.'")  # fmt: skip
+    with pytest.raises(RewardError, match=re.escape(message)):
+        judge_set(stub.base_url, template="{completion}", retries=1, temperature=0.7).score(["a"])
+    assert len(stub.requests) == 2
+    greedy = judge_set(stub.base_url, template="{completion}", retries=3, on_failure=0.5)  # temperature 0: not retried
+    assert greedy.score(["a", "b"]).rewards[:, 0].tolist() == [0.5, 0.5]
+    assert greedy.totals() == {"reward/llm_judge/judge_failures": 2.0, "reward/llm_judge/judge_retries": 0.0}
+    assert len(stub.requests) == 4
 
 
 def test_a_server_error_is_retried_then_scored(stubs):
