@@ -9,11 +9,12 @@ import numbers
 import re
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import torch
 
+from lightning_grpo.data.reward_classes import instantiate_reward_class
 from lightning_grpo.data.rewards import RewardError, RewardFn, RewardTimeoutError, resolve_reward
 
 # ---------------------------------------------------------------------------------------- the set
@@ -134,34 +135,6 @@ def _params(fn: RewardFn) -> _Params | None:
     named = {p.name for p in params if p.kind in kinds}
     required = {p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty}
     return _Params(named, required, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params))
-
-
-def instantiate_reward_class(spec: RewardSpec) -> RewardSpec:
-    """A reward named by a class (``reward_model``, ``llm_judge``, or a user's ``"pkg.mod:MyReward"``)
-    is built once here with the spec's ``kwargs`` as constructor options; the instance (a callable
-    ``(completions, **columns) -> scores``) then scores every batch. Other specs are returned as they are.
-
-    The returned spec holds the instance as ``name``, no ``kwargs`` and the original log name as
-    ``alias``. A rejected option raises one ``ValueError`` naming the reward and the option.
-    """
-    cls = spec.name if callable(spec.name) else resolve_reward(spec.name)
-    if not isinstance(cls, type):
-        return spec
-    label = spec.label
-    params = inspect.signature(cls).parameters.values()
-    named = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
-    required = sorted(p.name for p in params if p.name in named and p.default is inspect.Parameter.empty)
-    unknown = sorted(set(spec.kwargs) - named)
-    if unknown:
-        raise ValueError(f"reward {label!r}: unknown kwargs {unknown}; its options are {sorted(named)}")
-    missing = [name for name in required if name not in spec.kwargs]
-    if missing:
-        raise ValueError(f"reward {label!r} needs kwargs {missing}")
-    try:
-        instance = cls(**spec.kwargs)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"reward {label!r}: {err}") from err
-    return replace(spec, name=instance, kwargs={}, alias=label)
 
 
 class RewardSet:

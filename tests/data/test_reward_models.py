@@ -64,6 +64,18 @@ def test_rows_are_scored_independently_as_on_two_ranks(rm_dirs):
     torch.testing.assert_close(halves, whole, rtol=0, atol=1e-5)
 
 
+def test_device_auto_is_the_ranks_own_cuda_device(monkeypatch):
+    """Lightning sets each DDP rank's CUDA device before training; ``auto`` follows it (CPU without CUDA)."""
+    from lightning_grpo.data.reward_models import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert resolve_device("auto") == torch.device("cuda", 3)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+
+
 def test_weights_load_once_and_not_before_the_first_batch(rm_dirs, monkeypatch):
     from transformers import AutoModelForSequenceClassification
 
