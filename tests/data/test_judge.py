@@ -247,4 +247,4 @@ def test_scores_equal_a_direct_call_to_a_vllm_server(vllm_server, tiny_model_pat
     texts = [f"{p} {a} {c}" for p, a, c in zip(columns["prompt"], columns["answer"], completions)]
     assert scores == [_direct(judge.url, judge.request(text)) for text in texts]
     if endpoint == "completions":
-        assert len(set(scores)) > 2, scores
+        assert len(set(scores)) >= 2, scores  # the answers depend on the request: a mix-up would show
