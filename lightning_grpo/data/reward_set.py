@@ -14,6 +14,7 @@ from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import torch
 
+from lightning_grpo.data.reward_classes import instantiate_reward_class
 from lightning_grpo.data.rewards import RewardError, RewardFn, RewardTimeoutError, resolve_reward
 
 # ---------------------------------------------------------------------------------------- the set
@@ -140,8 +141,9 @@ class RewardSet:
     """Several weighted reward functions that score a batch of completions into a ``[B, R]`` tensor."""
 
     def __init__(self, specs: Sequence[RewardSpec | Mapping[str, Any]]) -> None:
-        """Resolve every function and check its kwargs (errors here, before any rollout)."""
-        self.specs = [s if isinstance(s, RewardSpec) else RewardSpec(**s) for s in specs]
+        """Resolve every function and check its kwargs (errors here, before any rollout); build
+        the reward classes (:func:`instantiate_reward_class`)."""
+        self.specs = [instantiate_reward_class(s if isinstance(s, RewardSpec) else RewardSpec(**s)) for s in specs]
         if not self.specs:
             raise ValueError("RewardSet needs at least one reward function")
         self.fns = [resolve_reward(s.name) for s in self.specs]
@@ -170,6 +172,16 @@ class RewardSet:
             for spec in self.specs
             if spec.timeout_s is not None
         }
+
+    def totals(self, prefix: str = "reward/") -> dict[str, float]:
+        """:meth:`timeout_totals` plus the running counters of reward objects that keep some
+        (``fn.totals()``, e.g. ``llm_judge``'s ``judge_failures``) as ``{prefix}{name}/{key}``."""
+        out = self.timeout_totals(prefix)
+        for spec, fn in zip(self.specs, self.fns):
+            counters = getattr(fn, "totals", None)
+            if callable(counters):
+                out.update({f"{prefix}{spec.label}/{key}": float(v) for key, v in counters().items()})
+        return out
 
     def _check_inputs(self, completions: Sequence[str], columns: Mapping[str, Any]) -> None:
         batch = len(completions)
@@ -221,6 +233,8 @@ class RewardSet:
                 ) from None
             self.timeout_counts[spec.label] += 1
             return [0.0] * len(completions), True
+        except RewardError as err:  # the function named the failing sample itself (llm_judge, reward_model)
+            raise RewardError(f"reward function {spec.label!r}: {err}") from err
         except Exception as err:
             raise self._locate_failure(spec, fn, completions, columns, err) from err
         return self._check_output(spec.label, out, completions), False
