@@ -33,7 +33,7 @@ class ScriptedEngine(RolloutEngine):
 
 
 def tools_tokenizer():
-    from lightning_grpo.data.tiny import build_char_tokenizer
+    from lightning_grpo.tiny import build_char_tokenizer
 
     return build_char_tokenizer("tools")
 

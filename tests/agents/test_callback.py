@@ -22,7 +22,7 @@ def caller_dir(tmp_path_factory):
     sampling then runs the whole chat-template + tool path (mechanics, not learning)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lightning_grpo.data.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
 
     src = tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tmp_path_factory.mktemp("tools-cache"))
     tok, model = AutoTokenizer.from_pretrained(src), AutoModelForCausalLM.from_pretrained(src)
