@@ -125,7 +125,8 @@ class PromptDataModule(L.LightningDataModule):
     ) -> None:
         _check_options(dict(locals()))
         super().__init__()
-        self.save_hyperparameters(ignore=["source", "train_dataset", "val_dataset", "record_map"])
+        objects = ["source", "train_dataset", "val_dataset"] + (["record_map"] if callable(record_map) else [])
+        self.save_hyperparameters(ignore=objects)  # what a YAML cannot hold; the CLI saves its own config
         self.source = source if source is not None else _builtin_source(locals())
         self.record_map = resolve_record_map(record_map)
         self.tokenizer_path = builtin_model_path(tokenizer_path)  # "tiny:tools" -> a built-in tiny model

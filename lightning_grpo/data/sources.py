@@ -233,6 +233,7 @@ class HubDataset(DataSource):
                     f"or data files): remove data.source.{given[0]}"
                 )
         self.path, self.name, self.revision, self.data_files, self.cache_dir = path, name, revision, data_files, cache_dir
+        self._load_path = str(local) if local.exists() else path  # "~/data" expanded for datasets
         self.train_split, self.val_split = train_split, val_split
         self._saved_splits: dict[str, Any] | None = None
 
@@ -271,7 +272,7 @@ class HubDataset(DataSource):
 
         try:
             return datasets.load_dataset(
-                self.path, self.name, split=split, revision=self.revision, data_files=self.data_files,
+                self._load_path, self.name, split=split, revision=self.revision, data_files=self.data_files,
                 cache_dir=self.cache_dir,
             )  # fmt: skip
         except ValueError as err:
@@ -286,7 +287,7 @@ class HubDataset(DataSource):
 
         try:
             return datasets.get_dataset_split_names(
-                self.path, self.name, data_files=self.data_files, revision=self.revision, cache_dir=self.cache_dir
+                self._load_path, self.name, data_files=self.data_files, revision=self.revision, cache_dir=self.cache_dir
             )
         except Exception:  # noqa: BLE001 - only used to enrich an error message
             return "(could not be listed)"

@@ -62,6 +62,12 @@ def test_a_local_folder_of_jsonl_files(make_dm, folder, tmp_path):
     assert no_val.val_records == []
 
 
+def test_a_folder_under_the_home_directory(make_dm, folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    dm = make_dm(source=hub("~/my_data", tmp_path))
+    assert len(dm.train_records) == len(TRAIN)
+
+
 @pytest.mark.parametrize("single", [False, True], ids=["DatasetDict", "Dataset"])
 def test_a_save_to_disk_folder(make_dm, tmp_path, single):
     splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(TRAIN), "test": datasets.Dataset.from_list(TEST)})
