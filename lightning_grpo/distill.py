@@ -31,13 +31,14 @@ import os
 import random
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from .batch import RolloutBatch, micro_step
-from .core.distill import generalized_jsd, opd_advantages
+from .core.distill import generalized_jsd, group_token_baseline, opd_advantages
 from .core.logprobs import masked_mean
 from .packing import padded_completion_logits
 
@@ -58,6 +59,9 @@ class DistillSettings:
     """Weight of the reverse-KL advantage: A_t -= coef * (roll_t - teacher_t); 0 = no OPD term."""
     use_task_rewards: bool = False
     """False: pure distillation (the reward advantage is dropped); True: A_t = A_i - coef k_t."""
+    group_baseline: bool = False
+    """Subtract from -coef k_t the mean of the group's other completions at the same position
+    (leave-one-out, a variance reduction the peers' OPD does not have); False: the raw estimate."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     """dtype of a teacher loaded from a path (None: the policy's ``dtype``)."""
     gkd_coef: float = 0.0
@@ -89,6 +93,13 @@ class DistillSettings:
 class Distiller:
     """Builds the teachers, scores each generation batch and adds GKD's term (``GRPOModule.distiller``)."""
 
+    @classmethod
+    def of(cls, settings: DistillSettings | dict | None) -> "Distiller | None":
+        """A distiller for ``settings`` (a dict from LightningCLI / hparams is accepted), None for None."""
+        if settings is None:
+            return None
+        return cls(DistillSettings(**settings) if isinstance(settings, dict) else settings)
+
     def __init__(self, settings: DistillSettings) -> None:
         self.settings = settings
         self.names = list(settings.named_teachers)
@@ -99,11 +110,10 @@ class Distiller:
 
     # ----------------------------------------------------------------------------- teachers
     def build(self, module: Any, tokenizer: Any | None) -> None:
-        """Load (once) and check every teacher against the policy and the tokenizer; before training."""
-        if self._models:
-            return
+        """Load every teacher (once) and check it against the policy and ``tokenizer`` (when given); before training."""
         for name, spec in self.settings.named_teachers.items():
-            self._models[name] = self._load(name, spec, module)
+            if name not in self._models:
+                self._models[name] = self._load(name, spec, module)
             where = f"{FIELD}.teacher[{name!r}]" if len(self.names) > 1 else f"{FIELD}.teacher"
             if tokenizer is not None:
                 check_teacher(where, spec, self._models[name] or module.policy, tokenizer)
@@ -132,8 +142,17 @@ class Distiller:
 
         from .data.tiny import builtin_model_path
 
+        source = builtin_model_path(spec)
+        first = Path(source).parts[0] if Path(source).parts else ""
+        if not Path(source).is_dir() and (source.startswith((".", "/", "~")) or source.count("/") != 1 or Path(first).is_dir()):
+            raise ValueError(f"{where} {spec!r}: no model directory there (SavePretrained writes one; a hub name is 'org/name')")
         dtype = getattr(torch, self.settings.dtype or module.hparams.dtype)
-        return AutoModelForCausalLM.from_pretrained(builtin_model_path(spec), dtype=dtype).eval().requires_grad_(False)
+        try:
+            teacher = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        except OSError as err:
+            raise ValueError(f"{where} {spec!r}: no model there ({err.__class__.__name__}: {str(err)[:200]}); give a model "
+                             "directory (SavePretrained writes one), a hub name, 'base' or 'adapter:<dir>'") from err  # fmt: skip
+        return teacher.eval().requires_grad_(False)
 
     @contextmanager
     def _as_teacher(self, name: str, module: Any):
@@ -183,8 +202,12 @@ class Distiller:
         s = self.settings
         teacher_of = self._rows_per_teacher(batch, records)
         batch.teacher_logp = self._teacher_logprobs(module, batch, teacher_of, rows_per_pass)  # [B, Lc]
-        base = batch.advantages if s.use_task_rewards else None
-        batch.advantages = opd_advantages(batch.rollout_logp, batch.teacher_logp, batch.completion_mask, s.coef, base)
+        adv = opd_advantages(batch.rollout_logp, batch.teacher_logp, batch.completion_mask, s.coef)  # [B, Lc]
+        if s.group_baseline:
+            adv = group_token_baseline(adv, batch.completion_mask, batch.group_size)
+        if s.use_task_rewards:
+            adv = adv + batch.advantages.unsqueeze(-1) * batch.completion_mask
+        batch.advantages = adv
         if s.gkd_coef:
             self._gkd, self._gkd_teachers = batch, teacher_of
             if s.lmbda < 1 and random.Random(_seed(module)).random() >= s.lmbda:
@@ -199,6 +222,8 @@ class Distiller:
             return logp.new_zeros(())
         hp = module.hparams
         step = micro_step(len(self._gkd), micro_index, hp.steps_per_generation, module.trainer.accumulate_grad_batches)
+        if step.micro.numel() == 0:  # fewer reference rows than micro-steps: this one has none
+            return logp.new_zeros(())
         part = self._gkd.select(step.micro)
         student = padded_completion_logits(module.policy, part)  # [b, Lc, V] with gradient
         teacher = torch.zeros_like(student, dtype=torch.float32)

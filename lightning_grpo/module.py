@@ -136,9 +136,7 @@ class GRPOModule(L.LightningModule):
         if isinstance(lora, dict):  # LightningCLI / hparams hand the settings over as a dict
             lora = LoraSettings(**lora)
         self.lora = lora
-        if isinstance(distillation, dict):
-            distillation = DistillSettings(**distillation)
-        self.distiller = Distiller(distillation) if distillation is not None else None
+        self.distiller = Distiller.of(distillation)  # None without distillation
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
         from .data.tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory

@@ -28,7 +28,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["opd_advantages", "generalized_jsd"]
+__all__ = ["opd_advantages", "group_token_baseline", "generalized_jsd"]
 
 
 def opd_advantages(
@@ -53,10 +53,29 @@ def opd_advantages(
     return torch.where(valid, adv, torch.zeros((), dtype=adv.dtype, device=adv.device))
 
 
+def group_token_baseline(advantages: Tensor, mask: Tensor, group_size: int) -> Tensor:
+    """Subtract from each token advantage the mean of the other completions of its group at the same
+    position (leave-one-out, RLOO at every position): A'_it = A_it - mean_{j != i, j valid at t} A_jt.
+
+    advantages, mask [B, T] (rows group-contiguous, B = P * group_size) -> [B, T], 0 off the mask.
+    At t = 0 every completion of a group is in the same state (the prompt), so this is a baseline
+    that leaves the gradient unbiased and cuts its variance; later positions share the position only.
+    A token with no other valid one at its position keeps its advantage.
+    """
+    if advantages.shape != mask.shape or advantages.dim() != 2 or advantages.shape[0] % group_size:
+        raise ValueError(f"advantages and mask must be one [B, T] shape with B divisible by group_size={group_size}")
+    m = (mask != 0).float().view(-1, group_size, mask.shape[1])  # [P, G, T]
+    a = advantages.float().view_as(m) * m
+    others = m.sum(1, keepdim=True) - m  # [P, G, T] valid other completions at each position
+    baseline = torch.where(others > 0, (a.sum(1, keepdim=True) - a) / others.clamp(min=1), torch.zeros_like(a))
+    return ((a - baseline) * m).view_as(advantages)
+
+
 def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float = 0.5, temperature: float = 1.0) -> Tensor:
     """Generalised Jensen-Shannon divergence per position (TRL's definition, see the module docstring).
 
-    student_logits, teacher_logits: [..., V] (the teacher's are detached) -> [...] float32, >= 0,
+    student_logits, teacher_logits: [..., V] (the teacher's are detached) -> [...] float32 (float64
+    kept), >= 0,
     differentiable in the student's logits. beta 0.5 and temperature 1.0 are TRL's defaults.
     """
     if not 0.0 <= beta <= 1.0:
@@ -65,8 +84,9 @@ def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float 
         raise ValueError(f"GKD temperature must be > 0, got {temperature}")
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(f"student and teacher logits differ in shape: {tuple(student_logits.shape)} vs {tuple(teacher_logits.shape)}")
-    s = torch.log_softmax(student_logits.float() / temperature, dim=-1)
-    t = torch.log_softmax(teacher_logits.detach().float() / temperature, dim=-1)
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)  # float32, or float64 kept
+    s = torch.log_softmax(student_logits.to(dtype) / temperature, dim=-1)
+    t = torch.log_softmax(teacher_logits.detach().to(dtype) / temperature, dim=-1)
     if beta == 0.0:
         return (t.exp() * (t - s)).sum(-1)
     if beta == 1.0:

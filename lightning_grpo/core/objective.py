@@ -155,6 +155,8 @@ class GRPOLoss:
     def set_correction(self, name: str | None, args: dict[str, Any] | None = None) -> None:
         """Switch the train-inference correction (a name in ``CORRECTIONS``, or None = off) for the
         following loss calls (MismatchGuard ``fix``)."""
+        if name is not None and self.bypass:
+            raise ValueError(f"GRPOLoss bypass=True: the ratio already is pi / pi_roll, no correction can be added (got {name!r})")
         self.correction_fn = CORRECTIONS.get(name) if name is not None else None
         self.correction_args = dict(args or {})
         self.correction = name
@@ -245,7 +247,7 @@ class GRPOLoss:
     def _masks_and_weight(self, logp, mask, old, advantages, rollout_logp, entropy, metrics):
         loss_mask = mask
         weight = torch.ones_like(mask)
-        if rollout_logp is not None:
+        if rollout_logp is not None and not self.bypass:  # bypass: no trainer-side old log-probs to compare
             metrics.update(mismatch_metrics(old, rollout_logp, mask))
         if self.correction_fn is not None:
             corr = self.correction_fn(old, rollout_logp, mask, **self.correction_args)
