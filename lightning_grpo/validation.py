@@ -8,7 +8,9 @@ again from ``RolloutCallback.setup`` (every rank). Each problem is one exception
 names the option as written in a recipe (``data.batch_size``, ``model.advantage``,
 ``RolloutCallback.sampling.n``, ...) and what was expected. It checks:
 
-* the engine: a known name; ``engine: vllm`` with vLLM installed; no ``vllm_args`` for ``hf``;
+* the engine: a known name; ``engine: vllm`` with vLLM installed; no ``vllm_args`` for ``hf``; on
+  CPU a prefill budget (``vllm_args.max_num_batched_tokens``) of at least ``max_model_len`` and no
+  chunked prefill (``rollout/prefill.py``);
   ``lora_sync: adapter`` with engine vllm, ``vllm_args.enable_lora`` and ``model.lora``;
 * the groups: at least 2 completions per prompt for a group-relative advantage (all built-in
   ones); no more training steps per generation batch than it has completions;
@@ -73,7 +75,24 @@ def check_engine(module: Any, callback: Any) -> None:
         from .rollout.vllm_server import ServerSettings
 
         ServerSettings.from_args(callback.vllm_args)  # unknown or bad vllm_args: one clear error now
+    if name == "vllm" and callback.engine is None:
+        _check_vllm_prefill(callback.vllm_args)
     _check_lora_sync(module, callback)
+
+
+def _check_vllm_prefill(args: dict[str, Any]) -> None:
+    """On CPU the in-process engine prefills every prompt whole: its budget must hold ``max_model_len``
+    and chunked prefill must stay off (:mod:`~lightning_grpo.rollout.prefill`)."""
+    from .rollout.prefill import cpu_llm_kwargs, is_cpu_platform
+
+    if not is_cpu_platform():
+        return
+    from .rollout.vllm import VLLMEngine
+
+    defaults = inspect.signature(VLLMEngine.__init__).parameters
+    extra = dict(args.get("extra_llm_kwargs") or {})
+    max_model_len = extra.get("max_model_len", args.get("max_model_len", defaults["max_model_len"].default))
+    cpu_llm_kwargs(max_model_len, args.get("max_num_batched_tokens"), extra, f"{CB}.vllm_args")
 
 
 def _vllm_installed() -> bool:
