@@ -265,3 +265,29 @@ def test_distillation_under_the_asynchronous_pipeline(tiny_model_path, digit_tea
         expected = -(batch.rollout_logp - batch.teacher_logp) * batch.completion_mask
         torch.testing.assert_close(batch.advantages, expected, atol=1e-6, rtol=0)
     assert float(trainer.callback_metrics["train/staleness_max"]) >= 1
+
+
+def test_save_pretrained_writes_a_model_directory_a_teacher_can_load(tiny_model_path, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo import SavePretrained
+
+    out = tmp_path / "teacher"
+    callback = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), rewards=[RewardSpec("prefix_match")], seed=0)
+    module = GRPOModule(model=str(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    trainer = L.Trainer(max_steps=2, callbacks=[callback, SavePretrained(str(out))], accelerator="cpu", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    trainer.fit(module, datamodule=PromptDataModule(batch_size=2))
+    saved = AutoModelForCausalLM.from_pretrained(out)
+    for name, value in module.policy.state_dict().items():
+        torch.testing.assert_close(saved.state_dict()[name], value, atol=0, rtol=0)
+    assert _tokenizer(out).get_vocab() == _tokenizer(tiny_model_path).get_vocab()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["teacher"]  # no temporary directory left
+    # a directory that is not a saved model (a logger's, say) is refused before training
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "metrics.csv").write_text("step\n")
+    trainer = L.Trainer(max_steps=1, callbacks=[callback, SavePretrained(str(tmp_path / "logs"))], accelerator="cpu", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    with pytest.raises(ValueError, match=r"SavePretrained.dirpath '.*logs' exists and is not a saved model directory"):
+        trainer.fit(module, datamodule=PromptDataModule(batch_size=2))
+    assert (tmp_path / "logs" / "metrics.csv").exists()
