@@ -109,8 +109,11 @@ class Distiller:
         self._gkd_teachers: Tensor | None = None
 
     # ----------------------------------------------------------------------------- teachers
-    def build(self, module: Any, tokenizer: Any | None) -> None:
-        """Load every teacher (once) and check it against the policy and ``tokenizer`` (when given); before training."""
+    def build(self, module: Any, tokenizer: Any | None, records: list[dict] | None = None) -> None:
+        """Load every teacher (once) and check it against the policy and ``tokenizer``, and that every
+        training record names a teacher (``records``, when given); before training."""
+        if records and len(self.names) > 1:
+            self._teacher_ids(records)
         for name, spec in self.settings.named_teachers.items():
             if name not in self._models:
                 self._models[name] = self._load(name, spec, module)
@@ -177,15 +180,18 @@ class Distiller:
         """[B] long: the teacher of each row (records hold one entry per group)."""
         if len(self.names) == 1:
             return torch.zeros(len(batch), dtype=torch.long)
-        key = self.settings.teacher_key
         if records is None:
             raise ValueError(f"{FIELD}: several teachers need the batch's records (RolloutCallback passes them)")
-        ids = []
+        return self._teacher_ids(records).repeat_interleave(len(batch) // max(len(records), 1))
+
+    def _teacher_ids(self, records: list[dict]) -> Tensor:
+        """[len(records)] long: the index of each record's teacher (``teacher_key`` column)."""
+        key, ids = self.settings.teacher_key, []
         for record in records:
             if record.get(key) not in self.names:
                 raise ValueError(f"{FIELD}.teacher_key {key!r}: a record has {record.get(key)!r}; the teachers are {self.names}")
             ids.append(self.names.index(record[key]))
-        return torch.tensor(ids, dtype=torch.long).repeat_interleave(len(batch) // max(len(records), 1))
+        return torch.tensor(ids, dtype=torch.long)
 
     def _teacher_logprobs(self, module: Any, batch: RolloutBatch, teacher_of: Tensor, rows_per_pass: int) -> Tensor:
         out = torch.zeros_like(batch.completion_mask, dtype=torch.float32)  # [B, Lc]

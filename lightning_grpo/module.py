@@ -183,7 +183,7 @@ class GRPOModule(L.LightningModule):
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.distiller is not None:  # teachers loaded and checked against the tokenizer before training
             datamodule = self.trainer.datamodule if self._trainer is not None else None
-            self.distiller.build(self, getattr(datamodule, "tokenizer", None))
+            self.distiller.build(self, getattr(datamodule, "tokenizer", None), getattr(datamodule, "train_records", None))
         mesh = self.device_mesh  # set by ModelParallelStrategy: shard with FSDP2 over data parallelism
         if mesh is not None and not fsdp_units(self.policy):
             if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:

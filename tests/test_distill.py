@@ -117,6 +117,8 @@ def test_several_teachers_chosen_per_record(tiny_model_path):
         _prepared(module, records=[{"task": "poetry"}, {"task": "math"}])
     with pytest.raises(ValueError, match=r"several teachers need the batch's records"):
         _prepared(module, records=None)
+    with pytest.raises(ValueError, match=r"teacher_key 'task': a record has None"):  # the training records, before training
+        module.distiller.build(module, None, records=[{"task": "math"}, {"prompt": "no task column"}])
 
 
 def test_lora_teacher_is_the_base_or_another_adapter(tiny_model_path, tmp_path):
