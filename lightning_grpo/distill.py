@@ -143,7 +143,7 @@ class Distiller:
             return None
         from transformers import AutoModelForCausalLM
 
-        from .data.tiny import builtin_model_path
+        from .tiny import builtin_model_path
 
         source = builtin_model_path(spec)
         first = Path(source).parts[0] if Path(source).parts else ""
@@ -274,7 +274,7 @@ def check_teacher(where: str, spec: TeacherSpec, teacher: nn.Module, tokenizer: 
     if isinstance(spec, str) and spec != "base" and not spec.startswith("adapter:"):
         from transformers import AutoTokenizer
 
-        from .data.tiny import builtin_model_path
+        from .tiny import builtin_model_path
 
         theirs = AutoTokenizer.from_pretrained(builtin_model_path(spec))
         ours_vocab, their_vocab = tokenizer.get_vocab(), theirs.get_vocab()

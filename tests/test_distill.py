@@ -198,7 +198,7 @@ def test_settings_are_checked():
 
 
 def test_teacher_with_another_tokenizer_fails_before_training(tiny_model_path):
-    from lightning_grpo.data.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
 
     tools = str(tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tiny_model_path.parent))
     module = GRPOModule(model=_policy(tiny_model_path), distillation=DistillSettings(teacher=tools))
@@ -230,7 +230,7 @@ def test_multi_turn_episodes_distil_on_model_tokens_only(tiny_model_path):
     """Episodes of the secret-digit environment: the teacher scores whole episodes, but only the
     tokens the model sampled get an advantage (environment tokens are outside the completion mask)."""
     from lightning_grpo.agents.callback import AgentRolloutCallback
-    from lightning_grpo.data.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
 
     path = str(tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tiny_model_path.parent))
     teacher = _perturbed(_policy(path))

@@ -223,3 +223,7 @@ def tool_call_made(
     ``require_answer``: only episodes that also ended with an answer (not truncated by
     ``max_turns`` / a length limit) count, so calling again and again is not rewarded."""
     return [1.0 if n > 0 and not (require_answer and t) else 0.0 for n, t in zip(tool_calls, truncated)]
+
+
+# ------------------------------------------------------- model-backed rewards (classes, built once)
+from lightning_grpo.data import judge as _judge, reward_models as _reward_models  # noqa: E402,F401  registers llm_judge, reward_model

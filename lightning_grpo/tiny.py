@@ -195,3 +195,38 @@ def builtin_model_path(source: str | None) -> str | None:
     if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
         return str(tiny_model_dir(TinyModelConfig(tokenizer=source[len(BUILTIN_PREFIX) :])))
     return source
+
+
+def save_tiny_reward_model(
+    directory: str | os.PathLike, num_labels: int = 1, seed: int = 0, padding_side: str = "right"
+) -> Path:
+    """Save a randomly initialised ``Qwen2ForSequenceClassification`` (the tiny policy's shape,
+    ``num_labels`` outputs) and the character tokenizer (padding on ``padding_side``) into
+    ``directory``: a stand-in reward model for the ``reward_model`` reward in examples and tests."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.padding_side = padding_side
+    tokenizer.init_kwargs["padding_side"] = padding_side  # saved in tokenizer_config.json
+    shape = TinyModelConfig(seed=seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=shape.max_position_embeddings,
+        initializer_range=0.5,  # a wide spread of scores, so that tests see differences
+        num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return Path(directory)
