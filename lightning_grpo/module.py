@@ -31,7 +31,8 @@ from .core.kl import kl_penalty_in_reward
 from .distill import Distiller, DistillSettings
 from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
 from .fsdp import fsdp_units, run_as_forward, shard_policy
-from .packing import PackingMode, choose_plan, packed_token_logprobs, padded_token_logprobs
+from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
+from .prefix import PrefixSharingMode, choose_layout
 
 
 @dataclass
@@ -92,6 +93,11 @@ class GRPOModule(L.LightningModule):
             packed into rows with restarting position ids, for the policy, reference and old
             log-probs. "auto" packs when it saves at least a quarter of the padded tokens and the
             model's attention supports it; "on" / "off" force it.
+        prefix_sharing: shared-prefix forwards (``lightning_grpo.prefix``): each prompt computed once
+            per micro-batch, its keys / values shared by the completions of its group (exact), for
+            the policy, reference, old and teacher log-probs; segments packed unless ``packing`` is
+            "off". "auto" shares when it cuts the estimated forward cost by at least a quarter and
+            the attention (sdpa / eager, no sliding window) supports it; "on" / "off" force it.
         gradient_checkpointing: recompute activations in backward (saves memory).
         distillation: on-policy distillation / GKD from teachers (:class:`~lightning_grpo.distill.DistillSettings`).
         optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
@@ -117,6 +123,7 @@ class GRPOModule(L.LightningModule):
         logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
         logprob_chunk_size: int = 1024,
         packing: PackingMode = "auto",
+        prefix_sharing: PrefixSharingMode = "auto",
         gradient_checkpointing: bool = False,
         distillation: DistillSettings | None = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -129,6 +136,8 @@ class GRPOModule(L.LightningModule):
         self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(reward_aggregation)
         if packing not in ("auto", "on", "off"):
             raise ValueError(f"GRPOModule packing must be 'auto', 'on' or 'off', got {packing!r}")
+        if prefix_sharing not in ("auto", "on", "off"):
+            raise ValueError(f"GRPOModule prefix_sharing must be 'auto', 'on' or 'off', got {prefix_sharing!r}")
         if num_iterations < 1 or steps_per_generation < 1:
             raise ValueError(
                 f"num_iterations and steps_per_generation must be >= 1, got {num_iterations}, {steps_per_generation}"
@@ -225,11 +234,12 @@ class GRPOModule(L.LightningModule):
     # ------------------------------------------------------------------------- log-probs
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
         """Log-probs (and entropy) of the completion tokens at the sampling temperature, through
-        the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), packed
-        or padded as ``packing`` says (``lightning_grpo.packing``)."""
+        the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), with a
+        shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (``lightning_grpo.prefix``,
+        ``lightning_grpo.packing``)."""
         chunked = self.hparams.logprob_path == "chunked_hidden"
         chunked = chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
-        plan = choose_plan(model, batch, self.hparams.packing)
+        plan = choose_layout(model, batch, self.hparams.packing, self.hparams.prefix_sharing)
         fn = padded_token_logprobs if plan is None else partial(packed_token_logprobs, plan=plan)
         kwargs = dict(chunked=chunked, compute_entropy=compute_entropy, chunk_size=self.hparams.logprob_chunk_size)
         if chunked:  # decoder and LM head called directly: run them as a root forward for FSDP2
