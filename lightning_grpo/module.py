@@ -89,15 +89,11 @@ class GRPOModule(L.LightningModule):
             exist; run as a root forward under FSDP2) or "logits" (the model's own forward,
             completion logits only; for DeepSpeed ZeRO-3, which gathers parameters there).
         logprob_chunk_size: rows of the LM head computed at once (memory vs speed).
-        packing: padding-free forwards (``lightning_grpo.packing``): a micro-batch's sequences
-            packed into rows with restarting position ids, for the policy, reference and old
-            log-probs. "auto" packs when it saves at least a quarter of the padded tokens and the
-            model's attention supports it; "on" / "off" force it.
-        prefix_sharing: shared-prefix forwards (``lightning_grpo.prefix``): each prompt computed once
-            per micro-batch, its keys / values shared by the completions of its group (exact), for
-            the policy, reference, old and teacher log-probs; segments packed unless ``packing`` is
-            "off". "auto" shares when it cuts the estimated forward cost by at least a quarter and
-            the attention (sdpa / eager, no sliding window) supports it; "on" / "off" force it.
+        packing / prefix_sharing: exact cheaper layouts of the policy, reference, old and teacher
+            forwards (docs/performance.md): padding-free packed rows (``lightning_grpo.packing``);
+            each prompt computed once per micro-batch, its keys / values shared by its group's
+            completions (``lightning_grpo.prefix``, sdpa / eager attention). "auto" uses one when
+            the model supports it and it saves at least a quarter; "on" / "off" force it.
         gradient_checkpointing: recompute activations in backward (saves memory).
         distillation: on-policy distillation / GKD from teachers (:class:`~lightning_grpo.distill.DistillSettings`).
         optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
@@ -134,10 +130,9 @@ class GRPOModule(L.LightningModule):
         self.loss_fn = loss if loss is not None else GRPOLoss()
         self._advantage_fn = ADVANTAGES.get(advantage)
         self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(reward_aggregation)
-        if packing not in ("auto", "on", "off"):
-            raise ValueError(f"GRPOModule packing must be 'auto', 'on' or 'off', got {packing!r}")
-        if prefix_sharing not in ("auto", "on", "off"):
-            raise ValueError(f"GRPOModule prefix_sharing must be 'auto', 'on' or 'off', got {prefix_sharing!r}")
+        for name, mode in (("packing", packing), ("prefix_sharing", prefix_sharing)):
+            if mode not in ("auto", "on", "off"):
+                raise ValueError(f"GRPOModule {name} must be 'auto', 'on' or 'off', got {mode!r}")
         if num_iterations < 1 or steps_per_generation < 1:
             raise ValueError(
                 f"num_iterations and steps_per_generation must be >= 1, got {num_iterations}, {steps_per_generation}"
