@@ -6,7 +6,7 @@ micro-batch (policy log-probs + GRPO loss + backward + AdamW step) and the no-gr
     python benchmarks/bench_prefix.py --shapes 512:8 --rounds 3
 
 A micro-batch holds ``--rows`` rows: rows / G groups, each one prompt of P tokens sampled G times.
-Completion lengths are drawn log-uniformly from [4, 256] (mean / max about 0.25, as in
+Completion lengths are drawn log-uniformly from [4, 256] (mean / max about 0.2, as in
 bench_packing.py), one row of the batch at 256. Layouts (GRPOModule ``packing`` / ``prefix_sharing``):
 padded (off / off), packed (on / off), shared (off / on: one prompt segment per row), shared + packed
 (on / on); all four alternate in every round (``--rounds`` after one warm-up), medians and min-max.
@@ -15,16 +15,15 @@ padded (off / off), packed (on / off), shared (off / on: one prompt segment per 
 from __future__ import annotations
 
 import argparse
-import math
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_packing import log_uniform_lengths, timed  # noqa: E402
 from bench_step import SIZES, versions, write_section  # noqa: E402
 
 SECTION = "## Shared-prefix forwards: long prompts"
@@ -36,9 +35,7 @@ def grouped_batch(prompt: int, group: int, rows: int, vocab: int, seed: int, max
     from lightning_grpo.batch import RolloutBatch
 
     gen = torch.Generator().manual_seed(seed)
-    lo, hi = math.log(4), math.log(max_len)
-    comp = [int(round(math.exp(lo + (hi - lo) * float(u)))) for u in torch.rand(rows, generator=gen)]
-    comp[0] = max_len  # the batch is padded to the longest completion
+    comp = log_uniform_lengths(rows, 4, max_len, gen)
     ids = torch.zeros(rows, prompt + max_len, dtype=torch.long)
     attn = torch.zeros_like(ids)
     for b in range(rows):
@@ -52,12 +49,6 @@ def grouped_batch(prompt: int, group: int, rows: int, vocab: int, seed: int, max
         prompt_length=prompt, group_size=group, temperature=1.0,
     )  # fmt: skip
     return batch, sum(comp) / len(comp)
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def measure(policy, batch, rounds: int) -> tuple[dict, dict]:
@@ -97,6 +88,12 @@ def measure(policy, batch, rounds: int) -> tuple[dict, dict]:
     return times, slots
 
 
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")] if cpuinfo.exists() else []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
 def cell(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
@@ -119,10 +116,10 @@ def main() -> None:
     lines = [
         SECTION, "",
         f"One micro-batch of {args.rows} rows (rows / G prompts of P tokens, G samples each), completion lengths "
-        f"log-uniform in [4, 256] (mean about 61, mean / max about 0.24), {params / 1e6:.1f}M-parameter Qwen2 (hidden 384, "
+        f"log-uniform in [4, 256], one at 256 (mean in the table, mean / max about 0.2), {params / 1e6:.1f}M-parameter Qwen2 (hidden 384, "
         f"5 layers), float32, sdpa attention. Train = policy log-probs + GRPO loss + backward + AdamW; no-grad = "
         f"the reference / old log-prob pass. The four layouts alternate, {args.rounds} rounds after a warm-up round; "
-        f"median (min-max) seconds; slots = rows x width of the forward. Machine: {platform.machine()}, 2 cores, "
+        f"median (min-max) seconds; slots = rows x width of the forward. Machine: {cpu_name()}, 2 cores, "
         f"shared with other jobs (loaded); {versions()}.", "",
         f"Command: `python benchmarks/bench_prefix.py --shapes {' '.join(args.shapes)} --rows {args.rows} "
         f"--rounds {args.rounds} --write`", "",
