@@ -185,6 +185,8 @@ class GRPOModule(L.LightningModule):
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
         mesh = self.device_mesh  # set by ModelParallelStrategy: shard with FSDP2 over data parallelism
         if mesh is not None and not fsdp_units(self.policy):
+            if self.quantization is not None:
+                raise NotImplementedError("model.quantization (QLoRA) does not shard with FSDP2: use strategy ddp or one device")
             if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
                 raise NotImplementedError("GRPOModule shards with FSDP2 only: use ModelParallelStrategy(tensor_parallel_size=1)")
             dp_mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh

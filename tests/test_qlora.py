@@ -115,6 +115,13 @@ def test_quantization_without_bitsandbytes(monkeypatch):
         GRPOModule(lora=LoraSettings(r=4), quantization={"quant_type": "nf4"})
 
 
+def test_quantization_does_not_shard_with_fsdp2(tiny_model_path):
+    module = GRPOModule(model=str(tiny_model_path), lora=LoraSettings(r=4), quantization=QuantizationSettings())
+    module._device_mesh = object()  # what ModelParallelStrategy sets before configure_model
+    with pytest.raises(NotImplementedError, match=r"model.quantization \(QLoRA\) does not shard with FSDP2"):
+        module.configure_model()
+
+
 @pytest.mark.parametrize("field, value, message", [
     ("quant_type", "int4", r"quantization.quant_type must be 'nf4' or 'fp4', got 'int4'"),
     ("compute_dtype", "float64", r"quantization.compute_dtype must be float32, bfloat16, float16 or null, got 'float64'"),
