@@ -60,6 +60,8 @@ class ServerEngine(RolloutEngine):
         version_timeout: seconds a non-pushing process waits for a version to reach the servers.
         transport: how pushed weights travel (``prepare`` / ``push`` / ``release`` / ``close``); None =
             shared memory (:class:`~lightning_grpo.rollout.shm_transfer.ShmTransport`).
+        version_base: added to this run's versions on the servers (servers reused from an earlier
+            run: one above the version it left), so a waiting rank never takes an old push for a new one.
     """
 
     needs_weight_sync = True
@@ -76,6 +78,7 @@ class ServerEngine(RolloutEngine):
         processes: list | None = None,
         version_timeout: float = 600.0,
         transport: Any = None,
+        version_base: int = 0,
     ) -> None:
         if not clients:
             raise ValueError("ServerEngine needs at least one server")
@@ -90,7 +93,10 @@ class ServerEngine(RolloutEngine):
         self.processes = list(processes or [])
         self.version_timeout = version_timeout
         self.transport = transport if transport is not None else ShmTransport()
-        self.version = -1  # weight version last pushed (or awaited)
+        self.version = -1  # weight version last pushed (or awaited), this run's numbering
+        # servers shared by runs: this run tags its pushes ``version_base + version``, above every
+        # version an earlier run left on them, so a waiting rank never takes an old push for a new one
+        self.version_base = int(version_base)
         self.last_push_seconds = 0.0
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vllm-server-request")
 
@@ -140,7 +146,7 @@ class ServerEngine(RolloutEngine):
                 except ServerUnavailableError as err:  # retried on the servers still answering
                     self._drop(client, err)
                     pending.append(p)
-        return _to_rollout(prompt_ids, results, sampling.n)
+        return _to_rollout(prompt_ids, results, sampling.n, self.version_base)
 
     # ------------------------------------------------------------- weight push
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
@@ -159,8 +165,9 @@ class ServerEngine(RolloutEngine):
         if prepared is None:
             self.wait_for_version(version)
         else:
+            tag = self.version_base + version
             try:
-                pushes = [(c, self._pool.submit(self.transport.push, c, prepared, version)) for c in self.live_clients()]
+                pushes = [(c, self._pool.submit(self.transport.push, c, prepared, tag)) for c in self.live_clients()]
                 for client, future in pushes:
                     try:
                         future.result()
@@ -173,7 +180,8 @@ class ServerEngine(RolloutEngine):
         self.last_push_seconds = time.perf_counter() - start
 
     def wait_for_version(self, version: int) -> None:
-        """Block until every live server reports weight version >= ``version``."""
+        """Block until every live server reports weight version >= ``version`` (this run's numbering)."""
+        version += self.version_base
         deadline = time.monotonic() + self.version_timeout
         for client in self.live_clients():
             while True:
@@ -185,7 +193,10 @@ class ServerEngine(RolloutEngine):
                 if reported.lstrip("-").isdigit() and int(reported) >= version:
                     break
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"vLLM server {client.url} still has weight version {reported}, waited for {version}")
+                    raise TimeoutError(
+                        f"vLLM server {client.url} still has weight version {reported}, waited for {version} "
+                        f"(version {version - self.version_base} of this run)"
+                    )
                 time.sleep(0.05)
         self.live_clients()
 
@@ -198,7 +209,8 @@ class ServerEngine(RolloutEngine):
         self.processes = []
 
 
-def _to_rollout(prompt_ids: list[list[int]], results: list[list[Sample]], n: int) -> ServerRollout:
+def _to_rollout(prompt_ids: list[list[int]], results: list[list[Sample]], n: int, base: int = 0) -> ServerRollout:
+    """Samples as one rollout; versions in this run's numbering (-1: weights this run never pushed)."""
     samples = [s for per_prompt in results for s in per_prompt]
     return ServerRollout(
         prompt_ids=[list(p) for p in prompt_ids],
@@ -206,5 +218,5 @@ def _to_rollout(prompt_ids: list[list[int]], results: list[list[Sample]], n: int
         logprobs=[s.logprobs for s in samples],
         finished=[s.finished for s in samples],
         group_size=n,
-        versions=[s.version for s in samples],
+        versions=[s.version - base if s.version >= base else -1 for s in samples],
     )
