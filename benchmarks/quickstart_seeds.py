@@ -10,6 +10,8 @@ Writes a markdown table and a reward / accuracy curve (PNG).
 
 ``--write`` puts the table into README.md (quickstart) or docs/benchmarks.md (another recipe),
 between ``<!-- <recipe>-results -->`` markers, and the curve into ``docs/<recipe>_curve.png``.
+With ``--jobs N`` up to N runs go at once, each pinned to its own CPU core (one thread).
+benchmarks/reasoning_gym_seeds.py reuses these pieces for the reasoning-gym quickstart.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,14 +31,22 @@ ROOT = Path(__file__).resolve().parents[1]
 GUARDS = ("non_finite", "non_finite_logprobs", "entropy", "identical_samples", "mismatch", "zero_reward_std")
 
 
-def run(seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/quickstart.yaml", reuse: bool = False) -> dict:
+def run(
+    seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/quickstart.yaml", reuse: bool = False,
+    core: int | None = None,
+) -> dict:
+    """Run ``recipe`` with ``seed`` (pinned to CPU ``core`` with one thread when given) and read its metrics."""
     save = out / f"seed{seed}"
     wall_file = save / "wall_seconds.txt"
     if not (reuse and wall_file.is_file()):  # --reuse: a run of this seed finished earlier (seeds one per command)
         cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
                "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
+        env = dict(os.environ)
+        if core is not None:  # one core (util-linux taskset), one thread
+            env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            cmd = ["taskset", "-c", str(core), *cmd]
         start = time.perf_counter()
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wall_file.write_text(f"{time.perf_counter() - start}\n")
     wall = float(wall_file.read_text())
     metrics = next(save.glob("**/metrics.csv"))
@@ -93,30 +105,57 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "quickstart.yaml")
+def run_seeds(seeds: list[int], out: Path, extra: list[str], recipe: Path, reuse: bool = False, jobs: int = 1) -> list[dict]:
+    """:func:`run` for every seed, up to ``jobs`` at once, each pinned to its own core (``jobs`` > 1)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not 1 <= jobs <= len(cores):
+        raise SystemExit(f"--jobs must be between 1 and the {len(cores)} usable CPU cores, got {jobs}")
+    free = list(cores[:jobs]) if jobs > 1 else [None]
+
+    def one(seed: int) -> dict:
+        core = free.pop()  # each worker thread holds one core while its run lasts
+        try:
+            return run(seed, out, extra, recipe, reuse, core)
+        finally:
+            free.append(core)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, seeds))
+
+
+def write_between_markers(target: Path, marker: str, text: str) -> None:
+    """Replace what stands between the two ``marker`` lines of ``target`` with ``text``."""
+    page = target.read_text()
+    if page.count(marker) != 2:
+        raise SystemExit(f"{target} needs two {marker} markers to write the table between")
+    head, _, rest = page.partition(marker)
+    _, _, tail = rest.partition(marker)
+    target.write_text(f"{head}{marker}\n{text}\n{marker}{tail}")
+
+
+def arguments(recipe: Path, description: str = __doc__) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", type=Path, default=recipe)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=None, help="default: runs/<recipe>-seeds")
     parser.add_argument("--reuse", action="store_true", help="take a seed's result from an earlier run into --out")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each pinned to its own core (<= CPU count)")
     parser.add_argument("--write", action="store_true", help="write the table into README.md and the curve into docs/")
     parser.add_argument("extra", nargs="*", help="more CLI overrides, after --")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments(ROOT / "recipes" / "quickstart.yaml").parse_args()
     recipe = args.recipe.resolve()
     out = args.out or ROOT / "runs" / f"{recipe.stem}-seeds"
-    results = [run(seed, out, args.extra, recipe, args.reuse) for seed in args.seeds]
+    results = run_seeds(args.seeds, out, args.extra, recipe, args.reuse, args.jobs)
     text = table(results)
     print(text)
     if args.write:
         plot(results, ROOT / "docs" / f"{recipe.stem}_curve.png")
         target = ROOT / ("README.md" if recipe.stem == "quickstart" else "docs/benchmarks.md")
-        marker = f"<!-- {recipe.stem}-results -->"
-        page = target.read_text()
-        if marker not in page:
-            raise SystemExit(f"{target} has no {marker} markers to write the table between")
-        head, _, rest = page.partition(marker)
-        _, _, tail = rest.partition(marker)
-        target.write_text(f"{head}{marker}\n{text}\n{marker}{tail}")
+        write_between_markers(target, f"<!-- {recipe.stem}-results -->", text)
 
 
 if __name__ == "__main__":

@@ -223,3 +223,7 @@ def tool_call_made(
     ``require_answer``: only episodes that also ended with an answer (not truncated by
     ``max_turns`` / a length limit) count, so calling again and again is not rewarded."""
     return [1.0 if n > 0 and not (require_answer and t) else 0.0 for n, t in zip(tool_calls, truncated)]
+
+
+# reasoning-gym's verifiers ("reasoning_gym"): registered here, reasoning_gym itself imported on first use
+from lightning_grpo.data import reasoning_gym as _reasoning_gym  # noqa: E402, F401

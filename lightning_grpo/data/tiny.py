@@ -44,6 +44,10 @@ TOOLS_ALPHABET = list('_{}[]",') + list(string.ascii_uppercase)
 #: Extra characters of the ``text`` variant: the rest of printable ASCII (upper case, all punctuation),
 #: so that any English task text (reasoning-gym questions) is spelled without dropping a character.
 TEXT_ALPHABET = list(string.ascii_uppercase) + [c for c in string.punctuation if c not in ALPHABET]
+#: Whole strings that the ``text`` variant spells as one token each: the fixed instruction of reasoning-gym's
+#: spell_backward questions (``"Spell this word backward (example: sun -> nus): cat"`` is 4 tokens, not 51), as
+#: a real BPE vocabulary spells frequent text in a few tokens (recipes/reasoning_gym_quickstart.yaml).
+TEXT_WORDS = ["Spell this word backward (example: sun -> nus): "]
 #: Tokenizer variant -> the characters it adds to :data:`ALPHABET`.
 VARIANT_ALPHABETS = {"chars": [], "tools": TOOLS_ALPHABET, "text": TEXT_ALPHABET}
 #: Whole strings that the ``tools`` variant spells as one token each, as a real BPE vocabulary spells
@@ -86,6 +90,8 @@ class TinyModelConfig:
             del fields["tokenizer"]
         elif fields["tokenizer"] == "tools":  # the tools vocabulary changed once (role words added)
             fields["tokenizer_version"] = 2
+        else:  # a vocabulary change gives another directory
+            fields["words"] = TEXT_WORDS
         blob = json.dumps(fields, sort_keys=True) + "|v2"
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -126,8 +132,9 @@ def build_char_tokenizer(variant: str = "chars"):
     )
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    if variant == "tools":
-        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOLS_WORDS])
+    words = {"tools": TOOLS_WORDS, "text": TEXT_WORDS}.get(variant, [])
+    if words:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in words])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<pad>",
