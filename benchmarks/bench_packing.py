@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     from lightning_grpo import GRPOModule
-    from lightning_grpo.data.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
     from lightning_grpo.packing import PackPlan
     from transformers import AutoModelForCausalLM
 

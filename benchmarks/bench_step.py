@@ -122,7 +122,7 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
     import torch
 
     from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-    from lightning_grpo.data.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
 
     path = str(tiny_model_dir(TinyModelConfig(**size_config(size))))
     rows: list[dict] = []

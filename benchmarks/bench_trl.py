@@ -43,7 +43,7 @@ def trl_child(steps: int, vllm: bool, out: Path) -> None:
 
     from lightning_grpo import PromptDataModule
     from lightning_grpo.data.rewards import prefix_match
-    from lightning_grpo.data.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
 
     path = str(tiny_model_dir(TinyModelConfig(**SIZES["10m"])))
     tokenizer = AutoTokenizer.from_pretrained(path)

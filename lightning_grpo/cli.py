@@ -24,8 +24,31 @@ def _prepare_environment() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
+def _current_directory_importable() -> None:
+    """Put the current directory on ``sys.path`` (once): the ``lightning-grpo`` console script
+    starts with its own bin folder there instead, and recipes name reward functions, record maps
+    and environments by import path from modules next to them (``my_rewards.fn``)."""
+    cwd = os.getcwd()
+    if not any(os.path.abspath(entry or ".") == cwd for entry in sys.path):
+        sys.path.insert(0, cwd)
+
+
 class GRPOCLI(LightningCLI):
     """LightningCLI with the package's module and data module as defaults."""
+
+    def before_fit(self) -> None:
+        """Load and check the data, then cross-check the whole run (:mod:`lightning_grpo.validation`),
+        before ``trainer.fit`` lets the loggers create their run directory: a bad option, file or
+        column fails with nothing written."""
+        from .callbacks.rollout import RolloutCallback
+        from .validation import check_fit_config
+
+        datamodule = self.datamodule
+        if datamodule is not None and hasattr(datamodule, "train_records"):
+            datamodule.setup("fit")
+        for callback in self.trainer.callbacks:
+            if isinstance(callback, RolloutCallback):
+                check_fit_config(self.trainer, self.model, callback, datamodule)
 
 
 def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = GRPOCLI) -> LightningCLI:
@@ -51,6 +74,7 @@ def main(args: list[str] | None = None) -> int | None:
     """``lightning-grpo report ...`` goes to :func:`lightning_grpo.report.main` (a failure exits
     with its status); everything else to the LightningCLI (``args`` None: ``sys.argv``)."""
     argv = sys.argv[1:] if args is None else list(args)
+    _current_directory_importable()
     if argv[:1] == ["report"]:
         from .report import main as report_main
 

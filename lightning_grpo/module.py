@@ -135,7 +135,7 @@ class GRPOModule(L.LightningModule):
         self.lora = lora
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
-        from .data.tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
+        from .tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
 
         self.model_source = builtin_model_path(model) if isinstance(model, str) or model is None else None
         self.policy: nn.Module | None = model if isinstance(model, nn.Module) else None
@@ -190,7 +190,7 @@ class GRPOModule(L.LightningModule):
 
         source = self.model_source
         if source is None:
-            from .data.tiny import tiny_model_dir
+            from .tiny import tiny_model_dir
 
             source = self.model_source = str(tiny_model_dir())
         policy = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, self.hparams.dtype))

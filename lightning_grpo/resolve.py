@@ -8,9 +8,9 @@ from typing import Any, Callable
 from .core.registry import Registry
 
 
-def resolve_callable(name: str | Callable, registry: Registry, what: str, example: str) -> Callable:
+def resolve_callable(name: str | Callable, registry: Registry | None, what: str, example: str) -> Callable:
     """The callable registered in ``registry`` as ``name``, or imported from ``"pkg.mod.obj"`` /
-    ``"pkg.mod:obj"``; a callable is returned unchanged.
+    ``"pkg.mod:obj"``; a callable is returned unchanged. ``registry`` None: import paths only.
 
     ``what`` names the kind in errors (``"reward function"``), ``example`` is an import path shown
     when the name is unknown. Raises ``ValueError`` naming the string when it is neither registered
@@ -19,13 +19,16 @@ def resolve_callable(name: str | Callable, registry: Registry, what: str, exampl
     if callable(name):
         return name
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{what} must be a registry name or an import path, got {name!r}")
-    if name in registry:
+        kind = "an import path" if registry is None else "a registry name or an import path"
+        raise ValueError(f"{what} must be {kind}, got {name!r}")
+    if registry is not None and name in registry:
         return registry.get(name)
     if ":" in name:
         module_name, _, attr_path = name.partition(":")
     elif "." in name:
         module_name, _, attr_path = name.rpartition(".")
+    elif registry is None:
+        raise ValueError(f"{what} {name!r} is not an import path; give one like {example}")
     else:
         raise ValueError(
             f"unknown {what} {name!r}; registered: {', '.join(registry.names())}; or give an import path like {example}"

@@ -2,13 +2,16 @@
 
 :func:`check_fit_config` looks at the Trainer, the :class:`~lightning_grpo.GRPOModule`, the
 :class:`~lightning_grpo.data.datamodule.PromptDataModule` and the
-:class:`~lightning_grpo.RolloutCallback` together, which no constructor can. It runs from
-``PromptDataModule.prepare_data`` (before Lightning's loggers create their run directory) and
-again from ``RolloutCallback.setup`` (every rank). Each problem is one exception whose message
+:class:`~lightning_grpo.RolloutCallback` together, which no constructor can. ``lightning-grpo fit``
+runs it from the CLI's ``before_fit`` hook (before ``trainer.fit``, so before Lightning's loggers
+create their run directory; :mod:`lightning_grpo.cli`), and ``RolloutCallback.setup`` runs it again
+on every rank (also for drop-in use without the CLI). Each problem is one exception whose message
 names the option as written in a recipe (``data.batch_size``, ``model.advantage``,
 ``RolloutCallback.sampling.n``, ...) and what was expected. It checks:
 
-* the engine: a known name; ``engine: vllm`` with vLLM installed; no ``vllm_args`` for ``hf``;
+* the engine: a known name; ``engine: vllm`` with vLLM installed; no ``vllm_args`` for ``hf``; on
+  CPU a prefill budget (``vllm_args.max_num_batched_tokens``) of at least ``max_model_len`` and no
+  chunked prefill (``rollout/prefill.py``);
   ``lora_sync: adapter`` with engine vllm, ``vllm_args.enable_lora`` and ``model.lora``;
 * the groups: at least 2 completions per prompt for a group-relative advantage (all built-in
   ones); no more training steps per generation batch than it has completions;
@@ -38,16 +41,22 @@ from .core import ADVANTAGES
 CB = "RolloutCallback"
 
 
-def check_fit_config(trainer: Any, module: Any, callback: Any) -> None:
-    """Raise on the first inconsistent or out-of-range option of the run (see the module docstring)."""
+def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any = None) -> None:
+    """Raise on the first inconsistent or out-of-range option of the run (see the module docstring).
+
+    ``datamodule``: the run's data module, when the trainer does not hold it yet (before
+    ``trainer.fit``); a data module that is not set up yet is set up here for the data checks.
+    """
+    dm = datamodule if datamodule is not None else getattr(trainer, "datamodule", None)
     check_engine(module, callback)
-    check_groups(trainer, module, callback)
+    check_groups(trainer, module, callback, dm)
     check_reference(module)
     check_callback_ranges(callback)
     check_model_source(module)
     check_optimizer(module)
-    dm = getattr(trainer, "datamodule", None)
-    if dm is not None and getattr(dm, "train_records", None) is not None:
+    if dm is not None and hasattr(dm, "train_records"):
+        if dm.train_records is None:
+            dm.setup("fit")
         check_lengths(dm, module, callback)
         check_vocabulary(dm, module)
 
@@ -73,7 +82,24 @@ def check_engine(module: Any, callback: Any) -> None:
         from .rollout.vllm_server import ServerSettings
 
         ServerSettings.from_args(callback.vllm_args)  # unknown or bad vllm_args: one clear error now
+    if name == "vllm" and callback.engine is None:
+        _check_vllm_prefill(callback.vllm_args)
     _check_lora_sync(module, callback)
+
+
+def _check_vllm_prefill(args: dict[str, Any]) -> None:
+    """On CPU the in-process engine prefills every prompt whole: its budget must hold ``max_model_len``
+    and chunked prefill must stay off (:mod:`~lightning_grpo.rollout.prefill`)."""
+    from .rollout.prefill import cpu_llm_kwargs, is_cpu_platform
+
+    if not is_cpu_platform():
+        return
+    from .rollout.vllm import VLLMEngine
+
+    defaults = inspect.signature(VLLMEngine.__init__).parameters
+    extra = dict(args.get("extra_llm_kwargs") or {})
+    max_model_len = extra.get("max_model_len", args.get("max_model_len", defaults["max_model_len"].default))
+    cpu_llm_kwargs(max_model_len, args.get("max_num_batched_tokens"), extra, f"{CB}.vllm_args")
 
 
 def _vllm_installed() -> bool:
@@ -103,7 +129,7 @@ def _check_lora_sync(module: Any, callback: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------ groups
-def check_groups(trainer: Any, module: Any, callback: Any) -> None:
+def check_groups(trainer: Any, module: Any, callback: Any, dm: Any = None) -> None:
     """G >= 2 for group-relative advantages; every training step of a generation gets rows."""
     hparams = module.hparams
     advantage = hparams.get("advantage", "grpo")
@@ -118,7 +144,7 @@ def check_groups(trainer: Any, module: Any, callback: Any) -> None:
             f"{field}={group} leaves 1 completion per prompt, but model.advantage={advantage!r} compares each "
             f"completion with the others of its prompt ({how}): set {field} >= 2"
         )
-    dm = getattr(trainer, "datamodule", None)
+    dm = dm if dm is not None else getattr(trainer, "datamodule", None)
     if dm is None or not hasattr(dm, "batch_size"):
         return
     rows = dm.batch_size * group  # completions per rank and generation
@@ -183,7 +209,7 @@ def _model_config(module: Any) -> dict[str, Any] | None:
     """The policy's config.json as a dict when it is on disk (None for a hub id or a built module)."""
     source = getattr(module, "model_source", None)
     if source is None and getattr(module, "policy", None) is None:
-        from .data.tiny import tiny_model_dir
+        from .tiny import tiny_model_dir
 
         source = str(tiny_model_dir())
     if not isinstance(source, str):

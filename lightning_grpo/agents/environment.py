@@ -79,6 +79,18 @@ class Environment:
         """Per-episode counters, averaged over episodes into the logged metrics (e.g. tool calls)."""
         return {}
 
+    def finish(self) -> float:
+        """Called once when the episode has ended (done, out of turns or out of tokens), before
+        rewards are scored: a final reward added to the episode's environment reward (default 0),
+        e.g. a TRL-style ``get_reward()``. Release what the episode holds here (a server session)."""
+        return 0.0
+
+    @property
+    def unwrapped(self) -> Any:
+        """The object reward functions receive in the ``environments`` column: this environment, or the
+        foreign object an adapter wraps (:mod:`lightning_grpo.integrations`)."""
+        return self
+
 
 def resolve_environment(name: str | type | Callable[..., Environment]) -> Callable[..., Environment]:
     """The environment class registered as ``name`` or imported from ``"pkg.mod.Cls"`` / ``"pkg.mod:Cls"``."""
@@ -100,14 +112,19 @@ def check_step(env: Any, step: Any) -> Step:
         )
     if step.messages is not None and not isinstance(step.messages, str):
         check_messages(step.messages, f"{name}.step returned Step.messages, which")
-    reward = step.reward
-    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(float(reward)):
-        raise TypeError(f"{name}.step returned Step.reward = {reward!r}; expected a finite float")
+    check_reward(step.reward, f"{name}.step returned Step.reward")
     if not isinstance(step.done, bool):
         raise TypeError(f"{name}.step returned Step.done = {step.done!r}; expected a bool")
     if step.assistant is not None and not isinstance(step.assistant, dict):
         raise TypeError(f"{name}.step returned Step.assistant = {step.assistant!r:.80}; expected a message dict or None")
     return step
+
+
+def check_reward(value: Any, where: str) -> float:
+    """``value`` as a float, or one TypeError naming ``where`` unless it is a finite real number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise TypeError(f"{where} = {value!r}; expected a finite float")
+    return float(value)
 
 
 @dataclass

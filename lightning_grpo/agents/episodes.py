@@ -15,7 +15,8 @@ token with its turn and environment tokens with -1 (loss mask 0, log-prob 0).
 
 An episode ends when the environment says done; ``max_turns``, ``max_episode_tokens`` (tokens
 after the prompt) and the engine's maximum length end it as truncated (like a completion cut at
-``max_new_tokens``: the overlong filter and shaping apply).
+``max_new_tokens``: the overlong filter and shaping apply). Every environment's ``finish()`` then
+runs once (in the thread pool): its return value is added to the episode's environment reward.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 from ..rollout.base import Rollout, RolloutEngine, SamplingConfig, request_seed
 from .chat import ChatRenderer
-from .environment import EpisodeState, Step, Turn, check_messages, check_step
+from .environment import EpisodeState, Step, Turn, check_messages, check_reward, check_step
 
 
 @dataclass
@@ -89,26 +90,34 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], Any], tokenizer: 
     turn_sampling = replace(sampling, n=1)
     env_time = 0.0
     with ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="env") as pool:
-        for t in range(limits.max_turns):
-            live = [s for s in states if not s.done and _room(s, turn_sampling, limits)]
-            if not live:
-                break
-            out = engine.generate([s.context for s in live], turn_sampling, request_seed(seed, t) & 0x7FFFFFFF)
-            turns = []
-            for s, ids, lps, fin in zip(live, out.completion_ids, out.logprobs, out.finished):
-                ids, lps, fin = _within_budget(s, ids, lps, fin, limits)
-                _append(s, ids, lps, t)
-                s.turns += 1
-                text = tokenizer.decode(ids, skip_special_tokens=False)
-                turns.append(Turn(ids=list(ids), text=text, index=t, finished=fin))
-            start = time.perf_counter()
-            steps = list(pool.map(lambda st: check_step(st[0].env, st[0].env.step(st[1])), zip(live, turns)))
-            env_time += time.perf_counter() - start
-            for s, turn, step in zip(live, turns, steps):
-                _apply_step(s, turn, step, renderer, tokenizer, limits, last_turn=t == limits.max_turns - 1)
-    for s in states:
-        if not s.done:  # out of turns or out of room
-            s.done, s.truncated = True, True
+        try:
+            for t in range(limits.max_turns):
+                live = [s for s in states if not s.done and _room(s, turn_sampling, limits)]
+                if not live:
+                    break
+                out = engine.generate([s.context for s in live], turn_sampling, request_seed(seed, t) & 0x7FFFFFFF)
+                turns = []
+                for s, ids, lps, fin in zip(live, out.completion_ids, out.logprobs, out.finished):
+                    ids, lps, fin = _within_budget(s, ids, lps, fin, limits)
+                    _append(s, ids, lps, t)
+                    s.turns += 1
+                    text = tokenizer.decode(ids, skip_special_tokens=False)
+                    turns.append(Turn(ids=list(ids), text=text, index=t, finished=fin))
+                start = time.perf_counter()
+                steps = list(pool.map(lambda st: check_step(st[0].env, st[0].env.step(st[1])), zip(live, turns)))
+                env_time += time.perf_counter() - start
+                for s, turn, step in zip(live, turns, steps):
+                    _apply_step(s, turn, step, renderer, tokenizer, limits, last_turn=t == limits.max_turns - 1)
+        except BaseException:
+            _finish_quietly(states)  # release server sessions etc. before the error propagates
+            raise
+        for s in states:
+            if not s.done:  # out of turns or out of room
+                s.done, s.truncated = True, True
+        start = time.perf_counter()
+        for s, final in zip(states, pool.map(_finish, states)):
+            s.reward += final
+        env_time += time.perf_counter() - start
     return EpisodeRollout(
         prompt_ids=[states[p * G].context[: states[p * G].prompt_length] for p in range(len(records))],
         completion_ids=[s.ids for s in states],
@@ -119,6 +128,20 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], Any], tokenizer: 
         episodes=states,
         env_time=env_time,
     )
+
+
+def _finish(s: EpisodeState) -> float:
+    """The environment's final reward (:meth:`Environment.finish`; 0 for one without the hook)."""
+    finish = getattr(s.env, "finish", None)
+    return 0.0 if finish is None else check_reward(finish(), f"{type(s.env).__name__}.finish returned")
+
+
+def _finish_quietly(states: list[EpisodeState]) -> None:
+    for s in states:
+        try:
+            _finish(s)
+        except Exception:  # noqa: BLE001 - an earlier error is already propagating
+            pass
 
 
 def _room(s: EpisodeState, sampling: SamplingConfig, limits: EpisodeLimits) -> bool:

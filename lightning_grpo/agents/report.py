@@ -32,7 +32,7 @@ def episode_metrics(states: list[EpisodeState], env_time: float, prefix: str = "
         "truncated_frac": sum(1 for s in states if s.truncated) / n,
         "env_time": env_time,
     }
-    for key in ("tool_errors", "tool_timeouts", "malformed_calls", "unknown_tools"):
+    for key in ("tool_errors", "tool_timeouts", "malformed_calls", "unknown_tools", "invalid_actions"):
         if key in counters:
             out[key] = counters[key]
     return {prefix + k: v for k, v in out.items()}

@@ -3,7 +3,9 @@
 Besides the dataset columns, reward functions of episodes receive (one entry per episode):
 ``transcript`` (the chat messages, or the decoded text of a plain-text episode), ``env_reward``
 (the sum of the environment's per-turn rewards), ``turns`` (model turns), ``tool_calls``
-(calls that ran and returned), and ``completion_lengths`` counts sampled tokens only. The
+(calls that ran and returned), ``environments`` (each episode's environment object, after
+``finish``: what TRL's reward functions read; an adapter's wrapped object, see
+:mod:`lightning_grpo.integrations`), and ``completion_lengths`` counts sampled tokens only. The
 ``completions`` are the text of each episode's last model turn (its final answer).
 """
 

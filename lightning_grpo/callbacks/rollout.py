@@ -281,7 +281,7 @@ class RolloutCallback(Callback):
             batch, result.rewards.to(module.device), result.weights.to(module.device), self.forward_rows
         )
         times["time/prepare"] = time.perf_counter() - start
-        module.rollout_metrics = {**result.metrics, **self.reward_set.timeout_totals(), **times}
+        module.rollout_metrics = {**result.metrics, **self.reward_set.totals(), **times}
         self.generations += 1
         for callback in trainer.callbacks:  # guards inspect the fresh batch before it trains
             hook = getattr(callback, "on_rollout_end", None)

@@ -1,5 +1,16 @@
 """A weighted set of reward functions that scores a batch of completions into a [B, R] tensor,
-with per-call timeouts and one clear error per failure (function and sample named)."""
+with per-call timeouts and one clear error per failure (function and sample named).
+
+Two calling conventions (:attr:`RewardSpec.convention`):
+
+* ours, ``fn(completions, **columns)``: ``completions`` the decoded texts (positional), every
+  column by keyword (:mod:`lightning_grpo.data.rewards`);
+* TRL's, ``fn(prompts=, completions=, completion_ids=, **columns)``, all by keyword, as
+  ``trl.GRPOTrainer`` calls it: ``prompts`` the prompt column as the data holds it (text, or chat
+  messages), ``completions`` the texts, or for chat-message prompts each text as
+  ``[{"role": "assistant", "content": text}]``; the other columns as in ours (without TRL's
+  ``trainer_state``). Picked for functions with a ``prompts`` parameter or from the ``trl`` package.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +25,12 @@ from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
 
 import torch
 
+from lightning_grpo.data.records import RAW_PROMPT, is_chat
+from lightning_grpo.data.reward_classes import instantiate_reward_class
 from lightning_grpo.data.rewards import RewardError, RewardFn, RewardTimeoutError, resolve_reward
+
+#: What TRL passes by keyword besides the columns (RewardSet builds both from the batch).
+TRL_ARGS = ("prompts", "completions")
 
 # ---------------------------------------------------------------------------------------- the set
 
@@ -36,6 +52,11 @@ class RewardSpec:
     """On timeout: ``"raise"`` a :class:`RewardTimeoutError`, or score the batch 0 and count it."""
     alias: str | None = None
     """Name in logs; defaults to ``name`` after its last ``.`` or ``:``. Must be unique in a set."""
+    convention: Literal["auto", "columns", "trl"] = "auto"
+    """How the function is called: ``"columns"`` ``fn(completions, **columns)``; ``"trl"`` as TRL's
+    ``GRPOTrainer`` calls it, ``fn(prompts=, completions=, completion_ids=, **columns)`` (chat
+    completions as message lists); ``"auto"``: ``"trl"`` for a function with a ``prompts``
+    parameter or from the ``trl`` package, else ``"columns"``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
@@ -44,6 +65,10 @@ class RewardSpec:
             raise ValueError(f"reward {self.name!r}: timeout_s must be > 0 or null, got {self.timeout_s!r}")
         if self.on_timeout not in ("raise", "zero"):
             raise ValueError(f"reward {self.name!r}: on_timeout must be 'raise' or 'zero', got {self.on_timeout!r}")
+        if self.convention not in ("auto", "columns", "trl"):
+            raise ValueError(
+                f"reward {self.name!r}: convention must be 'auto', 'columns' or 'trl', got {self.convention!r}"
+            )
 
     @property
     def label(self) -> str:
@@ -119,29 +144,47 @@ def _prefix(text: str, n: int = 40) -> str:
 class _Params(NamedTuple):
     """What :class:`RewardSet` needs to know about a reward function's signature."""
 
-    named: set[str]  # keyword-passable parameters after ``completions``
+    named: set[str]  # keyword-passable parameters the columns / kwargs may fill
     required: set[str]  # those without a default
     takes_all: bool  # has ``**columns``: receives every column, not only the named ones
+    accepts: set[str]  # every keyword it takes (``named`` + TRL's ``prompts`` / ``completions``)
 
 
-def _params(fn: RewardFn) -> _Params | None:
+def _uses_trl(fn: RewardFn, convention: str) -> bool:
+    """Whether ``fn`` is called TRL's way (see :attr:`RewardSpec.convention`)."""
+    if convention != "auto":
+        return convention == "trl"
+    module = getattr(fn, "__module__", None) or ""
+    if module == "trl" or module.startswith("trl."):
+        return True
+    try:
+        return "prompts" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _params(fn: RewardFn, trl: bool) -> _Params | None:
     """The signature summary of ``fn``, or None when it cannot be inspected (then nothing is checked)."""
     try:
-        params = list(inspect.signature(fn).parameters.values())[1:]
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return None
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    keywords = {p.name for p in params if p.kind in kinds}
+    params = [p for p in params if p.name not in TRL_ARGS] if trl else params[1:]  # ours: completions first
     named = {p.name for p in params if p.kind in kinds}
     required = {p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty}
-    return _Params(named, required, any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params))
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    return _Params(named, required, takes_all, keywords if trl else named)
 
 
 class RewardSet:
     """Several weighted reward functions that score a batch of completions into a ``[B, R]`` tensor."""
 
     def __init__(self, specs: Sequence[RewardSpec | Mapping[str, Any]]) -> None:
-        """Resolve every function and check its kwargs (errors here, before any rollout)."""
-        self.specs = [s if isinstance(s, RewardSpec) else RewardSpec(**s) for s in specs]
+        """Resolve every function and check its kwargs (errors here, before any rollout); build
+        the reward classes (:func:`instantiate_reward_class`)."""
+        self.specs = [instantiate_reward_class(s if isinstance(s, RewardSpec) else RewardSpec(**s)) for s in specs]
         if not self.specs:
             raise ValueError("RewardSet needs at least one reward function")
         self.fns = [resolve_reward(s.name) for s in self.specs]
@@ -149,7 +192,8 @@ class RewardSet:
         duplicates = sorted({n for n in self.names if self.names.count(n) > 1})
         if duplicates:
             raise ValueError(f"reward names must be unique; give an alias to the repeated {duplicates}")
-        self._params = [_params(fn) for fn in self.fns]
+        self._trl = [_uses_trl(fn, spec.convention) for spec, fn in zip(self.specs, self.fns)]
+        self._params = [_params(fn, trl) for fn, trl in zip(self.fns, self._trl)]
         for spec, fn, params in zip(self.specs, self.fns, self._params):
             unknown = sorted(set(spec.kwargs) - params.named) if params else []
             if unknown:
@@ -171,6 +215,16 @@ class RewardSet:
             if spec.timeout_s is not None
         }
 
+    def totals(self, prefix: str = "reward/") -> dict[str, float]:
+        """:meth:`timeout_totals` plus the running counters of reward objects that keep some
+        (``fn.totals()``, e.g. ``llm_judge``'s ``judge_failures``) as ``{prefix}{name}/{key}``."""
+        out = self.timeout_totals(prefix)
+        for spec, fn in zip(self.specs, self.fns):
+            counters = getattr(fn, "totals", None)
+            if callable(counters):
+                out.update({f"{prefix}{spec.label}/{key}": float(v) for key, v in counters().items()})
+        return out
+
     def _check_inputs(self, completions: Sequence[str], columns: Mapping[str, Any]) -> None:
         batch = len(completions)
         for key, value in columns.items():
@@ -179,7 +233,12 @@ class RewardSet:
                 raise ValueError(
                     f"column {key!r} has {size} entries for {batch} completions; expected one per completion"
                 )
-        for spec, params in zip(self.specs, self._params):
+        for spec, params, trl in zip(self.specs, self._params, self._trl):
+            if trl and RAW_PROMPT not in columns and "prompt" not in columns:
+                raise ValueError(
+                    f"reward {spec.label!r} is called TRL's way (prompts, completions, ...), but the columns "
+                    f"{sorted(columns)} hold no prompt ({RAW_PROMPT!r} or 'prompt')"
+                )
             shadowed = sorted(set(spec.kwargs) & set(columns))
             if shadowed:
                 raise ValueError(f"reward {spec.label!r}: kwargs {shadowed} shadow data columns of the same name")
@@ -197,22 +256,32 @@ class RewardSet:
         self._check_inputs(completions, columns)
         scores: list[list[float]] = []
         timed_out: list[bool] = []
-        for spec, fn, params in zip(self.specs, self.fns, self._params):
-            # A function without **columns receives only the columns it names.
-            own = columns
-            if params is not None and not params.takes_all:
-                own = {k: v for k, v in columns.items() if k in params.named}
-            values, expired = self._score_one(spec, fn, completions, own)
+        for r in range(len(self.specs)):
+            values, expired = self._score_one(r, completions, columns)
             scores.append(values)
             timed_out.append(expired)
         rewards = torch.tensor(scores, dtype=torch.float32).reshape(len(scores), len(completions)).T  # [B, R]
         return RewardScores(rewards.contiguous(), self.weights.clone(), list(self.names), timed_out)
 
-    def _score_one(
-        self, spec: RewardSpec, fn: RewardFn, completions: list[str], columns: dict[str, Any]
-    ) -> tuple[list[float], bool]:
+    def _arguments(self, r: int, completions: list[str], columns: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """(args, kwargs) of reward function ``r`` for a batch, in its convention; a function
+        without ``**columns`` receives only the columns it names."""
+        params = self._params[r]
+        if self._trl[r]:
+            prompts = list(columns[RAW_PROMPT] if RAW_PROMPT in columns else columns["prompt"])
+            texts = [[{"role": "assistant", "content": t}] if is_chat(p) else t for p, t in zip(prompts, completions)]
+            rest = {k: v for k, v in columns.items() if k not in (RAW_PROMPT, "prompt", *TRL_ARGS)}
+            args, kwargs = (), {"prompts": prompts, "completions": texts, **rest}
+        else:
+            args, kwargs = (completions,), dict(columns)
+        if params is not None and not params.takes_all:
+            kwargs = {k: v for k, v in kwargs.items() if k in params.accepts}
+        return args, {**kwargs, **self.specs[r].kwargs}
+
+    def _score_one(self, r: int, completions: list[str], columns: dict[str, Any]) -> tuple[list[float], bool]:
+        spec, fn = self.specs[r], self.fns[r]
         try:
-            out = call_with_timeout(fn, spec.timeout_s, (completions,), {**columns, **spec.kwargs})
+            out = call_with_timeout(fn, spec.timeout_s, *self._arguments(r, completions, columns))
         except CallExpired:
             if spec.on_timeout == "raise":
                 raise RewardTimeoutError(
@@ -221,19 +290,20 @@ class RewardSet:
                 ) from None
             self.timeout_counts[spec.label] += 1
             return [0.0] * len(completions), True
+        except RewardError as err:  # the function named the failing sample itself (llm_judge, reward_model)
+            raise RewardError(f"reward function {spec.label!r}: {err}") from err
         except Exception as err:
-            raise self._locate_failure(spec, fn, completions, columns, err) from err
+            raise self._locate_failure(r, completions, columns, err) from err
         return self._check_output(spec.label, out, completions), False
 
-    def _locate_failure(
-        self, spec: RewardSpec, fn: RewardFn, completions: list[str], columns: dict[str, Any], err: Exception
-    ) -> RewardError:
+    def _locate_failure(self, r: int, completions: list[str], columns: dict[str, Any], err: Exception) -> RewardError:
         """Re-run the failed call one completion at a time to name the first sample that fails."""
+        spec, fn = self.specs[r], self.fns[r]
         what = f"{type(err).__name__}: {err}"
         for i, text in enumerate(completions):
             one = {k: v[i : i + 1] for k, v in columns.items()}
             try:
-                call_with_timeout(fn, spec.timeout_s, ([text],), {**one, **spec.kwargs})
+                call_with_timeout(fn, spec.timeout_s, *self._arguments(r, [text], one))
             except CallExpired:
                 continue
             except Exception:  # noqa: BLE001 - this is the sample we are looking for

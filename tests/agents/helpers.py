@@ -1,4 +1,5 @@
-"""A scripted rollout engine and the tiny ``tools`` tokenizer for the agent tests."""
+"""A scripted rollout engine, the tiny ``tools`` tokenizer and a tiny model that calls the
+secret-digit tool, for the agent tests (and the TRL-style adapter's)."""
 
 from __future__ import annotations
 
@@ -33,10 +34,42 @@ class ScriptedEngine(RolloutEngine):
 
 
 def tools_tokenizer():
-    from lightning_grpo.data.tiny import build_char_tokenizer
+    from lightning_grpo.tiny import build_char_tokenizer
 
     return build_char_tokenizer("tools")
 
 
 def ids_of(tok, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
+
+
+CALL_TEXT = '<tool_call>\n{"name": "secret_digit", "arguments": {}}\n</tool_call>'
+
+
+def caller_model_dir(tmp_path_factory) -> str:
+    """The tiny tools model taught (30 supervised steps) to open each episode with the ``secret_digit``
+    call: sampling then runs the whole chat-template + tool path (mechanics, not learning)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightning_grpo.data.tasks import digit_task
+    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
+
+    src = tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tmp_path_factory.mktemp("tools-cache"))
+    tok, model = AutoTokenizer.from_pretrained(src), AutoModelForCausalLM.from_pretrained(src)
+    schema = {"type": "function", "function": {"name": "secret_digit", "description": "x", "parameters": {"type": "object", "properties": {}}}}
+    prompts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tools=[schema], tokenize=False,
+                                       add_generation_prompt=True) for r in digit_task(num_train=16)[0]]  # fmt: skip
+    ids = torch.tensor([ids_of(tok, p) + ids_of(tok, CALL_TEXT) for p in prompts])  # [16, L]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    torch.manual_seed(0)
+    for _ in range(30):
+        logits = model(input_ids=ids[:, :-1]).logits[:, -1]  # [16, V] the position that predicts the call
+        loss = torch.nn.functional.cross_entropy(logits, ids[:, -1])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out = tmp_path_factory.mktemp("caller")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)

@@ -9,42 +9,13 @@ import torch
 
 from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
 from lightning_grpo.agents.callback import AgentRolloutCallback
-from lightning_grpo.data.tasks import digit_task
 
-from .helpers import ids_of
-
-CALL_TEXT = '<tool_call>\n{"name": "secret_digit", "arguments": {}}\n</tool_call>'
+from .helpers import CALL_TEXT, caller_model_dir, ids_of
 
 
 @pytest.fixture(scope="module")
 def caller_dir(tmp_path_factory):
-    """The tiny tools model taught (30 supervised steps) to open each episode with the tool call:
-    sampling then runs the whole chat-template + tool path (mechanics, not learning)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from lightning_grpo.data.tiny import TinyModelConfig, tiny_model_dir
-
-    src = tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tmp_path_factory.mktemp("tools-cache"))
-    tok, model = AutoTokenizer.from_pretrained(src), AutoModelForCausalLM.from_pretrained(src)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tools=[_schema()], tokenize=False,
-                                       add_generation_prompt=True) for r in digit_task(num_train=16)[0]]  # fmt: skip
-    ids = torch.tensor([ids_of(tok, p) + ids_of(tok, CALL_TEXT) for p in prompts])  # [16, L]
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    torch.manual_seed(0)
-    for _ in range(30):
-        logits = model(input_ids=ids[:, :-1]).logits[:, -1]  # [16, V] the position that predicts the call
-        loss = torch.nn.functional.cross_entropy(logits, ids[:, -1])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    out = tmp_path_factory.mktemp("caller")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
-
-
-def _schema():
-    return {"type": "function", "function": {"name": "secret_digit", "description": "x", "parameters": {"type": "object", "properties": {}}}}
+    return caller_model_dir(tmp_path_factory)
 
 
 class BatchCatcher(L.Callback):

@@ -183,3 +183,35 @@ def test_environment_reset_wrong_type(tok):
     with pytest.raises(TypeError, match=r"WrongResetEnv\.reset returned a value that must be a list of chat messages"):
         run_episodes(ScriptedEngine(lambda c, r, p: [1]), WrongResetEnv, tok, ChatRenderer(tok), [{"prompt_ids": [9]}],
                      SamplingConfig(n=1), 0, EpisodeLimits())  # fmt: skip
+
+
+class FinishEnv(Environment):
+    """Done at turn 1 when ``stop``, else runs out of turns; finish() pays 0.25 per turn taken."""
+
+    def __init__(self, stop=True, final=None, fail=False):
+        self.stop, self.final, self.fail, self.turns, self.finished = stop, final, fail, 0, 0
+
+    def step(self, turn):
+        self.turns += 1
+        if self.fail:
+            raise RuntimeError("step broke")
+        return Step(messages=" n=", reward=1.0, done=self.stop and turn.index == 1)
+
+    def finish(self):
+        self.finished += 1
+        return 0.25 * self.turns if self.final is None else self.final
+
+
+def test_finish_runs_once_per_episode_and_adds_its_reward(tok):
+    engine = ScriptedEngine(lambda c, r, p: [1])
+    records = [{"prompt": "x", "prompt_ids": [9]}]
+    for stop, turns, truncated in ((True, 2, False), (False, 3, True)):
+        out = run_episodes(engine, lambda: FinishEnv(stop), tok, None, records, SamplingConfig(n=2), 0, EpisodeLimits(max_turns=3))
+        for ep in out.episodes:  # done at turn 1 / truncated after 3 turns: finish ran once either way
+            assert (ep.env.finished, ep.turns, ep.truncated, ep.reward) == (1, turns, truncated, turns * 1.0 + 0.25 * turns)
+    with pytest.raises(TypeError, match=r"FinishEnv\.finish returned = 'x'; expected a finite float"):
+        run_episodes(engine, lambda: FinishEnv(final="x"), tok, None, records, SamplingConfig(n=1), 0, EpisodeLimits())
+    envs = []
+    with pytest.raises(RuntimeError, match="step broke"):  # a failing step still releases every episode
+        run_episodes(engine, lambda: envs.append(FinishEnv(fail=True)) or envs[-1], tok, None, records, SamplingConfig(n=2), 0, EpisodeLimits())
+    assert [e.finished for e in envs] == [1, 1]

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from lightning_grpo.data.datamodule import PromptDataModule
-from lightning_grpo.data.tiny import ALPHABET, SPECIAL_TOKENS
+from lightning_grpo.tiny import ALPHABET, SPECIAL_TOKENS
 
 VOCAB = {token: i for i, token in enumerate(SPECIAL_TOKENS + ALPHABET)}
 ROWS = [{"prompt": f"{1000 + 7 * i}=", "answer": str((7 * i + 1) % 10), "id": i} for i in range(10)]
@@ -62,12 +62,13 @@ def test_files_of_every_format(make_dm, tmp_path, fmt):
 
 
 def test_a_datasets_dataset_and_a_list_of_dicts(make_dm):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     for data in (datasets.Dataset.from_list(ROWS), ROWS):
         dm = make_dm(train_dataset=data, val_dataset=ROWS[:3])
         assert [r["prompt_ids"] for r in dm.train_records] == [char_ids(r["prompt"]) for r in ROWS]
         assert [r["id"] for r in dm.val_records] == [0, 1, 2]
-        assert set(dm.train_records[0]) == {"prompt", "answer", "id", "prompt_ids"}
+        assert set(dm.train_records[0]) == {"prompt", "answer", "id", "prompt_ids", "raw_prompt"}
 
 
 def test_val_files(make_dm, tmp_path):
@@ -107,7 +108,9 @@ def test_val_fraction_split_is_disjoint_and_deterministic(make_dm):
 def test_answer_column_is_copied_to_answer(make_dm):
     rows = [{"question": "12=", "solution": "3"}, {"question": "45=", "solution": "6"}]
     dm = make_dm(train_dataset=rows, prompt_column="question", answer_column="solution")
-    assert dm.train_records[0] == {"question": "12=", "solution": "3", "prompt": "12=", "prompt_ids": char_ids("12="), "answer": "3"}
+    assert dm.train_records[0] == {
+        "question": "12=", "solution": "3", "prompt": "12=", "prompt_ids": char_ids("12="), "raw_prompt": "12=", "answer": "3"
+    }  # fmt: skip
     no_answer = make_dm(train_dataset=[{"prompt": "1="}, {"prompt": "2="}], answer_column=None)
     assert "answer" not in no_answer.train_records[0]
 
@@ -219,7 +222,8 @@ def test_missing_columns_list_the_columns_present(make_dm, tmp_path):
 
 
 def test_empty_dataset_is_named(make_dm):
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     with pytest.raises(ValueError, match=r"^train_dataset holds no rows$"):
         make_dm(train_dataset=datasets.Dataset.from_list([]))
     with pytest.raises(ValueError, match=r"^val_dataset holds no rows$"):

@@ -117,7 +117,7 @@ def test_length():
 
 
 def test_registry_has_the_built_ins_and_rejects_duplicates():
-    assert {"exact_match", "prefix_match", "math_accuracy", "regex_format", "soft_overlong", "length"} <= set(REWARDS)
+    assert {"exact_match", "prefix_match", "math_accuracy", "regex_format", "soft_overlong", "length", "reward_model", "llm_judge"} <= set(REWARDS)
     with pytest.raises(ValueError, match=r"reward function 'exact_match' is already registered"):
         REWARDS.register("exact_match")(lambda completions, **_: [])
 
@@ -132,7 +132,7 @@ def test_resolve_by_name_and_by_import_path():
 
 
 def test_resolve_errors_name_the_string():
-    with pytest.raises(ValueError, match=r"unknown reward function 'exact'; registered: env_reward, exact_match, length, math_accuracy"):
+    with pytest.raises(ValueError, match=r"unknown reward function 'exact'; registered: env_reward, exact_match, length, llm_judge, math_accuracy"):
         resolve_reward("exact")
     with pytest.raises(ValueError, match=r"reward function 'no_such_pkg.fn' could not be imported: No module named 'no_such_pkg'"):
         resolve_reward("no_such_pkg.fn")

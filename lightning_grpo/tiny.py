@@ -145,12 +145,11 @@ def build_char_tokenizer(variant: str = "chars"):
     )
 
 
-def build_tiny_model(config: TinyModelConfig, vocab_size: int, pad_token_id: int, eos_token_id: int):
-    """A randomly initialised ``Qwen2ForCausalLM`` of the given shape (float32, train mode)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def qwen2_config(config: TinyModelConfig, vocab_size: int, pad_token_id: int, eos_token_id: int, **overrides):
+    """The ``transformers.Qwen2Config`` of ``config``'s shape (``overrides`` replace any field)."""
+    from transformers import Qwen2Config
 
-    hf_config = Qwen2Config(
+    fields = dict(
         vocab_size=vocab_size,
         hidden_size=config.hidden_size,
         num_hidden_layers=config.num_hidden_layers,
@@ -165,6 +164,15 @@ def build_tiny_model(config: TinyModelConfig, vocab_size: int, pad_token_id: int
         bos_token_id=None,
         torch_dtype="float32",
     )
+    return Qwen2Config(**{**fields, **overrides})
+
+
+def build_tiny_model(config: TinyModelConfig, vocab_size: int, pad_token_id: int, eos_token_id: int):
+    """A randomly initialised ``Qwen2ForCausalLM`` of the given shape (float32, train mode)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    hf_config = qwen2_config(config, vocab_size, pad_token_id, eos_token_id)
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         model = Qwen2ForCausalLM(hf_config)
@@ -209,3 +217,28 @@ def builtin_model_path(source: str | None) -> str | None:
     if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
         return str(tiny_model_dir(TinyModelConfig(tokenizer=source[len(BUILTIN_PREFIX) :])))
     return source
+
+
+def save_tiny_reward_model(
+    directory: str | os.PathLike, num_labels: int = 1, seed: int = 0, padding_side: str = "right"
+) -> Path:
+    """Save a randomly initialised ``Qwen2ForSequenceClassification`` (the tiny policy's shape,
+    ``num_labels`` outputs) and the character tokenizer (padding on ``padding_side``) into
+    ``directory``: a stand-in reward model for the ``reward_model`` reward in examples and tests."""
+    import torch
+    from transformers import Qwen2ForSequenceClassification
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.padding_side = padding_side
+    tokenizer.init_kwargs["padding_side"] = padding_side  # saved in tokenizer_config.json
+    config = qwen2_config(
+        TinyModelConfig(seed=seed), len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
+        initializer_range=0.5,  # a wide spread of scores, so that tests see differences
+        num_labels=num_labels, tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return Path(directory)

@@ -1,0 +1,304 @@
+"""Where :class:`~lightning_grpo.data.datamodule.PromptDataModule` reads its rows from.
+
+A :class:`DataSource` hands over raw rows (``dict`` per row, column name -> value); the data module
+then applies the record-mapping hook (``data.record_map``), checks the columns, renders the
+prompts (chat template) and tokenizes them (:mod:`lightning_grpo.data.records`). Built in:
+
+* :class:`HubDataset`: anything ``datasets.load_dataset`` reads (a hub id, a local folder of
+  ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` files, a builder name with ``data_files``),
+  and folders written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
+* :class:`LocalSource` (``data.train_files`` / ``data.train_dataset``, with ``data.val_files`` /
+  ``data.val_dataset``) and :class:`DigitTaskSource` (the built-in task, when no data is given):
+  the data module builds these from its own options.
+
+In a recipe::
+
+    data:
+      source:
+        class_path: lightning_grpo.data.sources.HubDataset
+        init_args: {path: ./my_dataset_folder, train_split: train, val_split: test}
+
+The contract for a new source (e.g. a procedural task generator):
+
+* :meth:`DataSource.train_rows` returns the training rows; :meth:`DataSource.val_rows` the
+  validation rows or ``None`` (then ``data.val_fraction`` may split the training rows).
+  Both must return the **same rows on every rank** (seed any randomness, never read a clock):
+  every rank prepares its own copy and the prompt schedule indexes into it.
+* :meth:`DataSource.describe` names a split in error messages (``"HubDataset ./data split 'train'"``).
+* Raise in ``__init__`` for bad options (name the field, ``data.source.<arg>``) so a recipe fails
+  before any work; raise from the ``*_rows`` methods for what only reading can tell.
+* :meth:`PromptDataModule.refresh_train() <lightning_grpo.data.datamodule.PromptDataModule.refresh_train>`
+  calls :meth:`DataSource.train_rows` again and replaces the training records (mapping hook,
+  checks, template and tokenization applied again), e.g. from a curriculum callback after it
+  raised the difficulty. It must run at the same training step on every rank. The prompt
+  schedule (:mod:`lightning_grpo.data.schedule`) is a pure function of (seed, generation, rank,
+  number of records), so it keeps working when the count changes; a source whose rows change over
+  a run must restore that state itself (its callback's ``state_dict``) for an exact resume.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+Split = Literal["train", "val"]
+
+#: File suffix -> ``datasets`` builder name.
+SUPPORTED_EXTENSIONS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+class DataSource(ABC):
+    """Raw rows for :class:`~lightning_grpo.data.datamodule.PromptDataModule` (see the module docstring)."""
+
+    @abstractmethod
+    def train_rows(self) -> list[dict[str, Any]]:
+        """The training rows, the same on every rank."""
+
+    def val_rows(self) -> list[dict[str, Any]] | None:
+        """The validation rows, or ``None`` when this source has no validation split."""
+        return None
+
+    def describe(self, split: Split) -> str:
+        """How error messages name ``split`` of this source."""
+        return f"{type(self).__name__} split {split!r}"
+
+
+# ------------------------------------------------------------------------------------- files
+def check_files(files: str | Sequence[str] | None, field: str) -> tuple[str, list[str]] | None:
+    """(builder, paths) for ``files``; raises naming ``field`` and the file when one is unusable."""
+    if files is None:
+        return None
+    paths = [files] if isinstance(files, (str, Path)) else list(files)
+    if not paths:
+        raise ValueError(f"{field} is an empty list; give at least one file")
+    builders = set()
+    for path in map(str, paths):
+        suffix = Path(path).suffix.lower()
+        if suffix not in SUPPORTED_EXTENSIONS:
+            raise ValueError(
+                f"{field}: unsupported file type {suffix or '(none)'!r} for {path}; "
+                f"supported: {sorted(SUPPORTED_EXTENSIONS)}"
+            )
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{field}: file not found: {path}")
+        if Path(path).stat().st_size == 0:
+            raise ValueError(f"{field}: {path} is empty (holds no rows)")
+        builders.add(SUPPORTED_EXTENSIONS[suffix])
+    if len(builders) > 1:
+        raise ValueError(f"{field} mixes file types {sorted(builders)}; use one type per split")
+    return builders.pop(), [str(p) for p in paths]
+
+
+def read_files(builder: str, paths: list[str], cache_dir: str | None) -> list[dict[str, Any]]:
+    """The rows of data files of one type, read with ``datasets.load_dataset(builder)``."""
+    import datasets
+
+    source = paths[0] if len(paths) == 1 else str(paths)
+    try:
+        data = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir)
+    except Exception as err:  # datasets raises many types; name the file
+        raise ValueError(f"could not read {source} with datasets.load_dataset({builder!r}): {err}") from err
+    return data.to_list()
+
+
+# ------------------------------------------------------------------------------- in memory
+def dataset_rows(data: Any, field: str) -> list[dict[str, Any]]:
+    """Rows of a ``datasets.Dataset`` or a list of dicts."""
+    if hasattr(data, "to_list"):
+        return data.to_list()
+    if isinstance(data, Sequence) and all(isinstance(r, dict) for r in data):
+        return [dict(r) for r in data]
+    raise TypeError(f"{field} must be a datasets.Dataset or a list of dicts, got {type(data).__name__}")
+
+
+class FileSplit:
+    """One split read from data files (``data.train_files`` / ``data.val_files``)."""
+
+    def __init__(self, files: str | list[str], field: str, cache_dir: str | None = None) -> None:
+        self.builder, self.paths = check_files(files, field)
+        self.cache_dir = cache_dir
+        self.name = f"{field} {self.paths[0]}" if len(self.paths) == 1 else f"{field} {self.paths}"
+
+    def rows(self) -> list[dict[str, Any]]:
+        return read_files(self.builder, self.paths, self.cache_dir)
+
+
+class RowsSplit:
+    """One split given in memory (``data.train_dataset`` / ``data.val_dataset``)."""
+
+    def __init__(self, data: Any, field: str) -> None:
+        self.data, self.name = data, field
+
+    def rows(self) -> list[dict[str, Any]]:
+        return dataset_rows(self.data, self.name)
+
+
+class LocalSource(DataSource):
+    """``data.train_files`` or ``data.train_dataset``, with ``data.val_files`` or ``data.val_dataset``:
+    each split a :class:`FileSplit` or a :class:`RowsSplit` (the data module builds it)."""
+
+    def __init__(self, train: FileSplit | RowsSplit, val: FileSplit | RowsSplit | None = None) -> None:
+        self.train, self.val = train, val
+
+    def train_rows(self) -> list[dict[str, Any]]:
+        return self.train.rows()
+
+    def val_rows(self) -> list[dict[str, Any]] | None:
+        return self.val.rows() if self.val is not None else None
+
+    def describe(self, split: Split) -> str:
+        part = self.train if split == "train" else self.val
+        return part.name if part is not None else f"(no {split} split)"
+
+
+class DigitTaskSource(DataSource):
+    """The built-in digit task (:func:`~lightning_grpo.data.tasks.digit_task`), generated from a seed."""
+
+    def __init__(self, seed: int = 0, rule: str = "last_plus_one", num_train: int = 300, num_val: int = 50) -> None:
+        from .tasks import DIGIT_RULES
+
+        DIGIT_RULES.get(rule)  # an unknown rule fails here, naming the valid ones
+        self.task = {"seed": seed, "rule": rule, "num_train": num_train, "num_val": num_val}
+
+    def train_rows(self) -> list[dict[str, Any]]:
+        from .tasks import digit_task
+
+        return digit_task(**self.task)[0]
+
+    def val_rows(self) -> list[dict[str, Any]] | None:
+        from .tasks import digit_task
+
+        return digit_task(**self.task)[1]
+
+    def describe(self, split: Split) -> str:
+        return "the digit task's training split" if split == "train" else "the digit task's validation split"
+
+
+# -------------------------------------------------------------------------------- datasets
+def is_saved_dataset(path: Path) -> bool:
+    """A folder written by ``Dataset.save_to_disk`` (``state.json``) or ``DatasetDict.save_to_disk``
+    (``dataset_dict.json``), read with ``datasets.load_from_disk``."""
+    return path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file())
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith((".", "/", "~")) or (os.sep in path and Path(path).expanduser().exists())
+
+
+class HubDataset(DataSource):
+    """A dataset read with ``datasets.load_dataset`` (a hub id or a local folder), or a folder
+    written by ``save_to_disk`` (read with ``datasets.load_from_disk``).
+
+    Args:
+        path: Hub id (``"openai/gsm8k"``), local folder of ``.jsonl`` / ``.json`` / ``.parquet`` /
+            ``.csv`` files (split names from the file names, e.g. ``train.jsonl``, ``test.jsonl``),
+            a builder name with ``data_files`` (``"json"``), or a ``save_to_disk`` folder (one saved
+            ``Dataset`` is the split ``"train"``).
+        name: The dataset's configuration (``"main"`` for gsm8k); ``None`` for its default.
+        train_split: Split the training prompts come from.
+        val_split: Split the validation prompts come from; ``None`` for none (then
+            ``data.val_fraction`` may split the training rows).
+        revision: Git revision of a hub dataset (branch, tag or commit).
+        data_files: Files of each split, as ``datasets.load_dataset`` takes them (a path, a list,
+            or ``{split: path(s)}``); relative to ``path`` when it is a folder.
+        cache_dir: Cache folder of ``datasets``; ``None`` for its default.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        name: str | None = None,
+        train_split: str = "train",
+        val_split: str | None = None,
+        revision: str | None = None,
+        data_files: str | list[str] | dict[str, str | list[str]] | None = None,
+        cache_dir: str | None = None,
+    ) -> None:
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"data.source.path must be a hub id or a local folder, got {path!r}")
+        local = Path(path).expanduser()
+        if _looks_local(path) and not local.exists():
+            raise FileNotFoundError(f"data.source.path: no such folder or file: {path}")
+        if not train_split:
+            raise ValueError("data.source.train_split must name a split, got an empty value")
+        self.saved = is_saved_dataset(local)
+        if self.saved:
+            given = [f for f, v in (("name", name), ("revision", revision), ("data_files", data_files)) if v is not None]
+            if given:
+                raise ValueError(
+                    f"data.source.{given[0]} is for datasets.load_dataset, but {path} is a folder written by "
+                    "save_to_disk (read with datasets.load_from_disk, which has no configurations, revisions "
+                    f"or data files): remove data.source.{given[0]}"
+                )
+        self.path, self.name, self.revision, self.data_files, self.cache_dir = path, name, revision, data_files, cache_dir
+        self._load_path = str(local) if local.exists() else path  # "~/data" expanded for datasets
+        self.train_split, self.val_split = train_split, val_split
+        self._saved_splits: dict[str, Any] | None = None
+
+    def train_rows(self) -> list[dict[str, Any]]:
+        return self._split_rows(self.train_split, "train_split")
+
+    def val_rows(self) -> list[dict[str, Any]] | None:
+        return self._split_rows(self.val_split, "val_split") if self.val_split is not None else None
+
+    def describe(self, split: Split) -> str:
+        name = self.train_split if split == "train" else self.val_split
+        config = f" ({self.name})" if self.name else ""
+        return f"HubDataset {self.path}{config} split {name!r}"
+
+    def _split_rows(self, split: str, field: str) -> list[dict[str, Any]]:
+        splits = self._load_saved() if self.saved else None
+        if splits is not None:
+            if split not in splits:
+                raise ValueError(self._unknown_split(field, split, sorted(splits)))
+            return splits[split].to_list()
+        return self._load_split(split, field).to_list()
+
+    def _load_saved(self) -> dict[str, Any]:
+        if self._saved_splits is None:
+            import datasets
+
+            try:
+                data = datasets.load_from_disk(str(Path(self.path).expanduser()))
+            except Exception as err:  # noqa: BLE001 - datasets raises many types; name the folder
+                raise ValueError(f"data.source.path: could not read {self.path} with datasets.load_from_disk: {err}") from err
+            self._saved_splits = dict(data) if isinstance(data, datasets.DatasetDict) else {"train": data}
+        return self._saved_splits
+
+    def _load_split(self, split: str, field: str) -> Any:
+        import datasets
+
+        try:
+            return datasets.load_dataset(
+                self._load_path, self.name, split=split, revision=self.revision, data_files=self.data_files,
+                cache_dir=self.cache_dir,
+            )  # fmt: skip
+        except ValueError as err:
+            if str(err).startswith("Unknown split"):
+                raise ValueError(self._unknown_split(field, split, self._split_names())) from err
+            raise ValueError(self._load_error(split, err)) from err
+        except Exception as err:  # noqa: BLE001 - datasets raises many types; name the source
+            raise ValueError(self._load_error(split, err)) from err
+
+    def _split_names(self) -> list[str] | str:
+        import datasets
+
+        try:
+            return datasets.get_dataset_split_names(
+                self._load_path, self.name, data_files=self.data_files, revision=self.revision, cache_dir=self.cache_dir
+            )
+        except Exception:  # noqa: BLE001 - only used to enrich an error message
+            return "(could not be listed)"
+
+    def _unknown_split(self, field: str, split: str, present: list[str] | str) -> str:
+        return f"data.source.{field} {split!r} not found in {self.path}; its splits: {present}"
+
+    def _load_error(self, split: str, err: Exception) -> str:
+        config = f", name={self.name!r}" if self.name else ""
+        field = "data.source.name" if "BuilderConfig" in str(err) else "data.source"
+        return (
+            f"{field}: could not load {self.path!r}{config} split {split!r} with datasets.load_dataset: "
+            f"{type(err).__name__}: {err}"
+        )
