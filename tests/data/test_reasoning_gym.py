@@ -192,3 +192,22 @@ def test_reward_in_a_reward_set_and_its_bad_kwargs():
         RewardSet([RewardSpec("reasoning_gym", kwargs={"answer_format": "xml"})])
     with pytest.raises(ValueError, match=r"threshold must be a number in \(0, 1\] or null, got 0"):
         RewardSet([RewardSpec("reasoning_gym", kwargs={"threshold": 0})])
+
+
+# -------------------------------------------------------------------------- in the data module
+def test_prompt_data_module_reads_the_source_and_refreshes_at_a_new_level(tmp_path, monkeypatch):
+    from lightning_grpo.data.datamodule import PromptDataModule
+
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(tmp_path))
+    source = ReasoningGymSource(tasks=[{"name": "spell_backward", "level": 0}], size=16, val_size=4)
+    dm = PromptDataModule(source=source, tokenizer_path="tiny:text", batch_size=8)
+    dm.setup()
+    assert len(dm.train_records) == 16 and len(dm.val_records) == 4
+    record = dm.train_records[0]
+    # the text tokenizer spells the fixed instruction as one token, then the word letter by letter
+    assert record["prompt"] == record["question"] and len(record["prompt_ids"]) == 1 + 3
+    assert dm.tokenizer.decode(record["prompt_ids"]) == record["question"]
+    source.set_level("spell_backward", 1)  # 3 to 5 letters
+    dm.refresh_train()
+    assert {r["level"] for r in dm.train_records} == {1} and max(len(r["answer"]) for r in dm.train_records) == 5
+    assert {r["level"] for r in dm.val_records} == {0}  # held-out records stay as drawn at setup
