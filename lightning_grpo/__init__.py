@@ -30,6 +30,7 @@ _LAZY = {
     "LengthGuard": "lightning_grpo.callbacks.drift_guards",
     "ReferenceSync": "lightning_grpo.callbacks.reference_sync",
     "EntropyController": "lightning_grpo.callbacks.entropy_control",
+    "CurriculumCallback": "lightning_grpo.callbacks.curriculum",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -211,3 +211,15 @@ def test_prompt_data_module_reads_the_source_and_refreshes_at_a_new_level(tmp_pa
     dm.refresh_train()
     assert {r["level"] for r in dm.train_records} == {1} and max(len(r["answer"]) for r in dm.train_records) == 5
     assert {r["level"] for r in dm.val_records} == {0}  # held-out records stay as drawn at setup
+
+
+# ------------------------------------------------------------------------- docs/data.md section
+from tests.data import test_data_docs as data_docs  # noqa: E402
+from tests.data.test_data_docs import sandbox  # noqa: E402, F401  (the docs' fixture)
+
+SECTION = "reasoning-gym tasks"
+
+
+def test_docs_section_runs_and_parses(sandbox):  # noqa: F811
+    data_docs.test_python_examples_run(SECTION, sandbox)
+    data_docs.test_yaml_examples_parse(SECTION, sandbox)
