@@ -43,22 +43,30 @@ class DataModule:
 
 
 class Module:
-    """Greedy accuracy per task from ``accuracy``; records what the callback logs and evaluates."""
+    """Greedy accuracy per task from ``accuracy``; records what the callback evaluates."""
 
     def __init__(self, accuracy: dict[str, float]) -> None:
-        self.accuracy, self.logged, self.evaluated = accuracy, [], []
+        self.accuracy, self.evaluated = accuracy, []
 
     def evaluator(self, module, records):
         (task,) = {r["task"] for r in records}
         self.evaluated.append((task, len(records), {r["level"] for r in records}))
         return {"val/greedy_accuracy": self.accuracy[task], "val/reward_mean": 0.0}
 
-    def log(self, name, value, **kwargs):
-        self.logged.append((name, value))
+
+class Logger:
+    """What the callback writes to a logger: (step, metrics) per call."""
+
+    def __init__(self) -> None:
+        self.rows = []
+
+    def log_metrics(self, metrics, step):
+        self.rows.append((step, metrics))
 
 
 def trainer(dm, step=0):
-    return SimpleNamespace(datamodule=dm, global_step=step, global_rank=0, strategy=SimpleNamespace(broadcast=lambda obj, src=0: obj))
+    broadcast = SimpleNamespace(broadcast=lambda obj, src=0: obj)
+    return SimpleNamespace(datamodule=dm, global_step=step, global_rank=0, strategy=broadcast, loggers=[Logger()])
 
 
 def run_steps(callback, tr, module, steps):
@@ -78,8 +86,8 @@ def test_raises_the_level_past_the_threshold_logs_and_refreshes():
     assert module.evaluated == [("add", 2, {0}), ("spell", 2, {0})]
     assert dm.source.levels == {"add": 1, "spell": 0} and dm.refreshes == 1
     assert {r["level"] for r in dm.train_records if r["task"] == "add"} == {1}  # the rows were re-read
-    assert module.logged == [("curriculum/add/accuracy", 0.9), ("curriculum/add/level", 1.0),
-                             ("curriculum/spell/accuracy", 0.5), ("curriculum/spell/level", 0.0)]  # fmt: skip
+    assert tr.loggers[0].rows == [(10, {"curriculum/add/accuracy": 0.9, "curriculum/add/level": 1.0,
+                                        "curriculum/spell/accuracy": 0.5, "curriculum/spell/level": 0.0})]  # fmt: skip
     assert callback.raises == [{"step": 10, "task": "add", "accuracy": 0.9, "level": 1}]
     module.accuracy["spell"] = 0.8  # exactly the threshold counts
     run_steps(callback, tr, module, range(11, 31))

@@ -6,8 +6,9 @@ optimizer steps, for each task that follows a curriculum: greedy accuracy (the m
 reward function, as ``val/greedy_accuracy``) on up to ``eval_prompts`` of the task's current
 training prompts; when it reaches ``threshold`` and the task is below its top level, the source
 moves the task one level up and the data module re-reads its training rows
-(``PromptDataModule.refresh_train``). Logged at every check: ``curriculum/<task>/accuracy`` and
-``curriculum/<task>/level`` (the level after the check), and a line per raise.
+(``PromptDataModule.refresh_train``). Written to the loggers at every check:
+``curriculum/<task>/accuracy`` and ``curriculum/<task>/level`` (the level after the check); a log
+line per raise.
 
 The levels are the callback's state (``state_dict``): a resumed run goes on at the levels it had
 reached, with the training rows of those levels.
@@ -126,9 +127,11 @@ class CurriculumCallback(Callback):
                          accuracy[task], self.threshold, level)  # fmt: skip
         if raise_tasks:
             trainer.datamodule.refresh_train()
+        metrics = {}
         for task, acc in accuracy.items():
-            pl_module.log(f"curriculum/{task}/accuracy", acc, on_step=True, on_epoch=False, batch_size=1)
-            pl_module.log(f"curriculum/{task}/level", float(source.level(task)), on_step=True, on_epoch=False, batch_size=1)
+            metrics.update({f"curriculum/{task}/accuracy": acc, f"curriculum/{task}/level": float(source.level(task))})
+        for logger in trainer.loggers if trainer.global_rank == 0 else ():  # at every check, not only on logging steps
+            logger.log_metrics(metrics, step=trainer.global_step)
         return accuracy
 
     # ------------------------------------------------------------------------------ state
