@@ -1,8 +1,10 @@
 """Run the quickstart recipe for several seeds and measure what it learns.
 
-For each seed: wall time of the whole command, mean training reward of the first and last
-tenth of the steps, held-out greedy accuracy (prompts never trained on) at step 0 and at
-the end, and every guard's alarm count (steps at which it fired, from ``alarms.jsonl``).
+For each seed: wall time of the whole command and its CPU time (user + system seconds of the
+run's process: what it costs alone on one core; with ``--jobs`` each run has one thread), mean
+training reward of the first and last tenth of the steps, held-out greedy accuracy (prompts never
+trained on) at step 0 and at the end, and every guard's alarm count (steps at which it fired,
+from ``alarms.jsonl``).
 Writes a markdown table and a reward / accuracy curve (PNG).
 
     python benchmarks/quickstart_seeds.py --seeds 0 1 2 --write
@@ -37,7 +39,7 @@ def run(
 ) -> dict:
     """Run ``recipe`` with ``seed`` (pinned to CPU ``core`` with one thread when given) and read its metrics."""
     save = out / f"seed{seed}"
-    wall_file = save / "wall_seconds.txt"
+    wall_file, cpu_file = save / "wall_seconds.txt", save / "cpu_seconds.txt"
     if not (reuse and wall_file.is_file()):  # --reuse: a run of this seed finished earlier (seeds one per command)
         cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
                "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
@@ -46,9 +48,14 @@ def run(
             env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
             cmd = ["taskset", "-c", str(core), *cmd]
         start = time.perf_counter()
-        subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(child.pid, 0)  # this run's own CPU time (and its reaped children's)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), cmd)
         wall_file.write_text(f"{time.perf_counter() - start}\n")
+        cpu_file.write_text(f"{usage.ru_utime + usage.ru_stime}\n")
     wall = float(wall_file.read_text())
+    cpu = float(cpu_file.read_text()) if cpu_file.is_file() else None
     metrics = next(save.glob("**/metrics.csv"))
     rows = list(csv.DictReader(metrics.open()))
     reward = [(int(r["step"]), float(r["train/reward_mean"])) for r in rows if r.get("train/reward_mean")]
@@ -60,6 +67,7 @@ def run(
         "alarms": {g: sum(r["guard"] == g for r in records) for g in GUARDS},
         "seed": seed,
         "wall_s": wall,
+        "cpu_s": cpu,
         "reward_first": sum(v for _, v in reward[:tenth]) / tenth,
         "reward_last": sum(v for _, v in reward[-tenth:]) / tenth,
         "acc_start": acc[0][1],
@@ -71,14 +79,15 @@ def run(
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| seed | wall time (s) | reward, first tenth | reward, last tenth | gain | held-out greedy accuracy, step 0 -> end "
+        "| seed | wall time, s (CPU time) | reward, first tenth | reward, last tenth | gain | held-out greedy accuracy, step 0 -> end "
         "| alarms (" + " / ".join(GUARDS) + ") |",
         "|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
         alarms = " / ".join(str(r["alarms"][g]) for g in GUARDS)
+        cpu = "" if r.get("cpu_s") is None else f" ({r['cpu_s']:.0f})"
         lines.append(
-            f"| {r['seed']} | {r['wall_s']:.0f} | {r['reward_first']:.3f} | {r['reward_last']:.3f} | "
+            f"| {r['seed']} | {r['wall_s']:.0f}{cpu} | {r['reward_first']:.3f} | {r['reward_last']:.3f} | "
             f"{r['reward_last'] - r['reward_first']:+.3f} | {r['acc_start']:.2f} -> {r['acc_end']:.2f} | {alarms} |"
         )
     return "\n".join(lines)
