@@ -31,6 +31,7 @@ _LAZY = {
     "LengthGuard": "lightning_grpo.callbacks.drift_guards",
     "ReferenceSync": "lightning_grpo.callbacks.reference_sync",
     "EntropyController": "lightning_grpo.callbacks.entropy_control",
+    "CurriculumCallback": "lightning_grpo.callbacks.curriculum",
     "SavePretrained": "lightning_grpo.callbacks.save_pretrained",
     "DistillSettings": "lightning_grpo.distill",
 }

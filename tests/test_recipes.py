@@ -126,7 +126,8 @@ def _prepared(path: Path, tmp_path: Path, train: bool = False, teacher: str | No
         cfg["model"]["distillation"]["teacher"], changed = teacher, True
     if _is_real_model(cfg) and (train or not _runnable_here(cfg)):
         cfg, changed = tiny_substitute(cfg), True
-    if not HAS_VLLM or (train and cfg["model"].get("model") == "tiny:tools"):  # the session engine has another vocabulary
+    other_vocabulary = cfg["model"].get("model") in ("tiny:tools", "tiny:text")  # than the session engine's model
+    if not HAS_VLLM or (train and other_vocabulary):
         _rollout_args(cfg).update(engine="hf", vllm_args=None)
         _rollout_args(cfg).pop("max_staleness", None)  # asynchronous rollouts need vLLM servers
         changed = True
