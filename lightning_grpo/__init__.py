@@ -30,6 +30,7 @@ _LAZY = {
     "LengthGuard": "lightning_grpo.callbacks.drift_guards",
     "ReferenceSync": "lightning_grpo.callbacks.reference_sync",
     "EntropyController": "lightning_grpo.callbacks.entropy_control",
+    "SavePretrained": "lightning_grpo.callbacks.save_pretrained",
 }
 
 __all__ = ["__version__", *_LAZY]

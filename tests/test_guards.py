@@ -207,7 +207,7 @@ def test_zero_std_alarm_suggests_dynamic_sampling(tiny_model_path):
     _fit(module, [guard], steps=3, rewards=[RewardSpec(constant_reward)])
     assert [a["step"] for a in guard.alarms] == [1, 2]  # from the first full window on
     assert guard.alarms[0]["message"].startswith("100% of groups have zero reward std over the last 2 batches (reward mean 0.5)")
-    assert "RolloutCallback.dynamic_sampling: true" in guard.alarms[0]["message"]
+    assert "rollout.dynamic_sampling: true" in guard.alarms[0]["message"]
 
 
 # --------------------------------------------------------------------- alarm records
@@ -276,7 +276,7 @@ def test_stale_engine_trips_the_mismatch_alarm(tiny_model_path, vllm_engine, wei
         assert guard.alarms and guard.alarms[0]["step"] <= 3
         message = guard.alarms[0]["message"]
         assert message.startswith("rollout and trainer log-probs disagree (mismatch_k3 ")
-        assert "tis_token" in message and "RolloutCallback.weight_sync" in message
+        assert "tis_token" in message and "rollout.weight_sync" in message
 
 
 # ------------------------------------------------------------------------- reward timeouts
