@@ -31,6 +31,7 @@ _LAZY = {
     "ReferenceSync": "lightning_grpo.callbacks.reference_sync",
     "EntropyController": "lightning_grpo.callbacks.entropy_control",
     "SavePretrained": "lightning_grpo.callbacks.save_pretrained",
+    "DistillSettings": "lightning_grpo.distill",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -29,7 +29,7 @@ class RolloutBatch:
     input_ids: Tensor  # [B, Lp + Lc] prompt (left-padded) + completion (right-padded)
     attention_mask: Tensor  # [B, Lp + Lc]
     completion_mask: Tensor  # [B, Lc] float, 1 on completion tokens that enter the loss
-    advantages: Tensor  # [B]
+    advantages: Tensor  # [B], or [B, Lc] token-level (on-policy distillation)
     rollout_logp: Tensor  # [B, Lc] the engine's post-temperature log-probs of the sampled tokens
     prompt_length: int  # Lp
     group_size: int  # G (completions per prompt after selection)
@@ -37,6 +37,8 @@ class RolloutBatch:
     old_logp: Tensor | None = None  # [B, Lc] when the batch is reused after an optimizer step
     ref_logp: Tensor | None = None  # [B, Lc] when beta > 0
     turn_ids: Tensor | None = None  # [B, Lc] long: model turn of each sampled token, -1 elsewhere (multi-turn)
+    teacher_logp: Tensor | None = None  # [B, Lc] the distillation teacher's log-probs of the sampled tokens
+    keep_mask: Tensor | None = None  # [B, Lc] float: tokens the loss's rejection / MIS masks keep (global normaliser)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

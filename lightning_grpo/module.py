@@ -28,6 +28,7 @@ from .batch import RolloutBatch, micro_step
 from .core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
 from .core.guards import NonFiniteError
 from .core.kl import kl_penalty_in_reward
+from .distill import Distiller, DistillSettings
 from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
 from .fsdp import fsdp_units, run_as_forward, shard_policy
 from .packing import PackingMode, choose_plan, packed_token_logprobs, padded_token_logprobs
@@ -92,6 +93,7 @@ class GRPOModule(L.LightningModule):
             log-probs. "auto" packs when it saves at least a quarter of the padded tokens and the
             model's attention supports it; "on" / "off" force it.
         gradient_checkpointing: recompute activations in backward (saves memory).
+        distillation: on-policy distillation / GKD from teachers (:class:`~lightning_grpo.distill.DistillSettings`).
         optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
 
     Under Lightning's ``ModelParallelStrategy`` (``tensor_parallel_size=1``) the policy and the
@@ -116,11 +118,12 @@ class GRPOModule(L.LightningModule):
         logprob_chunk_size: int = 1024,
         packing: PackingMode = "auto",
         gradient_checkpointing: bool = False,
+        distillation: DistillSettings | None = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["model", "loss", "optimizer", "lr_scheduler"])
+        self.save_hyperparameters(ignore=["model", "loss", "optimizer", "lr_scheduler", "distillation"])
         self.loss_fn = loss if loss is not None else GRPOLoss()
         self._advantage_fn = ADVANTAGES.get(advantage)
         self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(reward_aggregation)
@@ -133,6 +136,7 @@ class GRPOModule(L.LightningModule):
         if isinstance(lora, dict):  # LightningCLI / hparams hand the settings over as a dict
             lora = LoraSettings(**lora)
         self.lora = lora
+        self.distiller = Distiller.of(distillation)  # None without distillation
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
         from .tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
@@ -177,6 +181,9 @@ class GRPOModule(L.LightningModule):
         self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
         if self.reference_mode == "copy" and self.reference is None:
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
+        if self.distiller is not None:  # teachers loaded and checked against the tokenizer before training
+            datamodule = self.trainer.datamodule if self._trainer is not None else None
+            self.distiller.build(self, getattr(datamodule, "tokenizer", None), getattr(datamodule, "train_records", None))
         mesh = self.device_mesh  # set by ModelParallelStrategy: shard with FSDP2 over data parallelism
         if mesh is not None and not fsdp_units(self.policy):
             if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
@@ -229,30 +236,42 @@ class GRPOModule(L.LightningModule):
             return run_as_forward(model, fn, model, batch, **kwargs)
         return fn(model, batch, **kwargs)
 
+    def precision_context(self):
+        """The trainer's autocast context (training_step's), so no-grad forwards match the trained log-probs."""
+        return self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
+
     @torch.no_grad()
+    def forward_logprobs(self, model: nn.Module, batch: RolloutBatch, rows_per_pass: int) -> Tensor:
+        """[B, Lc] completion log-probs of ``model`` without gradient, ``rows_per_pass`` rows at a time
+        (reference, old, teacher)."""
+        with self.precision_context():
+            return torch.cat([self.token_logprobs(model, batch.select(rows)).logp for rows in torch.arange(len(batch)).split(max(1, rows_per_pass))])
+
     def _logprobs_no_grad(self, batch: RolloutBatch, reference: bool, rows_per_pass: int) -> Tensor:
         model = self.policy if not reference or self.reference_mode == "adapter" else self.reference
-        ctx = self.policy.disable_adapter() if reference and self.reference_mode == "adapter" else nullcontext()
-        # the same autocast context as training_step, so old / ref match the trained log-probs
-        precision = self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
-        out = []
-        with ctx, precision:
-            for rows in torch.arange(len(batch)).split(max(1, rows_per_pass)):
-                out.append(self.token_logprobs(model, batch.select(rows)).logp)
-        return torch.cat(out)  # [B, Lc]
+        with self.policy.disable_adapter() if reference and self.reference_mode == "adapter" else nullcontext():
+            return self.forward_logprobs(model, batch, rows_per_pass)
 
     # ----------------------------------------------------------------------- advantages
-    def compute_advantages(self, rewards: Tensor, weights: Tensor, group_size: int) -> Tensor:
-        """rewards [B, R] (one column per reward function), weights [R] -> advantages [B]."""
-        return self._reward_aggregation_fn(
-            rewards, weights, group_size, estimator=self.hparams.advantage, **(self.hparams.advantage_args or {})
-        )
+    def compute_advantages(self, rewards: Tensor, weights: Tensor, group_size: int, lengths: Tensor | None = None) -> Tensor:
+        """rewards [B, R] (one column per reward function), weights [R] -> advantages [B]. ``lengths``
+        [B] (completion tokens) go to an estimator marked ``needs_lengths`` (opo)."""
+        params = dict(self.hparams.advantage_args or {})
+        if getattr(self._advantage_fn, "needs_lengths", False):
+            params["lengths"] = lengths
+        return self._reward_aggregation_fn(rewards, weights, group_size, estimator=self.hparams.advantage, **params)
 
-    def prepare_rollout_batch(self, batch: RolloutBatch, rewards: Tensor, weights: Tensor, rows_per_pass: int) -> RolloutBatch:
+    def prepare_rollout_batch(
+        self, batch: RolloutBatch, rewards: Tensor, weights: Tensor, rows_per_pass: int, records: list[dict] | None = None
+    ) -> RolloutBatch:
         """Fill in advantages and, only where needed, the reference and old log-probs.
 
         Old log-probs are computed only when the batch is reused after an optimizer step
-        (num_iterations > 1 or steps_per_generation > 1); otherwise old = sg[logp] in the loss.
+        (num_iterations > 1 or steps_per_generation > 1) or the loss masks tokens by old and roll
+        (rollout rejection, MIS: ``keep_mask``, so the dropped tokens leave the global normaliser);
+        otherwise old = sg[logp] in the loss. In bypass mode (``GRPOLoss(bypass=True)``) never: old
+        is the engine's log-probs. With distillation the teachers score the batch and the
+        advantages become token-level (``records``, one per group, pick each row's teacher).
         """
         if self.uses_reference:
             batch.ref_logp = self._logprobs_no_grad(batch, reference=True, rows_per_pass=rows_per_pass)
@@ -261,9 +280,15 @@ class GRPOModule(L.LightningModule):
             total = rewards @ weights
             shaped = kl_penalty_in_reward(total, policy_logp, batch.ref_logp, batch.completion_mask, self.hparams.kl_in_reward_coef)
             rewards, weights = shaped.unsqueeze(-1), weights.new_ones(1)
-        batch.advantages = self.compute_advantages(rewards, weights, batch.group_size)
-        if self.hparams.num_iterations > 1 or self.hparams.steps_per_generation > 1:
+        batch.advantages = self.compute_advantages(rewards, weights, batch.group_size, batch.completion_mask.sum(-1))
+        if self.distiller is not None:
+            self.distiller.prepare(self, batch, records, rows_per_pass)
+        reused = self.hparams.num_iterations > 1 or self.hparams.steps_per_generation > 1
+        masks = getattr(self.loss_fn, "masks_before_training", False)
+        if not getattr(self.loss_fn, "bypass", False) and (reused or masks):
             batch.old_logp = self._logprobs_no_grad(batch, reference=False, rows_per_pass=rows_per_pass)
+        if masks:
+            batch.keep_mask = self.loss_fn.static_keep_mask(batch.old_logp, batch.rollout_logp, batch.completion_mask)
         return batch
 
     # ------------------------------------------------------------------------- training
@@ -278,7 +303,8 @@ class GRPOModule(L.LightningModule):
         full = self.rollout_batch
         micro = full.select(step.micro)
         # one all-reduce for both global normalisers of the mini-batch
-        tokens = full.completion_mask[step.mini].sum().float()
+        kept = full.completion_mask if full.keep_mask is None else full.completion_mask * full.keep_mask
+        tokens = kept[step.mini].sum().float()
         counts = torch.stack([tokens, tokens.new_tensor(float(len(step.mini)))])
         num_tokens, num_sequences = self._global_sum(counts)
         if len(micro) == 0:  # an uneven split left this rank nothing: keep every parameter in the graph
@@ -300,10 +326,13 @@ class GRPOModule(L.LightningModule):
             )
         except NonFiniteError as err:  # rows are micro-batch rows: name the step and micro-batch too
             raise NonFiniteError(f"step {self.trainer.global_step}, micro-batch {int(batch['micro'])}: {err}") from err
+        loss = result.loss
+        if self.distiller is not None:  # GKD's term and the reverse-KL metric
+            loss = loss + self.distiller.training_term(self, int(batch["micro"]), micro, out.logp, result.metrics)
         self.step_metrics.update(result.metrics, micro.completion_mask.sum())
         # Lightning divides by accumulate_grad_batches and DDP averages over ranks; the loss is
         # already normalised by global counts, so undo both to keep the sum exact.
-        return result.loss * accumulate * self.trainer.world_size
+        return loss * accumulate * self.trainer.world_size
 
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
         """Greedy accuracy and mean sampled reward on held-out prompts (through the evaluator

@@ -158,11 +158,18 @@ def padded_token_logprobs(
             head.weight, ids[:, lp:], bias=head.bias, temperature=batch.temperature,
             compute_entropy=compute_entropy, chunk_size=chunk_size,
         )  # fmt: skip
+    logits = padded_completion_logits(model, batch)  # [B, Lc, V]
+    return logprobs_from_logits(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
+
+
+def padded_completion_logits(model: nn.Module, batch: RolloutBatch) -> Tensor:
+    """[B, Lc, V] logits that predict the completion tokens, from the model's own padded forward (HF
+    models are asked for the completion logits only, ``logits_to_keep``). Also GKD's full distributions."""
+    ids, lp = batch.input_ids, batch.prompt_length  # [B, L]
     keep = ids.shape[1] - lp + 1
     kwargs = {"logits_to_keep": keep} if hasattr(model, "get_output_embeddings") else {}
-    logits = model(input_ids=ids, attention_mask=batch.attention_mask, position_ids=pos, **kwargs).logits
-    logits = logits[:, -keep:-1]  # [B, Lc, V]
-    return logprobs_from_logits(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
+    logits = model(input_ids=ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask), **kwargs).logits
+    return logits[:, -keep:-1]  # [B, Lc, V]
 
 
 def packed_token_logprobs(

@@ -131,12 +131,11 @@ def build_char_tokenizer(variant: str = "chars"):
     )
 
 
-def build_tiny_model(config: TinyModelConfig, vocab_size: int, pad_token_id: int, eos_token_id: int):
-    """A randomly initialised ``Qwen2ForCausalLM`` of the given shape (float32, train mode)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def qwen2_config(config: TinyModelConfig, vocab_size: int, pad_token_id: int, eos_token_id: int, **overrides):
+    """The ``transformers.Qwen2Config`` of ``config``'s shape (``overrides`` replace any field)."""
+    from transformers import Qwen2Config
 
-    hf_config = Qwen2Config(
+    fields = dict(
         vocab_size=vocab_size,
         hidden_size=config.hidden_size,
         num_hidden_layers=config.num_hidden_layers,
@@ -151,6 +150,15 @@ def build_tiny_model(config: TinyModelConfig, vocab_size: int, pad_token_id: int
         bos_token_id=None,
         torch_dtype="float32",
     )
+    return Qwen2Config(**{**fields, **overrides})
+
+
+def build_tiny_model(config: TinyModelConfig, vocab_size: int, pad_token_id: int, eos_token_id: int):
+    """A randomly initialised ``Qwen2ForCausalLM`` of the given shape (float32, train mode)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    hf_config = qwen2_config(config, vocab_size, pad_token_id, eos_token_id)
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         model = Qwen2ForCausalLM(hf_config)
@@ -204,26 +212,16 @@ def save_tiny_reward_model(
     ``num_labels`` outputs) and the character tokenizer (padding on ``padding_side``) into
     ``directory``: a stand-in reward model for the ``reward_model`` reward in examples and tests."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    from transformers import Qwen2ForSequenceClassification
 
     tokenizer = build_char_tokenizer()
     tokenizer.padding_side = padding_side
     tokenizer.init_kwargs["padding_side"] = padding_side  # saved in tokenizer_config.json
-    shape = TinyModelConfig(seed=seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=shape.hidden_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        intermediate_size=shape.intermediate_size,
-        max_position_embeddings=shape.max_position_embeddings,
+    config = qwen2_config(
+        TinyModelConfig(seed=seed), len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
         initializer_range=0.5,  # a wide spread of scores, so that tests see differences
-        num_labels=num_labels,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
+        num_labels=num_labels, tie_word_embeddings=False,
+    )  # fmt: skip
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen2ForSequenceClassification(config)

@@ -21,6 +21,14 @@ def tiny_model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def digit_teacher_path(tiny_model_path, tmp_path_factory):
+    """The tiny model taught the quickstart's digit rule by supervised steps (a distillation teacher)."""
+    from .distill_helpers import train_digit_teacher
+
+    return train_digit_teacher(tiny_model_path, tmp_path_factory.mktemp("digit-teacher"))
+
+
+@pytest.fixture(scope="session")
 def vllm_engine(tiny_model_path):
     """The ONE in-process vLLM engine of the test session (tiny model, float32, 64 MiB KV cache,
     LoRA adapters enabled so both LoRA paths can be tested). It is shared: every test pushes the

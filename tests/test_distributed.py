@@ -186,7 +186,10 @@ def test_vllm_engine_inside_ddp_ranks(tiny_model_path, tmp_path):
 @pytest.mark.vllm
 def test_vllm_server_shared_by_ddp_ranks_rank0_pushes(vllm_server, tiny_model_path, tmp_path):
     """Both ranks sample on the session's server; rank 0 alone pushes after every optimizer step,
-    rank 1 waits until the server reports the new version, and both sample with current weights."""
+    rank 1 waits until the server reports the new version, and both sample with current weights.
+    The server first holds an earlier run's push (other weights, version 50): rank 1 must not take
+    it for this run's first push (it did when versions restarted at 0 on a reused server)."""
+    _push_other_weights(vllm_server, tiny_model_path, version=50)
     steps = 3
     _run_worker("e2e", tiny_model_path, tmp_path, 400, "--steps", str(steps), "--engine", "vllm_server", "--url", vllm_server)
     ranks = _load(tmp_path, "e2e-vllm_server")
@@ -194,3 +197,20 @@ def test_vllm_server_shared_by_ddp_ranks_rank0_pushes(vllm_server, tiny_model_pa
     assert ranks[0]["pushes"] == [True] * steps and ranks[1]["pushes"] == [False] * steps
     for r in ranks:
         assert max(c["logprob_gap"] for c in r["checks"]) < 1e-4, r["checks"]
+
+
+def _push_other_weights(url: str, model_dir: Path, version: int) -> None:
+    """What an earlier run leaves on a server: its own weights (here the tiny model's, perturbed) as ``version``."""
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo.rollout.server_client import ServerClient
+    from lightning_grpo.rollout.server_engine import ServerEngine
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    gen = torch.Generator().manual_seed(0)
+    engine = ServerEngine([ServerClient(url)])
+    try:
+        engine.load_weights(((n, p.detach() + 0.5 * torch.randn(p.shape, generator=gen)) for n, p in model.named_parameters()), version)
+        assert ServerClient(url).weight_version() == str(version)
+    finally:
+        engine.close()

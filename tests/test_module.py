@@ -120,7 +120,7 @@ def test_micro_step_schedule():
 
 
 def test_unknown_advantage_and_bad_iteration_counts_fail_early():
-    with pytest.raises(ValueError, match=r"unknown advantage estimator 'gpro'; valid names: batch_std, dr_grpo, grpo"):
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'gpro'; valid names: batch_std, dr_grpo, gpg, grpo"):
         GRPOModule(advantage="gpro")
     with pytest.raises(ValueError, match="num_iterations and steps_per_generation must be >= 1"):
         GRPOModule(num_iterations=0)

@@ -291,7 +291,7 @@ class RolloutCallback(Callback):
             turn_ids=tensors.turn_ids,
         ).to(module.device)
         module.rollout_batch = module.prepare_rollout_batch(
-            batch, result.rewards.to(module.device), result.weights.to(module.device), self.forward_rows
+            batch, result.rewards.to(module.device), result.weights.to(module.device), self.forward_rows, records=result.records
         )
         times["time/prepare"] = time.perf_counter() - start
         module.rollout_metrics = {**result.metrics, **self.reward_set.totals(), **times}

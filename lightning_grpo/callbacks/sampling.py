@@ -56,6 +56,7 @@ class SampleResult(NamedTuple):
     metrics: dict[str, float]
     generate_time: float
     reward_time: float
+    records: list[dict] | None = None  # [P] the prompt record of each kept group (distillation: each row's teacher)
 
 
 def score_rollout(rollout: Rollout, reward_set: RewardSet, tokenizer, records: list[dict]) -> RewardScores:
@@ -135,6 +136,7 @@ def sample_groups(
     k = selector.out_group_size
     kept: list[Rollout] = []
     kept_rewards: list[Tensor] = []
+    kept_records: list[dict] = []
     fallback = None
     gen_time = reward_time = 0.0
     metrics: dict[str, float] = {}
@@ -156,13 +158,14 @@ def sample_groups(
         signal = total if selector.signal_column is None else scores.rewards[:, selector.signal_column]  # [B]
         groups = selector.groups(signal[rows])  # [P]
         if fallback is None:
-            fallback = (_take_rows(rollout, rows.tolist(), k), scores.rewards[rows])
+            fallback = (_take_rows(rollout, rows.tolist(), k), scores.rewards[rows], list(records))
         for p in groups.nonzero().flatten().tolist():
             if len(kept) == target_groups:
                 break
             group_rows = rows[p * k : (p + 1) * k]
             kept.append(_take_rows(rollout, group_rows.tolist(), k))
             kept_rewards.append(scores.rewards[group_rows])
+            kept_records.append(records[p])
         if len(kept) >= target_groups:
             break
     if kept:
@@ -176,7 +179,7 @@ def sample_groups(
         )
         rewards = torch.cat(kept_rewards)
     else:  # no group carried signal: train on the first round (advantages are all zero)
-        merged, rewards = fallback
+        merged, rewards, kept_records = fallback
     metrics.update(kept_groups=float(len(kept)), generation_rounds=float(rounds))
     return SampleResult(
         tensors=rollout_to_tensors(merged, tokenizer.pad_token_id),
@@ -187,4 +190,5 @@ def sample_groups(
         metrics=metrics,
         generate_time=gen_time,
         reward_time=reward_time,
+        records=kept_records,
     )

@@ -238,7 +238,7 @@ class MismatchGuard(Guard):
 
     def remedy(self, trainer: L.Trainer, module: L.LightningModule) -> str | None:
         loss = getattr(module, "loss_fn", None)
-        if loss is None or not hasattr(loss, "set_correction") or loss.correction_fn is not None:
+        if loss is None or not hasattr(loss, "set_correction") or loss.correction_fn is not None or getattr(loss, "bypass", False):
             return None  # a correction is already on: nothing further to switch on
         loss.set_correction(self.correction, self.correction_args)
         self.applied = True

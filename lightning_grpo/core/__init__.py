@@ -15,6 +15,7 @@ from .registry import (
     LOGPROBS,
     POLICY_LOSSES,
     REGISTRIES,
+    REJECTIONS,
     REWARD_AGGREGATIONS,
     SELECTIONS,
     SHAPING,
@@ -37,12 +38,14 @@ from .advantages import (
     rloo_advantages,
     sum_then_normalize,
 )
+from .advantages_2026 import gpg_advantages, max_rl_advantages, opo_advantages, passk_advantages
 from .aggregation import seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm, token_mean
 from .corrections import (
     CorrectionOutput,
     mis_seq,
     mis_token,
     mismatch_metrics,
+    normalize_is_weight,
     off_policy_sequence_mask,
     tis_seq,
     tis_seq_geo,
@@ -52,10 +55,13 @@ from .kl import (
     AdaptiveKLController,
     FixedKLController,
     kl_k1,
+    kl_k1_plus,
     kl_k2,
     kl_k3,
+    kl_k3_plus,
     kl_k3_unbiased,
     kl_low_var,
+    kl_low_var_plus,
     kl_penalty_in_reward,
 )
 from .policy_losses import (
@@ -70,6 +76,8 @@ from .policy_losses import (
     kl_cov_loss,
     ppo_loss,
 )
+from .policy_losses_2026 import dppo_kl_loss, dppo_tv_loss, dro_loss, geo_mean_loss, gpg_loss, reinforce_loss, sapo_loss
+from .rejection import RejectionOutput, check_rejection, rejection_mask
 from .shaping import (
     dynamic_sampling_filter,
     gfpo_advantages,

@@ -16,6 +16,8 @@ objective) and multiplies the per-token loss; MIS also returns the 0/1 mask of t
 keeps, so the dropped tokens leave the aggregation's normaliser too. All log-ratios (token or
 summed) are clamped to +-20 before ``exp``; weights are 0 on padding.
 
+``normalize_is_weight`` rescales a batch's weights to mean 1 (verl ``rollout_is_batch_normalize``);
+rejection by thresholds on k1 / k2 / k3 is in :mod:`.rejection`.
 ``off_policy_sequence_mask`` (DeepSeek-V3.2, registry ``TOKEN_MASKS`` "off_policy_sequence")
 drops negative-advantage sequences that drifted too far; ``mismatch_metrics`` measures the gap.
 """
@@ -140,6 +142,32 @@ def mis_seq(
     """
     d, m = _log_ratio(old_logp, rollout_logp, mask)
     return _band(d.sum(-1, keepdim=True), m, low, high, _seq_valid(m))
+
+
+# Read by GRPOLoss instead of branching on names: the level a weight lives at (batch normalisation
+# averages tokens or sequences) and whether a correction drops tokens (MIS) or only reweights (TIS).
+for _fn, _level, _masks in ((tis_token, "token", False), (tis_seq, "sequence", False), (tis_seq_geo, "sequence", False),
+                            (mis_token, "token", True), (mis_seq, "sequence", True)):  # fmt: skip
+    _fn.level, _fn.masks = _level, _masks
+
+
+def normalize_is_weight(weight: Tensor, mask: Tensor, correction=None) -> tuple[Tensor, Tensor]:
+    """IS-weight batch normalisation (verl ``rollout_is_batch_normalize``): w / mean(w), so the
+    weights of the batch given average 1. weight, mask [B, T] -> (normalised weight [B, T], factor []).
+
+    The mean is over the valid tokens of ``mask``, or over its non-empty rows (one weight per row)
+    when ``correction.level == "sequence"``. A mean <= 1e-8 leaves the weights as they are
+    (factor 1), as verl. Detached; local to the tensors given (verl all-reduces over ranks).
+    """
+    m = mask.detach().float()
+    w = weight.detach().float()
+    if getattr(correction, "level", "token") == "sequence":
+        rows = (m.sum(-1) > 0).float()  # [B]
+        mean = masked_mean(masked_mean(w, m, dim=-1), rows)
+    else:
+        mean = masked_mean(w, m)
+    factor = torch.where(mean > 1e-8, mean, torch.ones_like(mean))
+    return (w / factor) * m, factor
 
 
 @TOKEN_MASKS.register("off_policy_sequence")

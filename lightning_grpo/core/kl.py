@@ -7,6 +7,8 @@ KL(pi_theta || pi_ref) (J. Schulman, "Approximating KL divergence", 2020):
     k1 = -d                  unbiased, high variance, can be negative
     k2 = d^2 / 2             biased, low variance; its gradient is the KL's (verl "k2"/"mse")
     k3 = exp(d) - d - 1      unbiased, low variance, >= 0 (TRL's GRPO KL, verl "low_var_kl")
+    k1+, k3+, low_var_kl+    straight-through: the value of k1 / k3 / low_var_kl, the gradient of
+                             k2 (verl's "+" KL types): k2 - sg[k2] + sg[value]
 
 Numerics: d is clamped to +-20 (``clamp_log_ratio``) in k2, k3, low_var_kl and k3_unbiased,
 so +-100 gives finite values (verl clamps d in low_var_kl only; TRL applies no clamp);
@@ -91,6 +93,29 @@ def kl_k3_unbiased(logp: Tensor, ref_logp: Tensor, *, old_logp: Tensor | None = 
         raise ValueError("kl estimator 'k3_unbiased' needs old_logp (the log-probs of the sampling policy)")
     rho = torch.exp(clamp_log_ratio(_f32(logp) - _f32(old_logp).detach()))  # [B, T]
     return rho * _k3(logp, ref_logp)
+
+
+def _straight_through(name: str, value_fn):
+    """Register ``name``: the value of ``value_fn``, the gradient of k2 (verl's KL types ending in "+")."""
+
+    @KL_ESTIMATORS.register(name)
+    def estimator(logp: Tensor, ref_logp: Tensor, *, old_logp: Tensor | None = None) -> Tensor:
+        k2 = kl_k2(logp, ref_logp)  # [B, T]
+        return k2 - k2.detach() + value_fn(logp, ref_logp, old_logp=old_logp).detach()
+
+    estimator.__name__ = estimator.__qualname__ = f"kl_{name.replace('+', '_plus')}"
+    estimator.__doc__ = (
+        f"Straight-through {name}: value of {name[:-1]!r}, gradient of k2 = d^2 / 2, [B, T].\n\n"
+        "k1 and k3 estimate the KL without bias but their gradients are not the KL's gradient; "
+        "k2's is (Schulman 2020). verl computes ``k2 - sg[k2] + sg[value]`` for kl_loss_type "
+        f"{name!r}; k2 here is clamped like ``kl_k2`` (verl's is not)."
+    )
+    return estimator
+
+
+kl_k1_plus = _straight_through("k1+", kl_k1)
+kl_k3_plus = _straight_through("k3+", kl_k3)
+kl_low_var_plus = _straight_through("low_var_kl+", kl_low_var)
 
 
 def kl_penalty_in_reward(

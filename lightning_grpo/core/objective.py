@@ -8,8 +8,13 @@ Per token, for the completion tokens that survive the masks:
           + llds_coef * LLDS_t                         # likelihood-preserving regulariser (per turn)
     loss = aggregate(L, loss_mask)                     # token-mean, seq-mean-token-mean, ...
 
-    loss_mask = mask * correction_mask (MIS / IcePop) * off-policy sequence mask
-                     * top-entropy mask
+    loss_mask = mask * correction_mask (MIS / IcePop) * rejection mask (verl rollout_rs, Geo-RS,
+                     outlier veto) * off-policy sequence mask * top-entropy mask
+
+Bypass mode (``bypass=True``, verl ``bypass_mode``, AReaL's decoupled loss): old := roll, the
+engine's log-probs, so no trainer pass computes old log-probs; the policy loss's ratio is then
+pi / pi_roll (PPO-clip form: no extra IS weight) or, with ``policy_loss="reinforce"``, the
+truncated IS weight of the REINFORCE form. Rejection then compares sg[logp] with roll, as verl.
 
 Advantages may first have their negative part scaled (``negative_advantage_scale``).
 Every variant is looked up by name in a registry when the objective is built, so an unknown
@@ -26,9 +31,10 @@ import torch
 from torch import Tensor
 
 from .guards import check_finite
-from .corrections import mismatch_metrics
+from .corrections import mismatch_metrics, normalize_is_weight
 from .logprobs import masked_mean
 from .registry import AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, TOKEN_MASKS, TOKEN_TERMS
+from .rejection import Threshold, check_rejection, rejection_mask
 from .terms import scale_negative_advantages
 
 
@@ -43,7 +49,9 @@ class GRPOLoss:
     Args:
         policy_loss: name in ``POLICY_LOSSES`` ("ppo", "dual_clip", "gspo", "cispo", ...).
         policy_loss_args: keyword arguments of that loss (e.g. ``{"eps_high": 0.28}``).
-        aggregation: name in ``AGGREGATIONS`` ("token_mean", "seq_mean_token_mean", ...).
+        aggregation: name in ``AGGREGATIONS`` ("token_mean", "seq_mean_token_mean", ...); None:
+            the policy loss's own default (``sapo``, ``geo_mean``: seq_mean_token_mean), else
+            token_mean. A loss that requires one (``geo_mean``) refuses any other.
         aggregation_args: keyword arguments of the aggregation (``{"max_length": 512}`` for
             "seq_mean_token_sum_norm").
         beta: KL coefficient; 0 disables the KL term and the reference model.
@@ -51,6 +59,13 @@ class GRPOLoss:
         correction: name in ``CORRECTIONS`` ("tis_token", "mis_seq", ...) or None: corrects
             for the gap between the trainer's and the rollout engine's log-probs.
         correction_args: keyword arguments of the correction (``{"cap": 2.0}``).
+        is_batch_normalize: divide the correction's weights by their mean over the batch given
+            (verl ``rollout_is_batch_normalize``): tokens for token-level, sequences for
+            sequence-level corrections.
+        rejection: rollout rejection criteria (``REJECTIONS``) and their thresholds, all applied
+            (verl ``rollout_rs`` / ``rollout_rs_threshold``), e.g. ``{"token_k1": [0.5, 2.0],
+            "seq_mean_k3": 0.01, "outlier_veto": null}``; None = off.
+        bypass: old := the engine's log-probs (no trainer pass for them); see the module docstring.
         off_policy_delta: DeepSeek-V3.2 off-policy sequence mask threshold, or None.
         top_entropy_quantile: train only on tokens whose entropy is at or above this quantile
             of the batch's valid tokens (0.8 keeps the top 20%), or None.
@@ -63,7 +78,7 @@ class GRPOLoss:
         self,
         policy_loss: str = "ppo",
         policy_loss_args: dict[str, Any] | None = None,
-        aggregation: str = "token_mean",
+        aggregation: str | None = None,
         aggregation_args: dict[str, Any] | None = None,
         beta: float = 0.0,
         kl_estimator: str = "k3",
@@ -74,10 +89,15 @@ class GRPOLoss:
         entropy_coef: float = 0.0,
         negative_advantage_scale: float = 1.0,
         llds_coef: float = 0.0,
+        is_batch_normalize: bool = False,
+        rejection: dict[str, Threshold] | None = None,
+        bypass: bool = False,
     ) -> None:
         self.policy_loss_fn = POLICY_LOSSES.get(policy_loss)
         self.policy_loss_args = dict(policy_loss_args or {})
-        self.aggregate_fn = AGGREGATIONS.get(aggregation)
+        _check_loss_args(policy_loss, self.policy_loss_fn, self.policy_loss_args)
+        self.aggregation = _resolve_aggregation(policy_loss, self.policy_loss_fn, aggregation)
+        self.aggregate_fn = AGGREGATIONS.get(self.aggregation)
         self.aggregation_args = dict(aggregation_args or {})
         self.kl_fn = KL_ESTIMATORS.get(kl_estimator)
         self.correction = correction
@@ -93,6 +113,14 @@ class GRPOLoss:
         self.entropy_coef = float(entropy_coef)
         self.negative_advantage_scale = float(negative_advantage_scale)
         self.llds_coef = float(llds_coef)
+        self.is_batch_normalize = bool(is_batch_normalize)
+        self.rejection = check_rejection(rejection) if rejection is not None else None
+        self.bypass = bool(bypass)
+        if self.bypass and self.correction_fn is not None:
+            raise ValueError(
+                f"GRPOLoss bypass=True uses the engine's log-probs as old, so the ratio already is pi / pi_roll: "
+                f"correction must be None, got {correction!r} (policy_loss 'reinforce' is the truncated-IS form)"
+            )
         self._off_policy_mask = TOKEN_MASKS.get("off_policy_sequence")
         self._top_entropy_mask = TOKEN_MASKS.get("top_entropy")
         self._entropy_bonus = TOKEN_TERMS.get("entropy_bonus")
@@ -127,6 +155,8 @@ class GRPOLoss:
     def set_correction(self, name: str | None, args: dict[str, Any] | None = None) -> None:
         """Switch the train-inference correction (a name in ``CORRECTIONS``, or None = off) for the
         following loss calls (MismatchGuard ``fix``)."""
+        if name is not None and self.bypass:
+            raise ValueError(f"GRPOLoss bypass=True: the ratio already is pi / pi_roll, no correction can be added (got {name!r})")
         self.correction_fn = CORRECTIONS.get(name) if name is not None else None
         self.correction_args = dict(args or {})
         self.correction = name
@@ -145,7 +175,25 @@ class GRPOLoss:
 
     @property
     def needs_rollout_logprobs(self) -> bool:
-        return self.correction_fn is not None or self.off_policy_delta is not None
+        return self.correction_fn is not None or self.off_policy_delta is not None or self.rejection is not None or self.bypass
+
+    @property
+    def masks_before_training(self) -> bool:
+        """Whether tokens are dropped by rules that look only at old and roll (a masking correction or
+        rollout rejection; not in bypass mode): a trainer can then compute :meth:`static_keep_mask`
+        once per generation batch and leave the dropped tokens out of its global normaliser."""
+        masking = self.correction_fn is not None and getattr(self.correction_fn, "masks", False)
+        return not self.bypass and (masking or self.rejection is not None)
+
+    def static_keep_mask(self, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> Tensor:
+        """[B, T] float 0/1: the tokens the correction mask and the rejection criteria keep (they depend
+        on old and roll only, so one pass over a whole generation batch gives every micro-batch's mask)."""
+        keep = mask.to(torch.float32)
+        if self.correction_fn is not None:
+            keep = keep * self.correction_fn(old_logp, rollout_logp, mask, **self.correction_args).mask
+        if self.rejection is not None:
+            keep = keep * rejection_mask(old_logp, rollout_logp, mask, self.rejection).keep
+        return keep
 
     def __call__(
         self,
@@ -165,11 +213,14 @@ class GRPOLoss:
         mask = mask.to(torch.float32)
         old = logp.detach() if old_logp is None else old_logp
         self._check_inputs(logp, mask, old, ref_logp, rollout_logp, entropy)
+        trainer_side = old  # the trainer's log-probs of the sampling policy, compared with roll
+        if self.bypass:  # old := roll; the current policy (no gradient) is the trainer side
+            old, trainer_side = rollout_logp, logp.detach()
         if self.negative_advantage_scale != 1.0:
             advantages = scale_negative_advantages(advantages, self.negative_advantage_scale)
 
         metrics: dict[str, Tensor] = {}
-        loss_mask, weight = self._masks_and_weight(logp, mask, old, advantages, rollout_logp, entropy, metrics)
+        loss_mask, weight = self._masks_and_weight(logp, mask, trainer_side, advantages, rollout_logp, entropy, metrics)
 
         pl = self.policy_loss_fn(logp, old, advantages, loss_mask, generator=generator, **self.policy_loss_args)
         token_loss = pl.loss * weight  # [B, T]
@@ -196,13 +247,19 @@ class GRPOLoss:
     def _masks_and_weight(self, logp, mask, old, advantages, rollout_logp, entropy, metrics):
         loss_mask = mask
         weight = torch.ones_like(mask)
-        if rollout_logp is not None:
+        if rollout_logp is not None and not self.bypass:  # bypass: no trainer-side old log-probs to compare
             metrics.update(mismatch_metrics(old, rollout_logp, mask))
         if self.correction_fn is not None:
             corr = self.correction_fn(old, rollout_logp, mask, **self.correction_args)
             loss_mask = loss_mask * corr.mask
             weight = corr.weight
             metrics.update(corr.metrics)
+            if self.is_batch_normalize:
+                weight, metrics["is_batch_norm_factor"] = normalize_is_weight(weight, corr.mask, self.correction_fn)
+        if self.rejection is not None:
+            rejected = rejection_mask(old, rollout_logp, mask, self.rejection)
+            loss_mask = loss_mask * rejected.keep
+            metrics.update(rejected.metrics)
         if self.off_policy_delta is not None:
             seq_keep = self._off_policy_mask(logp, rollout_logp, advantages, mask, self.off_policy_delta)  # [B]
             loss_mask = loss_mask * seq_keep.unsqueeze(-1)
@@ -217,9 +274,32 @@ class GRPOLoss:
         if self.needs_reference and ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (the reference model's log-probs)")
         if self.needs_rollout_logprobs and rollout_logp is None:
-            raise ValueError("correction / off_policy_delta need rollout_logp (the engine's log-probs)")
+            raise ValueError("correction / off_policy_delta / rejection / bypass need rollout_logp (the engine's log-probs)")
         if self.needs_entropy and entropy is None:
             raise ValueError("entropy_coef / top_entropy_quantile need entropy")
         for name, t in (("logp", logp), ("old_logp", old), ("ref_logp", ref_logp), ("rollout_logp", rollout_logp)):
             if t is not None:
                 check_finite(name, t.detach(), mask)
+
+
+def _resolve_aggregation(policy_loss: str, fn, aggregation: str | None) -> str:
+    """The aggregation to use: the one named, else the loss's default, else token_mean; a loss with a
+    ``required_aggregation`` (geo_mean) refuses any other."""
+    required = getattr(fn, "required_aggregation", None)
+    if required is not None and aggregation not in (None, required):
+        raise ValueError(
+            f"GRPOLoss policy_loss {policy_loss!r} aggregates per sequence itself and needs aggregation "
+            f"{required!r} (or none named), got {aggregation!r}"
+        )
+    return aggregation or required or getattr(fn, "default_aggregation", "token_mean")
+
+
+def _check_loss_args(policy_loss: str, fn, args: dict[str, Any]) -> None:
+    """policy_loss_args are keyword arguments of the loss: unknown and missing required ones fail now."""
+    params = {p.name: p for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY and p.name != "generator"}
+    unknown = sorted(set(args) - set(params))
+    if unknown:
+        raise ValueError(f"GRPOLoss policy_loss_args {unknown} are not parameters of policy loss {policy_loss!r}; it takes {sorted(params)}")
+    missing = [n for n, p in params.items() if p.default is p.empty and n not in args]
+    if missing:
+        raise ValueError(f"GRPOLoss policy loss {policy_loss!r} needs policy_loss_args {missing} (no default)")

@@ -65,6 +65,7 @@ AGGREGATIONS: Registry = Registry("loss aggregation")
 KL_ESTIMATORS: Registry = Registry("KL estimator")
 KL_CONTROLLERS: Registry = Registry("KL controller")
 CORRECTIONS: Registry = Registry("rollout correction")
+REJECTIONS: Registry = Registry("rollout rejection criterion")
 TOKEN_TERMS: Registry = Registry("token loss term")
 TOKEN_MASKS: Registry = Registry("token mask")
 SHAPING: Registry = Registry("reward shaping")
@@ -81,6 +82,7 @@ REGISTRIES: dict[str, Registry] = {
     "kl_estimator": KL_ESTIMATORS,
     "kl_controller": KL_CONTROLLERS,
     "correction": CORRECTIONS,
+    "rejection": REJECTIONS,
     "token_term": TOKEN_TERMS,
     "token_mask": TOKEN_MASKS,
     "shaping": SHAPING,

@@ -23,6 +23,15 @@ from lightning_grpo.resolve import resolve_callable
 #: Record key of the prompt column's value before the chat template (text or messages).
 RAW_PROMPT = "raw_prompt"
 
+
+def dataset_row(record: dict[str, Any]) -> dict[str, Any]:
+    """The row as the dataset holds it (what TRL passes on): the record without ``prompt_ids`` and
+    ``raw_prompt``, and ``"prompt"`` back to the prompt before the chat template."""
+    row = {k: v for k, v in record.items() if k not in ("prompt_ids", RAW_PROMPT)}
+    if RAW_PROMPT in record:
+        row["prompt"] = record[RAW_PROMPT]
+    return row
+
 RecordMap = Callable[[dict[str, Any]], dict[str, Any]]
 
 

@@ -31,6 +31,7 @@ import typing
 from typing import Any, Callable, Literal
 
 from ..agents.environment import Environment, Messages, Step, Turn
+from ..data.records import dataset_row, is_chat
 from ._common import optional, require, resolve
 
 EXTRA = "openenv"
@@ -122,14 +123,19 @@ class _OpenEnvBase(Environment):
     # ----------------------------------------------------------------------- the episode
     def reset(self, record: dict[str, Any], seed: int) -> Messages:
         where = type(self).__name__
-        missing = [c for c in self.reset_columns + ([self.prompt_key] if self.prompt_key else []) if c not in record]
+        row = dataset_row(record)  # the prompt before our chat template, no internal keys
+        missing = [c for c in self.reset_columns + ([self.prompt_key] if self.prompt_key else []) if c not in row]
         if missing:
-            raise KeyError(f"{where}: the record has no column {missing[0]!r}; its columns: {sorted(record)}")
+            raise KeyError(f"{where}: the record has no column {missing[0]!r}; its columns: {sorted(row)}")
         self.seed = seed
-        observation = self._reset(seed, {**self.reset_kwargs, **{c: record[c] for c in self.reset_columns}})
-        parts = [str(record[self.prompt_key])] if self.prompt_key else []
-        parts.append(self.to_text(observation))
+        observation = self._reset(seed, {**self.reset_kwargs, **{c: row[c] for c in self.reset_columns}})
+        prompt = row[self.prompt_key] if self.prompt_key else None
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        text = self.to_text(observation)
+        if is_chat(prompt):  # the data's chat messages, then the observation as a user message
+            return system + [dict(m) for m in prompt] + ([{"role": "user", "content": text}] if text else [])
+        parts = [str(prompt)] if prompt is not None else []
+        parts.append(text)
         return system + [{"role": "user", "content": "\n\n".join(p for p in parts if p)}]
 
     def step(self, turn: Turn) -> Step:

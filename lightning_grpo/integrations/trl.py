@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from ..agents.environment import Messages, check_reward
 from ..agents.tools import ToolEnvironment, tool_schema
+from ..data.records import dataset_row
 from ._common import resolve, synchronous
 
 #: Methods of the contract that are not tools.
@@ -80,8 +81,9 @@ class TRLEnvironment(ToolEnvironment):
     def reset(self, record: dict[str, Any], seed: int) -> Messages:
         name = type(self.env).__name__
         if self.prompt_key not in record:
-            raise KeyError(f"TRLEnvironment: the record has no column {self.prompt_key!r} (prompt_key); its columns: {sorted(record)}")
-        prompt = record[self.prompt_key]
+            raise KeyError(f"TRLEnvironment: the record has no column {self.prompt_key!r} (prompt_key); its columns: {sorted(dataset_row(record))}")
+        row = dataset_row(record)  # the prompt before our chat template, no internal keys
+        prompt = row[self.prompt_key]
         if isinstance(prompt, str):
             messages = [{"role": "user", "content": prompt}]
         elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "role" in m for m in prompt):
@@ -90,7 +92,7 @@ class TRLEnvironment(ToolEnvironment):
             raise TypeError(f"TRLEnvironment: column {self.prompt_key!r} must hold a string or chat messages, got {prompt!r:.80}")
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        observation = self._reset(**{k: v for k, v in record.items() if k != "prompt_ids"})
+        observation = self._reset(**row)
         if observation is not None:
             if not isinstance(observation, str):
                 raise TypeError(f"{name}.reset returned {observation!r:.60} ({type(observation).__name__}); expected a string or None")

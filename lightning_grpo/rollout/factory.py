@@ -44,6 +44,8 @@ def _vllm_server_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> R
     rank = trainer.global_rank if trainer is not None else 0
     log_dir = (trainer.log_dir if trainer is not None else None) or tempfile.mkdtemp(prefix="lightning-grpo-servers-")
     model_dir = _model_dir(module, tokenizer) if settings.urls is None else None
+    if trainer is not None and trainer.world_size > 1:
+        return build_server_engine(settings, model_dir, rank, log_dir, lambda obj: trainer.strategy.broadcast(obj, src=0))
     return build_server_engine(settings, model_dir, rank, log_dir)
 
 

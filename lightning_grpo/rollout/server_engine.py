@@ -70,6 +70,7 @@ class ServerEngine(RolloutEngine):
         bucket_bytes: int = BUCKET_BYTES,
         processes: list | None = None,
         version_timeout: float = 600.0,
+        version_base: int = 0,
     ) -> None:
         if not clients:
             raise ValueError("ServerEngine needs at least one server")
@@ -83,7 +84,10 @@ class ServerEngine(RolloutEngine):
         self.bucket_bytes = bucket_bytes
         self.processes = list(processes or [])
         self.version_timeout = version_timeout
-        self.version = -1  # weight version last pushed (or awaited)
+        self.version = -1  # weight version last pushed (or awaited), this run's numbering
+        # servers shared by runs: this run tags its pushes ``version_base + version``, above every
+        # version an earlier run left on them, so a waiting rank never takes an old push for a new one
+        self.version_base = int(version_base)
         self.last_push_seconds = 0.0
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="vllm-server-request")
 
@@ -133,7 +137,7 @@ class ServerEngine(RolloutEngine):
                 except ServerUnavailableError as err:  # retried on the servers still answering
                     self._drop(client, err)
                     pending.append(p)
-        return _to_rollout(prompt_ids, results, sampling.n)
+        return _to_rollout(prompt_ids, results, sampling.n, self.version_base)
 
     # ------------------------------------------------------------- weight push
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
@@ -152,8 +156,9 @@ class ServerEngine(RolloutEngine):
         if buckets is None:
             self.wait_for_version(version)
         else:
+            tag = self.version_base + version
             try:
-                futures = [(c, self._pool.submit(c.push, buckets.update_infos, version)) for c in self.live_clients()]
+                futures = [(c, self._pool.submit(c.push, buckets.update_infos, tag)) for c in self.live_clients()]
                 for client, future in futures:
                     try:
                         future.result()
@@ -166,7 +171,8 @@ class ServerEngine(RolloutEngine):
         self.last_push_seconds = time.perf_counter() - start
 
     def wait_for_version(self, version: int) -> None:
-        """Block until every live server reports weight version >= ``version``."""
+        """Block until every live server reports weight version >= ``version`` (this run's numbering)."""
+        version += self.version_base
         deadline = time.monotonic() + self.version_timeout
         for client in self.live_clients():
             while True:
@@ -178,7 +184,10 @@ class ServerEngine(RolloutEngine):
                 if reported.lstrip("-").isdigit() and int(reported) >= version:
                     break
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"vLLM server {client.url} still has weight version {reported}, waited for {version}")
+                    raise TimeoutError(
+                        f"vLLM server {client.url} still has weight version {reported}, waited for {version} "
+                        f"(version {version - self.version_base} of this run)"
+                    )
                 time.sleep(0.05)
         self.live_clients()
 
@@ -190,7 +199,8 @@ class ServerEngine(RolloutEngine):
         self.processes = []
 
 
-def _to_rollout(prompt_ids: list[list[int]], results: list[list[Sample]], n: int) -> ServerRollout:
+def _to_rollout(prompt_ids: list[list[int]], results: list[list[Sample]], n: int, base: int = 0) -> ServerRollout:
+    """Samples as one rollout; versions in this run's numbering (-1: weights this run never pushed)."""
     samples = [s for per_prompt in results for s in per_prompt]
     return ServerRollout(
         prompt_ids=[list(p) for p in prompt_ids],
@@ -198,5 +208,5 @@ def _to_rollout(prompt_ids: list[list[int]], results: list[list[Sample]], n: int
         logprobs=[s.logprobs for s in samples],
         finished=[s.finished for s in samples],
         group_size=n,
-        versions=[s.version for s in samples],
+        versions=[s.version - base if s.version >= base else -1 for s in samples],
     )

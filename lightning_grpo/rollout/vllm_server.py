@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from .server_client import ServerClient
 from .server_engine import ServerEngine
@@ -77,15 +77,25 @@ class ServerSettings:
         return cls(**args)
 
 
-def build_server_engine(settings: ServerSettings, model_dir: str | None, rank: int, default_log_dir: str) -> ServerEngine:
-    """Connect to ``settings.urls`` or start servers on ``model_dir``; rank 0 pushes to shared servers."""
+def build_server_engine(
+    settings: ServerSettings,
+    model_dir: str | None,
+    rank: int,
+    default_log_dir: str,
+    broadcast: Callable[[Any], Any] = lambda obj: obj,
+) -> ServerEngine:
+    """Connect to ``settings.urls`` or start servers on ``model_dir``; rank 0 pushes to shared servers.
+    ``broadcast``: rank 0's value on every rank (the strategy's; every rank calls this together)."""
     common = dict(dtype=settings.dtype, max_model_len=settings.max_model_len, bucket_bytes=settings.bucket_bytes)
     if settings.urls is not None:
         clients = [ServerClient(url, settings.request_timeout) for url in settings.urls]
         for client in clients:
             if not client.healthy():
                 raise ConnectionError(f"vLLM server {client.url} (vllm_args.urls) does not answer GET /health")
-        return ServerEngine(clients, pusher=rank == 0, **common)
+        # servers an earlier run pushed to report its last version: number this run's pushes above it,
+        # read by rank 0 before it pushes anything and shared, so every rank waits for the same tags
+        base = broadcast(_next_version(clients) if rank == 0 else None)
+        return ServerEngine(clients, pusher=rank == 0, version_base=base, **common)
     from .server_process import start_servers
 
     log_dir = settings.log_dir or os.path.join(default_log_dir, f"vllm-servers-rank{rank}")
@@ -99,3 +109,9 @@ def build_server_engine(settings: ServerSettings, model_dir: str | None, rank: i
     )  # fmt: skip
     clients = [ServerClient(p.url, settings.request_timeout) for p in processes]
     return ServerEngine(clients, processes=processes, pusher=True, **common)
+
+
+def _next_version(clients: list[ServerClient]) -> int:
+    """One above the highest weight version any server reports (0 for servers never pushed to)."""
+    reported = [client.weight_version() for client in clients]
+    return max([int(v) + 1 for v in reported if v.lstrip("-").isdigit()] + [0])

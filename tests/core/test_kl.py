@@ -22,7 +22,7 @@ from lightning_grpo.core.registry import KL_CONTROLLERS, KL_ESTIMATORS
 
 NAN = float("nan")
 E = math.e
-ESTIMATORS = ["k1", "k2", "k3", "low_var_kl", "k3_unbiased"]
+ESTIMATORS = ["k1", "k2", "k3", "low_var_kl", "k3_unbiased", "k1+", "k3+", "low_var_kl+"]
 
 # d = ref - logp = [-0.5, 1.0]
 LOGP = torch.tensor([[-1.0, -2.0]])
@@ -124,7 +124,7 @@ def test_matches_loop_reference(name):
     ref = -torch.rand(5, 9, generator=g) * 4
     old = logp + 0.3 * torch.randn(5, 9, generator=g)
     out = KL_ESTIMATORS.get(name)(logp, ref, old_logp=old)
-    assert_close(out, _loop_reference(name, logp, ref, old), atol=1e-5, rtol=1e-6)
+    assert_close(out, _loop_reference(name.rstrip("+"), logp, ref, old), atol=1e-5, rtol=1e-6)  # "+": the same value
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)
@@ -225,3 +225,29 @@ def test_adaptive_controller_state_and_validation():
     for bad in ({"kl_coef": -1.0}, {"target_kl": 0.0}, {"horizon": 0}):
         with pytest.raises(ValueError):
             AdaptiveKLController(**bad)
+
+
+@pytest.mark.parametrize("name,value_fn", [("k1+", kl_k1), ("k3+", kl_k3), ("low_var_kl+", kl_low_var)])
+def test_straight_through_has_the_value_of_its_estimator_and_the_gradient_of_k2(name, value_fn):
+    """verl's "+" types: k2 - sg[k2] + sg[value]. d = ref - logp = [-0.5, 1.0]: k3 = [e^-0.5 - 0.5, e - 2],
+    d k2 / d logp = logp - ref = [0.5, -1.0]."""
+    logp = LOGP.clone().requires_grad_()
+    out = KL_ESTIMATORS.get(name)(logp, REF)
+    assert_close(out.detach(), value_fn(LOGP, REF), atol=0, rtol=0)
+    out.sum().backward()
+    assert_close(logp.grad, torch.tensor([[0.5, -1.0]]), atol=1e-7, rtol=0)
+    if name == "k3+":
+        assert_close(out.detach(), torch.tensor([[math.exp(-0.5) - 0.5, E - 2.0]]), atol=1e-6, rtol=0)
+
+
+def test_straight_through_kl_in_the_loss_and_in_the_reward():
+    from lightning_grpo.core import GRPOLoss
+
+    logp = LOGP.clone().requires_grad_()
+    mask = torch.ones(1, 2)
+    out = GRPOLoss(beta=0.5, kl_estimator="k3+")(logp, mask, torch.zeros(1), ref_logp=REF)
+    out.loss.backward()  # token_mean of 0.5 * k2: gradient 0.5 * (logp - ref) / 2
+    assert_close(logp.grad, torch.tensor([[0.125, -0.25]]), atol=1e-7, rtol=0)
+    assert_close(out.metrics["kl"], kl_k3(LOGP, REF).mean(), atol=1e-7, rtol=0)
+    shaped = kl_penalty_in_reward(torch.tensor([1.0]), LOGP, REF, mask, 0.5, estimator="k3+")
+    assert_close(shaped, 1.0 - 0.5 * kl_k3(LOGP, REF).sum(-1), atol=1e-6, rtol=0)

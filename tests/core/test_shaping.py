@@ -198,8 +198,12 @@ def test_gfpo_advantages_loop_reference():
     close(gfpo_advantages(rewards, keep, g), expected)
     # k = G' equals the plain estimator
     for name in ADVANTAGES.names():
-        close(gfpo_advantages(rewards, torch.ones(6 * g, dtype=torch.bool), g, name),
-              ADVANTAGES.get(name)(rewards, g))
+        params = {"lengths": lengths.float()} if getattr(ADVANTAGES.get(name), "needs_lengths", False) else {}
+        close(gfpo_advantages(rewards, torch.ones(6 * g, dtype=torch.bool), g, name, **params),
+              ADVANTAGES.get(name)(rewards, g, **params))
+    # a per-row parameter is cut to the kept rows
+    opo = gfpo_advantages(rewards, keep, g, "opo", lengths=lengths.float())
+    close(opo[keep], ADVANTAGES.get("opo")(rewards[keep], k, lengths=lengths[keep].float()))
 
 
 def test_gfpo_advantages_edges():

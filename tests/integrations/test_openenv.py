@@ -153,6 +153,17 @@ def test_typed_client_and_session_capacity(server_url):
             env.finish()
 
 
+def test_opening_uses_the_prompt_before_the_chat_template():
+    """Records of a chat-templated data module hold the rendered prompt; the opening message carries the
+    data's own prompt (text, or its chat messages) so the template is applied once."""
+    env = OpenEnvEnvironment(NumberEnv, prompt_key="prompt")
+    rendered = {"prompt": "<|im_start|>user\n12=<|im_end|>\n", "raw_prompt": "12=", "prompt_ids": [1, 2]}
+    assert env.reset(rendered, seed=0) == [{"role": "user", "content": '12=\n\n{"value": 0, "note": "start"}'}]
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "12="}]
+    assert env.reset({**rendered, "raw_prompt": messages}, seed=0) == messages + [
+        {"role": "user", "content": '{"value": 0, "note": "start"}'}]  # fmt: skip
+
+
 # ------------------------------------------------------------------------------ bad input
 def test_action_that_does_not_parse():
     """NumberAction.number is an int: text that is not a number is answered with an error message (and

@@ -208,3 +208,9 @@ def test_records_through_the_data_module_keep_their_columns():
     data.setup()
     TRLEnvironment(Env).reset(data.train_records[0], seed=0)
     assert seen == {"prompt": "12=", "answer": "3", "level": 2}
+    # With our chat template on, TRL's reset still sees the dataset's prompt and the opening is templated once.
+    data = PromptDataModule(train_dataset=[{"prompt": "12=", "answer": "3"}] * 2, batch_size=2, use_chat_template=True)
+    data.setup()
+    assert data.train_records[0]["prompt"] != "12="  # the record holds the rendered text
+    opening = TRLEnvironment(Env).reset(data.train_records[0], seed=0)
+    assert seen["prompt"] == "12=" and opening[0] == {"role": "user", "content": "12="}

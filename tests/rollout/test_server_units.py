@@ -123,3 +123,52 @@ def test_version_recorder_collects_versions_of_every_call():
     recorder.generate([[1], [2]], None, 4)
     recorder.generate([[1]], None, 6)
     assert recorder.metrics() == {"weight_version_min": 4.0, "weight_version_mean": 14 / 3}
+
+
+class _VersionedServer:
+    """A stand-in ServerClient: reports a weight version, records pushes, samples one fixed token."""
+
+    def __init__(self, url: str, version: str) -> None:
+        self.url, self.version, self.pushed = url, version, []
+
+    def healthy(self) -> bool:
+        return True
+
+    def weight_version(self) -> str:
+        return self.version
+
+    def push(self, update_infos, version: int) -> None:
+        self.pushed.append(version)
+        self.version = str(version)
+
+    def generate(self, prompt_ids, params):
+        from lightning_grpo.rollout.server_client import Sample
+
+        return [Sample([7], [-0.5], True, int(self.version))] * params["n"]
+
+
+def test_a_run_on_reused_servers_numbers_its_pushes_above_the_versions_they_hold(monkeypatch):
+    """A server an earlier run pushed to reports that run's last version (50 here). A new run reads
+    it once (rank 0, shared by the strategy's broadcast), pushes 51, 52, ...; a waiting rank does
+    not take the old 50 for this run's version 0; samples carry this run's numbering."""
+    from lightning_grpo.rollout import vllm_server
+    from lightning_grpo.rollout.base import SamplingConfig
+
+    servers = {"http://a": _VersionedServer("http://a", "50"), "http://b": _VersionedServer("http://b", "-1")}
+    monkeypatch.setattr(vllm_server, "ServerClient", lambda url, timeout: servers[url])
+    settings = ServerSettings(urls=list(servers))
+    sent = []
+    pusher = vllm_server.build_server_engine(settings, None, 0, "unused", lambda obj: sent.append(obj) or obj)
+    waiter = vllm_server.build_server_engine(settings, None, 1, "unused", lambda obj: sent[0])
+    assert sent == [51] and pusher.version_base == waiter.version_base == 51
+    waiter.version_timeout = 0.2
+    with pytest.raises(TimeoutError, match="waited for 51 .version 0 of this run"):
+        waiter.load_weights([], version=0)  # still the earlier run's 50
+    pusher.load_weights([("w", torch.zeros(2))], version=0)
+    assert [s.pushed for s in servers.values()] == [[51], [51]]
+    waiter.load_weights([], version=0)  # returns at once: every server reports 51
+    out = waiter.generate([[1, 2]], SamplingConfig(n=2, max_new_tokens=1), seed=0)
+    assert out.versions == [0, 0]
+    servers["http://a"].version = "50"  # an older push than this run's: not one of its versions
+    assert waiter.generate([[1, 2]], SamplingConfig(n=1, max_new_tokens=1), seed=0).versions == [-1]
+    assert vllm_server._next_version([_VersionedServer("u", "-1")]) == 0  # a fresh server

@@ -1,0 +1,112 @@
+"""Claim: on-policy distillation reaches held-out accuracy in fewer steps than GRPO from reward alone.
+
+Thinking Machines ("On-Policy Distillation", 2025), after Agarwal et al. 2024: a teacher's per-token
+reverse-KL signal on the student's own samples is dense where an outcome reward gives one bit per
+completion, so the student reaches the teacher's level in a fraction of RL's steps. Arms, 3 seeds,
+held-out greedy accuracy every 50 steps:
+
+- ``distill``: recipes/distill_quickstart.yaml (pure OPD, no reward reaches the student, 400 steps);
+  the teacher is the quickstart's policy (seed 2), trained here once with SavePretrained.
+- ``distill_raw``: the same with ``group_baseline: false``, the peers' raw estimate A_t = -k_t.
+- ``grpo``: recipes/quickstart.yaml (the reward alone, 1000 steps).
+
+    python benchmarks/claims/distill.py --write
+"""
+
+from __future__ import annotations
+
+from common import PLOTS, args, callbacks_with, final, plot, recipe, run, write_section
+
+TEACHER_SEED = 2
+EVERY = {"trainer": {"val_check_interval": 50}}
+
+
+def teacher(out) -> tuple[str, dict]:
+    """The teacher directory (trained once: the quickstart with SavePretrained) and its run's metrics."""
+    config = recipe({})
+    save = {"class_path": "lightning_grpo.SavePretrained", "init_args": {"dirpath": str(out / "teacher")}}
+    config["trainer"]["callbacks"] = callbacks_with(config, save)
+    cols = run(config, TEACHER_SEED, out / "teacher_run")
+    return str(out / "teacher"), cols
+
+
+def steps_to(curve: list[tuple[int, float]], level: float = 0.8) -> str:
+    """The first evaluated step with held-out accuracy >= level (step 0 is the untrained policy)."""
+    hit = next((step for step, value in curve if value >= level - 1e-9), None)
+    return "not reached" if hit is None else str(hit + 1 if hit else 0)
+
+
+def _before(a: str, b: str) -> bool:
+    """Run a reached 0.8 at an earlier step than run b (or b never did)."""
+    return a != "not reached" and (b == "not reached" or int(a) < int(b))
+
+
+def main() -> None:
+    a = args(__doc__)
+    out = a.out / "distill"
+    path, teacher_cols = teacher(out)
+    configs = {
+        "distill": recipe({**EVERY, "model": {"distillation": {"teacher": path}}}, base="recipes/distill_quickstart.yaml"),
+        "distill_raw": recipe({**EVERY, "model": {"distillation": {"teacher": path, "group_baseline": False}}},
+                              base="recipes/distill_quickstart.yaml"),  # fmt: skip
+        "grpo": recipe(EVERY),
+    }
+    runs = {arm: {s: run(cfg, s, out / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs.items()}
+    teacher_acc = final(teacher_cols["val/greedy_accuracy"])
+    rows = ["| seed | arm | steps to held-out 0.8 | held-out greedy accuracy, end | teacher's | wall time (s) |",
+            "|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    faster = raw_faster = 0
+    for s in a.seeds:
+        for arm in runs:
+            cols = runs[arm][s]
+            rows.append(f"| {s} | {arm} | {steps_to(cols['val/greedy_accuracy'])} | {final(cols['val/greedy_accuracy']):.2f} | "
+                        f"{teacher_acc:.2f} | {final(cols['wall_s']):.0f} |")  # fmt: skip
+        d, r, g = (steps_to(runs[arm][s]["val/greedy_accuracy"]) for arm in ("distill", "distill_raw", "grpo"))
+        faster += _before(d, g)
+        raw_faster += _before(r, g)
+    table = "\n".join(rows)
+    print(table)
+    print(f"distillation reaches 0.8 first on {faster}/{len(a.seeds)} seeds (raw estimate: {raw_faster}); teacher {teacher_acc:.2f}")
+    if a.write:
+        plot(runs, [("train/reward_mean", "training reward (measured only for distill)"),
+                    ("train/distill_reverse_kl", "reverse KL to the teacher"),
+                    ("val/greedy_accuracy", "held-out greedy accuracy")], PLOTS / "distill.png")  # fmt: skip
+        write_section("distill", SECTION.format(table=table, faster=faster, raw_faster=raw_faster, n=len(a.seeds)))
+
+
+SECTION = """
+## On-policy distillation vs GRPO from the reward alone
+
+**Claim** (Thinking Machines, "On-Policy Distillation", 2025; Agarwal et al. 2024): a teacher's
+per-token reverse-KL signal on the student's own samples is dense where an outcome reward gives one
+bit per completion, so the student reaches the teacher's level in a fraction of RL's steps.
+**Setup**: `distill` = `recipes/distill_quickstart.yaml`: the untrained tiny model learns from the
+quickstart's policy (seed 2, saved with `SavePretrained`) with `A_t = -(log pi_student - log
+pi_teacher)` and no reward (prefix_match is computed only to measure), minus the mean of the
+group's other completions at the same position (`group_baseline`, our variance reduction);
+`distill_raw` = the peers' raw estimate (`group_baseline: false`); `grpo` =
+`recipes/quickstart.yaml`, the reward alone (1000 steps; the distillation arms 400). Held-out
+greedy accuracy on 50 prompts every 50 steps; "teacher's" is the teacher's own at the end of its run.
+`python benchmarks/claims/distill.py --write`.
+
+{table}
+
+**Measured**: distillation with the group baseline reaches held-out 0.8 before GRPO on {faster} of
+{n} seeds, the peers' raw estimate on {raw_faster} of {n}. With the baseline the student is at 0.8
+by step 150 and at the teacher's 1.00 by the end on every seed (GRPO: 150-250 steps to 0.8, 0.80-1.00
+at step 1000); seed 2's GRPO run gets there as fast. The raw estimate `A_t = -k_t` is slower than
+GRPO here (250 and 400 steps, and 0.60 after 400 steps on seed 1): the student starts random, so
+almost every sampled first token is one the teacher rules out (`k_t` about +6 nats) and its only
+signal is to push that token down; GRPO's group-centred reward and the leave-one-out baseline both
+concentrate the update on the rare right samples. The claim comes from students that already start
+near their teacher, which this random-init tiny model is not. Wall times are on a loaded 2-core
+machine (each run pinned to one core; the distillation runs also pay the teacher's forward).
+**Verdict: not reproduced** for the peers' estimator; **reproduced on 2 of 3 seeds** (the third a
+tie) with the group baseline.
+
+![distill](claims/distill.png)
+"""
+
+
+if __name__ == "__main__":
+    main()
