@@ -94,14 +94,21 @@ def test_quickstart_checkpoint_round_trip(tmp_path, vllm_engine):
     assert {t.dtype for t in load_file(half / "model.safetensors").values()} == {torch.bfloat16}
 
 
+#: The LoRA settings of the round trip: grpo_lora.yaml as written (the tiny model's lm_head trained in full,
+#: peft modules_to_save, which vLLM does not serve as an adapter) and adapters alone (vLLM serves the adapter).
+LORA_RUNS = {"as_written": ([], 12), "adapters_only": (["--model.lora={r: 8, alpha: 16, target_modules: all-linear}"], 6)}
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_lora_checkpoint_round_trip_merged_and_adapter(tmp_path, vllm_engine, tiny_model_path):
+@pytest.mark.parametrize("variant", list(LORA_RUNS))
+def test_lora_checkpoint_round_trip_merged_and_adapter(tmp_path, vllm_engine, tiny_model_path, variant):
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    built, run_dir = _train(tmp_path, "grpo_lora.yaml", 12, engine=vllm_engine)
+    extra, steps = LORA_RUNS[variant]
+    built, run_dir = _train(tmp_path, "grpo_lora.yaml", steps, engine=vllm_engine, extra=extra)
     tokenizer = built.datamodule.tokenizer
     trained = _sequence_logprobs(built.model.policy, tokenizer)
     merged = export(run_dir, tmp_path / "merged")
@@ -113,10 +120,13 @@ def test_lora_checkpoint_round_trip_merged_and_adapter(tmp_path, vllm_engine, ti
     adapter = export(run_dir, tmp_path / "adapter", adapter=True)
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["base_model_name_or_path"] == str(tiny_model_path)
+    assert config["modules_to_save"] == (["lm_head"] if variant == "as_written" else None)
     base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
     peft_model = PeftModel.from_pretrained(base, adapter)
     torch.testing.assert_close(_sequence_logprobs(peft_model, tokenizer), trained, atol=1e-5, rtol=0)
     _check_tokenizer(adapter, tokenizer)
+    if config["modules_to_save"]:  # vLLM refuses such an adapter ("Unsupported modules_to_save"): the merged folder above
+        return
     vllm_engine.load_weights(list(load_file(Path(tiny_model_path) / "model.safetensors").items()))  # the base, as trained
     vllm_engine.load_lora_adapter(str(adapter))
     try:

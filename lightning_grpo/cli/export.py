@@ -37,5 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     tensors = sum(1 for _ in iter_saved_names(out))
     files = ", ".join(sorted(p.name for p in out.iterdir()))
     print(f"exported {'the LoRA adapter' if args.adapter else 'the policy'} ({tensors} tensors) to {out}: {files}")
+    if args.adapter and _modules_to_save(out):
+        print(f"note: the adapter also holds whole modules ({', '.join(_modules_to_save(out))}, peft modules_to_save): peft "
+              "loads it, vLLM does not serve such an adapter; serve the merged export (without --adapter) instead")
     sys.stdout.flush()
     return 0
+
+
+def _modules_to_save(folder) -> list[str]:
+    import json
+
+    return list(json.loads((folder / "adapter_config.json").read_text()).get("modules_to_save") or [])
