@@ -13,6 +13,7 @@ names the option as written in a recipe (``data.batch_size``, ``model.advantage`
   CPU a prefill budget (``vllm_args.max_num_batched_tokens``) of at least ``max_model_len`` and no
   chunked prefill (``rollout/prefill.py``);
   ``lora_sync: adapter`` with engine vllm, ``vllm_args.enable_lora`` and ``model.lora``;
+  ``vllm_args.sleep_level: 2`` only with ``weight_sync`` on;
 * the groups: at least 2 completions per prompt for a group-relative advantage (all built-in
   ones); no more training steps per generation batch than it has completions;
 * the reference: ``beta > 0`` or ``kl_in_reward_coef`` with ``reference: none``;
@@ -91,6 +92,11 @@ def check_engine(module: Any, callback: Any) -> None:
         ServerSettings.from_args(callback.vllm_args)  # unknown or bad vllm_args: one clear error now
     if name == "vllm" and callback.engine is None:
         _check_vllm_prefill(callback.vllm_args)
+    if name == "vllm" and callback.vllm_args.get("sleep_level") == 2 and not callback.weight_sync:
+        raise ValueError(
+            f"{CB}.vllm_args.sleep_level=2 discards the engine's weights at every sleep, so it needs "
+            f"{CB}.weight_sync: true (or use sleep_level: 1, which keeps them in CPU memory)"
+        )
     _check_lora_sync(module, callback)
 
 

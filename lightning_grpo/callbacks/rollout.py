@@ -34,6 +34,7 @@ from .async_setup import check_async_config, checkpoint_on_server_failure, insta
 from .completions import CompletionLog, CompletionLogSettings
 from .evaluation import evaluate_prompts
 from .sampling import GroupSelector, SampleResult, sample_groups, score_rollout
+from .weight_push import PolicyPush
 
 
 class RolloutCallback(Callback):
@@ -49,7 +50,7 @@ class RolloutCallback(Callback):
         seed: run seed; each rank and generation samples with a seed derived from it. None: the
             seed given to ``seed_everything`` (LightningCLI's ``--seed_everything``), else 0.
         vllm_args: keyword arguments of :class:`~lightning_grpo.rollout.vllm.VLLMEngine`
-            (dtype, max_model_len, kv_cache_memory_bytes, enable_lora, ...); for "vllm_server" the
+            (dtype, max_model_len, kv_cache_memory_bytes, enable_lora, sleep_level, ...); for "vllm_server" the
             fields of :class:`~lightning_grpo.rollout.vllm_server.ServerSettings` (urls, num_servers, ...).
         dynamic_sampling: drop groups whose rewards are all equal and refill (DAPO).
         dynamic_sampling_reward: the reward function (its name / alias) whose spread decides which
@@ -122,6 +123,7 @@ class RolloutCallback(Callback):
         self.overlong_filter = overlong_filter
         self.weight_sync = weight_sync
         self.lora_sync = lora_sync
+        self._push = PolicyPush(lora_sync)
         self.val_samples = val_samples
         self.val_pass_k = list(val_pass_k) if val_pass_k is not None else None
         self.val_pass_threshold = val_pass_threshold
@@ -164,18 +166,13 @@ class RolloutCallback(Callback):
     def sync_weights(self, module: L.LightningModule) -> float:
         """Push the policy into the engine if it changed since the last push; returns seconds."""
         step = module.trainer.global_step
-        if not self.engine.needs_weight_sync or self._engine_version == step:
+        if not self.engine.needs_weight_sync:
             return 0.0
-        if not self.weight_sync and self._engine_version >= 0:
+        stale = self._engine_version != step and (self.weight_sync or self._engine_version < 0)
+        if not stale and not self.engine.weights_discarded:  # (sleep level 2 dropped them: push anyway)
             return 0.0
-        from ..rollout.weights import gathered_weights_for_engine
-
         start = time.perf_counter()
-        with gathered_weights_for_engine(module.policy) as weights:  # full parameters under FSDP2
-            if getattr(self.engine, "versioned", False):  # servers tag each sample with the version
-                self.engine.load_weights(weights, version=step)
-            else:
-                self.engine.load_weights(weights)
+        self._push(self.engine, module.policy, step, first=self._engine_version < 0)
         self._engine_version = step
         return time.perf_counter() - start
 
@@ -211,6 +208,9 @@ class RolloutCallback(Callback):
         if self.engine is not None and self._owns_engine:
             self.engine.close()
             self.engine = None
+        elif self.engine is not None and self.lora_sync == "adapter":  # a user's engine: without our adapter
+            self.engine.unload_lora_adapter()
+        self._push.close()
         self._engine_version = -1
 
     # ---------------------------------------------------------------------- training
@@ -239,7 +239,9 @@ class RolloutCallback(Callback):
         generation = trainer.global_step // per_gen
         if self.max_staleness == 0:
             sync = self.sync_weights(module)
-            return self._sample(trainer, generation), {"time/sync": sync}
+            result = self._sample(trainer, generation)
+            self.engine.sleep()  # a colocated engine gives its memory back to the trainer (vllm_args.sleep_level)
+            return result, {"time/sync": sync}
         if self._pipeline is None:
             self._pipeline = self._async_pipeline(trainer, module, per_gen)
         return self._pipeline.next_batch(generation, trainer.global_step)
@@ -321,7 +323,9 @@ class RolloutCallback(Callback):
         if self._pipeline is not None:  # the worker owns the servers: queue behind its work
             return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
         self.sync_weights(module)
-        return evaluate_prompts(*args)
+        metrics = evaluate_prompts(*args)
+        engine.sleep()
+        return metrics
 
     # ------------------------------------------------------- settings guards may change
     @property

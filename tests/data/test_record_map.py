@@ -40,18 +40,6 @@ def maps(tmp_path, monkeypatch):
     return "my_maps"
 
 
-@pytest.fixture
-def make_dm(tiny_model_path):
-    def make(**kwargs) -> PromptDataModule:
-        kwargs.setdefault("tokenizer_path", str(tiny_model_path))
-        kwargs.setdefault("batch_size", 2)
-        dm = PromptDataModule(**kwargs)
-        dm.setup("fit")
-        return dm
-
-    return make
-
-
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
