@@ -135,12 +135,30 @@ def condense(message: str, parser: Any = None, config: Any = None) -> str:
         if kind == "Subcommand":  # a whole key under the subcommand: 'model.advantag'
             group, _, option = option.rpartition(".")
         where = f"{group}.{option}" if group else option
+        if kind == "Group" and class_path and (nested := _dataclass_option(class_path, group)) is not None:
+            nested_path, fields = nested  # a dataclass option of the class (rollout.sampling of RolloutCallback)
+            return f"{'.'.join([*keys, where])}: not an option of {nested_path}" + _suggest(option, fields)
         return f"{where}: not an option of '{group or kind.lower()}'" + _suggest(option, _group_options(parser, group))
     if text.startswith("unrecognized arguments:") and parser is not None:
         given = next((a for a in text.split()[2:] if a.startswith("--")), "").split("=")[0]
         text += _suggest(given, list(getattr(parser, "_option_string_actions", {})))
     key = ".".join(keys)
     return f"{key}: {text}" if key and not text.startswith(key) else text
+
+
+def _dataclass_option(class_path: str, name: str) -> tuple[str, list[str]] | None:
+    """(the public class path, the fields) of ``class_path``'s parameter ``name`` when its default is a dataclass."""
+    module_name, _, cls_name = class_path.rpartition(".")
+    try:
+        param = inspect.signature(getattr(importlib.import_module(module_name), cls_name)).parameters.get(name)
+    except Exception:  # noqa: BLE001 - the plain group message is used instead
+        return None
+    if param is None or not dataclasses.is_dataclass(param.default):
+        return None
+    cls = type(param.default)
+    package = importlib.import_module("lightning_grpo")
+    path = f"lightning_grpo.{cls.__name__}" if getattr(package, cls.__name__, None) is cls else f"{cls.__module__}.{cls.__qualname__}"
+    return path, [f.name for f in dataclasses.fields(cls)]
 
 
 def _group_options(parser: Any, group: str) -> list[str]:
