@@ -129,12 +129,16 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
 
 def _load_distributed_state(path: Path) -> dict[str, torch.Tensor]:
     """The full model state of a distributed (DCP) checkpoint folder, read in this process."""
-    import torch.distributed.checkpoint as dcp
+    # as torch's own dcp_to_torch_save reads one: dcp.load keeps only keys already in the given dict
+    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}),
-             no_dist=True)  # fmt: skip
+    _load_state_dict(state, storage_reader=FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}),
+                     no_dist=True)  # fmt: skip
+    if not isinstance(state.get("state_dict"), dict):
+        raise ExportError(f"{path} is a distributed checkpoint without a model state_dict (not written by Lightning)")
     return state["state_dict"]
 
 
