@@ -220,7 +220,10 @@ def test_alarms_are_logged_as_columns_and_jsonl(tiny_model_path, tmp_path):
     skipped = {int(r["step"]): float(r["train/skipped_steps"]) for r in rows if r.get("train/skipped_steps")}
     assert skipped == {0: 0.0, 1: 1.0, 2: 1.0}
     records = [json.loads(line) for line in open(f"{trainer.log_dir}/alarms.jsonl")]
-    assert records == [{"step": 1, "guard": "non_finite", "action": "skip", "message": "gradient norm is nan"}]
+    assert records == [{"step": 1, "guard": "non_finite", "action": "skip", "message": "gradient norm is nan",
+                        "completions": "completions.jsonl step 1"}]  # fmt: skip
+    logged = [json.loads(line) for line in open(f"{trainer.log_dir}/completions.jsonl")]
+    assert 1 in {row["step"] for row in logged}  # the rows the alarm points to
 
 
 # --------------------------------------------------------------------- configuration errors
