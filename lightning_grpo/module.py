@@ -403,7 +403,13 @@ class GRPOModule(L.LightningModule):
         self.log_dict(bar, prog_bar=True, logger=False, batch_size=1, on_step=True, on_epoch=False)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Also store what ``lightning-grpo export`` needs besides the weights (config, tokenizer files, LoRA)."""
+        from .export import EXPORT_KEY, export_info
+
         checkpoint["grpo_skipped_steps"] = self.skipped_steps
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if self.policy is not None:
+            checkpoint[EXPORT_KEY] = export_info(self, getattr(datamodule, "tokenizer", None))
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))

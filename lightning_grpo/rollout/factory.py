@@ -19,7 +19,7 @@ def _hf_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutEng
 
     if args:
         raise ValueError(
-            f"engine 'hf' takes no engine arguments (RolloutCallback.vllm_args are for engine 'vllm'), got {sorted(args)}"
+            f"engine 'hf' takes no engine arguments (rollout.vllm_args are for engine 'vllm'), got {sorted(args)}"
         )
     return HFEngine(module.policy, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
 

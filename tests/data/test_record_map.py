@@ -121,13 +121,11 @@ trainer:
   logger:
     class_path: lightning.pytorch.loggers.CSVLogger
     init_args: {save_dir: logs, name: run}
-  callbacks:
-    - class_path: lightning_grpo.RolloutCallback
-      init_args:
-        engine: hf
-        sampling: {n: 2, max_new_tokens: 2}
-        rewards:
-          - name: my_rewards.uses_hint
+rollout:
+  engine: hf
+  sampling: {n: 2, max_new_tokens: 2}
+  rewards:
+    - name: my_rewards.uses_hint
 data:
   train_files: qa.jsonl
   record_map: my_maps.to_prompt
