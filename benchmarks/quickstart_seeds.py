@@ -1,8 +1,10 @@
 """Run the quickstart recipe for several seeds and measure what it learns.
 
-For each seed: wall time of the whole command, mean training reward of the first and last
-tenth of the steps, held-out greedy accuracy (prompts never trained on) at step 0 and at
-the end, and every guard's alarm count (steps at which it fired, from ``alarms.jsonl``).
+For each seed: wall time of the whole command and its CPU time (user + system seconds of the
+run's process: what it costs alone on one core; with ``--jobs`` each run has one thread), mean
+training reward of the first and last tenth of the steps, held-out greedy accuracy (prompts never
+trained on) at step 0 and at the end, and every guard's alarm count (steps at which it fired,
+from ``alarms.jsonl``).
 Writes a markdown table and a reward / accuracy curve (PNG).
 
     python benchmarks/quickstart_seeds.py --seeds 0 1 2 --write
@@ -10,6 +12,8 @@ Writes a markdown table and a reward / accuracy curve (PNG).
 
 ``--write`` puts the table into README.md (quickstart) or docs/benchmarks.md (another recipe),
 between ``<!-- <recipe>-results -->`` markers, and the curve into ``docs/<recipe>_curve.png``.
+With ``--jobs N`` up to N runs go at once, each pinned to its own CPU core (one thread).
+benchmarks/reasoning_gym_seeds.py reuses these pieces for the reasoning-gym quickstart.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,16 +33,29 @@ ROOT = Path(__file__).resolve().parents[1]
 GUARDS = ("non_finite", "non_finite_logprobs", "entropy", "identical_samples", "mismatch", "zero_reward_std")
 
 
-def run(seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/quickstart.yaml", reuse: bool = False) -> dict:
+def run(
+    seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/quickstart.yaml", reuse: bool = False,
+    core: int | None = None,
+) -> dict:
+    """Run ``recipe`` with ``seed`` (pinned to CPU ``core`` with one thread when given) and read its metrics."""
     save = out / f"seed{seed}"
-    wall_file = save / "wall_seconds.txt"
+    wall_file, cpu_file = save / "wall_seconds.txt", save / "cpu_seconds.txt"
     if not (reuse and wall_file.is_file()):  # --reuse: a run of this seed finished earlier (seeds one per command)
         cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
                "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
+        env = dict(os.environ)
+        if core is not None:  # one core (util-linux taskset), one thread
+            env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            cmd = ["taskset", "-c", str(core), *cmd]
         start = time.perf_counter()
-        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        child = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(child.pid, 0)  # this run's own CPU time (and its reaped children's)
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), cmd)
         wall_file.write_text(f"{time.perf_counter() - start}\n")
+        cpu_file.write_text(f"{usage.ru_utime + usage.ru_stime}\n")
     wall = float(wall_file.read_text())
+    cpu = float(cpu_file.read_text()) if cpu_file.is_file() else None
     metrics = next(save.glob("**/metrics.csv"))
     rows = list(csv.DictReader(metrics.open()))
     reward = [(int(r["step"]), float(r["train/reward_mean"])) for r in rows if r.get("train/reward_mean")]
@@ -48,6 +67,7 @@ def run(seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/q
         "alarms": {g: sum(r["guard"] == g for r in records) for g in GUARDS},
         "seed": seed,
         "wall_s": wall,
+        "cpu_s": cpu,
         "reward_first": sum(v for _, v in reward[:tenth]) / tenth,
         "reward_last": sum(v for _, v in reward[-tenth:]) / tenth,
         "acc_start": acc[0][1],
@@ -59,14 +79,15 @@ def run(seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/q
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| seed | wall time (s) | reward, first tenth | reward, last tenth | gain | held-out greedy accuracy, step 0 -> end "
+        "| seed | wall time, s (CPU time) | reward, first tenth | reward, last tenth | gain | held-out greedy accuracy, step 0 -> end "
         "| alarms (" + " / ".join(GUARDS) + ") |",
         "|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
         alarms = " / ".join(str(r["alarms"][g]) for g in GUARDS)
+        cpu = "" if r.get("cpu_s") is None else f" ({r['cpu_s']:.0f})"
         lines.append(
-            f"| {r['seed']} | {r['wall_s']:.0f} | {r['reward_first']:.3f} | {r['reward_last']:.3f} | "
+            f"| {r['seed']} | {r['wall_s']:.0f}{cpu} | {r['reward_first']:.3f} | {r['reward_last']:.3f} | "
             f"{r['reward_last'] - r['reward_first']:+.3f} | {r['acc_start']:.2f} -> {r['acc_end']:.2f} | {alarms} |"
         )
     return "\n".join(lines)
@@ -93,30 +114,57 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "quickstart.yaml")
+def run_seeds(seeds: list[int], out: Path, extra: list[str], recipe: Path, reuse: bool = False, jobs: int = 1) -> list[dict]:
+    """:func:`run` for every seed, up to ``jobs`` at once, each pinned to its own core (``jobs`` > 1)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not 1 <= jobs <= len(cores):
+        raise SystemExit(f"--jobs must be between 1 and the {len(cores)} usable CPU cores, got {jobs}")
+    free = list(cores[:jobs]) if jobs > 1 else [None]
+
+    def one(seed: int) -> dict:
+        core = free.pop()  # each worker thread holds one core while its run lasts
+        try:
+            return run(seed, out, extra, recipe, reuse, core)
+        finally:
+            free.append(core)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(one, seeds))
+
+
+def write_between_markers(target: Path, marker: str, text: str) -> None:
+    """Replace what stands between the two ``marker`` lines of ``target`` with ``text``."""
+    page = target.read_text()
+    if page.count(marker) != 2:
+        raise SystemExit(f"{target} needs two {marker} markers to write the table between")
+    head, _, rest = page.partition(marker)
+    _, _, tail = rest.partition(marker)
+    target.write_text(f"{head}{marker}\n{text}\n{marker}{tail}")
+
+
+def arguments(recipe: Path, description: str = __doc__) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", type=Path, default=recipe)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=None, help="default: runs/<recipe>-seeds")
     parser.add_argument("--reuse", action="store_true", help="take a seed's result from an earlier run into --out")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once, each pinned to its own core (<= CPU count)")
     parser.add_argument("--write", action="store_true", help="write the table into README.md and the curve into docs/")
     parser.add_argument("extra", nargs="*", help="more CLI overrides, after --")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments(ROOT / "recipes" / "quickstart.yaml").parse_args()
     recipe = args.recipe.resolve()
     out = args.out or ROOT / "runs" / f"{recipe.stem}-seeds"
-    results = [run(seed, out, args.extra, recipe, args.reuse) for seed in args.seeds]
+    results = run_seeds(args.seeds, out, args.extra, recipe, args.reuse, args.jobs)
     text = table(results)
     print(text)
     if args.write:
         plot(results, ROOT / "docs" / f"{recipe.stem}_curve.png")
         target = ROOT / ("README.md" if recipe.stem == "quickstart" else "docs/benchmarks.md")
-        marker = f"<!-- {recipe.stem}-results -->"
-        page = target.read_text()
-        if marker not in page:
-            raise SystemExit(f"{target} has no {marker} markers to write the table between")
-        head, _, rest = page.partition(marker)
-        _, _, tail = rest.partition(marker)
-        target.write_text(f"{head}{marker}\n{text}\n{marker}{tail}")
+        write_between_markers(target, f"<!-- {recipe.stem}-results -->", text)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,7 @@ def recipe(out: Path, tools: bool) -> Path:
     if tools:
         return RECIPE
     cfg = yaml.safe_load(RECIPE.read_text())
-    (agent,) = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("AgentRolloutCallback")]
-    agent["init_args"]["environment_args"]["tools_enabled"] = False
+    cfg["rollout"]["init_args"]["environment_args"]["tools_enabled"] = False
     path = out / "tool_quickstart_control.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -14,6 +14,7 @@ __version__ = "0.1.0.dev0"
 _LAZY = {
     "GRPOModule": "lightning_grpo.module",
     "LoraSettings": "lightning_grpo.module",
+    "QuantizationSettings": "lightning_grpo.quantization",
     "RolloutCallback": "lightning_grpo.callbacks.rollout",
     "AgentRolloutCallback": "lightning_grpo.agents.callback",
     "PromptDataModule": "lightning_grpo.data.datamodule",
@@ -30,6 +31,7 @@ _LAZY = {
     "LengthGuard": "lightning_grpo.callbacks.drift_guards",
     "ReferenceSync": "lightning_grpo.callbacks.reference_sync",
     "EntropyController": "lightning_grpo.callbacks.entropy_control",
+    "CurriculumCallback": "lightning_grpo.callbacks.curriculum",
     "SavePretrained": "lightning_grpo.callbacks.save_pretrained",
     "DistillSettings": "lightning_grpo.distill",
 }

@@ -33,6 +33,7 @@ from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
 from .fsdp import fsdp_units, run_as_forward, shard_policy
 from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
 from .prefix import PrefixSharingMode, choose_layout
+from .quantization import QuantizationSettings, check_quantization
 
 
 @dataclass
@@ -84,6 +85,9 @@ class GRPOModule(L.LightningModule):
         reference: "auto" (none when no KL is used, the adapter-disabled model with LoRA, a
             frozen copy otherwise), or force "none" / "copy" / "adapter".
         lora: LoRA settings, or None for full fine-tuning.
+        quantization: QLoRA: load the base model's linear layers in 4 bits (bitsandbytes nf4 / fp4;
+            needs ``lora`` and a model path; :mod:`lightning_grpo.quantization`). Engines get the
+            dequantised weights.
         dtype: dtype to load a model path in.
         logprob_path: "chunked_hidden" (decoder, then the LM head in chunks: the full logits never
             exist; run as a root forward under FSDP2) or "logits" (the model's own forward,
@@ -115,6 +119,7 @@ class GRPOModule(L.LightningModule):
         steps_per_generation: int = 1,
         reference: Literal["auto", "none", "copy", "adapter"] = "auto",
         lora: LoraSettings | None = None,
+        quantization: QuantizationSettings | None = None,
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
         logprob_chunk_size: int = 1024,
@@ -143,6 +148,7 @@ class GRPOModule(L.LightningModule):
         self.distiller = Distiller.of(distillation)  # None without distillation
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
+        self.quantization = check_quantization(quantization, lora is not None, model)
         from .tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
 
         self.model_source = builtin_model_path(model) if isinstance(model, str) or model is None else None
@@ -190,6 +196,8 @@ class GRPOModule(L.LightningModule):
             self.distiller.build(self, getattr(datamodule, "tokenizer", None), getattr(datamodule, "train_records", None))
         mesh = self.device_mesh  # set by ModelParallelStrategy: shard with FSDP2 over data parallelism
         if mesh is not None and not fsdp_units(self.policy):
+            if self.quantization is not None:
+                raise NotImplementedError("model.quantization (QLoRA) does not shard with FSDP2: use strategy ddp or one device")
             if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
                 raise NotImplementedError("GRPOModule shards with FSDP2 only: use ModelParallelStrategy(tensor_parallel_size=1)")
             dp_mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
@@ -204,7 +212,13 @@ class GRPOModule(L.LightningModule):
             from .tiny import tiny_model_dir
 
             source = self.model_source = str(tiny_model_dir())
-        policy = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, self.hparams.dtype))
+        if self.quantization is not None:
+            from .quantization import load_quantized
+
+            device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+            policy = load_quantized(source, self.hparams.dtype, self.quantization, device)
+        else:
+            policy = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, self.hparams.dtype))
         return self._apply_lora(policy) if self.lora is not None else policy
 
     def _apply_lora(self, policy: nn.Module) -> nn.Module:
@@ -394,7 +408,13 @@ class GRPOModule(L.LightningModule):
         self.log_dict(bar, prog_bar=True, logger=False, batch_size=1, on_step=True, on_epoch=False)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Also store what ``lightning-grpo export`` needs besides the weights (config, tokenizer files, LoRA)."""
+        from .export import EXPORT_KEY, export_info
+
         checkpoint["grpo_skipped_steps"] = self.skipped_steps
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if self.policy is not None:
+            checkpoint[EXPORT_KEY] = export_info(self, getattr(datamodule, "tokenizer", None))
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))

@@ -4,8 +4,10 @@
     lightning-grpo report runs/quickstart/version_3 --out /tmp/report --no-png
 
 Reads the ``metrics.csv`` of Lightning's ``CSVLogger`` (one row per logging call, sparse columns:
-rows are merged by ``step``) and the guards' optional ``alarms.jsonl`` (one
-``{"step", "guard", "action", "message"}`` object per line). Writes ``report.png`` (reward,
+rows are merged by ``step``), the guards' optional ``alarms.jsonl`` (one
+``{"step", "guard", "action", "message"[, "completions"]}`` object per line) and the rollout's
+``completions.jsonl`` (:mod:`lightning_grpo.run_files`; the versions of a resumed run are stitched
+by step). Writes ``report.png`` (reward,
 entropy, KL, clip fractions, completion lengths, mismatch, zero-std / identical groups, gradient
 norm, skipped steps; every ``alarm/<guard>`` firing drawn as a vertical marker on all panels) and
 ``report.txt`` (also printed). Needs only the standard library and matplotlib (Agg backend).
@@ -14,17 +16,15 @@ norm, skipped steps; every ``alarm/<guard>`` firing drawn as a vertical marker o
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import math
-import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from .run_files import Run, RunDirError, load_run, points as _points, read_alarms, read_metrics, resolve_run_dir  # noqa: F401
 
 #: Dashboard panels: (title, [(column, label), ...]); panels with none of their columns say so.
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
-    ("reward", [("train/reward_mean", "train reward (mean ± std)")]),
+    ("reward", [("train/reward_mean", "train reward (mean ± std, within min..max)")]),
     ("entropy", [("train/entropy", "entropy")]),
     ("KL to the reference", [("train/kl", "kl")]),
     (
@@ -48,110 +48,11 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("skipped optimizer steps", [("train/skipped_steps", "skipped (cumulative)")]),
 ]
 
-Series = list[tuple[int, float]]
 #: Height of one guard's alarm lane (axes fraction) and the most firing steps drawn full-height.
 ALARM_LANE = 0.035
 SPARSE_ALARMS = 50
-
-
-class RunDirError(FileNotFoundError):
-    """RUN_DIR holds no ``metrics.csv`` (neither itself nor its latest ``version_*``)."""
-
-
-@dataclass
-class Run:
-    """The merged metrics of one run: column -> sorted (step, value), and the guards' alarms."""
-
-    path: Path
-    series: dict[str, Series]
-    alarms: dict[str, list[dict]] = field(default_factory=dict)  # guard -> records, by step
-    alarms_from_jsonl: bool = False
-
-    def values(self, column: str) -> list[float]:
-        """The finite values logged for ``column``, in step order."""
-        return [v for _, v in _points(self, column)]
-
-
-# ------------------------------------------------------------------------------- reading
-def _version_number(path: Path) -> tuple[int, str]:
-    """Sort key of ``version_N`` directories: N (numerically), then the name."""
-    match = re.search(r"(\d+)$", path.name)
-    return (int(match.group(1)) if match else -1, path.name)
-
-
-def resolve_run_dir(path: str | Path) -> Path:
-    """The directory holding ``metrics.csv``: ``path`` itself or its highest ``version_N``."""
-    path = Path(path)
-    if (path / "metrics.csv").is_file():
-        return path
-    versions = [p for p in path.glob("version_*") if (p / "metrics.csv").is_file()]
-    if versions:
-        return max(versions, key=_version_number)
-    raise RunDirError(
-        f"no metrics.csv in {path}: expected a CSVLogger version directory (holding metrics.csv, "
-        f"e.g. runs/quickstart/version_0) or a directory of version_* directories (e.g. runs/quickstart)"
-    )
-
-
-def read_metrics(csv_path: Path) -> dict[str, Series]:
-    """``metrics.csv`` merged by step: every numeric cell becomes a (step, value) point; a column
-    logged twice at one step keeps its last value (``alarm/*`` columns keep their maximum)."""
-    merged: dict[str, dict[int, float]] = {}
-    with open(csv_path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            try:
-                step = int(float(row.get("step") or ""))
-            except ValueError:
-                continue
-            for column, cell in row.items():
-                if column in (None, "step", "epoch") or cell in (None, ""):
-                    continue
-                try:
-                    value = float(cell)
-                except ValueError:
-                    continue
-                points = merged.setdefault(column, {})
-                if column.startswith("alarm/") and step in points:
-                    value = max(value, points[step])
-                points[step] = value
-    return {column: sorted(points.items()) for column, points in merged.items()}
-
-
-def read_alarms(run_dir: Path, series: dict[str, Series]) -> tuple[dict[str, list[dict]], bool]:
-    """Alarms per guard: ``alarms.jsonl`` records where present, else one per firing (value >= 0.5)
-    in the ``alarm/<guard>`` columns. Returns (alarms, whether alarms.jsonl was read)."""
-    alarms: dict[str, list[dict]] = {}
-    jsonl = run_dir / "alarms.jsonl"
-    if jsonl.is_file():
-        for line in jsonl.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # blank, or cut short by a killed run
-                continue
-            if isinstance(record, dict) and "step" in record:
-                alarms.setdefault(str(record.get("guard", "?")), []).append(record)
-    for column, points in series.items():
-        guard = column.removeprefix("alarm/")
-        if column.startswith("alarm/") and guard not in alarms:
-            fired = [{"step": s, "guard": guard, "action": None, "message": None} for s, v in points if v >= 0.5]
-            if fired:
-                alarms[guard] = fired
-    for records in alarms.values():
-        records.sort(key=lambda r: int(r["step"]))
-    return dict(sorted(alarms.items())), jsonl.is_file()
-
-
-def load_run(path: str | Path) -> Run:
-    """Resolve ``path`` (see :func:`resolve_run_dir`) and read its metrics and alarms."""
-    run_dir = resolve_run_dir(path)
-    series = read_metrics(run_dir / "metrics.csv")
-    alarms, from_jsonl = read_alarms(run_dir, series)
-    return Run(path=run_dir, series=series, alarms=alarms, alarms_from_jsonl=from_jsonl)
-
-
-def _points(run: Run, column: str) -> Series:
-    """The finite (step, value) points of ``column``."""
-    return [(s, v) for s, v in run.series.get(column, []) if math.isfinite(v)]
+#: Completions shown in the summary: the best and the worst this many of the last logged step.
+SHOWN_COMPLETIONS = 3
 
 
 # ------------------------------------------------------------------------------- summary
@@ -228,7 +129,42 @@ def _alarm_lines(run: Run) -> list[str]:
         message = first.get("message") or "(no message: alarms.jsonl absent, read from the alarm column)"
         action = f", action {first['action']}" if first.get("action") else ""
         steps = f"steps {first['step']}..{last['step']}"
-        lines.append(f"  {guard}: {len(records)} alarm(s), {steps}{action}; first: {message}")
+        where = f"; its completions: {first['completions']}" if first.get("completions") else ""
+        lines.append(f"  {guard}: {len(records)} alarm(s), {steps}{action}; first: {message}{where}")
+    return lines
+
+
+def _clip(text: str, width: int = 60) -> str:
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _completion_lines(run: Run) -> list[str]:
+    """The best and the worst few completions of the last logged step (completions.jsonl)."""
+    if not run.completions:
+        return ["completions: none logged (rollout.log_completions)"]
+    step = int(run.completions[-1]["step"])
+    rows = sorted((r for r in run.completions if int(r["step"]) == step), key=lambda r: -float(r.get("reward", 0.0)))
+    n = min(SHOWN_COMPLETIONS, len(rows) // 2 or 1)
+    lines = [f"completions of step {step} (the last logged; {len(rows)} rows in completions.jsonl), best and worst {n}:"]
+    for label, chosen in (("best", rows[:n]), ("worst", rows[-n:] if len(rows) > n else [])):
+        for r in chosen:
+            lines.append(f"  {label}: reward {float(r.get('reward', float('nan'))):.3f}, advantage "
+                         f"{float(r.get('advantage', float('nan'))):+.3f}, {r.get('length', '?')} tokens"
+                         f"{' (truncated)' if r.get('truncated') else ''}: {_clip(str(r.get('prompt', '')), 40)!r} -> "
+                         f"{_clip(str(r.get('transcript', r.get('completion', ''))))!r}")  # fmt: skip
+    return lines
+
+
+def _version_lines(run: Run) -> list[str]:
+    """Which version folders were read (a resumed run's are stitched by step)."""
+    lines = []
+    if len(run.versions) > 1:
+        names = " -> ".join(p.name for p in run.versions)
+        lines.append(f"versions: {names} (a resumed run, stitched by step: a later version replaces from its first step)")
+    if run.other_versions:
+        others = ", ".join(p.name for p in run.other_versions)
+        lines.append(f"read {', '.join(p.name for p in run.versions)} only; other runs there: {others} (pass one as RUN_DIR to read it)")
     return lines
 
 
@@ -239,10 +175,12 @@ def summarize(run: Run) -> str:
     lines = [
         "lightning-grpo run report",
         f"run dir: {run.path}",
+        *_version_lines(run),
         f"steps: {steps} optimizer steps (last logged step {steps - 1})" if steps else "steps: no train/* metrics logged",
         *_metric_lines(run),
         f"what the detectors saw ({source}):",
         *_alarm_lines(run),
+        *_completion_lines(run),
     ]
     return "\n".join(lines) + "\n"
 
@@ -280,7 +218,9 @@ def _draw_panel(ax, run: Run, title: str, specs: list[tuple[str, str]]) -> None:
     drawn = [_line(ax, run, c, label, drawstyle="steps-post" if "skipped" in c else "default") for c, label in specs]
     if title == "reward":
         std = dict(run.series.get("train/reward_std", []))
-        _band(ax, [(s, v - std[s], v + std[s]) for s, v in _points(run, "train/reward_mean") if s in std])
+        low, high = dict(run.series.get("train/reward_min", [])), dict(run.series.get("train/reward_max", []))
+        _band(ax, [(s, max(v - std[s], low.get(s, -math.inf)), min(v + std[s], high.get(s, math.inf)))
+                   for s, v in _points(run, "train/reward_mean") if s in std])  # mean ± std within the rewards seen
         for column, label, marker in (("val/greedy_accuracy", "held-out greedy accuracy", "o"),
                                       ("val/reward_mean", "held-out reward", "s")):  # fmt: skip
             drawn.append(_line(ax, run, column, label, marker=marker, ls="none", ms=4))

@@ -41,6 +41,15 @@ CHATML_TOOLS_TEMPLATE = (
 )
 #: Extra characters of the ``tools`` variant (JSON and tool names).
 TOOLS_ALPHABET = list('_{}[]",') + list(string.ascii_uppercase)
+#: Extra characters of the ``text`` variant: the rest of printable ASCII (upper case, all punctuation),
+#: so that any English task text (reasoning-gym questions) is spelled without dropping a character.
+TEXT_ALPHABET = list(string.ascii_uppercase) + [c for c in string.punctuation if c not in ALPHABET]
+#: Whole strings that the ``text`` variant spells as one token each: the fixed instruction of reasoning-gym's
+#: spell_backward questions (``"Spell this word backward (example: sun -> nus): cat"`` is 4 tokens, not 51), as
+#: a real BPE vocabulary spells frequent text in a few tokens (recipes/reasoning_gym_quickstart.yaml).
+TEXT_WORDS = ["Spell this word backward (example: sun -> nus): "]
+#: Tokenizer variant -> the characters it adds to :data:`ALPHABET`.
+VARIANT_ALPHABETS = {"chars": [], "tools": TOOLS_ALPHABET, "text": TEXT_ALPHABET}
 #: Whole strings that the ``tools`` variant spells as one token each, as a real BPE vocabulary spells
 #: frequent strings: the chat roles, the Hermes markers, and the complete call of the built-in secret-digit tool, so
 #: that a random 88K-parameter model can sample a well-formed call (lightning_grpo.agents.secret_digit).
@@ -71,15 +80,18 @@ class TinyModelConfig:
     tie_word_embeddings: bool = False
     seed: int = 0
     tokenizer: str = "chars"
-    """"chars" (character level, plain ChatML) or "tools" (more characters, ChatML with tool
-    support, Hermes markers as tokens: :data:`CHATML_TOOLS_TEMPLATE`)."""
+    """"chars" (character level, plain ChatML), "tools" (more characters, ChatML with tool
+    support, Hermes markers as tokens: :data:`CHATML_TOOLS_TEMPLATE`) or "text" (every printable
+    ASCII character, plain ChatML)."""
 
     def key(self) -> str:
         fields = asdict(self)
         if fields["tokenizer"] == "chars":  # the original key of the default tokenizer
             del fields["tokenizer"]
-        else:  # the tools vocabulary changed once (role words added)
+        elif fields["tokenizer"] == "tools":  # the tools vocabulary changed once (role words added)
             fields["tokenizer_version"] = 2
+        else:  # a vocabulary change gives another directory
+            fields["words"] = TEXT_WORDS
         blob = json.dumps(fields, sort_keys=True) + "|v2"
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -95,10 +107,11 @@ def default_cache_dir() -> Path:
 def build_char_tokenizer(variant: str = "chars"):
     """A character-level tokenizer: one token per character of :data:`ALPHABET` (fixed ids);
     characters outside it are dropped. ``variant="tools"`` adds :data:`TOOLS_ALPHABET`, the
-    :data:`TOOLS_WORDS` as single tokens and the tool-aware chat template."""
-    if variant not in ("chars", "tools"):
-        raise ValueError(f"tiny tokenizer variant must be 'chars' or 'tools', got {variant!r}")
-    alphabet = ALPHABET + (TOOLS_ALPHABET if variant == "tools" else [])
+    :data:`TOOLS_WORDS` as single tokens and the tool-aware chat template; ``variant="text"`` adds
+    :data:`TEXT_ALPHABET` (all printable ASCII)."""
+    if variant not in VARIANT_ALPHABETS:
+        raise ValueError(f"tiny tokenizer variant must be one of {sorted(VARIANT_ALPHABETS)}, got {variant!r}")
+    alphabet = ALPHABET + VARIANT_ALPHABETS[variant]
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode
@@ -119,8 +132,9 @@ def build_char_tokenizer(variant: str = "chars"):
     )
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    if variant == "tools":
-        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOLS_WORDS])
+    words = {"tools": TOOLS_WORDS, "text": TEXT_WORDS}.get(variant, [])
+    if words:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in words])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<pad>",

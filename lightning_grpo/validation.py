@@ -7,12 +7,13 @@ runs it from the CLI's ``before_fit`` hook (before ``trainer.fit``, so before Li
 create their run directory; :mod:`lightning_grpo.cli`), and ``RolloutCallback.setup`` runs it again
 on every rank (also for drop-in use without the CLI). Each problem is one exception whose message
 names the option as written in a recipe (``data.batch_size``, ``model.advantage``,
-``RolloutCallback.sampling.n``, ...) and what was expected. It checks:
+``rollout.sampling.n``, ...) and what was expected. It checks:
 
 * the engine: a known name; ``engine: vllm`` with vLLM installed; no ``vllm_args`` for ``hf``; on
   CPU a prefill budget (``vllm_args.max_num_batched_tokens``) of at least ``max_model_len`` and no
   chunked prefill (``rollout/prefill.py``);
   ``lora_sync: adapter`` with engine vllm, ``vllm_args.enable_lora`` and ``model.lora``;
+  ``vllm_args.sleep_level: 2`` only with ``weight_sync`` on;
 * the groups: at least 2 completions per prompt for a group-relative advantage (all built-in
   ones); no more training steps per generation batch than it has completions;
 * the reference: ``beta > 0`` or ``kl_in_reward_coef`` with ``reference: none``;
@@ -20,8 +21,12 @@ names the option as written in a recipe (``data.batch_size``, ``model.advantage`
   (``vllm_args.max_model_len``, or the policy's ``max_position_embeddings`` for ``hf``);
 * the model: a local ``model.model`` directory holds ``config.json``; the tokenizer's vocabulary
   fits the policy's embedding;
+* the loss: ``model.loss`` runs on a small made-up batch (negative ``eps_high``, an unknown
+  keyword of the policy loss or aggregation, ... fail here, not after the engine started);
+* LoRA: ``model.lora`` rank, alpha and dropout in range, its peft config valid, and its
+  ``target_modules`` present in the policy's architecture (matched on an empty ``meta`` copy);
 * the optimizer: it accepts its arguments and its learning rate is > 0;
-* RolloutCallback ranges: ``forward_rows >= 1``, ``val_samples >= 0``.
+* rollout ranges: ``forward_rows >= 1``, ``val_samples >= 0``, ``val_pass_k`` in 1..``val_samples``.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ from typing import Any
 import torch
 
 from .core import ADVANTAGES
+from .model_checks import check_lora, check_loss
 
-CB = "RolloutCallback"
+CB = "rollout"
 
 
 def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any = None) -> None:
@@ -53,6 +59,8 @@ def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any =
     check_reference(module)
     check_callback_ranges(callback)
     check_model_source(module)
+    check_loss(module)
+    check_lora(module)
     check_optimizer(module)
     if dm is not None and hasattr(dm, "train_records"):
         if dm.train_records is None:
@@ -84,6 +92,11 @@ def check_engine(module: Any, callback: Any) -> None:
         ServerSettings.from_args(callback.vllm_args)  # unknown or bad vllm_args: one clear error now
     if name == "vllm" and callback.engine is None:
         _check_vllm_prefill(callback.vllm_args)
+    if name == "vllm" and callback.vllm_args.get("sleep_level") == 2 and not callback.weight_sync:
+        raise ValueError(
+            f"{CB}.vllm_args.sleep_level=2 discards the engine's weights at every sleep, so it needs "
+            f"{CB}.weight_sync: true (or use sleep_level: 1, which keeps them in CPU memory)"
+        )
     _check_lora_sync(module, callback)
 
 
@@ -184,6 +197,9 @@ def check_callback_ranges(callback: Any) -> None:
         raise ValueError(f"{CB}.forward_rows must be an integer >= 1, got {callback.forward_rows!r}")
     if not isinstance(callback.val_samples, int) or callback.val_samples < 0:
         raise ValueError(f"{CB}.val_samples must be an integer >= 0 (0 = greedy only), got {callback.val_samples!r}")
+    for k in getattr(callback, "val_pass_k", None) or []:
+        if not isinstance(k, int) or not 1 <= k <= callback.val_samples:
+            raise ValueError(f"{CB}.val_pass_k: each k must be in 1..{CB}.val_samples={callback.val_samples}, got {k!r}")
 
 
 # ------------------------------------------------------------------------------------- model

@@ -68,9 +68,8 @@ def write_config(tmp_path: Path, **overrides) -> Path:
             "limit_val_batches": 0, "default_root_dir": str(tmp_path / "root"),
             "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
                        "init_args": {"save_dir": str(tmp_path / "logs"), "name": "run"}},
-            "callbacks": [{"class_path": "lightning_grpo.RolloutCallback",
-                           "init_args": {"engine": "hf", "sampling": {"n": 4, "max_new_tokens": 3}}}],
         },
+        "rollout": {"engine": "hf", "sampling": {"n": 4, "max_new_tokens": 3}},
         "model": {"advantage": "grpo"},
         "data": {"batch_size": 4},
     }  # fmt: skip

@@ -4,7 +4,8 @@ launcher re-executes this script for rank 1). Each rank writes ``OUT/fsdp2-rank<
 
 1. ``update``: one SGD step on the fixed rollout halves of tests/distributed_worker.py (rank r
    trains half r) through the default chunked log-prob path; saves the full (gathered) weights,
-   which the test compares with a 1-process update on the concatenated batch.
+   which the test compares with a 1-process update on the concatenated batch, and writes the
+   distributed checkpoint ``OUT/update.ckpt`` (a folder) that the test exports.
 2. ``e2e``: a few steps of the full loop with an in-process vLLM engine on each rank; after every
    generation (the engine got the weights gathered from the shards after the previous step) it
    records the gap between the engine's log-probs and the sharded policy's.
@@ -64,6 +65,7 @@ def run_update(model_dir: str, out: Path) -> None:
     trainer.fit(module, train_dataloaders=DataLoader(GenerationTicks(1, 1), batch_size=None))
     result = {"rank": trainer.global_rank, "world": trainer.world_size, "step": trainer.global_step, **_sharding(module)}
     result["state"] = _full_state(module.policy)
+    trainer.save_checkpoint(out / "update.ckpt")  # every rank: a distributed checkpoint folder (lightning-grpo export reads it)
     torch.save(result, out / f"update-rank{trainer.global_rank}.pt")
 
 

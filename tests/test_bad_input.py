@@ -48,41 +48,39 @@ def test_unknown_variant_name_lists_the_valid_ones(build, message):
 
 
 def test_unknown_engine_name_fails_at_fit_setup():
-    fit_error(ValueError, r"RolloutCallback.engine: unknown rollout engine 'vlm'; valid names: hf, vllm", callback=hf_callback(engine="vlm"))
+    fit_error(ValueError, r"rollout.engine: unknown rollout engine 'vlm'; valid names: hf, vllm", callback=hf_callback(engine="vlm"))
 
 
 # ================================================================ 2. YAML (LightningCLI)
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("model.num_iterations", "abc", r'Parser key "model.num_iterations":\s+Expected a <class \'int\'>. Got value: abc'),
-        ("data.batch_size", "two", r'Parser key "data.batch_size":\s+Expected a <class \'int\'>. Got value: two'),
-        ("model.dtype", "fp32", r'Parser key "model.dtype":\s+Expected a typing.Literal\[.*float32.*Got value: fp32'),
+        ("model.num_iterations", "abc", "model.num_iterations: expected an int, got abc"),
+        ("data.batch_size", "two", "data.batch_size: expected an int, got two"),
+        ("model.dtype", "fp32", "model.dtype: expected a Literal['float32', 'bfloat16', 'float16'], got fp32"),
+        ("model.advantag", "grpo", "model.advantag: not an option of 'model' (did you mean 'advantage'?)"),
+        ("rollout.sampling", {"m": 4}, "rollout.sampling.m: not an option of lightning_grpo.SamplingConfig"),
+        ("model.loss", {"class_path": "lightning_grpo.GRPOLoss", "init_args": {"policy_los": "ppo"}},
+         "model.loss.policy_los: not an option of lightning_grpo.GRPOLoss (did you mean 'policy_loss'?)"),
     ],
-    ids=["num_iterations_abc", "batch_size_two", "dtype_literal"],
+    ids=["num_iterations_abc", "batch_size_two", "dtype_literal", "unknown_key", "unknown_nested_key", "unknown_loss_key"],
 )
-def test_yaml_wrong_type_names_the_field(tmp_path, capsys, key, value, message):
+def test_yaml_error_is_one_line_naming_the_field(tmp_path, capsys, key, value, message):
+    """A parse error prints only ``lightning-grpo: error: <key>: <what is wrong>`` (no usage, no value dump)."""
     path = write_config(tmp_path, **{key: value})
     with pytest.raises(SystemExit) as exit_info:
         cli(["fit", "-c", str(path)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert re.search(message, err), err[-600:]
+    assert err.splitlines() == [f"lightning-grpo: error: {message}"], err[-600:]
     assert not (tmp_path / "logs").exists()
-
-
-def test_yaml_unknown_key_names_it(tmp_path, capsys):
-    path = write_config(tmp_path, **{"model.advantag": "grpo"})
-    with pytest.raises(SystemExit):
-        cli(["fit", "-c", str(path)])
-    assert "advantag" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"trainer.callbacks.0.init_args.sampling": {"n": 1, "max_new_tokens": 3}},
-         r"RolloutCallback.sampling.n=1 leaves 1 completion per prompt, but model.advantage='grpo'"),
+        ({"rollout.sampling": {"n": 1, "max_new_tokens": 3}},
+         r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.advantage='grpo'"),
         ({"model.optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": -0.01}}},
          r"model.optimizer: AdamW rejected its arguments: Invalid learning rate: -0.01"),
         ({"data.train_dataset": [{"question": "12="}]},

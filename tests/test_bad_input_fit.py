@@ -25,12 +25,12 @@ def test_group_of_one_with_std_normalisation_in_core():
 
 
 def test_group_of_one_with_grpo_at_fit_start():
-    fit_error(ValueError, r"RolloutCallback.sampling.n=1 leaves 1 completion per prompt, but model.advantage='grpo' .*normalised by their reward std.*: set RolloutCallback.sampling.n >= 2",
+    fit_error(ValueError, r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.advantage='grpo' .*normalised by their reward std.*: set rollout.sampling.n >= 2",
               callback=hf_callback(sampling=SamplingConfig(n=1, max_new_tokens=3)))  # fmt: skip
 
 
 def test_gfpo_keep_one_at_fit_start():
-    fit_error(ValueError, r"RolloutCallback.gfpo_keep=1 leaves 1 completion per prompt, but model.advantage='dr_grpo' .*every advantage would be 0",
+    fit_error(ValueError, r"rollout.gfpo_keep=1 leaves 1 completion per prompt, but model.advantage='dr_grpo' .*every advantage would be 0",
               module=GRPOModule(advantage="dr_grpo"), callback=hf_callback(gfpo_keep=1))  # fmt: skip
 
 
@@ -54,7 +54,7 @@ def test_dynamic_sampling_filter_batch_not_divisible():
 
 def test_more_steps_per_generation_than_completions():
     fit_error(ValueError, r"model.steps_per_generation=8 x trainer.accumulate_grad_batches=2 training steps share each generation batch of "
-              r"data.batch_size=1 x RolloutCallback.sampling.n=4 = 4 completions: some steps would get none",
+              r"data.batch_size=1 x rollout.sampling.n=4 = 4 completions: some steps would get none",
               module=GRPOModule(steps_per_generation=8), dm=PromptDataModule(batch_size=1), accumulate_grad_batches=2)  # fmt: skip
 
 
@@ -69,32 +69,32 @@ def test_vllm_not_installed_names_the_extra(monkeypatch):
 
 def test_vllm_not_installed_fails_at_fit_setup(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
-    fit_error(ImportError, r"needs vLLM: pip install 'lightning-grpo\[cpu\]'.*; or set RolloutCallback.engine: hf", callback=hf_callback(engine="vllm"))
+    fit_error(ImportError, r"needs vLLM: pip install 'lightning-grpo\[cpu\]'.*; or set rollout.engine: hf", callback=hf_callback(engine="vllm"))
 
 
 def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
     monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)  # the check needs no engine
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm_args={"max_model_len": 12})
-    fit_error(ValueError, r"data.max_prompt_length \(6 tokens\) \+ RolloutCallback.sampling.max_new_tokens \(10\) = 16 tokens exceeds "
-              r"RolloutCallback.vllm_args.max_model_len \(12\)", callback=callback, dm=PromptDataModule(batch_size=4, max_prompt_length=6))  # fmt: skip
+    fit_error(ValueError, r"data.max_prompt_length \(6 tokens\) \+ rollout.sampling.max_new_tokens \(10\) = 16 tokens exceeds "
+              r"rollout.vllm_args.max_model_len \(12\)", callback=callback, dm=PromptDataModule(batch_size=4, max_prompt_length=6))  # fmt: skip
 
 
 def test_max_new_tokens_beyond_default_max_model_len(monkeypatch):
     monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=510))
     fit_error(ValueError, r"the longest prompt of the data \(data.max_prompt_length is not set\) \(5 tokens\) \+ "
-              r"RolloutCallback.sampling.max_new_tokens \(510\) = 515 tokens exceeds RolloutCallback.vllm_args.max_model_len \(default\) \(512\)",
+              r"rollout.sampling.max_new_tokens \(510\) = 515 tokens exceeds rollout.vllm_args.max_model_len \(default\) \(512\)",
               callback=callback)  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("vllm_args", "message"),
     [
-        ({"max_num_batched_tokens": 256}, r"RolloutCallback.vllm_args.max_num_batched_tokens \(256\) is below max_model_len \(512\): "
-         r"on CPU every prompt is prefilled whole in one scheduler step .*raise RolloutCallback.vllm_args.max_num_batched_tokens to at least 512"),
+        ({"max_num_batched_tokens": 256}, r"rollout.vllm_args.max_num_batched_tokens \(256\) is below max_model_len \(512\): "
+         r"on CPU every prompt is prefilled whole in one scheduler step .*raise rollout.vllm_args.max_num_batched_tokens to at least 512"),
         ({"max_model_len": 8192, "extra_llm_kwargs": {"max_num_batched_tokens": 4096}},
-         r"RolloutCallback.vllm_args.extra_llm_kwargs.max_num_batched_tokens \(4096\) is below max_model_len \(8192\)"),
-        ({"extra_llm_kwargs": {"enable_chunked_prefill": True}}, r"RolloutCallback.vllm_args.extra_llm_kwargs.enable_chunked_prefill=True: "
+         r"rollout.vllm_args.extra_llm_kwargs.max_num_batched_tokens \(4096\) is below max_model_len \(8192\)"),
+        ({"extra_llm_kwargs": {"enable_chunked_prefill": True}}, r"rollout.vllm_args.extra_llm_kwargs.enable_chunked_prefill=True: "
          r"chunked prefill is not supported with per-request seeds on CPU .*'CPU Generator does not use offset'.*; remove the option"),
     ],
     ids=["budget-below-max-model-len", "extra-budget", "chunked-prefill-on"],
@@ -119,7 +119,7 @@ def test_cpu_server_prefill_settings_rejected_before_any_server_starts(vllm_args
 
 
 def test_max_new_tokens_beyond_hf_policy_positions():
-    fit_error(ValueError, r"\+ RolloutCallback.sampling.max_new_tokens \(600\) = 605 tokens exceeds the policy's max_position_embeddings \(engine 'hf'\) \(512\)",
+    fit_error(ValueError, r"\+ rollout.sampling.max_new_tokens \(600\) = 605 tokens exceeds the policy's max_position_embeddings \(engine 'hf'\) \(512\)",
               callback=hf_callback(sampling=SamplingConfig(n=4, max_new_tokens=600)))  # fmt: skip
 
 
@@ -140,7 +140,7 @@ def test_vllm_engine_bad_argument(monkeypatch, tiny_model_path, kwargs, message)
 
 
 def test_vllm_args_with_hf_engine():
-    fit_error(ValueError, r"RolloutCallback.vllm_args \['max_model_len'\] are for engine 'vllm', but RolloutCallback.engine is 'hf'",
+    fit_error(ValueError, r"rollout.vllm_args \['max_model_len'\] are for engine 'vllm', but rollout.engine is 'hf'",
               callback=hf_callback(vllm_args={"max_model_len": 64}))  # fmt: skip
 
 
@@ -158,19 +158,19 @@ def test_hf_engine_without_eos(tiny_model_path):
 # ================================================================ 7. incompatible options
 def test_lora_sync_adapter_without_enable_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)
-    fit_error(ValueError, r"RolloutCallback.lora_sync='adapter' needs RolloutCallback.vllm_args.enable_lora: true",
+    fit_error(ValueError, r"rollout.lora_sync='adapter' needs rollout.vllm_args.enable_lora: true",
               module=GRPOModule(lora=LoraSettings(r=4)), callback=hf_callback(engine="vllm", lora_sync="adapter"))  # fmt: skip
 
 
 def test_lora_sync_adapter_with_hf_engine():
-    fit_error(ValueError, r"RolloutCallback.lora_sync='adapter' hands the LoRA adapter to vLLM, but RolloutCallback.engine is 'hf'",
+    fit_error(ValueError, r"rollout.lora_sync='adapter' hands the LoRA adapter to vLLM, but rollout.engine is 'hf'",
               module=GRPOModule(lora=LoraSettings(r=4)), callback=hf_callback(lora_sync="adapter"))  # fmt: skip
 
 
 def test_lora_sync_adapter_without_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)
     callback = hf_callback(engine="vllm", lora_sync="adapter", vllm_args={"enable_lora": True})
-    fit_error(ValueError, r"RolloutCallback.lora_sync='adapter' needs a LoRA policy, but model.lora is not set", callback=callback)
+    fit_error(ValueError, r"rollout.lora_sync='adapter' needs a LoRA policy, but model.lora is not set", callback=callback)
 
 
 def test_reference_adapter_without_lora():
@@ -189,12 +189,12 @@ def test_kl_in_reward_with_reference_none():
 
 
 def test_temperature_zero_for_training():
-    with pytest.raises(ValueError, match=r"RolloutCallback sampling.temperature must be > 0 for training \(0 is greedy decoding\)"):
+    with pytest.raises(ValueError, match=r"rollout.sampling.temperature must be > 0 for training \(0 is greedy decoding\)"):
         hf_callback(sampling=SamplingConfig(temperature=0.0))
 
 
 def test_forward_rows_zero():
-    fit_error(ValueError, r"RolloutCallback.forward_rows must be an integer >= 1, got 0", callback=hf_callback(forward_rows=0))
+    fit_error(ValueError, r"rollout.forward_rows must be an integer >= 1, got 0", callback=hf_callback(forward_rows=0))
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,22 @@ def test_fsdp2_update_equals_one_process_update(tiny_model_path, tmp_path):
         _check_sharded(result)
         for name in reference:  # embeddings and LM head (root unit) included: their gradients were reduced
             torch.testing.assert_close(result["state"][name], reference[name], atol=1e-6, rtol=0, msg=f"{name} rank {rank}")
+    _check_export_of_the_sharded_checkpoint(tmp_path, ranks[0]["state"])
+
+
+def _check_export_of_the_sharded_checkpoint(tmp_path: Path, state: dict[str, torch.Tensor]) -> None:
+    """``lightning-grpo export`` of the FSDP2 run's distributed checkpoint folder: a model folder that
+    transformers loads with exactly the gathered weights."""
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo.export import export
+
+    assert (tmp_path / "update.ckpt" / ".metadata").is_file()
+    out = export(tmp_path / "update.ckpt", tmp_path / "exported")
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    assert set(loaded) == set(state)
+    for name, value in state.items():
+        torch.testing.assert_close(loaded[name], value, atol=0, rtol=0, msg=name)
 
 
 def test_fsdp2_shared_prefix_update_equals_padded_update(tiny_model_path, tmp_path):

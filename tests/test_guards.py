@@ -207,7 +207,7 @@ def test_zero_std_alarm_suggests_dynamic_sampling(tiny_model_path):
     _fit(module, [guard], steps=3, rewards=[RewardSpec(constant_reward)])
     assert [a["step"] for a in guard.alarms] == [1, 2]  # from the first full window on
     assert guard.alarms[0]["message"].startswith("100% of groups have zero reward std over the last 2 batches (reward mean 0.5)")
-    assert "RolloutCallback.dynamic_sampling: true" in guard.alarms[0]["message"]
+    assert "rollout.dynamic_sampling: true" in guard.alarms[0]["message"]
 
 
 # --------------------------------------------------------------------- alarm records
@@ -220,7 +220,10 @@ def test_alarms_are_logged_as_columns_and_jsonl(tiny_model_path, tmp_path):
     skipped = {int(r["step"]): float(r["train/skipped_steps"]) for r in rows if r.get("train/skipped_steps")}
     assert skipped == {0: 0.0, 1: 1.0, 2: 1.0}
     records = [json.loads(line) for line in open(f"{trainer.log_dir}/alarms.jsonl")]
-    assert records == [{"step": 1, "guard": "non_finite", "action": "skip", "message": "gradient norm is nan"}]
+    assert records == [{"step": 1, "guard": "non_finite", "action": "skip", "message": "gradient norm is nan",
+                        "completions": "completions.jsonl step 1"}]  # fmt: skip
+    logged = [json.loads(line) for line in open(f"{trainer.log_dir}/completions.jsonl")]
+    assert 1 in {row["step"] for row in logged}  # the rows the alarm points to
 
 
 # --------------------------------------------------------------------- configuration errors
@@ -276,7 +279,7 @@ def test_stale_engine_trips_the_mismatch_alarm(tiny_model_path, vllm_engine, wei
         assert guard.alarms and guard.alarms[0]["step"] <= 3
         message = guard.alarms[0]["message"]
         assert message.startswith("rollout and trainer log-probs disagree (mismatch_k3 ")
-        assert "tis_token" in message and "RolloutCallback.weight_sync" in message
+        assert "tis_token" in message and "rollout.weight_sync" in message
 
 
 # ------------------------------------------------------------------------- reward timeouts

@@ -39,10 +39,16 @@ GUARDS = ["NonFiniteGuard", "LogProbGuard", "EntropyGuard", "IdenticalSamplesGua
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
-def test_every_recipe_runs_with_all_guards(path):
-    callbacks = [c["class_path"] for c in _load(path)["trainer"]["callbacks"]]
-    ours = [c for c in callbacks if c.startswith("lightning_grpo.")]  # (real-model recipes also checkpoint)
-    assert ours[0] in ROLLOUT_CALLBACKS and ours[1:] == [f"lightning_grpo.{g}" for g in GUARDS]
+def test_every_recipe_runs_with_all_guards_and_keeps_a_last_checkpoint(path):
+    """The rollout callback in its own section, the six guards in trainer.callbacks, and a
+    ModelCheckpoint that keeps last.ckpt (resume with --ckpt_path last, export it)."""
+    cfg = _load(path)
+    assert cfg["rollout"].get("class_path", "lightning_grpo.RolloutCallback") in ROLLOUT_CALLBACKS
+    callbacks = cfg["trainer"]["callbacks"]
+    ours = [c["class_path"] for c in callbacks if c["class_path"].startswith("lightning_grpo.")]
+    assert ours == [f"lightning_grpo.{g}" for g in GUARDS]
+    (checkpoint,) = [c for c in callbacks if c["class_path"] == "lightning.pytorch.callbacks.ModelCheckpoint"]
+    assert checkpoint["init_args"]["save_last"] is True and cfg["trainer"].get("enable_checkpointing", True)
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -64,8 +70,9 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _rollout_args(cfg: dict[str, Any]) -> dict[str, Any]:
-    (cb,) = [c for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("RolloutCallback")]
-    return cb["init_args"]
+    """The rollout section's options (under ``init_args`` when it names a ``class_path``)."""
+    section = cfg["rollout"]
+    return section["init_args"] if "class_path" in section else section
 
 
 def _loss_args(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +133,8 @@ def _prepared(path: Path, tmp_path: Path, train: bool = False, teacher: str | No
         cfg["model"]["distillation"]["teacher"], changed = teacher, True
     if _is_real_model(cfg) and (train or not _runnable_here(cfg)):
         cfg, changed = tiny_substitute(cfg), True
-    if not HAS_VLLM or (train and cfg["model"].get("model") == "tiny:tools"):  # the session engine has another vocabulary
+    other_vocabulary = cfg["model"].get("model") in ("tiny:tools", "tiny:text")  # than the session engine's model
+    if not HAS_VLLM or (train and other_vocabulary):
         _rollout_args(cfg).update(engine="hf", vllm_args=None)
         _rollout_args(cfg).pop("max_staleness", None)  # asynchronous rollouts need vLLM servers
         changed = True
@@ -173,8 +181,8 @@ def test_recipe_parses_as_written(path):
     assert f"`{path.name}`" in (ROOT / "docs" / "recipes.md").read_text(), f"{path.name} is missing from docs/recipes.md"
     config = _cli(["-c", str(path)], parse_only=True).config
     assert config.model.loss.class_path == "lightning_grpo.GRPOLoss"
-    callbacks = [c.class_path for c in config.trainer.callbacks]
-    assert len(ROLLOUT_CALLBACKS & set(callbacks)) == 1
+    assert config.rollout.class_path in ROLLOUT_CALLBACKS
+    assert not ROLLOUT_CALLBACKS & {c.class_path for c in config.trainer.callbacks}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=IDS)

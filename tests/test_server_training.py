@@ -60,9 +60,9 @@ def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None):
     return trainer, module
 
 
-def _server_callback(url, **kwargs):
+def _server_callback(url, transfer="shm", **kwargs):
     return RolloutCallback(
-        engine="vllm_server", vllm_args={"urls": [url]}, sampling=SamplingConfig(n=4, max_new_tokens=3),
+        engine="vllm_server", vllm_args={"urls": [url], "transfer": transfer}, sampling=SamplingConfig(n=4, max_new_tokens=3),
         rewards=[RewardSpec("prefix_match")], seed=3, **kwargs,
     )  # fmt: skip
 

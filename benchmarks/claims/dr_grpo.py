@@ -29,7 +29,7 @@ def configs() -> dict[str, dict]:
             loss["aggregation_args"] = {"max_length": MAX_NEW_TOKENS}
         config = recipe({"trainer": {"max_steps": STEPS, "val_check_interval": STEPS // 4},
                          "model": {"loss": {"init_args": loss}}, "data": {"task_rule": "count_to_last"}})  # fmt: skip
-        rollout = config["trainer"]["callbacks"][0]["init_args"]
+        rollout = config["rollout"]
         rollout["sampling"]["max_new_tokens"] = MAX_NEW_TOKENS
         rollout["rewards"] = [{"name": "exact_match"}]
         out[arm] = config

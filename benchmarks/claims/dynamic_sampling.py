@@ -18,9 +18,7 @@ SAMPLES_PER_ROUND = 8 * 8  # prompts x group size of the quickstart
 def configs() -> dict[str, dict]:
     base = recipe({})
     dyn = recipe({})
-    rollout = dict(dyn["trainer"]["callbacks"][0])
-    rollout["init_args"] = {**rollout["init_args"], "dynamic_sampling": True, "max_generation_rounds": 4}
-    dyn["trainer"]["callbacks"] = [rollout, *dyn["trainer"]["callbacks"][1:]]
+    dyn["rollout"] = {**dyn["rollout"], "dynamic_sampling": True, "max_generation_rounds": 4}
     return {"plain": base, "dynamic": dyn}
 
 

@@ -85,7 +85,7 @@ class AgentRolloutCallback(RolloutCallback):
             for token in self.stop_tokens:
                 encoded = tokenizer(token, add_special_tokens=False)["input_ids"]
                 if len(encoded) != 1:
-                    raise ValueError(f"AgentRolloutCallback.stop_tokens: {token!r} is {len(encoded)} tokens, not one")
+                    raise ValueError(f"rollout.stop_tokens: {token!r} is {len(encoded)} tokens, not one")
                 ids.append(encoded[0])
             return ids
         ids = set()

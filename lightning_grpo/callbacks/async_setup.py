@@ -17,14 +17,14 @@ from ..rollout.server_engine import NoServerLeftError
 def check_async_config(engine: str, max_staleness: int, async_correction: str | None) -> None:
     """One clear error for a bad ``max_staleness`` / ``async_correction`` before any work."""
     if not isinstance(max_staleness, int) or max_staleness < 0:
-        raise ValueError(f"RolloutCallback.max_staleness must be an integer >= 0 (0 = synchronous), got {max_staleness!r}")
+        raise ValueError(f"rollout.max_staleness must be an integer >= 0 (0 = synchronous), got {max_staleness!r}")
     if max_staleness > 0 and engine != "vllm_server":
         raise ValueError(
-            f"RolloutCallback.max_staleness={max_staleness} (asynchronous rollouts) needs engine: vllm_server, got {engine!r}"
+            f"rollout.max_staleness={max_staleness} (asynchronous rollouts) needs engine: vllm_server, got {engine!r}"
         )
     if async_correction is not None and async_correction not in CORRECTIONS:
         raise ValueError(
-            f"RolloutCallback.async_correction {async_correction!r} is not a correction; expected one of "
+            f"rollout.async_correction {async_correction!r} is not a correction; expected one of "
             f"{sorted(CORRECTIONS.names())} or null"
         )
 

@@ -88,6 +88,9 @@ class Guard(Callback):
                 message = f"{message} -> fixed: {change}"
                 self._firing, self._warned_at = False, None  # every fix is logged
         record = {"step": step, "guard": self.name, "action": action, "message": message}
+        completions = _log_completions(trainer, module)
+        if completions is not None:  # where the completions of this step are (lightning-grpo report shows it)
+            record["completions"] = completions
         self.alarms.append(record)
         self._log_alarm(module, 1.0)
         _append_alarm(trainer, record)
@@ -135,6 +138,15 @@ class Guard(Callback):
     def state_key(self) -> str:
         """Unique per configuration, so several guards of one type can share a Trainer (and a checkpoint)."""
         return self._generate_state_key(action=self.action, **{name: getattr(self, name) for name in self.SETTINGS})
+
+
+def _log_completions(trainer: L.Trainer, module: L.LightningModule) -> str | None:
+    """Have the rollout callback log the current batch's completions; where they are written."""
+    for callback in trainer.callbacks:
+        log = getattr(callback, "completion_log", None)
+        if log is not None:
+            return log.log_for_alarm(trainer, module)
+    return None
 
 
 def _append_alarm(trainer: L.Trainer, record: dict[str, Any]) -> None:

@@ -31,7 +31,10 @@ from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
 from ..validation import check_fit_config
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
 from .async_setup import check_async_config, checkpoint_on_server_failure, install_async_correction
+from .completions import CompletionLog, CompletionLogSettings
+from .evaluation import evaluate_prompts
 from .sampling import GroupSelector, SampleResult, sample_groups, score_rollout
+from .weight_push import PolicyPush
 
 
 class RolloutCallback(Callback):
@@ -47,7 +50,7 @@ class RolloutCallback(Callback):
         seed: run seed; each rank and generation samples with a seed derived from it. None: the
             seed given to ``seed_everything`` (LightningCLI's ``--seed_everything``), else 0.
         vllm_args: keyword arguments of :class:`~lightning_grpo.rollout.vllm.VLLMEngine`
-            (dtype, max_model_len, kv_cache_memory_bytes, enable_lora, ...); for "vllm_server" the
+            (dtype, max_model_len, kv_cache_memory_bytes, enable_lora, sleep_level, ...); for "vllm_server" the
             fields of :class:`~lightning_grpo.rollout.vllm_server.ServerSettings` (urls, num_servers, ...).
         dynamic_sampling: drop groups whose rewards are all equal and refill (DAPO).
         dynamic_sampling_reward: the reward function (its name / alias) whose spread decides which
@@ -62,19 +65,24 @@ class RolloutCallback(Callback):
             to measure the staleness it prevents.
         lora_sync: "merged" pushes W + delta_W as plain weights; "adapter" saves the adapter
             and lets vLLM apply it (needs ``vllm_args.enable_lora``).
-        val_samples: sampled completions per validation prompt for ``val/reward_mean``.
+        val_samples: n, the sampled completions per validation prompt for ``val/reward_mean``,
+            ``val/mean@n`` and ``val/pass@k`` (0 = greedy accuracy only).
+        val_pass_k: the k of ``val/pass@k`` (each in 1..n; unbiased estimator); None = [n].
+        val_pass_threshold: a sample passes when the first reward function scores it at least this.
         forward_rows: rows per no-grad forward pass (reference / old log-probs).
         max_staleness: k >= 1 samples the next k generation batches on the servers while the
             trainer trains (engine "vllm_server"); a batch never trains with weights more than k
             optimizer steps newer than those that sampled it. 0 = synchronous.
         async_correction: with ``max_staleness >= 1``, the off-policy correction (``CORRECTIONS``)
             the loss uses when it has none of its own (behaviour = sampling weights); None = off.
+        log_completions: every how many optimizer steps, and how many groups of, the sampled
+            completions go to ``completions.jsonl`` and the logger's table (:mod:`.completions`).
     """
 
     def __init__(
         self,
         engine: Literal["vllm", "vllm_server", "hf"] = "vllm",
-        sampling: SamplingConfig | None = None,
+        sampling: SamplingConfig = SamplingConfig(),  # noqa: B008 - copied below; shown by --help / --print_config
         rewards: list[RewardSpec] | None = None,
         seed: int | None = None,
         vllm_args: dict[str, Any] | None = None,
@@ -87,15 +95,18 @@ class RolloutCallback(Callback):
         weight_sync: bool = True,
         lora_sync: Literal["merged", "adapter"] = "merged",
         val_samples: int = 4,
+        val_pass_k: list[int] | None = None,
+        val_pass_threshold: float = 1.0,
         forward_rows: int = 64,
         max_staleness: int = 0,
         async_correction: str | None = "tis_token",
+        log_completions: CompletionLogSettings = CompletionLogSettings(),  # noqa: B008 - copied below
     ) -> None:
         check_async_config(engine, max_staleness, async_correction)
         self.engine_name = engine
-        self.sampling = sampling or SamplingConfig()
+        self.sampling = replace(sampling or SamplingConfig())  # a copy: guards and agents change it
         if self.sampling.greedy:
-            raise ValueError("RolloutCallback sampling.temperature must be > 0 for training (0 is greedy decoding)")
+            raise ValueError("rollout.sampling.temperature must be > 0 for training (0 is greedy decoding)")
         self.reward_set = RewardSet(rewards or [RewardSpec("exact_match")])
         self.seed = seed
         self.vllm_args = dict(vllm_args or {})
@@ -112,7 +123,10 @@ class RolloutCallback(Callback):
         self.overlong_filter = overlong_filter
         self.weight_sync = weight_sync
         self.lora_sync = lora_sync
+        self._push = PolicyPush(lora_sync)
         self.val_samples = val_samples
+        self.val_pass_k = list(val_pass_k) if val_pass_k is not None else None
+        self.val_pass_threshold = val_pass_threshold
         self.forward_rows = forward_rows
         self.engine: RolloutEngine | None = None
         self._owns_engine = False
@@ -123,6 +137,7 @@ class RolloutCallback(Callback):
         self.max_staleness = max_staleness
         self.async_correction = async_correction
         self._pipeline: AsyncRollout | None = None
+        self.completion_log = CompletionLog(replace(log_completions or CompletionLogSettings()))
 
     # ------------------------------------------------------------------------ engine
     def _reward_column(self, name: str | None) -> int | None:
@@ -130,7 +145,7 @@ class RolloutCallback(Callback):
             return None
         if name not in self.reward_set.names:
             raise ValueError(
-                f"RolloutCallback.dynamic_sampling_reward {name!r} is not one of the configured rewards "
+                f"rollout.dynamic_sampling_reward {name!r} is not one of the configured rewards "
                 f"{self.reward_set.names}"
             )
         return self.reward_set.names.index(name)
@@ -151,18 +166,13 @@ class RolloutCallback(Callback):
     def sync_weights(self, module: L.LightningModule) -> float:
         """Push the policy into the engine if it changed since the last push; returns seconds."""
         step = module.trainer.global_step
-        if not self.engine.needs_weight_sync or self._engine_version == step:
+        if not self.engine.needs_weight_sync:
             return 0.0
-        if not self.weight_sync and self._engine_version >= 0:
+        stale = self._engine_version != step and (self.weight_sync or self._engine_version < 0)
+        if not stale and not self.engine.weights_discarded:  # (sleep level 2 dropped them: push anyway)
             return 0.0
-        from ..rollout.weights import gathered_weights_for_engine
-
         start = time.perf_counter()
-        with gathered_weights_for_engine(module.policy) as weights:  # full parameters under FSDP2
-            if getattr(self.engine, "versioned", False):  # servers tag each sample with the version
-                self.engine.load_weights(weights, version=step)
-            else:
-                self.engine.load_weights(weights)
+        self._push(self.engine, module.policy, step, first=self._engine_version < 0)
         self._engine_version = step
         return time.perf_counter() - start
 
@@ -198,6 +208,9 @@ class RolloutCallback(Callback):
         if self.engine is not None and self._owns_engine:
             self.engine.close()
             self.engine = None
+        elif self.engine is not None and self.lora_sync == "adapter":  # a user's engine: without our adapter
+            self.engine.unload_lora_adapter()
+        self._push.close()
         self._engine_version = -1
 
     # ---------------------------------------------------------------------- training
@@ -226,7 +239,9 @@ class RolloutCallback(Callback):
         generation = trainer.global_step // per_gen
         if self.max_staleness == 0:
             sync = self.sync_weights(module)
-            return self._sample(trainer, generation), {"time/sync": sync}
+            result = self._sample(trainer, generation)
+            self.engine.sleep()  # a colocated engine gives its memory back to the trainer (vllm_args.sleep_level)
+            return result, {"time/sync": sync}
         if self._pipeline is None:
             self._pipeline = self._async_pipeline(trainer, module, per_gen)
         return self._pipeline.next_batch(generation, trainer.global_step)
@@ -283,6 +298,7 @@ class RolloutCallback(Callback):
         times["time/prepare"] = time.perf_counter() - start
         module.rollout_metrics = {**result.metrics, **self.reward_set.totals(), **times}
         self.generations += 1
+        self.completion_log.new_batch(trainer, module, result, self.reward_set.names)
         for callback in trainer.callbacks:  # guards inspect the fresh batch before it trains
             hook = getattr(callback, "on_rollout_end", None)
             if hook is not None:
@@ -302,11 +318,14 @@ class RolloutCallback(Callback):
         trainer = module.trainer
         engine = self._ensure_engine(trainer, module)
         seed = derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step)
-        args = (engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, self.val_samples, seed)
+        args = (engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, self.val_samples, seed,
+                self.val_pass_k, self.val_pass_threshold)  # fmt: skip
         if self._pipeline is not None:  # the worker owns the servers: queue behind its work
             return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
         self.sync_weights(module)
-        return evaluate_prompts(*args)
+        metrics = evaluate_prompts(*args)
+        engine.sleep()
+        return metrics
 
     # ------------------------------------------------------- settings guards may change
     @property
@@ -320,7 +339,7 @@ class RolloutCallback(Callback):
     def set_temperature(self, temperature: float) -> None:
         """Sample (and compute log-probs) at ``temperature`` from the next generation on."""
         if not temperature > 0:
-            raise ValueError(f"RolloutCallback temperature must be > 0 for training, got {temperature}")
+            raise ValueError(f"rollout.sampling.temperature must be > 0 for training, got {temperature}")
         self.sampling = replace(self.sampling, temperature=float(temperature))
 
     # ------------------------------------------------------------------------- state
@@ -336,18 +355,3 @@ class RolloutCallback(Callback):
         self.set_dynamic_sampling(state_dict.get("dynamic_sampling", self.dynamic_sampling))  # a guard may have changed them
         self.set_temperature(state_dict.get("temperature", self.sampling.temperature))
         self._engine_version = -1  # a resumed run always pushes before its first generation
-
-
-def evaluate_prompts(engine, reward_set, tokenizer, records, sampling, samples: int, seed: int) -> dict[str, float]:
-    """Greedy accuracy (mean of the first reward function under greedy decoding) and the mean
-    total reward over ``samples`` sampled completions per prompt."""
-    prompt_ids = [r["prompt_ids"] for r in records]
-    greedy = engine.generate(prompt_ids, SamplingConfig(n=1, temperature=0.0, max_new_tokens=sampling.max_new_tokens), seed)
-    scores = score_rollout(greedy, reward_set, tokenizer, records)
-    out = {"val/greedy_accuracy": scores.rewards[:, 0].mean().item()}
-    if samples > 0:
-        cfg = SamplingConfig(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
-                             top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens)  # fmt: skip
-        sampled = score_rollout(engine.generate(prompt_ids, cfg, seed), reward_set, tokenizer, records)
-        out["val/reward_mean"] = (sampled.rewards @ sampled.weights).mean().item()
-    return out

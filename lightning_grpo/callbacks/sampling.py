@@ -82,6 +82,8 @@ def rollout_statistics(rollout: Rollout, scores: RewardScores) -> dict[str, floa
     out = {
         "reward_mean": total.mean().item(),
         "reward_std": total.std(correction=0).item(),
+        "reward_min": total.min().item(),
+        "reward_max": total.max().item(),
         "frac_reward_zero_std": (total.max(-1).values == total.min(-1).values).float().mean().item(),
         "reward_levels": float(total.unique().numel()),  # distinct total rewards (2: a pass / fail reward)
         "frac_groups_all_lowest": (total.max(-1).values == total.min()).float().mean().item(),  # every sample at the batch minimum

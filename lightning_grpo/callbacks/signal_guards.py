@@ -175,9 +175,9 @@ class ZeroStdGuard(Guard):
     def _message(self, trainer: L.Trainer, frac: float, reward: float, pass_fail: bool) -> str:
         refilling = any(getattr(getattr(cb, "selector", None), "dynamic_sampling", False) for cb in trainer.callbacks)
         fix = (
-            "dynamic sampling is on: raise RolloutCallback.max_generation_rounds to refill the batch"
+            "dynamic sampling is on: raise rollout.max_generation_rounds to refill the batch"
             if refilling
-            else "enable dynamic sampling (RolloutCallback.dynamic_sampling: true, DAPO)"
+            else "enable dynamic sampling (rollout.dynamic_sampling: true, DAPO)"
         )
         what = "got the lowest reward on every sample (pass / fail reward)" if pass_fail else "have zero reward std"
         return (
@@ -232,7 +232,7 @@ class MismatchGuard(Guard):
         message = (
             f"rollout and trainer log-probs disagree ({', '.join(found)}): correct for it "
             "(loss.init_args.correction: tis_token / mis_token / mis_seq, or off_policy_delta), sample in float32 / "
-            "fp16 rather than bf16, and check that weights reach the engine (RolloutCallback.weight_sync)"
+            "fp16 rather than bf16, and check that weights reach the engine (rollout.weight_sync)"
         )
         self.fire(trainer, pl_module, message)
 

@@ -66,7 +66,7 @@ def _check_std_group(name: str, rewards: Tensor, group_size: int) -> None:
         raise ValueError(
             f"advantage {name!r} divides by the std of each group's rewards, which needs group_size >= 2 "
             f"completions per prompt, got group_size={group_size}: sample at least 2 per prompt "
-            "(RolloutCallback sampling.n), or use an estimator without the std such as 'dr_grpo'"
+            "(rollout.sampling.n), or use an estimator without the std such as 'dr_grpo'"
         )
 
 

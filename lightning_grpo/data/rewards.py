@@ -227,3 +227,6 @@ def tool_call_made(
 
 # ------------------------------------------------------- model-backed rewards (classes, built once)
 from lightning_grpo.data import judge as _judge, reward_models as _reward_models  # noqa: E402,F401  registers llm_judge, reward_model
+
+# reasoning-gym's verifiers ("reasoning_gym"): registered here, reasoning_gym itself imported on first use
+from lightning_grpo.data import reasoning_gym as _reasoning_gym  # noqa: E402, F401

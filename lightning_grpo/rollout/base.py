@@ -177,6 +177,14 @@ class RolloutEngine(abc.ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights with ``(hf_name, tensor)`` pairs named as in an HF checkpoint."""
 
+    weights_discarded: bool = False
+    """True when the engine dropped its weights (vLLM sleep level 2): push them even if the policy
+    did not change."""
+
+    def sleep(self) -> None:
+        """Release memory until the next :meth:`load_weights` or :meth:`generate` (engines with a
+        sleep mode; no-op by default). The RolloutCallback calls it after each generation batch."""
+
     def close(self) -> None:
         """Release the engine's resources (no-op by default)."""
 

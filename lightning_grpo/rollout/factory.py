@@ -19,7 +19,7 @@ def _hf_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutEng
 
     if args:
         raise ValueError(
-            f"engine 'hf' takes no engine arguments (RolloutCallback.vllm_args are for engine 'vllm'), got {sorted(args)}"
+            f"engine 'hf' takes no engine arguments (rollout.vllm_args are for engine 'vllm'), got {sorted(args)}"
         )
     return HFEngine(module.policy, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
 
@@ -89,9 +89,26 @@ def _save_for_engine(policy, tokenizer) -> str:
 
     # HF checkpoint names (a peft model's LoRA layers merged, no base_layer / lora_ names; full under FSDP2)
     with gathered_weights_for_engine(policy) as pairs, _save_on_every_rank(base):  # one directory per rank
-        base.save_pretrained(directory, state_dict={name: tensor.detach() for name, tensor in pairs})
+        state = {name: tensor.detach() for name, tensor in pairs}
+        if getattr(base.config, "quantization_config", None) is not None:
+            _save_dequantized(base.config, state, directory)
+        else:
+            base.save_pretrained(directory, state_dict=state)
     tokenizer.save_pretrained(directory)
     return str(directory)
+
+
+def _save_dequantized(config, state: dict, directory: Path) -> None:
+    """A 4-bit policy's engine checkpoint: its dequantised tensors and its config without the
+    ``quantization_config`` (transformers would save the 4-bit layout, vLLM would load it as such)."""
+    import copy
+
+    from safetensors.torch import save_file
+
+    config = copy.deepcopy(config)
+    del config.quantization_config
+    config.save_pretrained(directory)
+    save_file({k: v.contiguous().clone() for k, v in state.items()}, str(directory / "model.safetensors"))
 
 
 @contextmanager

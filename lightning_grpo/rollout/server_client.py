@@ -14,11 +14,12 @@ Standard library only (``urllib``), so the trainer does not need vLLM installed 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import urllib.error
 import urllib.request
-from typing import Any, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 
 class ServerUnavailableError(ConnectionError):
@@ -100,21 +101,46 @@ class ServerClient:
         return [float(rows[i][str(token_ids[i])]["logprob"]) for i in range(1, len(token_ids))]
 
     # ------------------------------------------------------------- weight push
-    def push(self, update_infos: list[dict], version: int) -> None:
-        """One weight update: pause (finish running requests), load every bucket, set ``version``,
-        drop the prefix cache (its KV was computed by the old weights), resume."""
-        if not self.transfer_ready:
-            self._request("POST", "/init_weight_transfer_engine", {"init_info": {}})
-            self.transfer_ready = True
+    def world_size(self) -> int:
+        """Workers of the server (tensor x pipeline x data parallel): each joins a weight transfer."""
+        return int(self._request("GET", "/get_world_size")["world_size"])
+
+    def init_transfer(self, init_info: dict) -> None:
+        """``/init_weight_transfer_engine`` (once per server; the transfer's rendezvous, if any)."""
+        self._request("POST", "/init_weight_transfer_engine", {"init_info": init_info})
+        self.transfer_ready = True
+
+    def update_weights(self, update_info: dict) -> None:
+        """``/update_weights``: the server loads one bucket."""
+        self._request("POST", "/update_weights", {"update_info": update_info})
+
+    def push(self, update_infos: list[dict], version: int, load_bucket: Callable[[int, dict], None] | None = None) -> None:
+        """One weight update: pause (finish running requests), load every bucket (``load_bucket(i, info)``,
+        default :meth:`update_weights`), set ``version``, drop the prefix cache (its KV was computed by
+        the old weights), resume. The transfer must be initialised (:meth:`init_transfer`)."""
+        load = load_bucket or (lambda i, info: self.update_weights(info))
+        with self.paused():
+            self.start_update()
+            for i, info in enumerate(update_infos):
+                load(i, info)
+            self.finish_update(version)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """``/pause`` (running requests finish first) ... ``/resume``."""
         self._request("POST", "/pause", params="mode=wait")
         try:
-            self._request("POST", "/start_weight_update")
-            for info in update_infos:
-                self._request("POST", "/update_weights", {"update_info": info})
-            self._request("POST", "/finish_weight_update", {"weight_version": str(version)})
-            self._request("POST", "/reset_prefix_cache")
+            yield
         finally:
             self._request("POST", "/resume")
+
+    def start_update(self) -> None:
+        self._request("POST", "/start_weight_update")
+
+    def finish_update(self, version: int) -> None:
+        """``/finish_weight_update`` tagged ``version``, then drop the prefix cache."""
+        self._request("POST", "/finish_weight_update", {"weight_version": str(version)})
+        self._request("POST", "/reset_prefix_cache")
 
 
 def _version(choice: dict) -> int:

@@ -9,9 +9,12 @@ rollout). A server that stops answering is marked dead and its prompts go to the
 none is left, :class:`NoServerLeftError` names every URL.
 
 Every sample carries the weight version that produced it (the server reports it per sample);
-:meth:`ServerEngine.load_weights` writes the weights once into shared-memory buckets
-(:mod:`~lightning_grpo.rollout.shm_transfer`) and each server loads them through
-``/update_weights``, then records the version.
+:meth:`ServerEngine.load_weights` prepares the weights once with the engine's transport and each
+server loads them through vLLM's RL API, then records the version. Transports, matching the
+server's ``--weight-transfer-config`` backend: shared-memory buckets for servers on the trainer's
+machine (:mod:`~lightning_grpo.rollout.shm_transfer`), TCP for CPU servers anywhere
+(:mod:`~lightning_grpo.rollout.tcp_transfer`), vLLM's NCCL backend for GPU servers anywhere
+(:mod:`~lightning_grpo.rollout.nccl_transfer`).
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 import torch
 
 from .base import Rollout, RolloutEngine, SamplingConfig, check_fits, request_seed, validate_prompts
 from .server_client import Sample, ServerClient, ServerUnavailableError
-from .shm_transfer import BUCKET_BYTES, ShmBuckets, write_buckets
+from .shm_transfer import BUCKET_BYTES, ShmTransport
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -55,6 +58,10 @@ class ServerEngine(RolloutEngine):
         processes: child :class:`~lightning_grpo.rollout.server_process.ServerProcess` objects
             stopped by :meth:`close` (servers this engine started).
         version_timeout: seconds a non-pushing process waits for a version to reach the servers.
+        transport: how pushed weights travel (``prepare`` / ``push`` / ``release`` / ``close``); None =
+            shared memory (:class:`~lightning_grpo.rollout.shm_transfer.ShmTransport`).
+        version_base: added to this run's versions on the servers (servers reused from an earlier
+            run: one above the version it left), so a waiting rank never takes an old push for a new one.
     """
 
     needs_weight_sync = True
@@ -70,6 +77,7 @@ class ServerEngine(RolloutEngine):
         bucket_bytes: int = BUCKET_BYTES,
         processes: list | None = None,
         version_timeout: float = 600.0,
+        transport: Any = None,
         version_base: int = 0,
     ) -> None:
         if not clients:
@@ -84,6 +92,7 @@ class ServerEngine(RolloutEngine):
         self.bucket_bytes = bucket_bytes
         self.processes = list(processes or [])
         self.version_timeout = version_timeout
+        self.transport = transport if transport is not None else ShmTransport()
         self.version = -1  # weight version last pushed (or awaited), this run's numbering
         # servers shared by runs: this run tags its pushes ``version_base + version``, above every
         # version an earlier run left on them, so a waiting rank never takes an old push for a new one
@@ -145,28 +154,28 @@ class ServerEngine(RolloutEngine):
         the last version + 1). A non-pushing process (DDP rank > 0) waits for the version instead."""
         self.send_push(self.prepare_push(weights), self.version + 1 if version is None else int(version))
 
-    def prepare_push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> ShmBuckets | None:
-        """Snapshot the weights into shared-memory buckets (the caller may change them afterwards)."""
-        return write_buckets(weights, self.dtype, self.bucket_bytes) if self.pusher else None
+    def prepare_push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Any:
+        """Snapshot the weights for the transport (the caller may change them afterwards)."""
+        return self.transport.prepare(weights, self.dtype, self.bucket_bytes) if self.pusher else None
 
-    def send_push(self, buckets: ShmBuckets | None, version: int) -> None:
-        """Load prepared buckets into every live server as ``version`` (then remove them); a
+    def send_push(self, prepared: Any, version: int) -> None:
+        """Load prepared weights into every live server as ``version`` (then release them); a
         non-pushing process waits until every server reports ``version``."""
         start = time.perf_counter()
-        if buckets is None:
+        if prepared is None:
             self.wait_for_version(version)
         else:
             tag = self.version_base + version
             try:
-                futures = [(c, self._pool.submit(c.push, buckets.update_infos, tag)) for c in self.live_clients()]
-                for client, future in futures:
+                pushes = [(c, self._pool.submit(self.transport.push, c, prepared, tag)) for c in self.live_clients()]
+                for client, future in pushes:
                     try:
                         future.result()
                     except ServerUnavailableError as err:
                         self._drop(client, err)
                 self.live_clients()  # raise if the push lost every server
             finally:
-                buckets.unlink()
+                self.transport.release(prepared)
         self.version = version
         self.last_push_seconds = time.perf_counter() - start
 
@@ -194,6 +203,7 @@ class ServerEngine(RolloutEngine):
     def close(self) -> None:
         """Stop the servers this engine started (user-run servers are left running)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.transport.close()
         for process in self.processes:
             process.stop()
         self.processes = []

@@ -5,7 +5,8 @@ A :class:`ServerProcess` runs vLLM's own API server module (what ``vllm serve`` 
 
 - ``VLLM_SERVER_DEV_MODE=1``: exposes the RL endpoints (``/pause``, ``/start_weight_update``, ...);
 - ``--enable-scale-out``: the token-in / token-out endpoint ``/inference/v1/generate``;
-- ``--weight-transfer-config {"backend": "lightning_grpo_shm"}`` on CPU (our plugin backend);
+- ``--weight-transfer-config {"backend": "lightning_grpo_shm"}`` (our plugin backend; or
+  ``lightning_grpo_tcp`` / vLLM's ``nccl`` as ``vllm_args.transfer`` says);
 - ``--logprobs-mode processed_logprobs``: log-probs after temperature, as the trainer computes them.
 
 The child's stdout and stderr go to ``<log_dir>/vllm-server-<port>.log``. The server finds the
@@ -59,14 +60,16 @@ def plugin_path(directory: Path) -> Path:
     return directory
 
 
-def server_command(model: str, port: int, host: str, dtype: str, max_model_len: int, extra_args: list[str]) -> list[str]:
+def server_command(
+    model: str, port: int, host: str, dtype: str, max_model_len: int, extra_args: list[str], transfer_backend: str = "lightning_grpo_shm"
+) -> list[str]:
     """The child's command line (vLLM's API server module, our required options first)."""
     return [
         sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry",
         "--model", model, "--host", host, "--port", str(port),
         "--dtype", dtype, "--max-model-len", str(max_model_len),
         "--enforce-eager", "--enable-scale-out", "--logprobs-mode", "processed_logprobs",
-        "--weight-transfer-config", json.dumps({"backend": "lightning_grpo_shm"}),
+        "--weight-transfer-config", json.dumps({"backend": transfer_backend}),
         "--enable-prefix-caching", "--disable-uvicorn-access-log",
         *extra_args,
     ]  # fmt: skip
@@ -89,6 +92,7 @@ class ServerProcess:
         extra_args: list[str] | None = None,
         env: dict[str, str] | None = None,
         cpus: list[int] | None = None,
+        transfer_backend: str = "lightning_grpo_shm",
     ) -> None:
         self.model, self.port, self.host = str(model), int(port), host
         self.log_dir = Path(log_dir)
@@ -96,7 +100,7 @@ class ServerProcess:
         args = _scheduler_args(max_model_len, max_num_batched_tokens, list(extra_args or []))
         if kv_cache_bytes is not None:
             args += ["--kv-cache-memory-bytes", str(kv_cache_bytes)]
-        self.command = server_command(self.model, self.port, host, dtype, max_model_len, args)
+        self.command = server_command(self.model, self.port, host, dtype, max_model_len, args, transfer_backend)
         self.env = dict(env or {})
         self.cpus = list(cpus) if cpus else None  # CPU affinity of the server (and its engine processes)
         self.process: subprocess.Popen | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -72,6 +72,43 @@ class ShmBuckets:
                 pass
 
 
+def pack_buckets(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+    bucket_bytes: int,
+    allocate: Callable[[int, int], torch.Tensor],
+) -> list[dict]:
+    """Cast ``(hf_name, tensor)`` pairs to ``dtype`` and copy them into buckets, each a uint8 buffer
+    from ``allocate(bucket_index, nbytes)``; returns one layout per bucket (``names``, ``dtype``,
+    ``shapes``, byte ``offsets``, ``nbytes``). Shared by the shared-memory and the TCP transfers."""
+    if dtype not in _DTYPE_NAMES:
+        raise ValueError(f"weight transfer: dtype must be one of {sorted(_DTYPE_NAMES.values())}, got {dtype}")
+    pairs = [(name, t.detach()) for name, t in weights]
+    sizes = [t.numel() * dtype.itemsize for _, t in pairs]
+    layouts = []
+    for b, indices in enumerate(plan_buckets(sizes, bucket_bytes)):
+        offsets, offset = [], 0
+        for i in indices:
+            offsets.append(offset)
+            offset += _aligned(sizes[i])
+        buffer = allocate(b, max(offset, _ALIGN))  # [nbytes] uint8
+        for i, start in zip(indices, offsets):
+            name, tensor = pairs[i]
+            view = buffer[start : start + sizes[i]].view(dtype).view(tensor.shape)
+            view.copy_(tensor.to(device="cpu"))
+        del buffer
+        layouts.append(
+            {
+                "names": [pairs[i][0] for i in indices],
+                "dtype": _DTYPE_NAMES[dtype],
+                "shapes": [list(pairs[i][1].shape) for i in indices],
+                "offsets": offsets,
+                "nbytes": max(offset, _ALIGN),
+            }
+        )
+    return layouts
+
+
 def write_buckets(
     weights: Iterable[tuple[str, torch.Tensor]],
     dtype: torch.dtype,
@@ -79,35 +116,19 @@ def write_buckets(
     directory: str | None = None,
 ) -> ShmBuckets:
     """Cast ``(hf_name, tensor)`` pairs to ``dtype`` and write them into shared-memory buckets."""
-    if dtype not in _DTYPE_NAMES:
-        raise ValueError(f"shm weight transfer: dtype must be one of {sorted(_DTYPE_NAMES.values())}, got {dtype}")
-    pairs = [(name, t.detach()) for name, t in weights]
-    sizes = [t.numel() * dtype.itemsize for _, t in pairs]
     directory = directory or shm_directory()
     stem = f"lightning-grpo-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    paths, infos = [], []
-    for b, indices in enumerate(plan_buckets(sizes, bucket_bytes)):
-        offsets, offset = [], 0
-        for i in indices:
-            offsets.append(offset)
-            offset += _aligned(sizes[i])
-        path = os.path.join(directory, f"{stem}-{b}")
-        paths.append(path)
-        buffer = _mapped(path, max(offset, _ALIGN))  # [offset] uint8, shared with the file
-        for i, start in zip(indices, offsets):
-            name, tensor = pairs[i]
-            view = buffer[start : start + sizes[i]].view(dtype).view(tensor.shape)
-            view.copy_(tensor.to(device="cpu"))
-        del buffer
-        infos.append(
-            {
-                "path": path,
-                "names": [pairs[i][0] for i in indices],
-                "dtype": _DTYPE_NAMES[dtype],
-                "shapes": [list(pairs[i][1].shape) for i in indices],
-                "offsets": offsets,
-            }
-        )
+    paths: list[str] = []
+
+    def allocate(b: int, nbytes: int) -> torch.Tensor:
+        paths.append(os.path.join(directory, f"{stem}-{b}"))
+        return _mapped(paths[-1], nbytes)
+
+    layouts = pack_buckets(weights, dtype, bucket_bytes, allocate)
+    infos = []
+    for path, layout in zip(paths, layouts):
+        layout.pop("nbytes")
+        infos.append({"path": path, **layout})
     return ShmBuckets(paths, infos)
 
 
@@ -117,11 +138,41 @@ def _mapped(path: str, nbytes: int) -> torch.Tensor:
     return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
 
 
+def bucket_tensors(
+    buffer: torch.Tensor, names: list[str], dtype: str, shapes: list[list[int]], offsets: list[int]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The ``(name, tensor)`` views of one bucket's uint8 ``buffer`` (receiving side of both transfers)."""
+    torch_dtype = getattr(torch, dtype)
+    for name, shape, start in zip(names, shapes, offsets):
+        size = int(torch.Size(shape).numel()) * torch_dtype.itemsize
+        yield name, buffer[start : start + size].view(torch_dtype).view(shape)
+
+
 def read_bucket(path: str, names: list[str], dtype: str, shapes: list[list[int]], offsets: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
     """The ``(name, tensor)`` pairs of one bucket (server side), read from a private mapping of the file."""
     torch_dtype = getattr(torch, dtype)
     sizes = [int(torch.Size(s).numel()) * torch_dtype.itemsize for s in shapes]
     end = max((o + s for o, s in zip(offsets, sizes)), default=0)
     buffer = torch.from_file(path, shared=False, size=max(end, 1), dtype=torch.uint8)  # [end] uint8
-    for name, shape, start, size in zip(names, shapes, offsets, sizes):
-        yield name, buffer[start : start + size].view(torch_dtype).view(shape)
+    return bucket_tensors(buffer, names, dtype, shapes, offsets)
+
+
+class ShmTransport:
+    """Trainer side of ``lightning_grpo_shm`` for :class:`~lightning_grpo.rollout.server_engine.ServerEngine`:
+    buckets written once into ``/dev/shm`` files, each server loads them by path."""
+
+    backend = BACKEND
+
+    def prepare(self, weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, bucket_bytes: int) -> ShmBuckets:
+        return write_buckets(weights, dtype, bucket_bytes)
+
+    def push(self, client, buckets: ShmBuckets, version: int) -> None:
+        if not client.transfer_ready:
+            client.init_transfer({})
+        client.push(buckets.update_infos, version)
+
+    def release(self, buckets: ShmBuckets) -> None:
+        buckets.unlink()
+
+    def close(self) -> None:
+        pass

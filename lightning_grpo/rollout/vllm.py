@@ -23,15 +23,20 @@ with that adapter on top of the engine's base weights (push those with
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import random
 from typing import Any, Iterable, Literal
 
 import torch
 
 from lightning_grpo.rollout.base import Rollout, RolloutEngine, SamplingConfig, check_fits, request_seed, validate_prompts
+from lightning_grpo.rollout.vllm_env import (
+    export_rank_for_external_launcher,
+    keep_default_process_group,
+    optional_llm_kwargs,
+    preserved_global_rng,
+    quiet_known_harmless,
+    sleep_kwargs,
+)
 
 MISSING_VLLM = (
     "engine='vllm' needs vLLM: pip install 'lightning-grpo[cpu]' (CPU) or 'lightning-grpo[gpu]' (CUDA)"
@@ -82,6 +87,7 @@ class VLLMEngine(RolloutEngine):
         weight_push: Literal["auto", "reload", "inplace"] = "auto",
         cpu_gemm: Literal["auto", "packed", "plain"] = "auto",
         max_num_batched_tokens: int | None = None,
+        sleep_level: int = 0,
         extra_llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """
@@ -114,6 +120,10 @@ class VLLMEngine(RolloutEngine):
                 :mod:`~lightning_grpo.rollout.prefill`), so every prompt is prefilled whole and this
                 must be at least ``max_model_len``; None = ``max(max_model_len, 4096)``. On GPU: None =
                 vLLM's default (chunked prefill on).
+            sleep_level: release the engine's GPU memory between generations (:meth:`sleep`; the next
+                push or :meth:`generate` wakes it): 0 = off; 1 = weights offloaded to CPU memory, KV cache
+                dropped; 2 = both dropped (the weights must be pushed before the next generation).
+                :mod:`~lightning_grpo.rollout.sleep`. On CPU vLLM frees nothing (the calls are made all the same).
             extra_llm_kwargs: more keyword arguments for ``vllm.LLM`` (override the ones above; on CPU
                 they may not switch ``enable_chunked_prefill`` on).
         """
@@ -127,6 +137,9 @@ class VLLMEngine(RolloutEngine):
             raise FileNotFoundError(
                 f"VLLMEngine model_path {model_path!s} has no config.json (expected an HF checkpoint directory)"
             )
+        from lightning_grpo.rollout.sleep import EngineSleep
+
+        self._sleep = EngineSleep(sleep_level)  # checks the level before vLLM is imported
         vllm = import_vllm()
         self.dtype = _DTYPES[dtype]
         self.max_model_len = max_model_len
@@ -145,24 +158,18 @@ class VLLMEngine(RolloutEngine):
             "logprobs_mode": "processed_logprobs",
             "skip_tokenizer_init": True,  # prompts and completions stay token ids
             "enable_prefix_caching": True,
-            **_optional_kwargs(kv_cache_memory_bytes, block_size, enable_lora, max_lora_rank, gpu_memory_utilization),
+            **optional_llm_kwargs(kv_cache_memory_bytes, block_size, enable_lora, max_lora_rank, gpu_memory_utilization),
+            **sleep_kwargs(sleep_level),
             **(extra_llm_kwargs or {}),  # last: overrides any of the above
         }
         kwargs.update(_scheduler_kwargs(max_model_len, max_num_batched_tokens, dict(extra_llm_kwargs or {})))
         if kwargs.get("distributed_executor_backend") == "external_launcher":
-            _export_rank_for_external_launcher()
+            export_rank_for_external_launcher()
         # vLLM joins a process group that already exists (a DDP trainer's) instead of creating its
         # own, and its shutdown destroys the default group whoever made it: remember who did.
         self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-        quiet = [logging.getLogger(name) for name in _KNOWN_HARMLESS]
-        for log in quiet:
-            log.addFilter(_skip_known_harmless)
-        try:
-            with _preserved_global_rng():  # LLM(seed=...) reseeds python / numpy / torch globally
-                self._llm = vllm.LLM(**kwargs)
-        finally:
-            for log in quiet:
-                log.removeFilter(_skip_known_harmless)
+        with quiet_known_harmless(), preserved_global_rng():  # LLM(seed=...) reseeds python / numpy / torch globally
+            self._llm = vllm.LLM(**kwargs)
 
     @property
     def llm(self) -> Any:
@@ -190,13 +197,17 @@ class VLLMEngine(RolloutEngine):
             for p in range(len(prompt_ids))
         ]
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
-        with _preserved_global_rng():  # vLLM's CPU sampler also draws from the global torch RNG
+        with quiet_known_harmless():
+            self._sleep.before_generate(self.llm)
+        with preserved_global_rng():  # vLLM's CPU sampler also draws from the global torch RNG
             outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request)
         return self._to_rollout(prompt_ids, outputs, sampling.n)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Reload ``(hf_name, tensor)`` pairs in place (cast to the engine dtype), then reset the prefix cache."""
         cast = ((name, tensor.detach().to(self.dtype)) for name, tensor in weights)
+        with quiet_known_harmless():
+            self._sleep.before_push(self.llm)  # the weights only: the KV cache wakes at the next generate
         push = self._push_plan()
         if push is not None:
             push(dict(cast))
@@ -209,6 +220,17 @@ class VLLMEngine(RolloutEngine):
                 self._plain_kernels = False
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": cast, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
+        self._sleep.after_push()
+
+    def sleep(self) -> None:
+        """Release the engine's memory as ``sleep_level`` says (no-op at 0) until the next push or generate."""
+        with quiet_known_harmless():
+            self._sleep.sleep(self.llm)
+
+    @property
+    def weights_discarded(self) -> bool:
+        """The engine slept at level 2 and needs a push before it can generate."""
+        return self._sleep.weights_discarded
 
     def _push_plan(self) -> Any:
         """The in-place push plan when ``weight_push`` selects it (built once), else None."""
@@ -264,7 +286,7 @@ class VLLMEngine(RolloutEngine):
         if self._llm is None:
             return
         try:
-            with _keep_default_process_group(not self._owns_process_group):
+            with keep_default_process_group(not self._owns_process_group):
                 self._llm.llm_engine.engine_core.shutdown()
         finally:
             self._llm = None
@@ -283,22 +305,6 @@ class VLLMEngine(RolloutEngine):
         return Rollout([list(p) for p in prompt_ids], completions, logprobs, finished, group_size=n)
 
 
-#: vLLM log lines that are expected here, by logger: the chat-template warm-up fails with
-#: ``skip_tokenizer_init`` (we never render chats in the engine); vLLM warns that disabling chunked
-#: prefill is not "officially supported" for the model, which we do on CPU on purpose
-#: (:mod:`~lightning_grpo.rollout.prefill`; samples checked equal to unchunked-by-budget runs).
-_KNOWN_HARMLESS = {
-    "vllm.renderers.base": "Chat template warmup failed",
-    "vllm.engine.arg_utils": "This model does not officially support disabling chunked prefill",
-}
-
-
-def _skip_known_harmless(record: logging.LogRecord) -> bool:
-    """Drop the log records of :data:`_KNOWN_HARMLESS` (a ``logging`` filter)."""
-    prefix = _KNOWN_HARMLESS.get(record.name)
-    return prefix is None or not record.getMessage().startswith(prefix)
-
-
 def _scheduler_kwargs(max_model_len: int, max_num_batched_tokens: int | None, extra: dict[str, Any]) -> dict[str, Any]:
     """Scheduler arguments of ``vllm.LLM``: on CPU chunked prefill off and a budget that holds any
     prompt (:func:`~lightning_grpo.rollout.prefill.cpu_llm_kwargs`); elsewhere only a budget the user set."""
@@ -309,78 +315,3 @@ def _scheduler_kwargs(max_model_len: int, max_num_batched_tokens: int | None, ex
     if max_num_batched_tokens is not None and "max_num_batched_tokens" not in extra:
         return {"max_num_batched_tokens": max_num_batched_tokens}
     return {}
-
-
-def _optional_kwargs(
-    kv_cache_memory_bytes: int | None,
-    block_size: int | None,
-    enable_lora: bool,
-    max_lora_rank: int,
-    gpu_memory_utilization: float,
-) -> dict[str, Any]:
-    """``vllm.LLM`` arguments that are only passed when set / relevant."""
-    kwargs: dict[str, Any] = {}
-    if kv_cache_memory_bytes is not None:
-        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
-    if block_size is not None:
-        kwargs["block_size"] = block_size
-    if enable_lora:
-        kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
-    if torch.cuda.is_available():
-        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-    return kwargs
-
-
-def _export_rank_for_external_launcher() -> None:
-    """``distributed_executor_backend="external_launcher"`` reads ``RANK`` (and ``LOCAL_RANK``) from the
-    environment: torchrun sets both, Lightning's own launcher only ``LOCAL_RANK``. Inside a running
-    process group, export this process's rank in it."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
-
-
-@contextlib.contextmanager
-def _keep_default_process_group(enabled: bool):
-    """While enabled, ``torch.distributed.destroy_process_group()`` spares the default group: vLLM's
-    shutdown (``cleanup_dist_env_and_memory``) calls it even when the trainer created that group.
-    vLLM's own subgroups are still destroyed."""
-    if not enabled:
-        yield
-        return
-    original = torch.distributed.destroy_process_group
-
-    def destroy(group=None):
-        if group is None or group is torch.distributed.GroupMember.WORLD:
-            return
-        original(group)
-
-    torch.distributed.destroy_process_group = destroy
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group = original
-
-
-class _preserved_global_rng:
-    """Context manager restoring Python, numpy and torch (CPU and CUDA) global RNG states on exit."""
-
-    def __enter__(self) -> None:
-        self._py = random.getstate()
-        self._torch = torch.random.get_rng_state()
-        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-        try:
-            import numpy as np
-
-            self._np = np.random.get_state()
-        except ImportError:
-            self._np = None
-
-    def __exit__(self, *exc: object) -> None:
-        random.setstate(self._py)
-        torch.random.set_rng_state(self._torch)
-        if self._cuda is not None:
-            torch.cuda.set_rng_state_all(self._cuda)
-        if self._np is not None:
-            import numpy as np
-
-            np.random.set_state(self._np)

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from .server_client import ServerClient
 from .server_engine import ServerEngine
-from .shm_transfer import BUCKET_BYTES
+from .shm_transfer import BUCKET_BYTES, ShmTransport
+
+#: ``vllm_args.transfer`` -> the servers' ``--weight-transfer-config`` backend.
+TRANSFER_BACKENDS = {"shm": "lightning_grpo_shm", "tcp": "lightning_grpo_tcp", "nccl": "nccl"}
 
 
 @dataclass
@@ -49,6 +52,17 @@ class ServerSettings:
     """Seconds before an unanswered request marks a server dead."""
     bucket_bytes: int = BUCKET_BYTES
     """Bytes per weight-push bucket (one ``/update_weights`` call each)."""
+    transfer: Literal["shm", "tcp", "nccl"] = "shm"
+    """How pushed weights reach the servers; it must match their ``--weight-transfer-config`` backend
+    (started servers get the right one). "shm": shared memory, servers on the trainer's machine
+    (``lightning_grpo_shm``); "tcp": a TCP connection from each server to the trainer, any machine, CPU
+    or GPU (``lightning_grpo_tcp``); "nccl": vLLM's NCCL broadcast, GPU trainer and GPU servers on any
+    machine (``nccl``). docs/distributed.md."""
+    transfer_host: str | None = None
+    """This machine's address as the servers reach it, for "tcp" / "nccl" (they connect to the trainer);
+    None = the address on the route to the first server (loopback for local servers)."""
+    transfer_port: int = 0
+    """Port the trainer listens on for "tcp" / "nccl" (open it in the firewall); 0 = a free port."""
     log_dir: str | None = None
     """Where started servers write ``vllm-server-<port>.log``; None = the run's log directory."""
 
@@ -60,6 +74,10 @@ class ServerSettings:
                 raise ValueError(f"vllm_args.urls: {url!r} is not an http:// or https:// URL")
         if self.num_servers < 1:
             raise ValueError(f"vllm_args.num_servers must be >= 1, got {self.num_servers}")
+        if self.transfer not in TRANSFER_BACKENDS:
+            raise ValueError(f"vllm_args.transfer must be one of {', '.join(TRANSFER_BACKENDS)}, got {self.transfer!r}")
+        if not 0 <= int(self.transfer_port) < 65536:
+            raise ValueError(f"vllm_args.transfer_port must be a TCP port (0 = any free one), got {self.transfer_port}")
         if self.server_start_timeout <= 0:
             raise ValueError(f"vllm_args.server_start_timeout must be > 0 seconds, got {self.server_start_timeout}")
         if self.urls is None:  # servers started here: their prefill settings, checked before any starts
@@ -77,6 +95,19 @@ class ServerSettings:
         return cls(**args)
 
 
+def build_transport(settings: ServerSettings) -> Any:
+    """The trainer side of ``settings.transfer``."""
+    if settings.transfer == "tcp":
+        from .tcp_transfer import TcpTransport
+
+        return TcpTransport(settings.transfer_host, settings.transfer_port, settings.request_timeout)
+    if settings.transfer == "nccl":
+        from .nccl_transfer import NcclTransport
+
+        return NcclTransport(settings.transfer_host, settings.transfer_port)
+    return ShmTransport()
+
+
 def build_server_engine(
     settings: ServerSettings,
     model_dir: str | None,
@@ -86,7 +117,10 @@ def build_server_engine(
 ) -> ServerEngine:
     """Connect to ``settings.urls`` or start servers on ``model_dir``; rank 0 pushes to shared servers.
     ``broadcast``: rank 0's value on every rank (the strategy's; every rank calls this together)."""
-    common = dict(dtype=settings.dtype, max_model_len=settings.max_model_len, bucket_bytes=settings.bucket_bytes)
+    common = dict(
+        dtype=settings.dtype, max_model_len=settings.max_model_len, bucket_bytes=settings.bucket_bytes,
+        transport=build_transport(settings),
+    )  # fmt: skip
     if settings.urls is not None:
         clients = [ServerClient(url, settings.request_timeout) for url in settings.urls]
         for client in clients:
@@ -106,6 +140,7 @@ def build_server_engine(
         kv_cache_bytes=settings.kv_cache_memory_bytes, max_num_batched_tokens=settings.max_num_batched_tokens,
         extra_args=list(settings.server_args),
         cpus=settings.server_cpus,
+        transfer_backend=TRANSFER_BACKENDS[settings.transfer],
     )  # fmt: skip
     clients = [ServerClient(p.url, settings.request_timeout) for p in processes]
     return ServerEngine(clients, processes=processes, pusher=True, **common)

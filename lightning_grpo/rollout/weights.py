@@ -5,6 +5,8 @@ such as Llama / Qwen2). For a peft model the LoRA adapters are merged on the fly
 LoRA-wrapped layer yields ``W + delta_W`` under the base layer's HF name (no ``base_model.model.``
 prefix, no ``.base_layer``); adapter tensors themselves are not yielded and the peft model is
 never modified (an in-place merge / unmerge would leave rounding drift in the trained weights).
+A 4-bit base (QLoRA, bitsandbytes ``Linear4bit``) is dequantised first, so the engine gets dense
+weights in the dtype the model was loaded in (:mod:`lightning_grpo.quantization`).
 Tensors are produced one at a time; merged ones are fresh and dropped once the consumer moves on.
 
 A policy sharded with FSDP2 holds only its shard of each parameter: push inside
@@ -84,7 +86,8 @@ def _walk(module: nn.Module, prefix: str, merge_lora: bool, peft: _PeftClasses) 
     if isinstance(module, lora_cls):
         base = module.get_base_layer()
         for name, param in base.named_parameters(recurse=False):
-            yield prefix + name, _merged_lora_tensor(module, name, param, prefix) if merge_lora else param.detach()
+            dense = _dense(param, prefix + name)
+            yield prefix + name, _merged_lora_tensor(module, name, dense, prefix) if merge_lora else dense
         yield from _own_buffers(base, prefix)
         return
     if isinstance(module, mts_cls):
@@ -98,10 +101,19 @@ def _walk(module: nn.Module, prefix: str, merge_lora: bool, peft: _PeftClasses) 
             f"{type(module).__name__}; supported: LoRA layers and modules_to_save"
         )
     for name, param in module.named_parameters(recurse=False):
-        yield prefix + name, param.detach()
+        yield prefix + name, _dense(param, prefix + name)
     yield from _own_buffers(module, prefix)
     for name, child in module.named_children():
         yield from _walk(child, f"{prefix}{name}.", merge_lora, peft)
+
+
+def _dense(param: torch.Tensor, name: str) -> torch.Tensor:
+    """``param`` detached; a bitsandbytes 4-bit weight (QLoRA) dequantised to its ``[out, in]`` matrix."""
+    if getattr(param, "quant_state", None) is None:
+        return param.detach()
+    from ..quantization import dequantized
+
+    return dequantized(param, name)
 
 
 def _own_buffers(module: nn.Module, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -118,7 +130,7 @@ def _merged_lora_tensor(layer: nn.Module, name: str, param: torch.Tensor, prefix
             f"policy_weights_for_engine: LoRA layer {prefix.rstrip('.')!r} has adapters merged but disabled; "
             "unmerge them (model.unmerge_adapter()) or enable them before pushing weights"
         )
-    tensor = param.detach()
+    tensor = param  # already detached (and dequantised for a 4-bit base layer)
     if layer.disable_adapters or layer.merged or name not in ("weight", "bias"):
         return tensor
     for adapter in layer.active_adapters:

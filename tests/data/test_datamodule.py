@@ -32,19 +32,6 @@ def write(rows: list[dict], path, fmt: str) -> str:
     return str(path)
 
 
-@pytest.fixture
-def make_dm(tiny_model_path, tmp_path):
-    def make(**kwargs) -> PromptDataModule:
-        kwargs.setdefault("tokenizer_path", str(tiny_model_path))
-        kwargs.setdefault("batch_size", 2)
-        kwargs.setdefault("cache_dir", str(tmp_path / "hf-cache"))
-        dm = PromptDataModule(**kwargs)
-        dm.setup("fit")
-        return dm
-
-    return make
-
-
 # ------------------------------------------------------------------------------------ sources
 
 

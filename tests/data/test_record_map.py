@@ -40,18 +40,6 @@ def maps(tmp_path, monkeypatch):
     return "my_maps"
 
 
-@pytest.fixture
-def make_dm(tiny_model_path):
-    def make(**kwargs) -> PromptDataModule:
-        kwargs.setdefault("tokenizer_path", str(tiny_model_path))
-        kwargs.setdefault("batch_size", 2)
-        dm = PromptDataModule(**kwargs)
-        dm.setup("fit")
-        return dm
-
-    return make
-
-
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
@@ -133,13 +121,11 @@ trainer:
   logger:
     class_path: lightning.pytorch.loggers.CSVLogger
     init_args: {save_dir: logs, name: run}
-  callbacks:
-    - class_path: lightning_grpo.RolloutCallback
-      init_args:
-        engine: hf
-        sampling: {n: 2, max_new_tokens: 2}
-        rewards:
-          - name: my_rewards.uses_hint
+rollout:
+  engine: hf
+  sampling: {n: 2, max_new_tokens: 2}
+  rewards:
+    - name: my_rewards.uses_hint
 data:
   train_files: qa.jsonl
   record_map: my_maps.to_prompt

@@ -34,7 +34,7 @@ def test_the_python_examples_run(capsys):
 
 def test_the_recipe_rewards_build_as_written(tmp_path):
     rm = str(save_tiny_reward_model(tmp_path / "rm"))
-    specs = [spec for block in blocks("yaml") for spec in yaml.safe_load(block)["trainer"]["callbacks"][0]["init_args"]["rewards"]]
+    specs = [spec for block in blocks("yaml") for spec in yaml.safe_load(block)["rollout"]["rewards"]]
     assert [s["name"] for s in specs] == ["exact_match", "reward_model", "exact_match", "llm_judge"]
     for spec in specs:
         kwargs = spec.get("kwargs", {})

@@ -35,18 +35,6 @@ def folder(tmp_path) -> Path:
     return tmp_path / "my_data"
 
 
-@pytest.fixture
-def make_dm(tiny_model_path, tmp_path):
-    def make(**kwargs) -> PromptDataModule:
-        kwargs.setdefault("tokenizer_path", str(tiny_model_path))
-        kwargs.setdefault("batch_size", 2)
-        dm = PromptDataModule(**kwargs)
-        dm.setup("fit")
-        return dm
-
-    return make
-
-
 def hub(path, tmp_path, **kwargs) -> HubDataset:
     return HubDataset(str(path), cache_dir=str(tmp_path / "hf-cache"), **kwargs)
 

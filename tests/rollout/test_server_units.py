@@ -130,9 +130,13 @@ class _VersionedServer:
 
     def __init__(self, url: str, version: str) -> None:
         self.url, self.version, self.pushed = url, version, []
+        self.transfer_ready, self.inits = False, 0  # ServerClient's transfer state (shm: no rendezvous)
 
     def healthy(self) -> bool:
         return True
+
+    def init_transfer(self, init_info: dict) -> None:
+        self.transfer_ready, self.inits = True, self.inits + 1
 
     def weight_version(self) -> str:
         return self.version
@@ -166,6 +170,7 @@ def test_a_run_on_reused_servers_numbers_its_pushes_above_the_versions_they_hold
         waiter.load_weights([], version=0)  # still the earlier run's 50
     pusher.load_weights([("w", torch.zeros(2))], version=0)
     assert [s.pushed for s in servers.values()] == [[51], [51]]
+    assert [s.inits for s in servers.values()] == [1, 1]  # the transport set each server up once
     waiter.load_weights([], version=0)  # returns at once: every server reports 51
     out = waiter.generate([[1, 2]], SamplingConfig(n=2, max_new_tokens=1), seed=0)
     assert out.versions == [0, 0]

@@ -1,0 +1,55 @@
+"""Held-out evaluation: greedy accuracy, and pass@k / mean@n over n sampled completions per prompt.
+
+With n samples of a prompt of which c pass, the unbiased estimator of pass@k (Chen et al. 2021,
+"Evaluating Large Language Models Trained on Code", eq. 1) is
+
+    pass@k = 1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n - c + 1}^{n} (1 - k / i)
+
+(the product form avoids huge binomials), averaged over the prompts; mean@n is the mean score of
+the n samples (its pass / fail version equals pass@1). A sample passes when the first reward
+function scores it at least ``threshold`` (1.0: full marks of a 0 / 1 accuracy reward).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..rollout.base import SamplingConfig
+from .sampling import score_rollout
+
+
+def pass_at_k(correct: Tensor, n: int, k: int) -> Tensor:
+    """[P] unbiased pass@k of each prompt from its number of passing samples ``correct`` [P] out of ``n``."""
+    if not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 1 <= k <= n (samples per prompt), got k={k}, n={n}")
+    correct = correct.to(torch.float64)
+    out = torch.ones_like(correct)  # n - c < k: every draw of k holds a pass
+    for p in range(correct.numel()):
+        c = int(correct[p])
+        if n - c >= k:
+            i = torch.arange(n - c + 1, n + 1, dtype=torch.float64)  # [c]
+            out[p] = 1.0 - torch.prod(1.0 - k / i)
+    return out
+
+
+def evaluate_prompts(engine, reward_set, tokenizer, records, sampling: SamplingConfig, samples: int, seed: int,
+                     pass_k: list[int] | None = None, threshold: float = 1.0) -> dict[str, float]:  # fmt: skip
+    """Greedy accuracy (mean of the first reward function under greedy decoding); with ``samples``
+    = n > 0 also the mean total reward of n sampled completions per prompt (``val/reward_mean``),
+    ``val/mean@n`` (mean first reward) and ``val/pass@k`` for each k of ``pass_k`` (default: n)."""
+    prompt_ids = [r["prompt_ids"] for r in records]
+    greedy = engine.generate(prompt_ids, SamplingConfig(n=1, temperature=0.0, max_new_tokens=sampling.max_new_tokens), seed)
+    scores = score_rollout(greedy, reward_set, tokenizer, records)
+    out = {"val/greedy_accuracy": scores.rewards[:, 0].mean().item()}
+    if samples > 0:
+        cfg = SamplingConfig(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
+                             top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens)  # fmt: skip
+        sampled = score_rollout(engine.generate(prompt_ids, cfg, seed), reward_set, tokenizer, records)
+        out["val/reward_mean"] = (sampled.rewards @ sampled.weights).mean().item()
+        first = sampled.rewards[:, 0].view(len(records), samples)  # [P, n]
+        out[f"val/mean@{samples}"] = first.mean().item()
+        correct = (first >= threshold).sum(-1)  # [P]
+        for k in pass_k or [samples]:
+            out[f"val/pass@{k}"] = pass_at_k(correct, samples, k).mean().item()
+    return out

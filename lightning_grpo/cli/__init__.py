@@ -1,0 +1,71 @@
+"""``lightning-grpo`` / ``python -m lightning_grpo``: LightningCLI over GRPOModule and PromptDataModule,
+plus ``export`` and ``report``.
+
+    lightning-grpo fit -c recipes/quickstart.yaml
+    lightning-grpo fit -c recipes/grpo.yaml --trainer.max_steps 50 --rollout.sampling.n 16
+    lightning-grpo fit --print_config                      # every option with its default
+    lightning-grpo validate -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
+    lightning-grpo export runs/quickstart --out my-model   # a Hugging Face model folder (export.py)
+    lightning-grpo report runs/quickstart                  # dashboard PNG + summary of a run (report.py)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .app import GRPOCLI, GRPOArgumentParser, build_cli as _build_cli
+from .errors import is_marked, print_and_exit
+
+
+def _prepare_environment() -> None:
+    # vLLM in this process (weights pushed as tensors) without its compile step (platform notes).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+def _current_directory_importable() -> None:
+    """Put the current directory on ``sys.path`` (once): the ``lightning-grpo`` console script
+    starts with its own bin folder there instead, and recipes name reward functions, record maps
+    and environments by import path from modules next to them (``my_rewards.fn``)."""
+    cwd = os.getcwd()
+    if not any(os.path.abspath(entry or ".") == cwd for entry in sys.path):
+        sys.path.insert(0, cwd)
+
+
+def build_cli(args: list[str] | None = None, run: bool = True, cli_class=GRPOCLI):
+    """The CLI over GRPOModule and PromptDataModule (``run=False``: parse and instantiate only)."""
+    _prepare_environment()
+    return _build_cli(args, run=run, cli_class=cli_class)
+
+
+def main(args: list[str] | None = None) -> int | None:
+    """``report`` and ``export`` go to their own commands (a failure exits with its status);
+    everything else to the LightningCLI (``args`` None: ``sys.argv``). A configuration error found
+    before training is printed as one line (exit status 2)."""
+    argv = sys.argv[1:] if args is None else list(args)
+    _current_directory_importable()
+    if argv[:1] in (["report"], ["export"]):
+        if argv[0] == "report":
+            from ..report import main as command
+        else:
+            from .export import main as command
+        status = command(argv[1:])
+        if status:
+            raise SystemExit(status)
+        return status
+    try:
+        build_cli(args)
+    except Exception as err:  # noqa: BLE001 - only the marked ones: errors in training keep their traceback
+        if not is_marked(err):
+            raise
+        print_and_exit(str(err))
+    return None
+
+
+__all__ = ["GRPOCLI", "GRPOArgumentParser", "build_cli", "main"]
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

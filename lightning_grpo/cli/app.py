@@ -1,0 +1,185 @@
+"""The LightningCLI of lightning-grpo: GRPOModule (``model``), PromptDataModule (``data``), the
+Trainer (``trainer``, whose ``callbacks`` hold the guards) and the rollout callback in a section of
+its own (``rollout``, added with ``add_lightning_class_args`` as Lightning adds ModelCheckpoint):
+
+    lightning-grpo fit -c recipes/quickstart.yaml --rollout.engine hf --rollout.sampling.n 16
+    lightning-grpo fit --print_config > my.yaml      # every option with its default: a runnable recipe
+    lightning-grpo validate -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
+
+``rollout`` takes a ``class_path`` (``lightning_grpo.AgentRolloutCallback`` for episodes), or its
+options alone for the default ``lightning_grpo.RolloutCallback``. A configuration error is printed
+as one line (:mod:`lightning_grpo.cli.errors`), and the fit-time checks run before anything is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
+
+from .errors import condense, mark, print_and_exit
+
+ROLLOUT_KEY = "rollout"
+ROLLOUT_DEFAULT = "lightning_grpo.RolloutCallback"
+EPILOG = (
+    "The rollout options (--rollout.*) are listed at the end; another rollout class: --rollout.help CLASS. "
+    "Also: lightning-grpo export CHECKPOINT_OR_RUN_DIR --out DIR (a Hugging Face model folder), "
+    "lightning-grpo report RUN_DIR (plots and summarises a run)."
+)
+
+
+def _debug_mode() -> bool:
+    from jsonargparse._common import debug_mode_active  # private, but the same switch jsonargparse's error() reads
+
+    return debug_mode_active()
+
+
+class GRPOArgumentParser(LightningArgumentParser):
+    """LightningArgumentParser that prints a parse error as one line (no usage, no value dump) and
+    lists the default rollout class's options in ``--help``."""
+
+    def error(self, message: str, ex: Exception | None = None):  # type: ignore[override]
+        if not self.exit_on_error or _debug_mode():
+            return super().error(message, ex)
+        self._logger.error(message)
+        print_and_exit(condense(message, getattr(ex, "subcommand_parser", None) or self))
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if ROLLOUT_KEY in getattr(self, "callback_keys", []):
+            text += "\n" + rollout_options_help()
+        return text
+
+
+def rollout_options_help() -> str:
+    """The ``--rollout.*`` options of RolloutCallback, as ``--rollout.help RolloutCallback`` prints them."""
+    from ..callbacks.rollout import RolloutCallback
+
+    parser = LightningArgumentParser(prog="", usage="")
+    parser.add_class_arguments(RolloutCallback, ROLLOUT_KEY, fail_untyped=False, sub_configs=True)
+    text = parser.format_help()
+    start = text.find("\n\n")
+    options = text[start:].strip("\n") if start >= 0 else text
+    return f"Rollout options (--rollout.*, class {ROLLOUT_DEFAULT}):\n{options.split(chr(10), 1)[1]}\n"
+
+
+def _plain_model_option(parser: LightningArgumentParser) -> None:
+    """``--model.model`` takes a path or hub id on the command line: an ``nn.Module`` can only be given
+    from Python, so the option is not parsed as (and its help does not list) every torch module."""
+    for action in list(parser._actions):
+        if action.dest == "model.model":
+            action._typehint = Optional[str]
+            action.help = (action.help or "").split("(type:")[0].strip()
+        elif action.dest == "model.model.help":
+            parser._remove_action(action)
+            for group in parser._action_groups:
+                if action in group._group_actions:
+                    group._group_actions.remove(action)
+            for option in action.option_strings:
+                parser._option_string_actions.pop(option, None)
+
+
+class GRPOCLI(LightningCLI):
+    """LightningCLI with the package's module and data module, and the rollout section."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        from ..callbacks.rollout import RolloutCallback
+
+        parser.add_lightning_class_args(RolloutCallback, ROLLOUT_KEY, subclass_mode=True, required=False)
+        parser.set_defaults({ROLLOUT_KEY: {"class_path": ROLLOUT_DEFAULT}})
+        _plain_model_option(parser)
+
+    def instantiate_classes(self) -> None:
+        """Build everything; a constructor's error is reported with the option it came from."""
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
+            config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+            text = str(err)
+            if "Given value" in text or "Does not validate" in text:  # jsonargparse's dump around the real error
+                raise mark(type(err)(condense(text, config=config))) from None
+            raise mark(err)
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        """The rollout callback runs before the guards (it samples the batch they inspect), as it
+        did when recipes listed it first in ``trainer.callbacks``; the progress bar counts steps."""
+        from lightning.pytorch.callbacks import ProgressBar
+
+        from ..callbacks.rollout import RolloutCallback
+
+        callbacks = [c for c in callbacks if c is not None]
+        listed = config.get("callbacks") or []
+        config["callbacks"] = [*callbacks, *(listed if isinstance(listed, list) else [listed])]
+        rollouts = [c for c in config["callbacks"] if isinstance(c, RolloutCallback)]
+        if len(rollouts) > 1:
+            raise ValueError(
+                f"{len(rollouts)} rollout callbacks ({', '.join(type(c).__name__ for c in rollouts)}): the rollout "
+                "callback has its own section: move it from trainer.callbacks to 'rollout:' (class_path / init_args)"
+            )
+        if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in config["callbacks"]):
+            from ..callbacks.progress import StepProgressBar
+
+            config["callbacks"].append(StepProgressBar())  # steps of max_steps, not epochs
+        return super()._instantiate_trainer(config, [])
+
+    def before_fit(self) -> None:
+        """Load and check the data, then cross-check the whole run (:mod:`lightning_grpo.validation`),
+        before ``trainer.fit`` lets the loggers create their run directory: a bad option, file or
+        column fails with nothing written. ``--ckpt_path last`` is resolved first."""
+        from ..callbacks.rollout import RolloutCallback
+        from ..validation import check_fit_config
+
+        self._resolve_last_checkpoint()
+        try:
+            datamodule = self.datamodule
+            if datamodule is not None and hasattr(datamodule, "train_records"):
+                datamodule.setup("fit")
+            for callback in self.trainer.callbacks:
+                if isinstance(callback, RolloutCallback):
+                    check_fit_config(self.trainer, self.model, callback, datamodule)
+        except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
+            raise mark(err)
+
+
+    def _resolve_last_checkpoint(self) -> None:
+        """``ckpt_path: last``: the newest ``version_*/checkpoints/last.ckpt`` (else the newest ``.ckpt``)
+        in the logger's run folder (``runs/<name>``), written into the saved config.yaml too.
+        Lightning alone looks in the new version's own (empty) folder. None found: Lightning's
+        behaviour (a warning, then a fresh start)."""
+        from ..export import ExportError, find_checkpoint
+
+        config, config_init = self.config[self.subcommand], self.config_init[self.subcommand]
+        logger = self.trainer.logger
+        root = getattr(logger, "root_dir", None) if logger is not None else None
+        if config.get("ckpt_path") != "last" or root is None or not Path(root).is_dir():
+            return
+        try:
+            found = str(find_checkpoint(root))
+        except ExportError:
+            return
+        config["ckpt_path"] = config_init["ckpt_path"] = found
+        rank_zero_info(f"--ckpt_path last: resuming from {found}")
+
+
+def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = GRPOCLI) -> LightningCLI:
+    """The CLI over GRPOModule and PromptDataModule (``run=False``: parse and instantiate only)."""
+    from jsonargparse import set_parsing_settings
+
+    from ..data.datamodule import PromptDataModule
+    from ..module import GRPOModule
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docstrings in --help
+    return cli_class(
+        GRPOModule,
+        PromptDataModule,
+        subclass_mode_model=False,
+        subclass_mode_data=False,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"epilog": EPILOG},
+        parser_class=GRPOArgumentParser,
+        args=args,
+        run=run,
+        auto_configure_optimizers=False,
+    )

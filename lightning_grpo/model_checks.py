@@ -1,0 +1,91 @@
+"""Fit-time checks of the loss and the LoRA settings (part of :func:`lightning_grpo.validation.check_fit_config`):
+both run before any engine starts, and their errors name the option as written in a recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def check_loss(module: Any) -> None:
+    """``model.loss`` computes a loss on a made-up batch of 4 completions x 3 tokens (all inputs given)."""
+    loss = getattr(module, "loss_fn", None)
+    if loss is None or not callable(loss):
+        return
+    generator = torch.Generator().manual_seed(0)
+    logp = -torch.rand(4, 3, generator=generator) - 0.1  # [B, T]
+    mask = torch.ones(4, 3)  # [B, T]
+    near = logp - 0.05 * torch.rand(4, 3, generator=generator)  # old / ref / rollout log-probs close to logp
+    try:
+        loss(logp.clone().requires_grad_(True), mask, torch.tensor([1.0, -1.0, 0.5, -0.5]), old_logp=near, ref_logp=near,
+             rollout_logp=near, entropy=torch.full((4, 3), 0.5), num_tokens=torch.tensor(12.0),
+             num_sequences=torch.tensor(4.0), turn_ids=torch.zeros(4, 3, dtype=torch.long))  # fmt: skip
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"{_loss_field(loss, err)}: {err}") from err
+
+
+#: Which ``model.loss.init_args`` field a failing piece of the loss is configured by.
+_LOSS_PARTS = (("policy_loss_fn", "policy_loss_args"), ("aggregate_fn", "aggregation_args"),
+               ("correction_fn", "correction_args"), ("kl_fn", "kl_estimator"))  # fmt: skip
+
+
+def _loss_field(loss: Any, err: BaseException) -> str:
+    """``model.loss.init_args.<field>`` of the part that raised ``err`` (its function called with
+    a keyword it lacks, or raising inside), else ``model.loss``."""
+    import traceback
+
+    frames = {frame.name for frame in traceback.extract_tb(err.__traceback__)[1:]}
+    for attr, field in _LOSS_PARTS:
+        name = getattr(getattr(loss, attr, None), "__name__", None)
+        if name is not None and (name in frames or str(err).startswith(f"{name}()")):
+            return f"model.loss.init_args.{field}"
+    return "model.loss"
+
+
+def check_lora(module: Any) -> None:
+    """``model.lora``: ranges, the peft config, and target modules that exist in the architecture."""
+    lora = getattr(module, "lora", None)
+    if lora is None:
+        return
+    if not isinstance(lora.r, int) or lora.r < 1:
+        raise ValueError(f"model.lora.r must be an integer >= 1 (the adapter's rank), got {lora.r!r}")
+    if not lora.alpha > 0:
+        raise ValueError(f"model.lora.alpha must be > 0 (delta_W = alpha / r * B A), got {lora.alpha!r}")
+    if not 0 <= lora.dropout < 1:
+        raise ValueError(f"model.lora.dropout must be in [0, 1), got {lora.dropout!r}")
+    try:
+        config = lora.to_peft()
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"model.lora (its extra settings go to peft's LoraConfig): {err}") from err
+    skeleton = _meta_policy(module)
+    if skeleton is None:
+        return
+    from peft import get_peft_model
+
+    try:
+        get_peft_model(skeleton, config)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ValueError(f"model.lora.target_modules {lora.target_modules!r} (or extra): {err}") from err
+
+
+def _meta_policy(module: Any) -> Any:
+    """The policy's architecture without weights (``meta`` device), from its config.json; None when
+    the policy is a built module or a hub id not on disk."""
+    if getattr(module, "policy", None) is not None:
+        return None
+    from .validation import _model_config
+
+    config = _model_config(module)
+    if config is None:
+        return None
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    source = getattr(module, "model_source", None)
+    if source is None:
+        from .tiny import tiny_model_dir
+
+        source = str(tiny_model_dir())
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(Path(source).expanduser()))

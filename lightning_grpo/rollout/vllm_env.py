@@ -1,0 +1,133 @@
+"""Process-level helpers of the in-process vLLM engine (:mod:`lightning_grpo.rollout.vllm`): the
+``vllm.LLM`` arguments that are passed only when they apply, log filters for vLLM lines that are
+expected here, the global RNG and torch.distributed state that vLLM would otherwise change."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+from typing import Any
+
+import torch
+
+#: vLLM log lines that are expected here, by logger: the chat-template warm-up fails with
+#: ``skip_tokenizer_init`` (we never render chats in the engine); vLLM warns that disabling chunked
+#: prefill is not "officially supported" for the model, which we do on CPU on purpose
+#: (:mod:`~lightning_grpo.rollout.prefill`; samples checked equal to unchunked-by-budget runs).
+KNOWN_HARMLESS = {
+    "vllm.renderers.base": "Chat template warmup failed",
+    "vllm.engine.arg_utils": "This model does not officially support disabling chunked prefill",
+    "vllm.v1.worker.cpu_worker": "sleep mode is not supported on CPU",  # every sleep / wake_up (sleep_level)
+}
+
+
+def skip_known_harmless(record: logging.LogRecord) -> bool:
+    """Drop the log records of :data:`KNOWN_HARMLESS` (a ``logging`` filter)."""
+    prefix = KNOWN_HARMLESS.get(record.name)
+    return prefix is None or not record.getMessage().startswith(prefix)
+
+
+@contextlib.contextmanager
+def quiet_known_harmless():
+    """Filter the records of :data:`KNOWN_HARMLESS` out of vLLM's loggers while the block runs."""
+    quiet = [logging.getLogger(name) for name in KNOWN_HARMLESS]
+    for log in quiet:
+        log.addFilter(skip_known_harmless)
+    try:
+        yield
+    finally:
+        for log in quiet:
+            log.removeFilter(skip_known_harmless)
+
+
+def sleep_kwargs(sleep_level: int) -> dict[str, Any]:
+    """``enable_sleep_mode`` where vLLM has a sleep mode (GPU); CPU refuses the flag and frees nothing
+    on ``sleep``, so the engine sleeps there without it (a warning says so once)."""
+    if not sleep_level:
+        return {}
+    from vllm.platforms import current_platform
+
+    if current_platform.is_sleep_mode_available():
+        return {"enable_sleep_mode": True}
+    logging.getLogger(__name__).warning(
+        "vllm_args.sleep_level=%d: vLLM has no sleep mode on %s, so sleeping frees no memory here", sleep_level,
+        current_platform.device_type,
+    )
+    return {}
+
+
+def optional_llm_kwargs(
+    kv_cache_memory_bytes: int | None,
+    block_size: int | None,
+    enable_lora: bool,
+    max_lora_rank: int,
+    gpu_memory_utilization: float,
+) -> dict[str, Any]:
+    """``vllm.LLM`` arguments that are only passed when set / relevant."""
+    kwargs: dict[str, Any] = {}
+    if kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
+    if block_size is not None:
+        kwargs["block_size"] = block_size
+    if enable_lora:
+        kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
+    if torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    return kwargs
+
+
+def export_rank_for_external_launcher() -> None:
+    """``distributed_executor_backend="external_launcher"`` reads ``RANK`` (and ``LOCAL_RANK``) from the
+    environment: torchrun sets both, Lightning's own launcher only ``LOCAL_RANK``. Inside a running
+    process group, export this process's rank in it."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
+
+
+@contextlib.contextmanager
+def keep_default_process_group(enabled: bool):
+    """While enabled, ``torch.distributed.destroy_process_group()`` spares the default group: vLLM's
+    shutdown (``cleanup_dist_env_and_memory``) calls it even when the trainer created that group.
+    vLLM's own subgroups are still destroyed."""
+    if not enabled:
+        yield
+        return
+    original = torch.distributed.destroy_process_group
+
+    def destroy(group=None):
+        if group is None or group is torch.distributed.GroupMember.WORLD:
+            return
+        original(group)
+
+    torch.distributed.destroy_process_group = destroy
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group = original
+
+
+class preserved_global_rng:
+    """Context manager restoring Python, numpy and torch (CPU and CUDA) global RNG states on exit."""
+
+    def __enter__(self) -> None:
+        self._py = random.getstate()
+        self._torch = torch.random.get_rng_state()
+        self._cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        try:
+            import numpy as np
+
+            self._np = np.random.get_state()
+        except ImportError:
+            self._np = None
+
+    def __exit__(self, *exc: object) -> None:
+        random.setstate(self._py)
+        torch.random.set_rng_state(self._torch)
+        if self._cuda is not None:
+            torch.cuda.set_rng_state_all(self._cuda)
+        if self._np is not None:
+            import numpy as np
+
+            np.random.set_state(self._np)

@@ -1,0 +1,22 @@
+"""Fixtures of the data-layer tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightning_grpo.data.datamodule import PromptDataModule
+
+
+@pytest.fixture
+def make_dm(tiny_model_path, tmp_path):
+    """``make_dm(**kwargs)``: a PromptDataModule on the tiny model's tokenizer (batch size 2), set up for fit."""
+
+    def make(**kwargs) -> PromptDataModule:
+        kwargs.setdefault("tokenizer_path", str(tiny_model_path))
+        kwargs.setdefault("batch_size", 2)
+        kwargs.setdefault("cache_dir", str(tmp_path / "hf-cache"))
+        dm = PromptDataModule(**kwargs)
+        dm.setup("fit")
+        return dm
+
+    return make

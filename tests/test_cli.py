@@ -1,0 +1,166 @@
+"""The command line: the rollout section (``--rollout.*``), ``--print_config`` without a recipe, ``--help``,
+and configuration errors printed as one line (the last of the output) before anything is written."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+from lightning_grpo.cli.errors import condense
+
+from tests.bad_input_helpers import cli, tiny_cache, write_config  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
+HF = ["--rollout.engine", "hf", "--rollout.vllm_args", "null"]
+pytestmark = pytest.mark.usefixtures("tiny_cache")
+
+
+def _rollout(trainer):
+    from lightning_grpo import RolloutCallback
+
+    (callback,) = [c for c in trainer.callbacks if isinstance(c, RolloutCallback)]
+    assert trainer.callbacks.index(callback) == 0, "the rollout callback runs before the guards"
+    return callback
+
+
+def _logger_args(tmp_path: Path) -> list[str]:
+    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "logs")}}
+    return [f"--trainer.logger={yaml.safe_dump(logger, default_flow_style=True).strip()}",
+            f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ the section
+def test_rollout_sampling_n_changes_the_group_size(tmp_path):
+    """``--rollout.sampling.n 16`` reaches the rollout callback (not the last guard): one step trains on
+    8 prompts x 16 completions."""
+    args = ["-c", str(ROOT / "recipes" / "quickstart.yaml"), *HF, "--rollout.sampling.n", "16",
+            "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", *_logger_args(tmp_path)]  # fmt: skip
+    built = cli(args, run=False)
+    callback = _rollout(built.trainer)
+    assert callback.engine_name == "hf" and callback.sampling.n == 16 and callback.sampling.max_new_tokens == 2
+    assert [type(c).__name__ for c in built.trainer.callbacks[1:7]] == [
+        "NonFiniteGuard", "LogProbGuard", "EntropyGuard", "IdenticalSamplesGuard", "MismatchGuard", "ZeroStdGuard"]  # fmt: skip
+    built.trainer.fit(built.model, datamodule=built.datamodule)
+    batch = built.model.rollout_batch
+    assert batch.group_size == 16 and len(batch) == 8 * 16
+
+
+def test_rollout_section_takes_another_class(tmp_path):
+    from lightning_grpo import AgentRolloutCallback
+
+    built = cli(["-c", str(ROOT / "recipes" / "tool_quickstart.yaml"), "--rollout.max_turns", "3",
+                 "--rollout.sampling.n", "4", *_logger_args(tmp_path)], run=False)  # fmt: skip
+    callback = _rollout(built.trainer)
+    assert isinstance(callback, AgentRolloutCallback)
+    assert callback.limits.max_turns == 3 and callback.sampling.n == 4 and callback.environment_args["tools_enabled"] is True
+
+
+def test_rollout_callback_left_in_trainer_callbacks_is_refused(tmp_path):
+    path = write_config(tmp_path, **{"trainer.callbacks": [{"class_path": "lightning_grpo.RolloutCallback"}]})
+    with pytest.raises(ValueError, match=r"2 rollout callbacks \(RolloutCallback, RolloutCallback\): .*move it from trainer.callbacks to 'rollout:'"):
+        cli(["-c", str(path)], run=False)
+
+
+def test_help_lists_the_rollout_options_not_every_torch_module(capsys):
+    from lightning_grpo.cli import main
+
+    with mock.patch.object(sys, "argv", ["lightning-grpo"]), pytest.raises(SystemExit) as exit_:
+        main(["fit", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--rollout.engine", "--rollout.sampling.n N", "--rollout.rewards", "--rollout.vllm_args", "--model.model MODEL"):
+        assert option in out, option
+    assert "torch.nn.Linear" not in out and "--model.model.help" not in out
+    assert len(out.splitlines()) < 900
+
+
+@pytest.mark.vllm
+def test_print_config_without_a_recipe_is_a_recipe_that_trains(tmp_path, monkeypatch, capsys, vllm_engine):
+    """``fit --print_config > x.yaml`` then ``fit -c x.yaml --trainer.max_steps 2`` (the printed engine is
+    vLLM: the rollout callback gets the session's engine instead of building a second one)."""
+    from lightning_grpo import RolloutCallback
+    from lightning_grpo.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with mock.patch.object(sys, "argv", ["lightning-grpo"]), pytest.raises(SystemExit) as exit_:
+        main(["fit", "--print_config"])
+    assert exit_.value.code == 0
+    printed = capsys.readouterr().out
+    config = yaml.safe_load(printed)
+    assert config["rollout"]["class_path"] == "lightning_grpo.RolloutCallback"
+    assert config["rollout"]["init_args"]["engine"] == "vllm" and config["rollout"]["init_args"]["sampling"]["n"] == 8
+    (tmp_path / "x.yaml").write_text(printed)
+
+    def session_engine(self, trainer, module):
+        if self.engine is None:
+            self.use_engine(vllm_engine)
+        return self.engine
+
+    monkeypatch.setattr(RolloutCallback, "_ensure_engine", session_engine)
+    built = cli(["fit", "-c", "x.yaml", "--trainer.max_steps", "2"])
+    assert built.trainer.global_step == 2 and _rollout(built.trainer).engine_name == "vllm"
+    loss = float(built.trainer.callback_metrics["train/loss"])
+    assert math.isfinite(loss)  # the run trained
+
+
+# ------------------------------------------------------------------------------ errors
+BAD = [
+    (["--rollout.sampling.temprature=0.5"], "rollout.sampling.temprature: not an option of lightning_grpo.RolloutCallback "
+     "(did you mean 'sampling.temperature'?)"),
+    (["--rollout.sampling.n=-4"], "rollout: SamplingConfig.n must be an integer >= 1 (completions per prompt), got -4"),
+    (["--model.loss.init_args.policy_loss=ppoo"], "model.loss: unknown policy loss 'ppoo'; valid names: "),
+    (["--rollout.rewards=[{name: nope.fn}]"], "rollout: reward function 'nope.fn' could not be imported: No module named 'nope'"),
+    (["--model.loss.init_args.policy_loss_args={eps_high: -0.1}"],
+     "model.loss.init_args.policy_loss_args: eps_low and eps_high must be >= 0, got 0.2, -0.1"),
+    (["--model.lora={r: 0}"], "model.lora.r must be an integer >= 1 (the adapter's rank), got 0"),
+    (["--model.lora={r: 4, target_modules: [q_projx]}"], "model.lora.target_modules ['q_projx'] (or extra): Target modules {'q_projx'} not found in the base model"),
+    (["--model.loss.init_args.aggregation_args={max_len: 3}"],
+     "model.loss.init_args.aggregation_args: token_mean() got an unexpected keyword argument 'max_len'"),
+    (["--rollout.sampling.n=1"], "rollout.sampling.n=1 leaves 1 completion per prompt, but model.advantage='grpo'"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD, ids=["nested_key", "sampling_n", "loss_name", "reward_path", "eps_high",
+                                                        "lora_rank", "lora_targets", "aggregation_args", "group_of_one"])
+def test_bad_input_ends_with_its_one_line_message_and_writes_nothing(tmp_path, capsys, args, message):
+    from lightning_grpo.cli import main
+
+    path = write_config(tmp_path)
+    with mock.patch.object(sys, "argv", ["lightning-grpo"]), pytest.raises(SystemExit) as exit_:
+        main(["fit", "-c", str(path), *args])
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    last = captured.err.rstrip("\n").splitlines()[-1]
+    assert last.startswith(f"lightning-grpo: error: {message}"), captured.err[-800:]
+    assert "Given value" not in captured.err and "Traceback" not in captured.err
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "root").exists()
+
+
+def test_condense_keeps_the_key_the_innermost_error_and_the_class():
+    message = """Parser key "rollout":
+  Does not validate against any of the Union subtypes
+  Subtypes: [<class 'lightning_grpo.callbacks.rollout.RolloutCallback'>, <class 'NoneType'>]
+  Errors:
+    - Problem with given class_path 'lightning_grpo.RolloutCallback':
+        Parser key "sampling":
+          Does not validate against any of the Union subtypes
+          Errors:
+            - Problem with given class_path 'lightning_grpo.SamplingConfig':
+                Option 'tempreature' is not accepted
+            - Expected a <class 'NoneType'>
+          Given value type: <class 'dict'>
+          Given value: {'tempreature': 4}
+    - Expected a <class 'NoneType'>
+  Given value type: <class 'dict'>
+  Given value: {'sampling': {'tempreature': 4}}"""
+    assert condense(message) == (
+        "rollout.sampling.tempreature: not an option of lightning_grpo.SamplingConfig (did you mean 'temperature'?)"
+    )
+    typed = 'Parser key "model.advantage_args":\n  Subtypes: [dict]\n  Errors:\n    - Expected a <class \'dict\'>\n' \
+            "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: 3"  # fmt: skip
+    assert condense(typed) == "model.advantage_args: expected a dict, got 3"

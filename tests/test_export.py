@@ -1,0 +1,242 @@
+"""``lightning-grpo export`` and SavePretrained: a trained policy as a Hugging Face model folder.
+
+Round trips train a recipe for a few steps with the session's vLLM engine (validation at the last
+step), export the run's ``last.ckpt`` and check the folder:
+
+* transformers: ``AutoModelForCausalLM`` / ``AutoTokenizer`` on the folder give the trained policy's
+  log-probs of a fixed sequence (1e-5, float32) and the run's tokenizer (chat template included);
+* vLLM: the folder's weights (``model.safetensors``) pushed into the session's engine, or its adapter
+  served with a ``LoRARequest``, give the run's last ``val/greedy_accuracy`` exactly; that vLLM reads
+  the folder's config, tokenizer and generation config is checked with ``EngineArgs`` (no second
+  engine), and one slow test loads the folder with ``vllm.LLM`` in a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_grpo import report
+from lightning_grpo.export import ExportError, export, find_checkpoint
+
+from tests.bad_input_helpers import tiny_cache  # noqa: F401
+from tests.run_helpers import train_recipe as _train
+
+ROOT = Path(__file__).resolve().parents[1]
+SEQUENCE = "4821=5"
+pytestmark = pytest.mark.usefixtures("tiny_cache")
+
+
+@torch.no_grad()
+def _sequence_logprobs(model, tokenizer) -> torch.Tensor:
+    """[T-1] log-probs of each next token of SEQUENCE (teacher forcing)."""
+    ids = torch.tensor([tokenizer(SEQUENCE, add_special_tokens=False)["input_ids"]])
+    logits = model.eval()(input_ids=ids).logits.float()  # [1, T, V]
+    return torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+
+
+def _greedy_accuracy(engine, built) -> float:
+    from lightning_grpo import RolloutCallback
+    from lightning_grpo.callbacks.evaluation import evaluate_prompts
+
+    (callback,) = [c for c in built.trainer.callbacks if isinstance(c, RolloutCallback)]
+    dm = built.datamodule
+    return evaluate_prompts(engine, callback.reward_set, dm.tokenizer, dm.val_records, callback.sampling, 0, 0)["val/greedy_accuracy"]
+
+
+def _last_greedy_accuracy(run_dir: Path) -> float:
+    return report.load_run(run_dir).series["val/greedy_accuracy"][-1][1]
+
+
+def _check_tokenizer(folder: Path, trained) -> None:
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(folder)
+    assert loaded("1234=")["input_ids"] == trained("1234=")["input_ids"] != []
+    assert loaded.eos_token_id == trained.eos_token_id and loaded.chat_template == trained.chat_template
+
+
+def _vllm_reads(folder: Path) -> None:
+    """vLLM's own reading of the folder (config, tokenizer, generation config), without an engine."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(model=str(folder), dtype="float32", max_model_len=64).create_model_config()
+    assert config.hf_config.architectures == ["Qwen2ForCausalLM"] and config.dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------ round trips
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_quickstart_checkpoint_round_trip(tmp_path, vllm_engine):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    built, run_dir = _train(tmp_path, "quickstart.yaml", 20, engine=vllm_engine)
+    out = export(tmp_path / "runs" / "run", tmp_path / "model")  # the run folder: its latest version, last.ckpt
+    assert sorted(p.name for p in out.iterdir()) == [
+        "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]  # fmt: skip
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    trained = _sequence_logprobs(built.model.policy, built.datamodule.tokenizer)
+    torch.testing.assert_close(_sequence_logprobs(loaded, built.datamodule.tokenizer), trained, atol=1e-5, rtol=0)
+    _check_tokenizer(out, built.datamodule.tokenizer)
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == built.datamodule.tokenizer.eos_token_id
+    _vllm_reads(out)
+    vllm_engine.load_weights(list(load_file(out / "model.safetensors").items()))
+    assert _greedy_accuracy(vllm_engine, built) == _last_greedy_accuracy(run_dir)
+    # bfloat16: the config says so and every tensor is bfloat16
+    half = export(run_dir, tmp_path / "model-bf16", dtype="bfloat16")
+    assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
+    assert {t.dtype for t in load_file(half / "model.safetensors").values()} == {torch.bfloat16}
+
+
+#: The LoRA settings of the round trip: grpo_lora.yaml as written (the tiny model's lm_head trained in full,
+#: peft modules_to_save, which vLLM does not serve as an adapter) and adapters alone (vLLM serves the adapter).
+LORA_RUNS = {"as_written": ([], 12), "adapters_only": (["--model.lora.extra={}"], 6)}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(LORA_RUNS))
+def test_lora_checkpoint_round_trip_merged_and_adapter(tmp_path, vllm_engine, tiny_model_path, variant):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    extra, steps = LORA_RUNS[variant]
+    built, run_dir = _train(tmp_path, "grpo_lora.yaml", steps, engine=vllm_engine, extra=extra)
+    tokenizer = built.datamodule.tokenizer
+    trained = _sequence_logprobs(built.model.policy, tokenizer)
+    merged = export(run_dir, tmp_path / "merged")
+    assert not any("lora" in name for name in load_file(merged / "model.safetensors"))
+    torch.testing.assert_close(_sequence_logprobs(AutoModelForCausalLM.from_pretrained(merged), tokenizer), trained, atol=1e-5, rtol=0)
+    vllm_engine.load_weights(list(load_file(merged / "model.safetensors").items()))
+    assert _greedy_accuracy(vllm_engine, built) == _last_greedy_accuracy(run_dir)
+
+    adapter = export(run_dir, tmp_path / "adapter", adapter=True)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["base_model_name_or_path"] == str(tiny_model_path)
+    assert config["modules_to_save"] == (["lm_head"] if variant == "as_written" else None)
+    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
+    peft_model = PeftModel.from_pretrained(base, adapter)
+    torch.testing.assert_close(_sequence_logprobs(peft_model, tokenizer), trained, atol=1e-5, rtol=0)
+    _check_tokenizer(adapter, tokenizer)
+    if config["modules_to_save"]:  # vLLM refuses such an adapter ("Unsupported modules_to_save"): the merged folder above
+        return
+    vllm_engine.load_weights(list(load_file(Path(tiny_model_path) / "model.safetensors").items()))  # the base, as trained
+    vllm_engine.load_lora_adapter(str(adapter))
+    try:
+        assert _greedy_accuracy(vllm_engine, built) == _last_greedy_accuracy(run_dir)
+    finally:
+        vllm_engine.unload_lora_adapter()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_exported_folder_loads_in_vllm_llm(tmp_path):
+    """``vllm.LLM(folder)`` itself (a child process: the suite keeps one in-process engine) answers the
+    held-out prompts greedily as the trained policy does with transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    built, run_dir = _train(tmp_path, "quickstart.yaml", 8)  # HF engine: no vLLM in this process for the run
+    out = export(run_dir, tmp_path / "model")
+    prompts = [r["prompt"] for r in built.datamodule.val_records[:16]]
+    script = (
+        "import json, sys; from vllm import LLM, SamplingParams\n"
+        "llm = LLM(sys.argv[1], dtype='float32', max_model_len=64, kv_cache_memory_bytes=32 * 2**20, enforce_eager=True)\n"
+        "outs = llm.generate(json.loads(sys.argv[2]), SamplingParams(temperature=0, max_tokens=2))\n"
+        "print('RESULT ' + json.dumps([o.outputs[0].text for o in outs]))\n"
+    )
+    env_note = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCHDYNAMO_DISABLE": "1"}
+    done = subprocess.run([sys.executable, "-c", script, str(out), json.dumps(prompts)], capture_output=True, text=True,
+                          timeout=900, env={**__import__("os").environ, **env_note})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    texts = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    expected = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        new = model.generate(ids, max_new_tokens=2, do_sample=False)[0, ids.shape[1]:]
+        expected.append(tokenizer.decode(new, skip_special_tokens=True))
+    assert texts == expected
+
+
+# ------------------------------------------------------------------------------ bad input
+def test_export_bad_input_one_error_nothing_written(tmp_path, capsys):
+    from lightning_grpo.cli import main
+
+    (tmp_path / "run" / "version_0").mkdir(parents=True)
+    (tmp_path / "run" / "version_0" / "metrics.csv").write_text("step\n")
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("x")
+    cases = [
+        (tmp_path / "nowhere", "no such file or folder"),
+        (tmp_path / "notes.ckpt", "is not a Lightning checkpoint"),
+        (tmp_path / "run", "holds no checkpoint (no checkpoints/*.ckpt): the run kept none"),
+        (tmp_path / "full", "is neither a Lightning checkpoint nor a run directory"),
+    ]
+    for source, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            main(["export", str(source), "--out", str(tmp_path / "out")])
+        assert exit_.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("lightning-grpo export: error: ") and message in last, last
+        assert not (tmp_path / "out").exists()
+    with pytest.raises(ExportError, match=r"--out .*full is not empty: choose a new folder, or pass --force"):
+        export(tmp_path / "run", tmp_path / "full")
+    assert (tmp_path / "full" / "keep.txt").exists()
+
+
+def test_export_an_hf_engine_run_from_the_command_line(tmp_path, capsys):
+    """A quickstart run (HF engine, 3 steps) keeps last.ckpt; ``lightning-grpo export`` writes the folder,
+    ``--adapter`` on a full fine-tuning run is refused, ``--force`` replaces."""
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo.cli import main
+
+    built, run_dir = _train(tmp_path, "quickstart.yaml", 3)
+    assert find_checkpoint(tmp_path / "runs" / "run") == run_dir / "checkpoints" / "last.ckpt"
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "m")]) == 0
+    assert "exported the policy (27 tensors)" in capsys.readouterr().out
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    for name, value in built.model.policy.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value, atol=0, rtol=0)
+    with pytest.raises(SystemExit):
+        main(["export", str(run_dir), "--out", str(tmp_path / "a"), "--adapter"])
+    assert "trained without model.lora" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "m"), "--force", "--dtype", "float16"]) == 0
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["dtype"] == "float16"
+
+
+# ------------------------------------------------------------------------------ the callback
+def test_save_pretrained_every_n_steps_keeps_the_last_k(tmp_path):
+    """SavePretrained every 2 steps of a 5-step run, keeping 2: ``model`` holds step 5 (the end),
+    ``model-step4`` the save before; each folder loads and holds the policy of its step."""
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo.callbacks.save_pretrained import STEP_FILE
+
+    out = tmp_path / "model"
+    save = {"class_path": "lightning_grpo.SavePretrained", "init_args": {"dirpath": str(out), "every_n_steps": 2, "keep_last": 2}}
+    built, _ = _train(tmp_path, "quickstart.yaml", 5, extra=[f"--trainer.callbacks+={json.dumps(save)}"])
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == ["model", "model-step4"]
+    assert json.loads((out / STEP_FILE).read_text()) == {"global_step": 5}
+    assert json.loads((tmp_path / "model-step4" / STEP_FILE).read_text()) == {"global_step": 4}
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    for name, value in built.model.policy.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value, atol=0, rtol=0)
+    _check_tokenizer(out, built.datamodule.tokenizer)
+
+
+def test_save_pretrained_refuses_a_folder_that_is_not_a_model(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "metrics.csv").write_text("step\n")
+    save = {"class_path": "lightning_grpo.SavePretrained", "init_args": {"dirpath": str(tmp_path / "logs")}}
+    with pytest.raises(ValueError, match=r"SavePretrained.dirpath '.*logs' exists and is not a saved model directory"):
+        _train(tmp_path, "quickstart.yaml", 1, extra=[f"--trainer.callbacks+={json.dumps(save)}"])
+    assert (tmp_path / "logs" / "metrics.csv").exists()
