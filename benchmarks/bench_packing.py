@@ -25,13 +25,20 @@ SECTION = "## Padding-free packing: ragged completions"
 MODEL = dict(hidden_size=384, num_hidden_layers=5, num_attention_heads=6, num_key_value_heads=6, intermediate_size=1152)
 
 
+def log_uniform_lengths(rows: int, min_len: int, max_len: int, gen: torch.Generator) -> list[int]:
+    """``rows`` completion lengths drawn log-uniformly from [min_len, max_len], the first one max_len
+    (the batch is padded to the longest completion)."""
+    log_lo, log_hi = math.log(min_len), math.log(max_len)
+    comp = [int(round(math.exp(log_lo + (log_hi - log_lo) * float(u)))) for u in torch.rand(rows, generator=gen)]
+    comp[0] = max_len
+    return comp
+
+
 def ragged_batch(rows: int, vocab: int, min_len: int, max_len: int, seed: int):
     from lightning_grpo.batch import RolloutBatch
 
     gen = torch.Generator().manual_seed(seed)
-    log_lo, log_hi = math.log(min_len), math.log(max_len)
-    comp = [int(round(math.exp(log_lo + (log_hi - log_lo) * float(u)))) for u in torch.rand(rows, generator=gen)]
-    comp[0] = max_len  # the batch is padded to the longest completion
+    comp = log_uniform_lengths(rows, min_len, max_len, gen)
     prompt = torch.randint(16, 33, (rows,), generator=gen).tolist()
     Lp, Lc = max(prompt), max(comp)
     attn = torch.zeros(rows, Lp + Lc, dtype=torch.long)

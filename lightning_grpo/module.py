@@ -31,7 +31,8 @@ from .core.kl import kl_penalty_in_reward
 from .distill import Distiller, DistillSettings
 from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
 from .fsdp import fsdp_units, run_as_forward, shard_policy
-from .packing import PackingMode, choose_plan, packed_token_logprobs, padded_token_logprobs
+from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
+from .prefix import PrefixSharingMode, choose_layout
 from .quantization import QuantizationSettings, check_quantization
 
 
@@ -92,10 +93,11 @@ class GRPOModule(L.LightningModule):
             exist; run as a root forward under FSDP2) or "logits" (the model's own forward,
             completion logits only; for DeepSpeed ZeRO-3, which gathers parameters there).
         logprob_chunk_size: rows of the LM head computed at once (memory vs speed).
-        packing: padding-free forwards (``lightning_grpo.packing``): a micro-batch's sequences
-            packed into rows with restarting position ids, for the policy, reference and old
-            log-probs. "auto" packs when it saves at least a quarter of the padded tokens and the
-            model's attention supports it; "on" / "off" force it.
+        packing / prefix_sharing: exact cheaper layouts of the policy, reference, old and teacher
+            forwards (docs/performance.md): padding-free packed rows (``lightning_grpo.packing``);
+            each prompt computed once per micro-batch, its keys / values shared by its group's
+            completions (``lightning_grpo.prefix``, sdpa / eager attention). "auto" uses one when
+            the model supports it and it saves at least a quarter; "on" / "off" force it.
         gradient_checkpointing: recompute activations in backward (saves memory).
         distillation: on-policy distillation / GKD from teachers (:class:`~lightning_grpo.distill.DistillSettings`).
         optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
@@ -122,6 +124,7 @@ class GRPOModule(L.LightningModule):
         logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
         logprob_chunk_size: int = 1024,
         packing: PackingMode = "auto",
+        prefix_sharing: PrefixSharingMode = "auto",
         gradient_checkpointing: bool = False,
         distillation: DistillSettings | None = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -132,8 +135,9 @@ class GRPOModule(L.LightningModule):
         self.loss_fn = loss if loss is not None else GRPOLoss()
         self._advantage_fn = ADVANTAGES.get(advantage)
         self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(reward_aggregation)
-        if packing not in ("auto", "on", "off"):
-            raise ValueError(f"GRPOModule packing must be 'auto', 'on' or 'off', got {packing!r}")
+        for name, mode in (("packing", packing), ("prefix_sharing", prefix_sharing)):
+            if mode not in ("auto", "on", "off"):
+                raise ValueError(f"GRPOModule {name} must be 'auto', 'on' or 'off', got {mode!r}")
         if num_iterations < 1 or steps_per_generation < 1:
             raise ValueError(
                 f"num_iterations and steps_per_generation must be >= 1, got {num_iterations}, {steps_per_generation}"
@@ -239,11 +243,12 @@ class GRPOModule(L.LightningModule):
     # ------------------------------------------------------------------------- log-probs
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
         """Log-probs (and entropy) of the completion tokens at the sampling temperature, through
-        the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), packed
-        or padded as ``packing`` says (``lightning_grpo.packing``)."""
+        the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), with a
+        shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (``lightning_grpo.prefix``,
+        ``lightning_grpo.packing``)."""
         chunked = self.hparams.logprob_path == "chunked_hidden"
         chunked = chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
-        plan = choose_plan(model, batch, self.hparams.packing)
+        plan = choose_layout(model, batch, self.hparams.packing, self.hparams.prefix_sharing)
         fn = padded_token_logprobs if plan is None else partial(packed_token_logprobs, plan=plan)
         kwargs = dict(chunked=chunked, compute_entropy=compute_entropy, chunk_size=self.hparams.logprob_chunk_size)
         if chunked:  # decoder and LM head called directly: run them as a root forward for FSDP2

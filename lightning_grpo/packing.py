@@ -47,6 +47,7 @@ class PackPlan:
     prompt_length: int  # Lp: completions start at column Lp of the padded layout
     rows: int  # R
     width: int  # W
+    owner: Tensor | None = None  # [B, L] bool: the tokens that fill their slot (None: every real token)
 
     @classmethod
     def from_mask(cls, attention_mask: Tensor, prompt_length: int) -> "PackPlan":
@@ -56,18 +57,10 @@ class PackPlan:
         valid = attention_mask.bool()  # [B, L]
         lengths = valid.sum(1).tolist()
         width = max(max(lengths, default=0), 1)
-        bins: list[int] = []  # used length of each packed row
-        start = [0] * len(lengths)  # flat start of each sequence
-        for b in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-            row = next((r for r, used in enumerate(bins) if used + lengths[b] <= width), None)
-            if row is None:
-                row = len(bins)
-                bins.append(0)
-            start[b] = row * width + bins[row]
-            bins[row] += lengths[b]
+        start, rows = first_fit_decreasing(lengths, width)  # flat start of each sequence
         offsets = torch.tensor(start, dtype=torch.long, device=valid.device)[:, None]  # [B, 1]
         index = torch.where(valid, offsets + valid.long().cumsum(1) - 1, -1)  # [B, L]
-        return cls(index, valid, prompt_length, max(len(bins), 1), width)
+        return cls(index, valid, prompt_length, rows, width)
 
     @property
     def tokens(self) -> int:
@@ -81,8 +74,9 @@ class PackPlan:
 
     def pack(self, x: Tensor, fill: float | int = 0) -> Tensor:
         """[B, L, *] -> [R, W, *]: real tokens in packed order, ``fill`` in the empty slots."""
+        own = self.valid if self.owner is None else self.owner  # [B, L]
         flat = x.new_full((self.rows * self.width, *x.shape[2:]), fill)  # [R*W, *]
-        flat = flat.index_copy(0, self.index[self.valid], x[self.valid])
+        flat = flat.index_copy(0, self.index[own], x[own])
         return flat.reshape(self.rows, self.width, *x.shape[2:])
 
     def unpack(self, y: Tensor, fill: float | int = 0) -> Tensor:
@@ -111,9 +105,33 @@ class PackPlan:
         return out.index_put((valid,), values)
 
     def predictor_index(self) -> Tensor:
-        """[Nc] flat packed positions whose outputs predict the real completion tokens (the previous
-        token of the same sequence: a sequence starts with at least one prompt token)."""
-        return self.completion_tokens(self.index[:, self.prompt_length :]) - 1
+        """[Nc] flat packed positions whose outputs predict the real completion tokens: the slot of the
+        previous real token of the same sequence (a sequence starts with at least one prompt token)."""
+        col = torch.arange(self.valid.shape[1], device=self.valid.device).expand_as(self.valid)  # [B, L]
+        last = torch.where(self.valid, col, -1).cummax(1).values  # [B, L] last real column <= t
+        previous = torch.cat([last.new_full((len(last), 1), -1), last[:, :-1]], 1)  # [B, L] last real column < t
+        slot = self.index.gather(1, previous.clamp(min=0))  # [B, L]
+        return self.completion_tokens(slot[:, self.prompt_length :])
+
+    def attention_mask(self, model: nn.Module) -> Tensor | None:
+        """The attention mask of the packed forward: None, transformers derives each sequence's
+        block-diagonal causal mask from the restarting position ids."""
+        return None
+
+
+def first_fit_decreasing(lengths: list[int], width: int) -> tuple[list[int], int]:
+    """Flat start (row * width + column) of each length in rows of ``width``, longest first, each in
+    the first row with room; and the number of rows (at least 1)."""
+    bins: list[int] = []  # used length of each packed row
+    start = [0] * len(lengths)
+    for b in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        row = next((r for r, used in enumerate(bins) if used + lengths[b] <= width), None)
+        if row is None:
+            row = len(bins)
+            bins.append(0)
+        start[b] = row * width + bins[row]
+        bins[row] += lengths[b]
+    return start, max(len(bins), 1)
 
 
 def supports_packing(model: nn.Module) -> bool:
@@ -179,7 +197,7 @@ def packed_token_logprobs(
     ``[B, Lc]`` layout (0 on padding). ``chunked``: decoder, then the LM head in chunks on the real
     completion tokens only; else the model's own forward (what FSDP2 / ZeRO-3 gather in)."""
     ids = plan.pack(batch.input_ids)  # [R, W]
-    kwargs = dict(input_ids=ids, attention_mask=None, position_ids=plan.position_ids(), use_cache=False)
+    kwargs = dict(input_ids=ids, attention_mask=plan.attention_mask(model), position_ids=plan.position_ids(), use_cache=False)
     pred = plan.predictor_index()  # [Nc]
     targets = plan.completion_tokens(batch.completion_ids)  # [Nc]
     if chunked:

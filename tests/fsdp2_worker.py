@@ -9,6 +9,8 @@ launcher re-executes this script for rank 1). Each rank writes ``OUT/fsdp2-rank<
 2. ``e2e``: a few steps of the full loop with an in-process vLLM engine on each rank; after every
    generation (the engine got the weights gathered from the shards after the previous step) it
    records the gap between the engine's log-probs and the sharded policy's.
+3. ``prefix``: the ``update`` step on halves whose rows share their prompt (but the left-padded
+   one), once with ``prefix_sharing="off"`` and once "on"; saves both gathered updates.
 """
 
 from __future__ import annotations
@@ -67,6 +69,27 @@ def run_update(model_dir: str, out: Path) -> None:
     torch.save(result, out / f"update-rank{trainer.global_rank}.pt")
 
 
+def run_prefix(model_dir: str, out: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo import GRPOLoss, GRPOModule
+    from lightning_grpo.prefix import SharedPrefixPlan
+
+    rank, result = int(os.environ.get("LOCAL_RANK", 0)), {}
+    for sharing in ("off", "on"):
+        policy = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").train()
+        module = GRPOModule(model=policy, loss=GRPOLoss(), prefix_sharing=sharing, optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
+        batch = rollout_half(rank, policy.config.vocab_size)
+        batch.input_ids[:, : batch.prompt_length] = batch.input_ids[0, : batch.prompt_length]  # [B, Lp] one prompt
+        module.rollout_batch = batch
+        trainer = _trainer(1, [])
+        trainer.fit(module, train_dataloaders=DataLoader(GenerationTicks(1, 1), batch_size=None))
+        rank = trainer.global_rank
+        result[sharing] = _full_state(module.policy)
+    result.update(_sharding(module), shared_tokens=SharedPrefixPlan.from_batch(batch).shared_tokens)
+    torch.save(result, out / f"prefix-rank{rank}.pt")
+
+
 def run_e2e(model_dir: str, out: Path, steps: int) -> None:
     from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
 
@@ -99,7 +122,7 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["update", "e2e"])
+    parser.add_argument("mode", choices=["update", "e2e", "prefix"])
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3)
@@ -108,6 +131,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.mode == "update":
         run_update(args.model, out)
+    elif args.mode == "prefix":
+        run_prefix(args.model, out)
     else:
         run_e2e(args.model, out, args.steps)
 

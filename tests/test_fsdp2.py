@@ -62,6 +62,19 @@ def _check_export_of_the_sharded_checkpoint(tmp_path: Path, state: dict[str, tor
         torch.testing.assert_close(loaded[name], value, atol=0, rtol=0, msg=name)
 
 
+def test_fsdp2_shared_prefix_update_equals_padded_update(tiny_model_path, tmp_path):
+    """Sharded, each rank's rows sharing one prompt: the shared-prefix step gives the padded step's weights."""
+    from tests.distributed_worker import module_policy_state
+
+    before = module_policy_state(str(tiny_model_path))
+    for result in _ranks("prefix", tiny_model_path, tmp_path, 300):
+        _check_sharded(result)
+        assert result["shared_tokens"] == 2 * 3  # 3 of the 4 rows share a 3-token prompt
+        assert max((result["off"][n] - before[n]).abs().max().item() for n in before) > 1e-3
+        for name, padded in result["off"].items():
+            torch.testing.assert_close(result["on"][name], padded, atol=1e-5, rtol=0, msg=name)
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")
 def test_fsdp2_vllm_push_gathers_full_weights(tiny_model_path, tmp_path):
