@@ -13,7 +13,7 @@ __version__ = "0.1.0.dev0"
 
 _LAZY = {
     "GRPOModule": "lightning_grpo.module",
-    "LoraSettings": "lightning_grpo.module",
+    "LoraSettings": "lightning_grpo.lora",
     "QuantizationSettings": "lightning_grpo.quantization",
     "RolloutCallback": "lightning_grpo.callbacks.rollout",
     "AgentRolloutCallback": "lightning_grpo.agents.callback",

@@ -154,7 +154,7 @@ def build_policy(weights: dict[str, torch.Tensor], info: dict[str, Any]) -> nn.M
     if info.get("lora") is not None:
         from peft import get_peft_model
 
-        from .module import LoraSettings
+        from .lora import LoraSettings
 
         model = get_peft_model(model, LoraSettings(**info["lora"]).to_peft())
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -33,38 +32,8 @@ from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
 from .fsdp import fsdp_units, run_as_forward, shard_policy
 from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
 from .prefix import PrefixSharingMode, choose_layout
+from .lora import LoraSettings
 from .quantization import QuantizationSettings, check_quantization
-
-
-@dataclass
-class LoraSettings:
-    """LoRA adapter (peft) on the policy; the reference is then the base model (adapter off)."""
-
-    r: int = 16
-    """Rank of the update matrices."""
-    alpha: int = 32
-    """Scaling: delta_W = alpha / r * B @ A."""
-    dropout: float = 0.0
-    """Dropout on the adapter input (0 keeps the vLLM merged weights exact)."""
-    target_modules: list[str] | str = "all-linear"
-    """Module names to adapt, or "all-linear"."""
-    init_lora_weights: bool | str = True
-    """peft's init; True makes the adapter start as the identity (B = 0)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Further peft ``LoraConfig`` arguments."""
-
-    def to_peft(self):
-        from peft import LoraConfig
-
-        return LoraConfig(
-            r=self.r,
-            lora_alpha=self.alpha,
-            lora_dropout=self.dropout,
-            target_modules=self.target_modules,
-            init_lora_weights=self.init_lora_weights,
-            task_type="CAUSAL_LM",
-            **self.extra,
-        )
 
 
 class GRPOModule(L.LightningModule):
