@@ -76,7 +76,8 @@ def test_help_lists_the_rollout_options_not_every_torch_module(capsys):
     for option in ("--rollout.engine", "--rollout.sampling.n N", "--rollout.rewards", "--rollout.vllm_args", "--model.model MODEL"):
         assert option in out, option
     assert "torch.nn.Linear" not in out and "--model.model.help" not in out
-    assert len(out.splitlines()) < 900
+    # 1,137 lines when --model.model listed about 450 torch.nn classes; every option is one to a few lines
+    assert len(out.splitlines()) < 1000
 
 
 @pytest.mark.vllm

@@ -76,7 +76,7 @@ def test_bad_sleep_level(level):
 def test_sleep_level_2_without_weight_sync_is_refused():
     from tests.bad_input_helpers import fit_error, hf_callback
 
-    fit_error(ValueError, r"RolloutCallback.vllm_args.sleep_level=2 discards the engine's weights .* needs RolloutCallback.weight_sync: true",
+    fit_error(ValueError, r"rollout.vllm_args.sleep_level=2 discards the engine's weights .* needs rollout.weight_sync: true",
               callback=hf_callback(engine="vllm", weight_sync=False, vllm_args={"sleep_level": 2}))  # fmt: skip
 
 
