@@ -36,12 +36,13 @@ def test_reasoning_gym_quickstart_learns_to_spell_backward(tmp_path):
     partial = [float(r["train/reward/reasoning_gym/mean"]) for r in rows if r.get("train/reward/reasoning_gym/mean")]
     # step 0: the random model spells no held-out word backward; its samples earn almost no letter
     assert held_out[0] <= 0.2 and sum(partial[:5]) / 5 <= 0.1
-    # step 1000, measured (benchmarks/reasoning_gym_seeds.py, seeds 0 / 1 / 2): held-out 0.30 / 0.44 / 0.66,
-    # letters in place 0.65 / 0.72 / 0.81 over the last 100 steps; 2000 steps reach >= 0.84 (README).
+    # step 1000, measured (benchmarks/reasoning_gym_seeds.py, seeds 0 / 1 / 2): held-out 0.23 / 0.36 / 0.56,
+    # letters in place 0.61 / 0.65 / 0.83 over the last 100 steps; 2000 steps reach >= 0.86 (README).
     # The bars leave room for another machine's numerics: the copy is being learned
     assert held_out[-1] >= 0.2
     assert sum(partial[-10:]) / 10 >= 0.5  # logged every 10 steps: the last 100 steps
     checks = [(float(r["curriculum/spell_backward/accuracy"]), float(r["curriculum/spell_backward/level"]))
               for r in rows if r.get("curriculum/spell_backward/accuracy")]  # fmt: skip
-    assert len(checks) == 4 and checks[-1][0] >= 0.2 and checks[-1][0] > checks[0][0]  # seed 0: 0.00 -> 0.44
+    # seed 0, measured before the shared-prefix forward: 0.00 -> 0.44
+    assert len(checks) == 4 and checks[-1][0] >= 0.2 and checks[-1][0] > checks[0][0]
     assert {level for _, level in checks} == {0.0}  # accuracy 1.0 not reached: level 0 throughout
