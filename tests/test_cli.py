@@ -165,3 +165,47 @@ def test_condense_keeps_the_key_the_innermost_error_and_the_class():
     typed = 'Parser key "model.advantage_args":\n  Subtypes: [dict]\n  Errors:\n    - Expected a <class \'dict\'>\n' \
             "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: 3"  # fmt: skip
     assert condense(typed) == "model.advantage_args: expected a dict, got 3"
+
+
+def test_the_command_line_silences_expected_library_messages_and_keeps_the_rest():
+    """The first screen of a fit: the known library lines (by text) go, anything else stays, and the
+    engine's own filter context leaves the command line's process-wide filter in place."""
+    import logging
+    import warnings
+
+    from lightning_grpo.cli.quiet import EXPECTED_LOGS, quiet_expected_messages
+    from lightning_grpo.rollout.vllm_env import KNOWN_HARMLESS, quiet_known_harmless
+
+    seen_logs = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record):
+            seen_logs.append(record.getMessage())
+
+    names = ("vllm.config.vllm", "vllm.v1.worker.cpu_worker", "lightning.pytorch.utilities.rank_zero")
+    config, worker, tips = (logging.getLogger(n) for n in names)
+    recorder = Recorder(level=logging.INFO)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            quiet_expected_messages()
+            warnings.warn("Your `IterableDataset` has `__len__` defined. In combination with ...", UserWarning)
+            warnings.warn("`torch.distributed.reduce_op` is deprecated, please use ...", FutureWarning)
+            warnings.warn("a warning of the user's own", UserWarning)
+        assert [str(w.message) for w in seen] == ["a warning of the user's own"]
+        for log in (config, worker, tips):
+            log.addHandler(recorder)
+        with quiet_known_harmless():
+            pass
+        config.warning("Enforce eager set, disabling torch.compile, CUDAGraphs")
+        worker.warning("CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding, skip it.")
+        worker.warning("libtcmalloc is not found in LD_PRELOAD. For best performance, ...")
+        tips.warning("💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]")
+        tips.warning("--ckpt_path last: resuming from last.ckpt")
+        assert seen_logs == ["libtcmalloc is not found in LD_PRELOAD. For best performance, ...",
+                             "--ckpt_path last: resuming from last.ckpt"]  # fmt: skip
+    finally:
+        for name in [*KNOWN_HARMLESS, *EXPECTED_LOGS]:
+            log = logging.getLogger(name)
+            log.removeHandler(recorder)
+            log.filters.clear()

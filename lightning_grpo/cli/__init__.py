@@ -15,6 +15,7 @@ import os
 import sys
 
 from .app import GRPOCLI, GRPOArgumentParser, build_cli as _build_cli
+from .quiet import quiet_expected_messages
 from .errors import is_marked, print_and_exit
 
 
@@ -47,6 +48,7 @@ def main(args: list[str] | None = None) -> int | None:
     before training is printed as one line (exit status 2)."""
     argv = sys.argv[1:] if args is None else list(args)
     _current_directory_importable()
+    quiet_expected_messages()
     if argv[:1] in (["report"], ["export"]):
         if argv[0] == "report":
             from ..report import main as command

@@ -12,27 +12,35 @@ from typing import Any
 
 import torch
 
-#: vLLM log lines that are expected here, by logger: the chat-template warm-up fails with
-#: ``skip_tokenizer_init`` (we never render chats in the engine); vLLM warns that disabling chunked
-#: prefill is not "officially supported" for the model, which we do on CPU on purpose
-#: (:mod:`~lightning_grpo.rollout.prefill`; samples checked equal to unchunked-by-budget runs).
+#: Log lines that are expected here, by logger, each a message prefix: the chat-template warm-up
+#: fails and the EOS id is unknown with ``skip_tokenizer_init`` (we never render chats in the engine
+#: and pass the stop ids); vLLM warns that disabling chunked prefill is not "officially supported"
+#: for the model, which we do on CPU on purpose (:mod:`~lightning_grpo.rollout.prefill`; samples
+#: checked equal to unchunked-by-budget runs); ``LLM(seed=...)`` reseeds the global RNGs, which
+#: :func:`preserved_global_rng` restores; eager mode and no compilation are our settings; vLLM-CPU
+#: runs without Triton; its worker may not set the thread count we already set (once per layer).
+#: Kept: everything else, e.g. the CPU worker's performance hints (tcmalloc / iomp in LD_PRELOAD).
 KNOWN_HARMLESS = {
-    "vllm.renderers.base": "Chat template warmup failed",
-    "vllm.engine.arg_utils": "This model does not officially support disabling chunked prefill",
-    "vllm.v1.worker.cpu_worker": "sleep mode is not supported on CPU",  # every sleep / wake_up (sleep_level)
-}
+    "vllm.renderers.base": ("Chat template warmup failed", "Using None for EOS token id because tokenizer is not initialized"),
+    "vllm.engine.arg_utils": ("This model does not officially support disabling chunked prefill", "The global random seed is set to"),
+    "vllm.v1.worker.cpu_worker": ("sleep mode is not supported on CPU", "CPU backend doesn't allow to use `torch.set_num_threads`"),
+    "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
+    "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
+    "torch._library.triton": ("Triton not available",),
+}  # fmt: skip
 
 
 def skip_known_harmless(record: logging.LogRecord) -> bool:
     """Drop the log records of :data:`KNOWN_HARMLESS` (a ``logging`` filter)."""
-    prefix = KNOWN_HARMLESS.get(record.name)
-    return prefix is None or not record.getMessage().startswith(prefix)
+    prefixes = KNOWN_HARMLESS.get(record.name)
+    return prefixes is None or not record.getMessage().startswith(prefixes)
 
 
 @contextlib.contextmanager
 def quiet_known_harmless():
-    """Filter the records of :data:`KNOWN_HARMLESS` out of vLLM's loggers while the block runs."""
-    quiet = [logging.getLogger(name) for name in KNOWN_HARMLESS]
+    """Filter the records of :data:`KNOWN_HARMLESS` out of vLLM's loggers while the block runs
+    (a filter already there, e.g. the command line's for the whole process, stays)."""
+    quiet = [log for log in map(logging.getLogger, KNOWN_HARMLESS) if skip_known_harmless not in log.filters]
     for log in quiet:
         log.addFilter(skip_known_harmless)
     try:

@@ -1,0 +1,40 @@
+"""What the command line keeps off its first screen: library messages that are expected in our use.
+
+Each is named by its text, so anything else a library says still shows. Python programs that use
+the module and the callback directly keep their own warning settings; the in-process vLLM engine
+filters its known lines itself (:data:`~lightning_grpo.rollout.vllm_env.KNOWN_HARMLESS`)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+from ..rollout.vllm_env import KNOWN_HARMLESS, skip_known_harmless
+
+#: Python warnings, by message (a regular expression matched at the start): Lightning's own use of
+#: a deprecated torch pytree API; our prompt dataset's ``__len__`` (one worker: exact); vLLM's
+#: Triton dispatcher touching ``torch.distributed.reduce_op`` on import.
+EXPECTED_WARNINGS = (
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    r"Your `IterableDataset` has `__len__` defined",
+    r"`torch.distributed.reduce_op` is deprecated",
+)
+
+#: Lightning's advertisement for its hosted logger, printed at every fit.
+EXPECTED_LOGS = {"lightning.pytorch.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",)}
+
+
+def _skip_expected(record: logging.LogRecord) -> bool:
+    prefixes = EXPECTED_LOGS.get(record.name)
+    return prefixes is None or not record.getMessage().startswith(prefixes)
+
+
+def quiet_expected_messages() -> None:
+    """Silence :data:`EXPECTED_WARNINGS`, :data:`EXPECTED_LOGS` and the engine's known lines for the
+    rest of the process (the command line calls it once, before parsing)."""
+    for message in EXPECTED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    for name in EXPECTED_LOGS:
+        logging.getLogger(name).addFilter(_skip_expected)
+    for name in KNOWN_HARMLESS:
+        logging.getLogger(name).addFilter(skip_known_harmless)
