@@ -154,8 +154,9 @@ def arguments(recipe: Path, description: str = __doc__) -> argparse.ArgumentPars
     return parser
 
 
-def main() -> None:
-    args = arguments(ROOT / "recipes" / "quickstart.yaml").parse_args()
+def run_and_report(args: argparse.Namespace, readme_recipes: tuple[str, ...] = ("quickstart",)) -> None:
+    """Run the parsed ``args``' seeds and print the table; with ``--write`` put it between the recipe's
+    markers (README.md for ``readme_recipes``, else docs/benchmarks.md) and the curves into docs/."""
     recipe = args.recipe.resolve()
     out = args.out or ROOT / "runs" / f"{recipe.stem}-seeds"
     results = run_seeds(args.seeds, out, args.extra, recipe, args.reuse, args.jobs)
@@ -163,8 +164,12 @@ def main() -> None:
     print(text)
     if args.write:
         plot(results, ROOT / "docs" / f"{recipe.stem}_curve.png")
-        target = ROOT / ("README.md" if recipe.stem == "quickstart" else "docs/benchmarks.md")
+        target = ROOT / ("README.md" if recipe.stem in readme_recipes else "docs/benchmarks.md")
         write_between_markers(target, f"<!-- {recipe.stem}-results -->", text)
+
+
+def main() -> None:
+    run_and_report(arguments(ROOT / "recipes" / "quickstart.yaml").parse_args())
 
 
 if __name__ == "__main__":

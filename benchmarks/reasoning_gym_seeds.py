@@ -15,19 +15,12 @@ one core (of a machine other work may share).
 
 from __future__ import annotations
 
-from quickstart_seeds import ROOT, arguments, plot, run_seeds, table, write_between_markers
+from quickstart_seeds import ROOT, arguments, run_and_report
 
 
 def main() -> None:
     args = arguments(ROOT / "recipes" / "reasoning_gym_quickstart.yaml", __doc__).parse_args()
-    recipe = args.recipe.resolve()
-    out = args.out or ROOT / "runs" / f"{recipe.stem}-seeds"
-    results = run_seeds(args.seeds, out, args.extra, recipe, args.reuse, args.jobs)
-    text = table(results)
-    print(text)
-    if args.write:
-        plot(results, ROOT / "docs" / f"{recipe.stem}_curve.png")
-        write_between_markers(ROOT / "README.md", f"<!-- {recipe.stem}-results -->", text)
+    run_and_report(args, readme_recipes=("reasoning_gym_quickstart",))
 
 
 if __name__ == "__main__":
