@@ -65,7 +65,7 @@ def test_length_guard_rule(lengths, rewards, fires):
 
     guard = LengthGuard(window=8)
     module = SimpleNamespace(rollout_metrics={}, log=lambda *a, **k: None)
-    trainer = SimpleNamespace(global_step=0, global_rank=0, loggers=[], log_dir=None)
+    trainer = SimpleNamespace(global_step=0, global_rank=0, loggers=[], log_dir=None, callbacks=[])
     for length, reward in zip(lengths, rewards):
         module.rollout_metrics = {"completion_length_mean": length, "reward_mean": reward}
         guard.on_rollout_end(trainer, module, None)

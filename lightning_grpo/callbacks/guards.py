@@ -142,7 +142,7 @@ class Guard(Callback):
 
 def _log_completions(trainer: L.Trainer, module: L.LightningModule) -> str | None:
     """Have the rollout callback log the current batch's completions; where they are written."""
-    for callback in getattr(trainer, "callbacks", ()):  # a stand-in trainer may have none
+    for callback in trainer.callbacks:
         log = getattr(callback, "completion_log", None)
         if log is not None:
             return log.log_for_alarm(trainer, module)

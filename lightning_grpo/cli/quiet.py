@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-from ..rollout.vllm_env import KNOWN_HARMLESS, skip_known_harmless
+from ..rollout.vllm_env import KNOWN_HARMLESS, prefix_filter, skip_known_harmless
 
 #: Python warnings, by message (a regular expression matched at the start): Lightning's own use of
 #: a deprecated torch pytree API; our prompt dataset's ``__len__`` (one worker: exact); vLLM's
@@ -24,9 +24,7 @@ EXPECTED_WARNINGS = (
 EXPECTED_LOGS = {"lightning.pytorch.utilities.rank_zero": ("💡 Tip: For seamless cloud logging",)}
 
 
-def _skip_expected(record: logging.LogRecord) -> bool:
-    prefixes = EXPECTED_LOGS.get(record.name)
-    return prefixes is None or not record.getMessage().startswith(prefixes)
+_skip_expected = prefix_filter(EXPECTED_LOGS)
 
 
 def quiet_expected_messages() -> None:

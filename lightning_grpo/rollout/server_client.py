@@ -143,8 +143,12 @@ class ServerClient:
         self._request("POST", "/reset_prefix_cache")
 
 
+def version_number(reported: Any) -> int:
+    """A weight version a server reports, as a number (-1: none that is an integer, e.g. weights from disk)."""
+    return int(reported) if str(reported).lstrip("-").isdigit() else -1
+
+
 def _version(choice: dict) -> int:
     """The oldest weight version among the sample's spans (one span unless weights changed mid-sample)."""
-    versions = [span["version"] for span in choice.get("weight_versions") or []]
-    numbers = [int(v) if str(v).lstrip("-").isdigit() else -1 for v in versions]
+    numbers = [version_number(span["version"]) for span in choice.get("weight_versions") or []]
     return min(numbers) if numbers else -1

@@ -27,7 +27,7 @@ from typing import Any, Iterable
 import torch
 
 from .base import Rollout, RolloutEngine, SamplingConfig, check_fits, request_seed, validate_prompts
-from .server_client import Sample, ServerClient, ServerUnavailableError
+from .server_client import Sample, ServerClient, ServerUnavailableError, version_number
 from .shm_transfer import BUCKET_BYTES, ShmTransport
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -190,7 +190,7 @@ class ServerEngine(RolloutEngine):
                 except ServerUnavailableError as err:
                     self._drop(client, err)
                     break
-                if reported.lstrip("-").isdigit() and int(reported) >= version:
+                if version_number(reported) >= version:
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError(

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import random
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -30,10 +30,19 @@ KNOWN_HARMLESS = {
 }  # fmt: skip
 
 
-def skip_known_harmless(record: logging.LogRecord) -> bool:
-    """Drop the log records of :data:`KNOWN_HARMLESS` (a ``logging`` filter)."""
-    prefixes = KNOWN_HARMLESS.get(record.name)
-    return prefixes is None or not record.getMessage().startswith(prefixes)
+def prefix_filter(table: dict[str, tuple[str, ...]]) -> Callable[[logging.LogRecord], bool]:
+    """A ``logging`` filter that drops the records whose logger is in ``table`` and whose message
+    starts with one of its prefixes."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        prefixes = table.get(record.name)
+        return prefixes is None or not record.getMessage().startswith(prefixes)
+
+    return keep
+
+
+#: Drops the log records of :data:`KNOWN_HARMLESS`.
+skip_known_harmless = prefix_filter(KNOWN_HARMLESS)
 
 
 @contextlib.contextmanager

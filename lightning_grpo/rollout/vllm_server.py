@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Literal
 
-from .server_client import ServerClient
+from .server_client import ServerClient, version_number
 from .server_engine import ServerEngine
 from .shm_transfer import BUCKET_BYTES, ShmTransport
 
@@ -148,5 +148,4 @@ def build_server_engine(
 
 def _next_version(clients: list[ServerClient]) -> int:
     """One above the highest weight version any server reports (0 for servers never pushed to)."""
-    reported = [client.weight_version() for client in clients]
-    return max([int(v) + 1 for v in reported if v.lstrip("-").isdigit()] + [0])
+    return max(version_number(client.weight_version()) + 1 for client in clients)
