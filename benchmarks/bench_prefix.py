@@ -105,6 +105,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16, help="rows of the micro-batch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--load", default="nothing else running", help="what else ran on the machine (for the table's note)")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -120,7 +121,7 @@ def main() -> None:
         f"5 layers), float32, sdpa attention. Train = policy log-probs + GRPO loss + backward + AdamW; no-grad = "
         f"the reference / old log-prob pass. The four layouts alternate, {args.rounds} rounds after a warm-up round; "
         f"median (min-max) seconds; slots = rows x width of the forward. Machine: {cpu_name()}, 2 cores, "
-        f"shared with other jobs (loaded); {versions()}.", "",
+        f"{args.load}; {versions()}.", "",
         f"Command: `python benchmarks/bench_prefix.py --shapes {' '.join(args.shapes)} --rows {args.rows} "
         f"--rounds {args.rounds} --write`", "",
         "| P | G | mean completion | layout | slots | train (s) | vs padded | vs packed | no-grad (s) | vs padded | auto picks |",

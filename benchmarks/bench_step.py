@@ -105,14 +105,15 @@ def profiler(L, callback, now=time.perf_counter):
             row["optimizer"] = t["opt_end"] - t["hook_end"]  # the math after the closure
             row["lightning"] = t["opt_step"] - t["forward"] - t["backward"] - t["step_hook"] - row["optimizer"]
             row["wall"] = end - t["start"]
-            row["other"] = row["wall"] - sum(v for k, v in row.items() if k != "wall")
+            row["length"] = module.rollout_metrics.get("completion_length_mean", 0.0)
+            row["other"] = row["wall"] - sum(v for k, v in row.items() if k not in ("wall", "length"))
             self.rows.append(row)
 
     return Profile()
 
 
 def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int, profile: bool = False,
-          packing: str = "auto") -> None:  # fmt: skip
+          packing: str = "auto", prompt_tokens: int = 0, lr: float = 1e-4) -> None:  # fmt: skip
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -121,10 +122,15 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
     import lightning as L
     import torch
 
-    from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+    from long_shape import datamodule, long_model_dir
+
+    from lightning_grpo import GRPOModule, RewardSpec, RolloutCallback, SamplingConfig
     from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
 
-    path = str(tiny_model_dir(TinyModelConfig(**size_config(size))))
+    if prompt_tokens:  # the long-prompt shape (long_shape.py): the "10m" text model, whatever SIZE says
+        path = str(long_model_dir(prompt_tokens + max_new_tokens))
+    else:
+        path = str(tiny_model_dir(TinyModelConfig(**size_config(size))))
     rows: list[dict] = []
 
     class Timer(L.Callback):
@@ -137,17 +143,19 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
                          "tail": time.perf_counter() - self.start})  # fmt: skip
 
     engine, push, gemm = (engine.split("-") + ["auto", "auto"])[:3]  # "vllm-inplace-packed", "vllm-reload"
-    vllm_args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20, "weight_push": push, "cpu_gemm": gemm}
+    max_len = max(128, 1 << (prompt_tokens + max_new_tokens - 1).bit_length())
+    kv_bytes = max(256 * 2**20, 2 * prompts * 8 * max_len * 2 * 5 * 384 * 4)  # room for every sequence, float32
+    vllm_args = {"max_model_len": max_len, "kv_cache_memory_bytes": kv_bytes, "weight_push": push, "cpu_gemm": gemm}
     callback = RolloutCallback(
         engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],
         vllm_args=vllm_args if engine == "vllm" else None, seed=0,
     )  # fmt: skip
-    module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-4), packing=packing)
+    module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=lr), packing=packing)
     prof = profiler(L, callback) if profile else None
     trainer = L.Trainer(max_steps=steps, callbacks=[c for c in (prof, callback, Timer()) if c], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(tokenizer_path=path, batch_size=prompts))
+    trainer.fit(module, datamodule=datamodule(path, prompts, prompt_tokens, steps))
     params = sum(p.numel() for p in module.policy.parameters())
     if prof is not None:
         rows = prof.rows
@@ -247,11 +255,13 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=rows, help="ENGINE[-PUSH[-GEMM]]:SIZE, e.g. vllm-reload:tiny")
     parser.add_argument("--profile", action="store_true", help="split the step further (see the docstring)")
     parser.add_argument("--packing", choices=["auto", "on", "off"], default="auto")
+    parser.add_argument("--prompt-tokens", type=int, default=0, help="long_shape.py prompts of this many tokens (0: digit task)")
+    parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--section", default=SECTION, help="docs/benchmarks.md section to (re)write")
     args = parser.parse_args()
     if args.child:
-        child(*args.child, args.steps, args.max_new_tokens, args.prompts, args.profile, args.packing)
+        child(*args.child, args.steps, args.max_new_tokens, args.prompts, args.profile, args.packing, args.prompt_tokens, args.lr)
         return
     results = [run_row(*row.split(":"), args) for row in args.rows]
     text = profile_table(results, args) if args.profile else table(results, args)

@@ -27,11 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_step import SIZES  # noqa: E402
 
-MAX_NEW, PROMPTS, G, LR = 64, 8, 8, 1e-4
+MAX_NEW, PROMPTS, G, LR = 64, 8, 8, 1e-4  # the digit-task defaults; --prompt-tokens etc. for the long shape
 ROLLOUT = ("sync", "generate", "reward", "prepare", "rollout_rest")  # ours; the rest is the training batch
 
 
-def trl_child(steps: int, vllm: bool, out: Path) -> None:
+def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> None:
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -41,13 +41,17 @@ def trl_child(steps: int, vllm: bool, out: Path) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from lightning_grpo import PromptDataModule
+    from long_shape import datamodule, long_model_dir
+
     from lightning_grpo.data.rewards import prefix_match
     from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
 
-    path = str(tiny_model_dir(TinyModelConfig(**SIZES["10m"])))
+    if shape.prompt_tokens:
+        path = str(long_model_dir(shape.prompt_tokens + shape.max_new))
+    else:
+        path = str(tiny_model_dir(TinyModelConfig(**SIZES["10m"])))
     tokenizer = AutoTokenizer.from_pretrained(path)
-    dm = PromptDataModule(tokenizer_path=path, batch_size=PROMPTS)
+    dm = datamodule(path, shape.prompts, shape.prompt_tokens, steps)
     dm.setup("fit")
     rows = [r for g in range(steps) for r in dm.generation_prompts(g)]  # the prompts ours samples, in order
     data = Dataset.from_list([{"prompt": tokenizer.decode(r["prompt_ids"]), "answer": r["answer"]} for r in rows])
@@ -62,13 +66,13 @@ def trl_child(steps: int, vllm: bool, out: Path) -> None:
                 lengths.append(logs["completions/mean_length"])
 
     config = GRPOConfig(
-        output_dir=str(out / "trl-out"), max_steps=steps, per_device_train_batch_size=PROMPTS * G, num_generations=G,
-        max_completion_length=MAX_NEW, temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR, beta=0.0,
+        output_dir=str(out / "trl-out"), max_steps=steps, per_device_train_batch_size=shape.prompts * G, num_generations=G,
+        max_completion_length=shape.max_new, temperature=1.0, top_p=1.0, top_k=0, learning_rate=shape.lr, beta=0.0,
         num_iterations=1, steps_per_generation=1, gradient_accumulation_steps=1, loss_type="dapo",
         shuffle_dataset=False, use_cpu=True, bf16=False, fp16=False, logging_steps=1, save_strategy="no",
         report_to="none", disable_tqdm=True, seed=0, dataloader_num_workers=0, lr_scheduler_type="constant",
         weight_decay=0.01, max_grad_norm=0.0, use_vllm=vllm,
-        **(dict(vllm_mode="colocate", vllm_max_model_length=128, vllm_gpu_memory_utilization=0.1) if vllm else {}),
+        **(dict(vllm_mode="colocate", vllm_max_model_length=max(128, shape.prompt_tokens + shape.max_new), vllm_gpu_memory_utilization=0.1) if vllm else {}),
     )  # fmt: skip
     trainer = GRPOTrainer(model=path, reward_funcs=[prefix_match], args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[Clock()])  # fmt: skip
@@ -88,12 +92,13 @@ def trl_child(steps: int, vllm: bool, out: Path) -> None:
     print("RESULT " + json.dumps({"steps": steps_s, "phases": phases, "length": statistics.mean(lengths) if lengths else None}))
 
 
-def ours(engine: str, steps: int, packing: str) -> dict:
+def ours(engine: str, steps: int, packing: str, shape: argparse.Namespace) -> dict:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_step.py"), "--child", engine, "10m", "--steps", str(steps),
-           "--max-new-tokens", str(MAX_NEW), "--prompts", str(PROMPTS), "--profile", "--packing", packing]  # fmt: skip
+           "--max-new-tokens", str(shape.max_new), "--prompts", str(shape.prompts), "--profile", "--packing", packing,
+           "--prompt-tokens", str(shape.prompt_tokens), "--lr", str(shape.lr)]  # fmt: skip
     rows = _result(cmd)["rows"]
     phases = [{"rollout": sum(r[k] for k in ROLLOUT), "rest": r["wall"] - sum(r[k] for k in ROLLOUT), **r} for r in rows[1:]]
-    return {"steps": [r["wall"] for r in rows[1:]], "phases": phases, "length": None}
+    return {"steps": [r["wall"] for r in rows[1:]], "phases": phases, "length": statistics.mean(r["length"] for r in rows)}
 
 
 def _result(cmd: list[str]) -> dict:
@@ -104,11 +109,17 @@ def _result(cmd: list[str]) -> dict:
     return json.loads(lines[0][7:])
 
 
-def run(name: str, steps: int, out: Path) -> dict:
+def run(name: str, steps: int, out: Path, shape: argparse.Namespace) -> dict:
     if name.startswith("ours-"):  # ours-ENGINE or ours-ENGINE-nopack
         engine, _, nopack = name[5:].partition("-")
-        return ours(engine, steps, "off" if nopack else "auto")
-    return _result([sys.executable, __file__, "--trl-child", name, "--steps", str(steps), "--out", str(out)])
+        return ours(engine, steps, "off" if nopack else "auto", shape)
+    return _result([sys.executable, __file__, "--trl-child", name, "--steps", str(steps), "--out", str(out),
+                    *shape_args(shape)])  # fmt: skip
+
+
+def shape_args(shape: argparse.Namespace) -> list[str]:
+    return ["--prompt-tokens", str(shape.prompt_tokens), "--max-new", str(shape.max_new), "--prompts", str(shape.prompts),
+            "--lr", str(shape.lr)]  # fmt: skip
 
 
 def main() -> None:
@@ -119,18 +130,22 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=4, help="warm-up steps left out of the median")
     parser.add_argument("--trl-child", choices=["trl-hf", "trl-vllm"])
     parser.add_argument("--out", default="/tmp/bench-trl")
+    parser.add_argument("--prompt-tokens", type=int, default=0, help="long_shape.py prompts of this many tokens (0: digit task)")
+    parser.add_argument("--max-new", type=int, default=MAX_NEW)
+    parser.add_argument("--prompts", type=int, default=PROMPTS)
+    parser.add_argument("--lr", type=float, default=LR)
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.trl_child:
-        trl_child(args.steps, args.trl_child == "trl-vllm", out)
+        trl_child(args.steps, args.trl_child == "trl-vllm", out, args)
         return
     medians: dict[str, list[float]] = {name: [] for name in args.runs}
     phase_medians: dict[str, list[dict]] = {name: [] for name in args.runs}
     for r in range(args.rounds):
         for name in args.runs:
             try:
-                result = run(name, args.steps, out)
+                result = run(name, args.steps, out, args)
             except RuntimeError as err:
                 print(f"round {r} {name}: FAILED\n{err}", flush=True)
                 continue

@@ -3,6 +3,7 @@ and configuration errors printed as one line (the last of the output) before any
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -107,6 +108,27 @@ def test_print_config_without_a_recipe_is_a_recipe_that_trains(tmp_path, monkeyp
     assert built.trainer.global_step == 2 and _rollout(built.trainer).engine_name == "vllm"
     loss = float(built.trainer.callback_metrics["train/loss"])
     assert math.isfinite(loss)  # the run trained
+
+
+def test_a_reward_module_next_to_the_recipe_is_importable(tmp_path, monkeypatch):
+    """A recipe names ``my_rewards.always_half`` from a module in the current directory: the command
+    line finds it without PYTHONPATH (the console script puts its own bin folder on sys.path, not
+    the current directory), and the run's rewards are that function's."""
+    (tmp_path / "my_rewards.py").write_text(
+        "def always_half(completions, **_columns):\n    return [0.5 for _ in completions]\n"
+    )
+    path = write_config(tmp_path, **{"rollout.rewards": [{"name": "my_rewards.always_half"}]})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
+    from lightning_grpo.cli import main
+
+    with mock.patch.object(sys, "argv", ["lightning-grpo"]):
+        main(["fit", "-c", str(path)])
+    assert sys.modules["my_rewards"].__file__ == str(tmp_path / "my_rewards.py")
+    (log,) = (tmp_path / "logs" / "run").glob("version_*/completions.jsonl")
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert rows and {(r["step"], json.dumps(r["rewards"])) for r in rows} == {(0, '{"always_half": 0.5}')}
 
 
 # ------------------------------------------------------------------------------ errors

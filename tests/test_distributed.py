@@ -53,7 +53,7 @@ def _load(out: Path, mode: str) -> list[dict]:
 def ddp_update(tiny_model_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp-update")
     _run_worker("update", tiny_model_path, out)
-    return _load(out, "update")
+    return [{**rank, "out": out} for rank in _load(out, "update")]
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
@@ -80,6 +80,22 @@ def test_two_rank_update_equals_one_rank_update_on_the_concatenated_batch(ddp_up
                 torch.testing.assert_close(
                     state[name], reference[name], atol=1e-6, rtol=0, msg=f"{name} (rank {rank}, accumulate {accumulate})"
                 )
+
+
+def test_a_ddp_checkpoint_exports_to_the_trained_weights(ddp_update, tmp_path):
+    """``lightning-grpo export`` of the DDP run's checkpoint: a folder that transformers loads with
+    exactly the weights both ranks ended with."""
+    from transformers import AutoModelForCausalLM
+
+    from lightning_grpo.export import export
+
+    checkpoint = ddp_update[0]["out"] / "ddp.ckpt"
+    out = export(checkpoint, tmp_path / "exported")
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    trained = ddp_update[0]["states"][("token_mean", 1)]
+    assert set(loaded) == set(trained)
+    for name, value in trained.items():
+        torch.testing.assert_close(loaded[name], value, atol=0, rtol=0, msg=name)
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])

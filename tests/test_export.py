@@ -194,7 +194,7 @@ def test_export_bad_input_one_error_nothing_written(tmp_path, capsys):
 
 def test_export_an_hf_engine_run_from_the_command_line(tmp_path, capsys):
     """A quickstart run (HF engine, 3 steps) keeps last.ckpt; ``lightning-grpo export`` writes the folder,
-    ``--adapter`` on a full fine-tuning run is refused, ``--force`` replaces."""
+    ``--adapter`` on a full fine-tuning run is refused, so is a non-empty folder without ``--force``; ``--force`` replaces."""
     from transformers import AutoModelForCausalLM
 
     from lightning_grpo.cli import main
@@ -209,6 +209,14 @@ def test_export_an_hf_engine_run_from_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export", str(run_dir), "--out", str(tmp_path / "a"), "--adapter"])
     assert "trained without model.lora" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    written = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "m").iterdir()}
+    with pytest.raises(SystemExit) as exit_:  # a non-empty --out without --force: one line, last; the folder untouched
+        main(["export", str(run_dir), "--out", str(tmp_path / "m")])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"lightning-grpo export: error: --out {tmp_path / 'm'} is not empty: choose a new folder, or pass --force to replace it"
+    )
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "m").iterdir()} == written
     assert main(["export", str(run_dir), "--out", str(tmp_path / "m"), "--force", "--dtype", "float16"]) == 0
     assert json.loads((tmp_path / "m" / "config.json").read_text())["dtype"] == "float16"
 
