@@ -169,16 +169,22 @@ def build_policy(weights: dict[str, torch.Tensor], info: dict[str, Any]) -> nn.M
 
 
 def _materialise_buffers(model: nn.Module) -> None:
-    """Non-persistent buffers (rotary ``inv_freq``) are not in a state dict: recompute them on CPU."""
+    """Non-persistent buffers (rotary ``inv_freq``) are not in a state dict: recompute them on CPU
+    from a fresh instance of their module (transformers 5 rotary modules take only the config)."""
     for module in model.modules():
-        for name, buf in list(module.named_buffers(recurse=False)):
-            if buf.is_meta and hasattr(module, "rope_init_fn"):
-                inv_freq, _ = module.rope_init_fn(module.config, torch.device("cpu"))
-                module.register_buffer(name, inv_freq, persistent=False)
-                if hasattr(module, "original_inv_freq"):
-                    module.original_inv_freq = inv_freq
+        meta = [name for name, buf in module.named_buffers(recurse=False) if buf.is_meta]
+        if not meta or not hasattr(module, "config"):
+            continue  # the weights export without them; only a forward on this policy needs them
+        with torch.device("cpu"):
+            fresh = type(module)(module.config)
+        for name in meta:
+            module.register_buffer(name, getattr(fresh, name), persistent=False)
+        for name, value in vars(fresh).items():  # plain tensor attributes some versions keep (original_inv_freq)
+            if isinstance(value, torch.Tensor) and getattr(module, name, None) is not None and getattr(module, name).is_meta:
+                setattr(module, name, value)
 
 
+# --------------------------------------------------------------------------- finding the source
 def tokenizer_from_files(files: dict[str, bytes]) -> Any:
     """The tokenizer saved in a checkpoint's export info."""
     from transformers import AutoTokenizer

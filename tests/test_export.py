@@ -248,3 +248,23 @@ def test_save_pretrained_refuses_a_folder_that_is_not_a_model(tmp_path):
     with pytest.raises(ValueError, match=r"SavePretrained.dirpath '.*logs' exists and is not a saved model directory"):
         _train(tmp_path, "quickstart.yaml", 1, extra=[f"--trainer.callbacks+={json.dumps(save)}"])
     assert (tmp_path / "logs" / "metrics.csv").exists()
+
+
+def test_a_checkpoints_policy_runs_as_the_trained_model(tiny_model_path):
+    """build_policy assigns a checkpoint's tensors to a model made on the meta device; the rotary
+    ``inv_freq`` is in no state dict, so it is rebuilt: the policy's forward equals the source's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightning_grpo.export import build_policy
+
+    source = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    with torch.no_grad():
+        for p in source.parameters():  # not the saved weights: the checkpoint's own must be the ones used
+            p.add_(0.01 * torch.randn_like(p))
+    weights = {k: v.clone() for k, v in source.state_dict().items()}
+    policy = build_policy(weights, {"config": source.config.to_dict(), "lora": None})
+    assert not any(b.is_meta for b in policy.buffers())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    expected = _sequence_logprobs(source, tokenizer)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(_sequence_logprobs(policy, tokenizer), expected, atol=1e-6, rtol=0)
