@@ -29,6 +29,7 @@ _LAZY = {
     "ZeroStdGuard": "lightning_grpo.callbacks.signal_guards",
     "RewardHackingGuard": "lightning_grpo.callbacks.drift_guards",
     "LengthGuard": "lightning_grpo.callbacks.drift_guards",
+    "RewardDropGuard": "lightning_grpo.callbacks.drift_guards",
     "ReferenceSync": "lightning_grpo.callbacks.reference_sync",
     "EntropyController": "lightning_grpo.callbacks.entropy_control",
     "CurriculumCallback": "lightning_grpo.callbacks.curriculum",

@@ -43,7 +43,7 @@ def test_stability_page_names_every_guard_and_only_existing_tests():
 
     text = (DOCS / "stability.md").read_text()
     guards = [n for n in lightning_grpo.__all__ if n.endswith("Guard")]
-    assert len(guards) == 8 and all(issubclass(getattr(lightning_grpo, n), Guard) for n in guards)
+    assert len(guards) == 9 and all(issubclass(getattr(lightning_grpo, n), Guard) for n in guards)
     for name in guards:
         assert f"`{name}" in text, f"docs/stability.md does not describe {name}"
     tests_dir = DOCS.parent / "tests"

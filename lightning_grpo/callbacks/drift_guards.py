@@ -1,7 +1,8 @@
-"""Guards on slow drifts that seed 000 names in its introduction: reward hacking (the training
-reward rises, the held-out reward does not) and length blow-up (completions grow, the reward
-does not). See :mod:`lightning_grpo.callbacks.guards` for the actions and alarm records; both
-warn by default and have no automatic remedy (the fix is in the reward or the data).
+"""Guards on the reward's course over many steps: reward hacking (the training reward rises, the
+held-out reward does not) and length blow-up (completions grow, the reward does not), which seed
+000 names in its introduction, and a learned behaviour lost (the reward falls back to where it
+began; docs/stability.md). See :mod:`lightning_grpo.callbacks.guards` for the actions and alarm
+records; all three warn by default and have no automatic remedy.
 """
 
 from __future__ import annotations
@@ -153,3 +154,70 @@ class LengthGuard(Guard):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.lengths = deque(state_dict["lengths"], maxlen=self.window)
         self.rewards = deque(state_dict["rewards"], maxlen=self.window)
+
+
+class RewardDropGuard(Guard):
+    """A learned behaviour lost: the training reward falls back most of the way to where it began
+    (docs/stability.md, "A learned behaviour lost in one step": a tool call learned for 300 steps
+    and gone after one ordinary optimizer step).
+
+    The guard follows the mean reward of the last ``window`` generation batches. ``start`` is the
+    first full window's mean, ``best`` the highest since. Once the run has gained at least
+    ``min_gain`` (``best - start``, in the reward's units) it fires while the window's mean has
+    lost ``drop`` of that gain or more: ``mean <= best - drop * (best - start)``. ``reward`` names
+    the reward function to watch (None = the weighted total). Its state is kept in checkpoints,
+    so a resumed run compares with the best of the whole run.
+    """
+
+    name = "reward_drop"
+    SETTINGS = ("window", "drop", "min_gain", "reward")
+
+    def __init__(
+        self, window: int = 20, drop: float = 0.5, min_gain: float = 0.1, reward: str | None = None, action: Action = "warn"
+    ) -> None:
+        super().__init__(action)
+        if window < 1:
+            raise ValueError(f"RewardDropGuard.window must be >= 1, got {window}")
+        if not 0 < drop <= 1:
+            raise ValueError(f"RewardDropGuard.drop must be in (0, 1] (the share of the gain lost), got {drop}")
+        if not min_gain > 0:
+            raise ValueError(f"RewardDropGuard.min_gain must be > 0, got {min_gain}")
+        self.window, self.drop, self.min_gain, self.reward = window, drop, min_gain, reward
+        self.rewards: deque[float] = deque(maxlen=window)
+        self.start: float | None = None
+        self.best: float | None = None
+        self.best_step = 0
+
+    def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
+        reward = _reward(pl_module.rollout_metrics, self.reward)
+        if reward is None:
+            return
+        self.rewards.append(reward)
+        if len(self.rewards) < self.window:
+            return
+        mean = _mean(self.rewards)
+        if self.start is None:
+            self.start = self.best = mean
+        if mean > self.best:
+            self.best, self.best_step = mean, trainer.global_step
+        gain = self.best - self.start
+        if gain < self.min_gain or mean > self.best - self.drop * gain:
+            self.clear(pl_module)
+            return
+        what = "training reward" if self.reward is None else f"training reward {self.reward}"
+        message = (
+            f"{what} fell to {mean:.3g} (mean of the last {self.window} batches) from its best {self.best:.3g} at step "
+            f"{self.best_step}, having started at {self.start:.3g}: {(self.best - mean) / gain:.0%} of the gain is gone. "
+            f"A behaviour the policy had learned may be lost: compare this step's completions with those before step "
+            f"{self.best_step}, and resume from a checkpoint written before the drop (--ckpt_path) rather than train on"
+        )
+        self.fire(trainer, pl_module, message)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"rewards": list(self.rewards), "start": self.start, "best": self.best, "best_step": self.best_step}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.rewards = deque(state_dict["rewards"], maxlen=self.window)
+        self.start, self.best, self.best_step = state_dict["start"], state_dict["best"], state_dict["best_step"]
