@@ -4,33 +4,12 @@ all-right / all-wrong groups normal) and still fire where the run really has no 
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
 
 from lightning_grpo import ZeroStdGuard
 
-
-class FakeModule:
-    """What a rollout-level guard reads and writes: ``rollout_metrics`` and ``log``."""
-
-    def __init__(self):
-        self.rollout_metrics: dict[str, float] = {}
-        self.logged: list[tuple[str, float]] = []
-
-    def log(self, name, value, **kwargs):
-        self.logged.append((name, value))
-
-
-def _drive(guard, batches, group_size=8):
-    """Feed the guard one rollout batch's statistics per entry; returns the steps it fired at."""
-    module = FakeModule()
-    trainer = SimpleNamespace(global_step=0, global_rank=0, callbacks=[], loggers=[], log_dir=None)
-    for step, metrics in enumerate(batches):
-        trainer.global_step = step
-        module.rollout_metrics = metrics
-        guard.on_rollout_end(trainer, module, SimpleNamespace(group_size=group_size))
-    return [a["step"] for a in guard.alarms]
+from tests.guard_helpers import drive
 
 
 def _batch(zero_std, lowest, reward, levels=2.0):
@@ -45,7 +24,7 @@ def test_pass_fail_reward_cold_start_and_plateau_are_quiet_and_noted_once(caplog
     cold = [_batch(0.78, 0.78, 0.03)] * 5
     plateau = [_batch(0.98, 0.10, 0.896)] * 5
     with caplog.at_level(logging.WARNING, logger="lightning_grpo.guards"):
-        assert _drive(guard, cold + plateau) == []
+        assert drive(guard, cold + plateau) == []
     notes = [r.getMessage() for r in caplog.records]
     assert len(notes) == 1 and notes[0].startswith("[zero_reward_std] note: the reward is pass / fail (two values)")
     assert "(0.78 at the reward mean 0.03)" in notes[0]  # 0.97 ** 8 + 0.03 ** 8 = 0.784
@@ -54,7 +33,7 @@ def test_pass_fail_reward_cold_start_and_plateau_are_quiet_and_noted_once(caplog
 
 def test_pass_fail_reward_that_never_pays_still_fires():
     guard = ZeroStdGuard(window=3)
-    steps = _drive(guard, [_batch(0.99, 0.99, 0.002)] * 4)
+    steps = drive(guard, [_batch(0.99, 0.99, 0.002)] * 4)
     assert steps == [2, 3]
     assert guard.alarms[0]["message"].startswith(
         "99% of groups got the lowest reward on every sample (pass / fail reward) over the last 3 batches"
@@ -67,7 +46,7 @@ def test_pass_fail_reward_that_never_pays_still_fires():
 )
 def test_the_pass_fail_rule_applies_only_to_two_valued_rewards(levels, fires):
     guard = ZeroStdGuard(threshold=0.75, window=2)
-    steps = _drive(guard, [_batch(0.8, 0.5, 0.3, levels=levels)] * 3)
+    steps = drive(guard, [_batch(0.8, 0.5, 0.3, levels=levels)] * 3)
     assert steps == ([1, 2] if fires else [])
     if fires:
         assert "have zero reward std over the last 2 batches" in guard.alarms[0]["message"]
@@ -75,5 +54,5 @@ def test_the_pass_fail_rule_applies_only_to_two_valued_rewards(levels, fires):
 
 def test_pass_fail_threshold_none_keeps_the_plain_rule():
     guard = ZeroStdGuard(threshold=0.75, window=2, pass_fail_threshold=None)
-    assert _drive(guard, [_batch(0.8, 0.5, 0.3)] * 3) == [1, 2]
+    assert drive(guard, [_batch(0.8, 0.5, 0.3)] * 3) == [1, 2]
     assert not guard.noted

@@ -8,35 +8,19 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from lightning_grpo import RewardDropGuard
 
+from tests.guard_helpers import drive
+
 SERIES = json.loads((Path(__file__).parent / "fixtures" / "reward_series.json").read_text())
-
-
-class FakeModule:
-    """What a rollout-level guard reads and writes: ``rollout_metrics`` and ``log``."""
-
-    def __init__(self):
-        self.rollout_metrics: dict[str, float] = {}
-        self.logged: list[tuple[str, float]] = []
-
-    def log(self, name, value, **kwargs):
-        self.logged.append((name, value))
 
 
 def _drive(guard, rewards, first_step=0, key="reward_mean"):
     """Feed the guard one generation batch's mean reward per entry; the steps it fired at."""
-    module = FakeModule()
-    trainer = SimpleNamespace(global_step=0, global_rank=0, callbacks=[], loggers=[], log_dir=None)
-    for step, reward in enumerate(rewards, start=first_step):
-        trainer.global_step = step
-        module.rollout_metrics = {key: reward}
-        guard.on_rollout_end(trainer, module, SimpleNamespace(group_size=8))
-    return [a["step"] for a in guard.alarms if a["step"] >= first_step]
+    return drive(guard, [{key: r} for r in rewards], first_step=first_step)
 
 
 def test_fires_once_half_the_gain_is_gone_by_hand(caplog):
