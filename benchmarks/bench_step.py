@@ -122,15 +122,11 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
     import lightning as L
     import torch
 
-    from long_shape import datamodule, long_model_dir
+    from long_shape import datamodule, kv_cache_bytes, model_dir
 
     from lightning_grpo import GRPOModule, RewardSpec, RolloutCallback, SamplingConfig
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
 
-    if prompt_tokens:  # the long-prompt shape (long_shape.py): the "10m" text model, whatever SIZE says
-        path = str(long_model_dir(prompt_tokens + max_new_tokens))
-    else:
-        path = str(tiny_model_dir(TinyModelConfig(**size_config(size))))
+    path = str(model_dir(size_config(size), prompt_tokens, max_new_tokens))  # long prompts: the "10m" text model
     rows: list[dict] = []
 
     class Timer(L.Callback):
@@ -144,7 +140,7 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
 
     engine, push, gemm = (engine.split("-") + ["auto", "auto"])[:3]  # "vllm-inplace-packed", "vllm-reload"
     max_len = max(128, 1 << (prompt_tokens + max_new_tokens - 1).bit_length())
-    kv_bytes = max(256 * 2**20, 2 * prompts * 8 * max_len * 2 * 5 * 384 * 4)  # room for every sequence, float32
+    kv_bytes = max(256 * 2**20, 2 * kv_cache_bytes(path, prompts * 8, max_len))  # room for every sequence, twice
     vllm_args = {"max_model_len": max_len, "kv_cache_memory_bytes": kv_bytes, "weight_push": push, "cpu_gemm": gemm}
     callback = RolloutCallback(
         engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],

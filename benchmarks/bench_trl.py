@@ -41,15 +41,11 @@ def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> N
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from long_shape import datamodule, long_model_dir
+    from long_shape import datamodule, model_dir
 
     from lightning_grpo.data.rewards import prefix_match
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
 
-    if shape.prompt_tokens:
-        path = str(long_model_dir(shape.prompt_tokens + shape.max_new))
-    else:
-        path = str(tiny_model_dir(TinyModelConfig(**SIZES["10m"])))
+    path = str(model_dir(SIZES["10m"], shape.prompt_tokens, shape.max_new))
     tokenizer = AutoTokenizer.from_pretrained(path)
     dm = datamodule(path, shape.prompts, shape.prompt_tokens, steps)
     dm.setup("fit")

@@ -47,6 +47,25 @@ def long_model_dir(max_len: int) -> Path:
     return out
 
 
+def model_dir(config: dict, prompt_tokens: int, max_new_tokens: int) -> Path:
+    """The model of a benchmark row: the long-prompt model when ``prompt_tokens`` (whatever ``config``
+    says: the "10m" text model), else the tiny model of ``config`` (digit task)."""
+    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
+
+    if prompt_tokens:
+        return long_model_dir(prompt_tokens + max_new_tokens)
+    return tiny_model_dir(TinyModelConfig(**config))
+
+
+def kv_cache_bytes(path: str | Path, sequences: int, max_len: int) -> int:
+    """float32 keys and values for ``sequences`` of ``max_len`` tokens of the model at ``path``."""
+    import json
+
+    c = json.loads((Path(path) / "config.json").read_text())
+    per_token = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * (c["hidden_size"] // c["num_attention_heads"]) * 4
+    return sequences * max_len * per_token
+
+
 def random_text(rng: random.Random, length: int) -> str:
     return "".join(rng.choice(ALPHABET) for _ in range(length))
 

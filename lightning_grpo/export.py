@@ -184,7 +184,6 @@ def _materialise_buffers(model: nn.Module) -> None:
                 setattr(module, name, value)
 
 
-# --------------------------------------------------------------------------- finding the source
 def tokenizer_from_files(files: dict[str, bytes]) -> Any:
     """The tokenizer saved in a checkpoint's export info."""
     from transformers import AutoTokenizer
