@@ -258,8 +258,8 @@ class GRPOModule(L.LightningModule):
         (num_iterations > 1 or steps_per_generation > 1), the loss masks tokens by old and roll
         (rollout rejection: ``keep_mask``, so the dropped tokens leave the global normaliser) or
         batch-normalises IS weights (their mean over the optimizer-step batch is computed before
-        its micro-batches run); otherwise old = sg[logp] in the loss. In bypass mode (``GRPOLoss(bypass=True)``) never: old
-        is the engine's log-probs. With distillation the teachers score the batch and the
+        its micro-batches run); otherwise old = sg[logp] in the loss. In bypass mode
+        (``GRPOLoss(bypass=True)``) never: old is the engine's log-probs. With distillation the teachers score the batch and the
         advantages become token-level (``records``, one per group, pick each row's teacher).
         """
         if self.uses_reference:
