@@ -38,7 +38,7 @@ class RolloutBatch:
     ref_logp: Tensor | None = None  # [B, Lc] when beta > 0
     turn_ids: Tensor | None = None  # [B, Lc] long: model turn of each sampled token, -1 elsewhere (multi-turn)
     teacher_logp: Tensor | None = None  # [B, Lc] the distillation teacher's log-probs of the sampled tokens
-    keep_mask: Tensor | None = None  # [B, Lc] float: tokens the loss's rejection / MIS masks keep (global normaliser)
+    keep_mask: Tensor | None = None  # [B, Lc] float: tokens the loss's rejection criteria keep (global normaliser)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -255,10 +255,11 @@ class GRPOModule(L.LightningModule):
         """Fill in advantages and, only where needed, the reference and old log-probs.
 
         Old log-probs are computed only when the batch is reused after an optimizer step
-        (num_iterations > 1 or steps_per_generation > 1) or the loss masks tokens by old and roll
-        (rollout rejection, MIS: ``keep_mask``, so the dropped tokens leave the global normaliser);
-        otherwise old = sg[logp] in the loss. In bypass mode (``GRPOLoss(bypass=True)``) never: old
-        is the engine's log-probs. With distillation the teachers score the batch and the
+        (num_iterations > 1 or steps_per_generation > 1), the loss masks tokens by old and roll
+        (rollout rejection: ``keep_mask``, so the dropped tokens leave the global normaliser) or
+        batch-normalises IS weights (their mean over the optimizer-step batch is computed before
+        its micro-batches run); otherwise old = sg[logp] in the loss. In bypass mode
+        (``GRPOLoss(bypass=True)``) never: old is the engine's log-probs. With distillation the teachers score the batch and the
         advantages become token-level (``records``, one per group, pick each row's teacher).
         """
         if self.uses_reference:
@@ -273,7 +274,8 @@ class GRPOModule(L.LightningModule):
             self.distiller.prepare(self, batch, records, rows_per_pass)
         reused = self.hparams.num_iterations > 1 or self.hparams.steps_per_generation > 1
         masks = getattr(self.loss_fn, "masks_before_training", False)
-        if not getattr(self.loss_fn, "bypass", False) and (reused or masks):
+        needs_old = getattr(self.loss_fn, "needs_old_before_training", masks)
+        if not getattr(self.loss_fn, "bypass", False) and (reused or needs_old):
             batch.old_logp = self._logprobs_no_grad(batch, reference=False, rows_per_pass=rows_per_pass)
         if masks:
             batch.keep_mask = self.loss_fn.static_keep_mask(batch.old_logp, batch.rollout_logp, batch.completion_mask)
@@ -290,11 +292,12 @@ class GRPOModule(L.LightningModule):
         step = micro_step(len(self.rollout_batch), int(batch["micro"]), self.hparams.steps_per_generation, accumulate)
         full = self.rollout_batch
         micro = full.select(step.micro)
-        # one all-reduce for both global normalisers of the mini-batch
+        # one all-reduce for the global normalisers of the mini-batch (tokens, sequences, IS-weight mean)
         kept = full.completion_mask if full.keep_mask is None else full.completion_mask * full.keep_mask
         tokens = kept[step.mini].sum().float()
-        counts = torch.stack([tokens, tokens.new_tensor(float(len(step.mini)))])
-        num_tokens, num_sequences = self._global_sum(counts)
+        counts = torch.cat([torch.stack([tokens, tokens.new_tensor(float(len(step.mini)))]), self._is_weight_sums(full, step.mini)])
+        num_tokens, num_sequences, weight_sum, weight_count = self._global_sum(counts)
+        is_weight = {"is_weight_mean": weight_sum / weight_count} if weight_count > 0 else {}
         if len(micro) == 0:  # an uneven split left this rank nothing: keep every parameter in the graph
             return sum(p.sum() * 0.0 for p in self.policy.parameters() if p.requires_grad)
 
@@ -310,6 +313,7 @@ class GRPOModule(L.LightningModule):
                 entropy=out.entropy,
                 num_tokens=num_tokens,
                 num_sequences=num_sequences,
+                **is_weight,
                 **({"turn_ids": micro.turn_ids} if micro.turn_ids is not None else {}),
             )
         except NonFiniteError as err:  # rows are micro-batch rows: name the step and micro-batch too
@@ -329,6 +333,12 @@ class GRPOModule(L.LightningModule):
             raise RuntimeError("validation needs lightning_grpo.RolloutCallback in the Trainer's callbacks")
         metrics = self.evaluator(self, batch)
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True)
+
+    def _is_weight_sums(self, full: RolloutBatch, rows: Tensor) -> Tensor:
+        """[2] (sum, count) of the loss's IS-weight mean over the optimizer-step batch (zeros: none)."""
+        if full.old_logp is None or not getattr(self.loss_fn, "normalizes_is_weights", False):
+            return torch.zeros(2, device=full.completion_mask.device)
+        return self.loss_fn.is_weight_sums(full.old_logp[rows], full.rollout_logp[rows], full.completion_mask[rows]).float()
 
     def _global_sum(self, value: Tensor) -> Tensor:
         value = value.to(self.device, torch.float32)

@@ -7,17 +7,21 @@ gradient is off-policy. With rho_t = pi_old(o_t) / pi_roll(o_t) = exp(old_t - ro
     tis_token     w_t = min(rho_t, cap)                                (verl rollout_is="token")
     tis_seq       w_i = min(exp(sum_t (old - roll)), cap)  (product)   (TRL "sequence_truncate", verl "sequence")
     tis_seq_geo   w_i = min(exp(mean_t (old - roll)), cap) (geo mean)  (ms-swift / OpenRLHF sequence modes)
-    mis_token     w_t = rho_t if low <= rho_t <= high else 0 (masked)  (IcePop; TRL "token_mask")
-    mis_seq       w_i = prod_t rho_t if in [low, high] else 0 (masked) (TRL "sequence_mask")
+    mis_token     w_t = rho_t if low <= rho_t <= high else 0       (IcePop; verl "lower_upper"; TRL "token_mask")
+    mis_seq       w_i = prod_t rho_t if in [low, high] else 0      (TRL "sequence_mask")
 
 Registry ``CORRECTIONS``: ``fn(old_logp [B,T], rollout_logp [B,T], mask [B,T], **params) ->
 CorrectionOutput``. The weight is detached (it changes the sampling measure, not the
-objective) and multiplies the per-token loss; MIS also returns the 0/1 mask of the tokens it
-keeps, so the dropped tokens leave the aggregation's normaliser too. All log-ratios (token or
-summed) are clamped to +-20 before ``exp``; weights are 0 on padding.
+objective) and multiplies the per-token loss. MIS gives the tokens outside its band weight 0;
+they stay in the loss's normalisers (token count, |o_i|) and in the batch-normalisation mean,
+exactly as verl's IcePop and TRL's masks do (to drop tokens from the normalisers instead, use
+rollout rejection, :mod:`.rejection`). ``CorrectionOutput.mask`` reports the band (0 where MIS
+zeroed the weight) and is not a loss mask. All log-ratios (token or summed) are clamped to +-20
+before ``exp``; weights are 0 on padding.
 
-``normalize_is_weight`` rescales a batch's weights to mean 1 (verl ``rollout_is_batch_normalize``);
-rejection by thresholds on k1 / k2 / k3 is in :mod:`.rejection`.
+``normalize_is_weight`` rescales a batch's weights to mean 1 (verl ``rollout_is_batch_normalize``),
+``is_weight_sums`` gives the (sum, count) of that mean so a trainer can add them up over the whole
+optimizer-step batch (all micro-batches and ranks) first.
 ``off_policy_sequence_mask`` (DeepSeek-V3.2, registry ``TOKEN_MASKS`` "off_policy_sequence")
 drops negative-advantage sequences that drifted too far; ``mismatch_metrics`` measures the gap.
 """
@@ -36,7 +40,7 @@ from .registry import CORRECTIONS, TOKEN_MASKS
 
 class CorrectionOutput(NamedTuple):
     weight: Tensor  # [B, T] float32 detached importance weight multiplying the per-token loss; 0 on padding
-    mask: Tensor  # [B, T] float32 0/1: tokens kept (MIS drops some); equals the input mask for TIS
+    mask: Tensor  # [B, T] float32 0/1: tokens inside the MIS band (report only, not a loss mask); the input mask for TIS
     metrics: dict[str, Tensor]  # detached scalars
 
 
@@ -97,7 +101,7 @@ def tis_seq_geo(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, cap: fl
 
 
 def _band(log_w: Tensor, m: Tensor, low: float | None, high: float | None, valid: Tensor) -> CorrectionOutput:
-    """Shared MIS tail: rho = exp(clamp(log_w)) is the weight where low <= rho <= high, else masked.
+    """Shared MIS tail: rho = exp(clamp(log_w)) is the weight where low <= rho <= high, else 0.
 
     log_w and valid: [B, T] (token level) or [B, 1] (sequence level).
     """
@@ -119,12 +123,13 @@ def _band(log_w: Tensor, m: Tensor, low: float | None, high: float | None, valid
 def mis_token(
     old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, low: float | None = 0.5, high: float | None = 5.0
 ) -> CorrectionOutput:
-    """Token-level masked IS (IcePop): rho_t kept as the weight if low <= rho_t <= high, else the token is masked.
+    """Token-level masked IS (IcePop): w_t = rho_t if low <= rho_t <= high, else 0.
 
     rho_t = exp(old_t - roll_t). The weight inside the band is rho_t itself, not 1 (IcePop's
-    M(k) = k on [alpha, beta], 0 outside; TRL "token_mask" keeps rho too). Defaults
-    low = 0.5, high = 5.0: IcePop's alpha / beta (Ring-1T; INTELLECT-3 eq. 1). None = no bound.
-    Metrics: is_weight_mean (kept tokens), is_frac_masked (valid tokens dropped).
+    M(k) = k on [alpha, beta], 0 outside; verl's ``rollout_is_threshold: "low_high"`` and TRL
+    "token_mask" too). A zeroed token stays in the normalisers (see the module docstring).
+    Defaults low = 0.5, high = 5.0: IcePop's alpha / beta (Ring-1T; INTELLECT-3 eq. 1).
+    None = no bound. Metrics: is_weight_mean (tokens in the band), is_frac_masked (valid tokens zeroed).
     """
     d, m = _log_ratio(old_logp, rollout_logp, mask)
     return _band(d, m, low, high, m)
@@ -134,7 +139,7 @@ def mis_token(
 def mis_seq(
     old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, low: float | None = None, high: float | None = 3.0
 ) -> CorrectionOutput:
-    """Sequence-level masked IS: w_i = exp(sum_t (old - roll)) if low <= w_i <= high, else row i is masked.
+    """Sequence-level masked IS: w_i = exp(sum_t (old - roll)) if low <= w_i <= high, else 0 on row i.
 
     Product form (TRL "sequence_mask", its default mode). Defaults low = None (no lower bound),
     high = 3.0: TRL's ``vllm_importance_sampling_clip_min`` / ``clip_max``. The summed log-ratio
@@ -145,29 +150,45 @@ def mis_seq(
 
 
 # Read by GRPOLoss instead of branching on names: the level a weight lives at (batch normalisation
-# averages tokens or sequences) and whether a correction drops tokens (MIS) or only reweights (TIS).
-for _fn, _level, _masks in ((tis_token, "token", False), (tis_seq, "sequence", False), (tis_seq_geo, "sequence", False),
-                            (mis_token, "token", True), (mis_seq, "sequence", True)):  # fmt: skip
-    _fn.level, _fn.masks = _level, _masks
+# averages tokens or sequences).
+for _fn, _level in ((tis_token, "token"), (tis_seq, "sequence"), (tis_seq_geo, "sequence"),
+                    (mis_token, "token"), (mis_seq, "sequence")):  # fmt: skip
+    _fn.level = _level
 
 
-def normalize_is_weight(weight: Tensor, mask: Tensor, correction=None) -> tuple[Tensor, Tensor]:
-    """IS-weight batch normalisation (verl ``rollout_is_batch_normalize``): w / mean(w), so the
-    weights of the batch given average 1. weight, mask [B, T] -> (normalised weight [B, T], factor []).
+def is_weight_sums(weight: Tensor, mask: Tensor, correction=None) -> Tensor:
+    """[2] float32 (sum, count) whose ratio is the batch-normalisation mean of ``weight`` [B, T].
 
-    The mean is over the valid tokens of ``mask``, or over its non-empty rows (one weight per row)
-    when ``correction.level == "sequence"``. A mean <= 1e-8 leaves the weights as they are
-    (factor 1), as verl. Detached; local to the tensors given (verl all-reduces over ranks).
+    Token level: (sum of the weights of the valid tokens of ``mask``, their number); sequence
+    level (``correction.level == "sequence"``): (sum over non-empty rows of the row's weight,
+    the number of non-empty rows). Zero weights (MIS outside its band) count, as in verl. Sums
+    add up over micro-batches and ranks, so the mean of a whole optimizer-step batch is the
+    ratio of the summed sums. Detached.
     """
     m = mask.detach().float()
     w = weight.detach().float()
     if getattr(correction, "level", "token") == "sequence":
         rows = (m.sum(-1) > 0).float()  # [B]
-        mean = masked_mean(masked_mean(w, m, dim=-1), rows)
-    else:
-        mean = masked_mean(w, m)
+        return torch.stack([(masked_mean(w, m, dim=-1) * rows).sum(), rows.sum()])
+    return torch.stack([(w * m).sum(), m.sum()])
+
+
+def normalize_is_weight(weight: Tensor, mask: Tensor, correction=None, mean: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """IS-weight batch normalisation (verl ``rollout_is_batch_normalize``): w / mean(w), so the
+    weights average 1. weight, mask [B, T] -> (normalised weight [B, T], factor []).
+
+    ``mean``: the mean to divide by, e.g. of the whole optimizer-step batch over all micro-batches
+    and ranks (from summed :func:`is_weight_sums`, as verl's all-reduced mean); None: the mean of
+    the tensors given (see :func:`is_weight_sums` for what it averages). A mean <= 1e-8 leaves the
+    weights as they are (factor 1), as verl. Detached.
+    """
+    m = mask.detach().float()
+    if mean is None:
+        total, count = is_weight_sums(weight, m, correction)
+        mean = total / count.clamp(min=1.0)
+    mean = torch.as_tensor(mean, dtype=torch.float32, device=m.device)
     factor = torch.where(mean > 1e-8, mean, torch.ones_like(mean))
-    return (w / factor) * m, factor
+    return (weight.detach().float() / factor) * m, factor
 
 
 @TOKEN_MASKS.register("off_policy_sequence")

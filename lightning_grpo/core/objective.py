@@ -2,14 +2,22 @@
 
 Per token, for the completion tokens that survive the masks:
 
-    L_t = w_t * policy_loss_t(logp, old, A)          # w_t: rollout correction weight (TIS), else 1
+    L_t = w_t * policy_loss_t(logp, old, A)          # w_t: rollout correction weight (TIS / MIS), else 1
           + beta * KL_t(logp, ref)                     # KL as a loss term (beta = 0: no reference)
           - entropy_coef * H_t                         # entropy bonus
           + llds_coef * LLDS_t                         # likelihood-preserving regulariser (per turn)
     loss = aggregate(L, loss_mask)                     # token-mean, seq-mean-token-mean, ...
 
-    loss_mask = mask * correction_mask (MIS / IcePop) * rejection mask (verl rollout_rs, Geo-RS,
-                     outlier veto) * off-policy sequence mask * top-entropy mask
+    loss_mask = mask * rejection mask (verl rollout_rs, Geo-RS, outlier veto)
+                     * off-policy sequence mask * top-entropy mask
+
+MIS (IcePop) gives a token outside its band weight 0 and leaves it in loss_mask, as verl and TRL
+(so it counts in the normalisers); rejection removes tokens from loss_mask. With
+``is_batch_normalize`` the weights are divided by their mean over the valid tokens (zeros
+included) of the whole optimizer-step batch when the trainer passes ``is_weight_mean`` (the
+ratio of :meth:`GRPOLoss.is_weight_sums` summed over micro-batches and ranks), else of the batch
+given. A loss with a ``sequence_is_weight`` (geo_mean) turns the token weights into one weight per
+row (verl: their geometric mean).
 
 Bypass mode (``bypass=True``, verl ``bypass_mode``, AReaL's decoupled loss): old := roll, the
 engine's log-probs, so no trainer pass computes old log-probs; the policy loss's ratio is then
@@ -31,7 +39,7 @@ import torch
 from torch import Tensor
 
 from .guards import check_finite
-from .corrections import mismatch_metrics, normalize_is_weight
+from .corrections import is_weight_sums, mismatch_metrics, normalize_is_weight
 from .logprobs import masked_mean
 from .registry import AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, TOKEN_MASKS, TOKEN_TERMS
 from .rejection import Threshold, check_rejection, rejection_mask
@@ -59,9 +67,10 @@ class GRPOLoss:
         correction: name in ``CORRECTIONS`` ("tis_token", "mis_seq", ...) or None: corrects
             for the gap between the trainer's and the rollout engine's log-probs.
         correction_args: keyword arguments of the correction (``{"cap": 2.0}``).
-        is_batch_normalize: divide the correction's weights by their mean over the batch given
-            (verl ``rollout_is_batch_normalize``): tokens for token-level, sequences for
-            sequence-level corrections.
+        is_batch_normalize: divide the correction's weights by their mean (verl
+            ``rollout_is_batch_normalize``): over the valid tokens for token-level, the non-empty
+            rows for sequence-level corrections, zero weights included; of the whole optimizer-step
+            batch when the caller passes ``is_weight_mean``, else of the batch given.
         rejection: rollout rejection criteria (``REJECTIONS``) and their thresholds, all applied
             (verl ``rollout_rs`` / ``rollout_rs_threshold``), e.g. ``{"token_k1": [0.5, 2.0],
             "seq_mean_k3": 0.01, "outlier_veto": null}``; None = off.
@@ -179,21 +188,39 @@ class GRPOLoss:
 
     @property
     def masks_before_training(self) -> bool:
-        """Whether tokens are dropped by rules that look only at old and roll (a masking correction or
-        rollout rejection; not in bypass mode): a trainer can then compute :meth:`static_keep_mask`
-        once per generation batch and leave the dropped tokens out of its global normaliser."""
-        masking = self.correction_fn is not None and getattr(self.correction_fn, "masks", False)
-        return not self.bypass and (masking or self.rejection is not None)
+        """Whether tokens are dropped by rules that look only at old and roll (rollout rejection; not
+        in bypass mode): a trainer can then compute :meth:`static_keep_mask` once per generation batch
+        and leave the dropped tokens out of its global normaliser."""
+        return not self.bypass and self.rejection is not None
+
+    @property
+    def normalizes_is_weights(self) -> bool:
+        """Whether the correction's weights are batch-normalised: a trainer then sums
+        :meth:`is_weight_sums` over the optimizer-step batch and passes ``is_weight_mean``."""
+        return self.is_batch_normalize and self.correction_fn is not None and not self.bypass
+
+    @property
+    def needs_old_before_training(self) -> bool:
+        """Whether a trainer should compute old log-probs once per generation batch even when the batch
+        is used for one update only (the masks or the IS-weight mean of a whole batch depend on them)."""
+        return self.masks_before_training or self.normalizes_is_weights
 
     def static_keep_mask(self, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> Tensor:
-        """[B, T] float 0/1: the tokens the correction mask and the rejection criteria keep (they depend
-        on old and roll only, so one pass over a whole generation batch gives every micro-batch's mask)."""
+        """[B, T] float 0/1: the tokens the rejection criteria keep (they depend on old and roll only,
+        so one pass over a whole generation batch gives every micro-batch's mask)."""
         keep = mask.to(torch.float32)
-        if self.correction_fn is not None:
-            keep = keep * self.correction_fn(old_logp, rollout_logp, mask, **self.correction_args).mask
         if self.rejection is not None:
             keep = keep * rejection_mask(old_logp, rollout_logp, mask, self.rejection).keep
         return keep
+
+    def is_weight_sums(self, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> Tensor:
+        """[2] (sum, count) of the batch-normalisation mean of the correction's weights over the rows
+        given (zeros when not normalising); sum them over micro-batches and ranks, pass the ratio as
+        ``is_weight_mean``. old_logp, rollout_logp, mask [B, T]."""
+        if not self.normalizes_is_weights:
+            return torch.zeros(2, device=mask.device)
+        corr = self.correction_fn(old_logp, rollout_logp, mask, **self.correction_args)
+        return is_weight_sums(corr.weight, mask, self.correction_fn)
 
     def __call__(
         self,
@@ -207,6 +234,7 @@ class GRPOLoss:
         entropy: Tensor | None = None,  # [B, T]; needed for entropy bonus / top-entropy mask
         num_tokens: float | Tensor | None = None,  # global normaliser (token-mean)
         num_sequences: float | Tensor | None = None,  # global normaliser (seq-mean modes)
+        is_weight_mean: float | Tensor | None = None,  # global IS-weight mean (is_batch_normalize)
         generator: torch.Generator | None = None,
         turn_ids: Tensor | None = None,  # [B, T] long: model turn per token (multi-turn; LLDS gates per turn)
     ) -> LossOutput:
@@ -220,7 +248,8 @@ class GRPOLoss:
             advantages = scale_negative_advantages(advantages, self.negative_advantage_scale)
 
         metrics: dict[str, Tensor] = {}
-        loss_mask, weight = self._masks_and_weight(logp, mask, trainer_side, advantages, rollout_logp, entropy, metrics)
+        loss_mask = self._loss_mask(logp, mask, trainer_side, advantages, rollout_logp, entropy, metrics)
+        weight = self._weight(mask, loss_mask, trainer_side, rollout_logp, is_weight_mean, metrics)  # [B, T]
 
         pl = self.policy_loss_fn(logp, old, advantages, loss_mask, generator=generator, **self.policy_loss_args)
         token_loss = pl.loss * weight  # [B, T]
@@ -244,18 +273,10 @@ class GRPOLoss:
         metrics["loss"] = loss.detach()
         return LossOutput(loss, metrics)
 
-    def _masks_and_weight(self, logp, mask, old, advantages, rollout_logp, entropy, metrics):
+    def _loss_mask(self, logp, mask, old, advantages, rollout_logp, entropy, metrics) -> Tensor:
         loss_mask = mask
-        weight = torch.ones_like(mask)
         if rollout_logp is not None and not self.bypass:  # bypass: no trainer-side old log-probs to compare
             metrics.update(mismatch_metrics(old, rollout_logp, mask))
-        if self.correction_fn is not None:
-            corr = self.correction_fn(old, rollout_logp, mask, **self.correction_args)
-            loss_mask = loss_mask * corr.mask
-            weight = corr.weight
-            metrics.update(corr.metrics)
-            if self.is_batch_normalize:
-                weight, metrics["is_batch_norm_factor"] = normalize_is_weight(weight, corr.mask, self.correction_fn)
         if self.rejection is not None:
             rejected = rejection_mask(old, rollout_logp, mask, self.rejection)
             loss_mask = loss_mask * rejected.keep
@@ -266,7 +287,20 @@ class GRPOLoss:
             metrics["off_policy_masked_frac"] = 1.0 - seq_keep.float().mean()
         if self.top_entropy_quantile is not None:
             loss_mask = loss_mask * self._top_entropy_mask(entropy, loss_mask, self.top_entropy_quantile)
-        return loss_mask, weight
+        return loss_mask
+
+    def _weight(self, mask, loss_mask, old, rollout_logp, is_weight_mean, metrics) -> Tensor:
+        """The correction's weight [B, T] (1 without one), batch-normalised, and made one per row for a
+        loss with a ``sequence_is_weight`` (geo_mean: verl's geometric mean over the row's tokens)."""
+        if self.correction_fn is None:
+            return torch.ones_like(mask)
+        corr = self.correction_fn(old, rollout_logp, mask, **self.correction_args)
+        weight = corr.weight
+        metrics.update(corr.metrics)
+        if self.is_batch_normalize:
+            weight, metrics["is_batch_norm_factor"] = normalize_is_weight(weight, mask, self.correction_fn, is_weight_mean)
+        per_row = getattr(self.policy_loss_fn, "sequence_is_weight", None)
+        return weight if per_row is None else per_row(weight, loss_mask)
 
     def _check_inputs(self, logp, mask, old, ref_logp, rollout_logp, entropy) -> None:
         if logp.shape != mask.shape:

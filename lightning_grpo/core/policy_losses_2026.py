@@ -18,12 +18,17 @@ Aggregation: ``sapo`` names seq_mean_token_mean as its default (``default_aggreg
 always aggregates it so; ``GRPOLoss`` uses it when no aggregation is named, another can be named).
 ``geo_mean`` puts its per-sequence loss L_i on every valid token of row i, so seq_mean_token_mean is
 exactly GMPO's ``mean_i(L_i)``; it declares ``required_aggregation`` and ``GRPOLoss`` refuses any other.
+With a rollout correction, ``GRPOLoss`` scales row i by the geometric mean of its token IS weights,
+``exp(mean_t log(w_t + 1e-10))`` (``sequence_is_weight``, as verl's geo_mean), not by their
+arithmetic mean (weights [2, 0.5]: 1, not 1.25).
 
 Departures from verl (``core_algos.py``), all deliberate:
 - Parameter names: DPPO's trust-region sizes are ``delta_low`` / ``delta_high`` (verl reads
   ``clip_ratio_low`` / ``clip_ratio_high``, same meaning); DRO's is ``beta`` (verl ``dro_beta``),
   required and > 0; GMPO's clip is ``eps_low`` / ``eps_high`` in log space, default 0.4 (the
   paper's; verl reuses the PPO ``clip_ratio``, 0.2).
+- DPPO's ``clip_ratio_c`` defaults to 20 (the paper's advice); verl's ``ActorConfig`` default is
+  3.0 (its code's 20.0 is only a fallback for a config without the key).
 - The log-ratio is clamped to +-20 in every loss, also geo_mean's mean log-ratio (verl leaves
   geo_mean unclamped); DPPO's p uses the unclamped log-prob as verl does.
 - geo_mean's clip fractions count tokens where the clamp is *active* (it blocks the gradient on
@@ -35,8 +40,11 @@ Departures from verl (``core_algos.py``), all deliberate:
 Metrics (detached float32 scalars): ``ratio_min/mean/max`` for all but gpg; sapo:
 ``gate_weight_mean`` / ``gate_weight_min`` (the gate's gradient scale 4 sigma (1 - sigma), 1 at
 r = 1, falling to 0 where PPO would clip) and ``gate_frac_below_half`` (tokens whose scale < 0.5);
-dppo: ``clip_frac_high`` / ``clip_frac_low`` (A > 0 / A < 0 tokens outside the trust region) and
-``clip_frac_dual`` (r > c); geo_mean: ``clip_frac_high`` / ``clip_frac_low``.
+dppo: ``clip_frac_high`` / ``clip_frac_low`` (A > 0 / A < 0 tokens outside the trust region; their
+sum is verl's ``pg_clipfrac`` except for A = 0 tokens outside the region, which verl counts and
+which have no loss) and ``clip_frac_dual`` (tokens inside the trust region whose r > c, i.e. whose
+weight was truncated; verl's ``pg_clipfrac_lower``, over all valid tokens); geo_mean:
+``clip_frac_high`` / ``clip_frac_low``.
 """
 
 from __future__ import annotations
@@ -95,7 +103,7 @@ def _dppo(x: _Inputs, valid_pos: Tensor, valid_neg: Tensor, clip_ratio_c: float)
     metrics = _ratio_metrics(ratio, x.valid)
     metrics["clip_frac_high"] = _frac((x.adv > 0) & ~inside, x.valid)
     metrics["clip_frac_low"] = _frac((x.adv < 0) & ~inside, x.valid)
-    metrics["clip_frac_dual"] = _frac(ratio.detach() > clip_ratio_c, x.valid)
+    metrics["clip_frac_dual"] = _frac((ratio.detach() > clip_ratio_c) & inside, x.valid)  # verl pg_clipfrac_lower
     return _output(loss, x.valid, metrics)
 
 
@@ -123,7 +131,10 @@ def dppo_tv_loss(
     A trust region on the sampled token's probability instead of the ratio: a token trains
     (L_t = -A sg[min(r_t, c)] logp_t) while p - p_old <= delta_high (A > 0) or
     p - p_old >= -delta_low (A <= 0), and gets no gradient once it left that region.
-    delta 0.15 (verl's example), clip_ratio_c 20 (verl). Shapes as ``ppo_loss``.
+    delta 0.15 (verl's example). clip_ratio_c 20: the paper's advice of a large cap (its Section
+    5.4) and the fallback in verl's code; verl itself reads ``actor.clip_ratio_c``, whose default is
+    3.0 (``ActorConfig``, shared with dual-clip PPO), so a verl run truncates at 3 unless it is set.
+    Shapes as ``ppo_loss``.
     """
     _check_dppo(delta_low, delta_high, clip_ratio_c)
     x = _prepare(logp, old_logp, advantages, mask)
@@ -142,7 +153,8 @@ def dppo_kl_loss(
     D_t = p_old (old - logp) + (1 - p_old) log((1 - p_old + 1e-8) / (1 - p + 1e-8)), the KL between
     the Bernoulli distributions "sampled token or not" before and now. A token trains while
     D_t <= delta_high or p <= p_old (A > 0), D_t <= delta_low or p >= p_old (A <= 0); loss as
-    ``dppo_tv``. delta 0.05 (verl's example). Shapes as ``ppo_loss``.
+    ``dppo_tv``. delta 0.05 (verl's example); clip_ratio_c 20 as ``dppo_tv`` (verl's default: 3.0).
+    Shapes as ``ppo_loss``.
     """
     _check_dppo(delta_low, delta_high, clip_ratio_c)
     x = _prepare(logp, old_logp, advantages, mask)
@@ -195,7 +207,16 @@ def geo_mean_loss(
     return _output(loss, x.valid, metrics)
 
 
+def _row_geometric_mean(weight: Tensor, mask: Tensor) -> Tensor:
+    """GMPO's IS weight per row (verl): exp(mean_t log(w_t + 1e-10)) over the valid tokens of ``mask``,
+    broadcast to them. weight, mask [B, T] -> [B, T] (0 on padding and on empty rows); detached."""
+    m = mask.detach().float()
+    log_w = torch.log(weight.detach().float() + 1e-10)  # [B, T]; a zero weight (MIS) counts as 1e-10
+    return torch.exp(masked_mean(log_w, m, dim=-1, keepdim=True)) * m
+
+
 geo_mean_loss.required_aggregation = "seq_mean_token_mean"
+geo_mean_loss.sequence_is_weight = _row_geometric_mean
 
 
 @POLICY_LOSSES.register("gpg")

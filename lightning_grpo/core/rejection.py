@@ -7,16 +7,23 @@ sampled from pi_roll (verl ``rollout_corr_helper``):
     k1_t = -d_t = roll - old,   k2_t = d_t^2 / 2,   k3_t = exp(d_t) - 1 - d_t
 
 Registry ``REJECTIONS``: ``fn(log_ratio [B, T] (= old - roll), mask [B, T], threshold) -> keep
-[B, T] bool`` (False on padding). verl ``rollout_rs`` names and threshold meanings:
+[B, T] bool`` (False on padding). verl ``rollout_rs`` names and threshold meanings, with the
+ratio rho_t = pi_old / pi_roll = exp(d_t) (the IS weight's direction):
 
-    token_k1                  keep lower <= exp(k1_t) <= upper            (bounds given as ratios)
+    token_k1                  keep lower <= rho_t <= upper                (bounds given as ratios)
     token_k2, token_k3        keep k_t <= upper
-    seq_sum_k1 / seq_mean_k1  keep the row if lower <= exp(sum_t / mean_t k1) <= upper
+    seq_sum_k1 / seq_mean_k1  keep the row if lower <= prod_t rho_t / exp(mean_t d_t) <= upper
     seq_sum_k2/k3, seq_mean_k2/k3, seq_max_k2/k3   keep the row if its statistic <= upper
     geo_mask                  keep the row if low <= exp(mean_t d_t) <= high  (SkyRL "Geo-RS": the
-                              geometric mean of pi_old / pi_roll; defaults 0.99, 1.01)
-    outlier_veto              drop the row if any token has exp(d_t) < low or > high (defaults 1e-4,
+                              geometric mean of rho; defaults 0.99, 1.01)
+    outlier_veto              drop the row if any token has rho_t < low or > high (defaults 1e-4,
                               100: SkyRL's outlier thresholds; verl's older veto had the lower one)
+
+Every ratio bound is on rho = pi_old / pi_roll, so asymmetric bounds mean the same side in every
+criterion: verl's acceptance sets (rollout_corr_math.md, C_lower <= rho <= C_upper) and its IS
+weight use this direction. verl's code (``compute_rollout_rejection_mask``) compares k1 = -log rho
+with log(lower) / log(upper), i.e. bounds 1 / rho: the same for a single ``upper`` (lower = 1 /
+upper), but verl's asymmetric ``"a_b"`` is our ``[1/b, 1/a]``.
 
 A k1 threshold is ``upper`` (then lower = 1 / upper, verl) or ``[lower, upper]``; the others take
 one ``upper`` > 0. :func:`rejection_mask` applies several criteria at once (a token survives only
@@ -93,15 +100,16 @@ def _register(level: str, stat: str) -> None:
         valid = mask != 0  # [B, T]
         values = _stats(log_ratio)[stat]  # [B, T]
         x = values if level == "token" else _sequence(values, valid, level)  # [B, T] or [B, 1]
-        if stat == "k1":
+        if stat == "k1":  # x = k1 statistic = -log rho (sum / mean): bound rho = exp(-x)
             lower, upper = _ratio_bounds(name, threshold)
-            inside = (x >= math.log(lower)) & (x <= math.log(upper))
+            inside = (-x >= math.log(lower)) & (-x <= math.log(upper))
         else:
             inside = x <= _upper(name, threshold)
         return inside.expand_as(valid) & valid
 
     criterion.__name__ = criterion.__qualname__ = f"reject_{name}"
-    criterion.__doc__ = f"verl rollout_rs {name!r}: keep where the {level.replace('_', ' ')} of {stat} is within the threshold. [B, T] bool."
+    bound = "exp(-" + stat + ") = pi_old / pi_roll is within [lower, upper]" if stat == "k1" else stat + " <= upper"
+    criterion.__doc__ = f"verl rollout_rs {name!r}: keep where the {level.replace('_', ' ')} of {bound}. [B, T] bool."
 
 
 for _level, _stat in [(lv, s) for lv in ("token", "seq_sum", "seq_mean") for s in ("k1", "k2", "k3")] + [("seq_max", "k2"), ("seq_max", "k3")]:

@@ -68,17 +68,21 @@ def test_entropy_bonus_and_llds():
     assert_close(out.loss, torch.tensor(expected), **ATOL)
 
 
-def test_tis_weight_and_mis_mask_leave_normaliser():
+def test_tis_weight_and_mis_zero_weight_stay_in_the_normaliser():
     logp, mask, adv = _batch()
     roll = logp.detach().clone()
     roll[0, 0] -= math.log(4.0)  # exp(old - roll) = 4 on one token
     out = GRPOLoss(correction="tis_token", correction_args={"cap": 2.0})(logp, mask, adv, rollout_logp=roll)
     assert_close(out.loss, torch.tensor((-2.0 - 1.0 - 1.0 + 1.0 + 1.0) / 5.0), **ATOL)
     out = GRPOLoss(correction="mis_token", correction_args={"low": 0.5, "high": 2.0})(logp, mask, adv, rollout_logp=roll)
-    # the token with weight 4 is masked: 4 tokens remain, sum(-A) = -2 + 2 = 0
+    # the token with ratio 4 gets weight 0 and still counts (verl IcePop): (0 - 1 - 1 + 1 + 1) / 5 = 0
     assert_close(out.loss, torch.tensor(0.0), **ATOL)
-    assert_close(out.metrics["masked_frac"], torch.tensor(0.2), **ATOL)
+    assert_close(out.metrics["masked_frac"], torch.tensor(0.0), **ATOL)
+    assert_close(out.metrics["is_frac_masked"], torch.tensor(0.2), **ATOL)
     assert out.metrics["mismatch_max_abs"] == pytest.approx(math.log(4.0), abs=1e-6)
+    roll[0, 0] += math.log(4.0) - math.log(2.0)  # ratio 2, inside: weight 2 -> (-2 - 1 - 1 + 1 + 1) / 5
+    out = GRPOLoss(correction="mis_token", correction_args={"low": 0.5, "high": 2.0})(logp, mask, adv, rollout_logp=roll)
+    assert_close(out.loss, torch.tensor(-0.4), **ATOL)
 
 
 def test_off_policy_sequence_mask_drops_negative_drifting_sequence():

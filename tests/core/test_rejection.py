@@ -26,9 +26,9 @@ def keep(name, d, mask=None, threshold=None):
 
 # ---------------------------------------------------------------------------------- by hand
 def test_token_criteria_by_hand():
-    # d = old - roll; exp(k1) = exp(roll - old) = [1, 1/3, 3, 2/3]
+    # d = old - roll; the bounded ratio rho = pi_old / pi_roll = exp(d) = [1, 3, 1/3, 3/2]
     assert keep("token_k1", [[0.0, L3, -L3, L15]], threshold=2.0) == [[True, False, False, True]]  # [0.5, 2]
-    assert keep("token_k1", [[0.0, L3, -L3, L15]], threshold=[0.25, 1.0]) == [[True, True, False, True]]
+    assert keep("token_k1", [[0.0, L3, -L3, L15]], threshold=[0.25, 1.0]) == [[True, False, True, False]]
     assert keep("token_k2", [[0.2, -0.5, 0.4]], threshold=0.1) == [[True, False, True]]  # k2 = .02 .125 .08
     k3 = [math.exp(d) - 1 - d for d in (0.2, -0.5, 0.4)]  # 0.0214, 0.1065, 0.0918
     assert keep("token_k3", [[0.2, -0.5, 0.4]], threshold=0.1) == [[k <= 0.1 for k in k3]] == [[True, False, True]]
@@ -37,9 +37,9 @@ def test_token_criteria_by_hand():
 def test_sequence_criteria_by_hand():
     d = [[0.3, 0.3, 0.3], [0.3, -0.2, 0.0]]
     mask = [[1, 1, 1], [1, 1, 0]]
-    # seq_sum_k1: exp(-0.9) = 0.41 < 0.5 drops row 0; exp(-0.1) = 0.90 keeps row 1 (padding stays False)
+    # seq_sum_k1: prod rho = exp(0.9) = 2.46 > 2 drops row 0; exp(0.1) = 1.11 keeps row 1 (padding stays False)
     assert keep("seq_sum_k1", d, mask, 2.0) == [[False] * 3, [True, True, False]]
-    # seq_mean_k1: exp(-0.3) = 0.74 and exp(-0.05): both kept with [0.5, 2]; [0.8, 1.25] drops row 0
+    # seq_mean_k1: exp(0.3) = 1.35 and exp(0.05): both kept with [0.5, 2]; [0.8, 1.25] drops row 0
     assert keep("seq_mean_k1", d, mask, 2.0) == [[True] * 3, [True, True, False]]
     assert keep("seq_mean_k1", d, mask, [0.8, 1.25]) == [[False] * 3, [True, True, False]]
     # seq_sum_k2 = 0.135 / 0.065; seq_mean_k2 = 0.045 / 0.0325; seq_max_k2 = 0.045 / 0.045
@@ -65,7 +65,7 @@ def test_several_criteria_at_once_and_their_fractions():
     roll = torch.zeros(2, 4)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
     out = rejection_mask(old, roll, mask, {"token_k1": 2.0, "seq_mean_k2": 0.205})
-    # token_k1 drops (0, 1) (ratio 1/3; exp(-0.65) = 0.52 is inside [0.5, 2]); seq_mean_k2 is
+    # token_k1 drops (0, 1) (ratio 3; exp(0.65) = 1.92 is inside [0.5, 2]); seq_mean_k2 is
     # L3^2 / 6 = 0.2012 on row 0 (kept) and 0.65^2 / 2 = 0.2113 on row 1 (dropped whole)
     close(out.keep, [[1, 0, 1, 0], [0, 0, 0, 0]])
     close(out.metrics["rejection/token_k1_masked_frac"], 1 / 5)
@@ -85,10 +85,11 @@ def _loop_keep(name, d, mask, threshold):
             vals.append({"k1": -x, "k2": 0.5 * x * x, "k3": math.exp(x) - 1 - x}[stat] if m else None)
         valid = [v for v in vals if v is not None]
         if level == "token":
-            ok = [v is not None and (math.log(threshold[0]) <= v <= math.log(threshold[1]) if stat == "k1" else v <= threshold) for v in vals]
+            # k1 bounds rho = pi_old / pi_roll = exp(-k1)
+            ok = [v is not None and (math.log(threshold[0]) <= -v <= math.log(threshold[1]) if stat == "k1" else v <= threshold) for v in vals]
         else:
             agg = {"seq_sum": sum, "seq_mean": lambda v: sum(v) / max(len(v), 1), "seq_max": lambda v: max(v) if v else 0.0}[level](valid)
-            row_ok = math.log(threshold[0]) <= agg <= math.log(threshold[1]) if stat == "k1" else agg <= threshold
+            row_ok = math.log(threshold[0]) <= -agg <= math.log(threshold[1]) if stat == "k1" else agg <= threshold
             ok = [row_ok and v is not None for v in vals]
         out.append(ok)
     return out
