@@ -162,10 +162,15 @@ class GRPOCLI(LightningCLI):
                 datamodule.setup("fit")
             for callback in self.trainer.callbacks:
                 if isinstance(callback, RolloutCallback):
-                    check_fit_config(self.trainer, self.model, callback, datamodule)
-        except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
+                    check_fit_config(self.trainer, self.model, callback, datamodule, self._recipes())
+        except (ValueError, TypeError, FileNotFoundError, ImportError, ConnectionError) as err:
             raise mark(err)
 
+
+    def _recipes(self) -> list[str]:
+        """The config files given with ``-c`` (their headers may say how to make what the run needs)."""
+        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        return [str(getattr(p, "absolute", None) or p) for p in (config.get("config") or []) if p is not None]
 
     def _resolve_last_checkpoint(self) -> None:
         """``ckpt_path: last``: the newest ``version_*/checkpoints/last.ckpt`` (else the newest ``.ckpt``)
