@@ -28,7 +28,9 @@ names the option as written in a recipe (``data.batch_size``, ``model.advantage`
 * the optimizer: it accepts its arguments and its learning rate is > 0;
 * rollout ranges: ``forward_rows >= 1``, ``val_samples >= 0``, ``val_pass_k`` in 1..``val_samples``;
 * pre-flight (:mod:`lightning_grpo.preflight`): every server the run talks to (vLLM servers,
-  environment servers, judges) accepts a connection, and every teacher folder exists.
+  environment servers, judges) accepts a connection, and every teacher folder exists;
+* the rewards: every reward function runs on stand-in completions of the first training rows
+  (:mod:`lightning_grpo.data.reward_probe`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,17 @@ def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any =
             dm.setup("fit")
         check_lengths(dm, module, callback)
         check_vocabulary(dm, module)
+        check_rewards(dm, callback)
+
+
+def check_rewards(dm: Any, callback: Any) -> None:
+    """Every reward function runs on stand-in completions of real rows (:mod:`~lightning_grpo.data.reward_probe`);
+    not for a callback that scores its own way (``score``: episodes, whose columns come from the environment)."""
+    if getattr(callback, "score", None) is not None or getattr(dm, "tokenizer", None) is None:
+        return
+    from .data.reward_probe import probe_rewards
+
+    probe_rewards(callback.reward_set, dm.train_records, dm.tokenizer)
 
 
 # ------------------------------------------------------------------------------------ engine
