@@ -68,3 +68,14 @@ def test_ckpt_path_last_without_a_checkpoint_refuses_to_start_fresh(tmp_path, ca
         "(searched version_*/checkpoints/*.ckpt); drop --ckpt_path to start a fresh run"
     ), err
     assert not run_folder.exists()
+
+
+def test_non_utf8_file_in_a_dataset_folder_names_the_file(tmp_path):
+    from lightning_grpo.data.sources import HubDataset
+
+    folder = tmp_path / "qa"
+    folder.mkdir()
+    (folder / "train.jsonl").write_bytes(b'{"prompt": "12=", "answer": "3"}\n' + _BAD_LINE)
+    dm = PromptDataModule(source=HubDataset(str(folder)), batch_size=1)
+    with pytest.raises(ValueError, match=rf"^data.source.path: {folder / 'train.jsonl'} is not UTF-8 text: byte 0xe9 at offset 48 \(line 2\)"):
+        dm.setup("fit")

@@ -301,6 +301,11 @@ class HubDataset(DataSource):
     def _load_split(self, split: str, field: str) -> Any:
         import datasets
 
+        local = Path(self._load_path)
+        if local.is_dir() and self.data_files is None:  # a folder of data files: name the one that is not UTF-8
+            suffixes = {s for s, builder in SUPPORTED_EXTENSIONS.items() if builder in TEXT_BUILDERS}
+            for path in sorted(p for p in local.rglob("*") if p.suffix.lower() in suffixes and p.is_file()):
+                check_utf8(str(path), "data.source.path")
         try:
             return datasets.load_dataset(
                 self._load_path, self.name, split=split, revision=self.revision, data_files=self.data_files,
