@@ -11,7 +11,7 @@ Two calling conventions (:attr:`RewardSpec.convention`):
   ``[{"role": "assistant", "content": text}]``; the other columns as in ours (without TRL's
   ``trainer_state``). Picked for functions with a ``prompts`` parameter or from the ``trl`` package,
   and, as TRL reads the format from the data, for a batch whose prompts are chat messages (the
-  package's own registered rewards excepted: they read text).
+  package's own rewards excepted: they read text).
 
 A function may return ``None`` for a sample it does not apply to (TRL's convention): the sample is
 left out of that function's logged mean and std and counts 0 in the weighted sum (TRL's
@@ -64,7 +64,7 @@ class RewardSpec:
     ``GRPOTrainer`` calls it, ``fn(prompts=, completions=, completion_ids=, **columns)`` (chat
     completions as message lists); ``"auto"``: ``"trl"`` for a function with a ``prompts``
     parameter or from the ``trl`` package, or for a batch whose prompts are chat messages (as TRL
-    infers the format from the data; not for the registered built-ins), else ``"columns"``."""
+    infers the format from the data; not for the package's own rewards), else ``"columns"``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
