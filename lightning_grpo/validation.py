@@ -26,7 +26,11 @@ names the option as written in a recipe (``data.batch_size``, ``model.advantage`
 * LoRA: ``model.lora`` rank, alpha and dropout in range, its peft config valid, and its
   ``target_modules`` present in the policy's architecture (matched on an empty ``meta`` copy);
 * the optimizer: it accepts its arguments and its learning rate is > 0;
-* rollout ranges: ``forward_rows >= 1``, ``val_samples >= 0``, ``val_pass_k`` in 1..``val_samples``.
+* rollout ranges: ``forward_rows >= 1``, ``val_samples >= 0``, ``val_pass_k`` in 1..``val_samples``;
+* pre-flight (:mod:`lightning_grpo.preflight`): every server the run talks to (vLLM servers,
+  environment servers, judges) accepts a connection, and every teacher folder exists;
+* the rewards: every reward function runs on stand-in completions of the first training rows
+  (:mod:`lightning_grpo.data.reward_probe`).
 """
 
 from __future__ import annotations
@@ -37,21 +41,23 @@ import json
 import sys
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
 from .core import ADVANTAGES
 from .model_checks import check_lora, check_loss
+from .preflight import check_external
 
 CB = "rollout"
 
 
-def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any = None) -> None:
+def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any = None, recipes: Sequence[Any] = ()) -> None:
     """Raise on the first inconsistent or out-of-range option of the run (see the module docstring).
 
     ``datamodule``: the run's data module, when the trainer does not hold it yet (before
     ``trainer.fit``); a data module that is not set up yet is set up here for the data checks.
+    ``recipes``: the run's config files (their headers may name the command that makes a teacher).
     """
     dm = datamodule if datamodule is not None else getattr(trainer, "datamodule", None)
     check_engine(module, callback)
@@ -62,11 +68,23 @@ def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any =
     check_loss(module)
     check_lora(module)
     check_optimizer(module)
+    check_external(module, callback, recipes)
     if dm is not None and hasattr(dm, "train_records"):
         if dm.train_records is None:
             dm.setup("fit")
         check_lengths(dm, module, callback)
         check_vocabulary(dm, module)
+        check_rewards(dm, callback)
+
+
+def check_rewards(dm: Any, callback: Any) -> None:
+    """Every reward function runs on stand-in completions of real rows (:mod:`~lightning_grpo.data.reward_probe`);
+    not for a callback that scores its own way (``score``: episodes, whose columns come from the environment)."""
+    if getattr(callback, "score", None) is not None or getattr(dm, "tokenizer", None) is None:
+        return
+    from .data.reward_probe import probe_rewards
+
+    probe_rewards(callback.reward_set, dm.train_records, dm.tokenizer)
 
 
 # ------------------------------------------------------------------------------------ engine

@@ -13,6 +13,7 @@ as one line (:mod:`lightning_grpo.cli.errors`), and the fit-time checks run befo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -46,11 +47,34 @@ class GRPOArgumentParser(LightningArgumentParser):
         self._logger.error(message)
         print_and_exit(condense(message, getattr(ex, "subcommand_parser", None) or self))
 
+    def _load_config_parser_mode(self, content: str, path: Any = "", *args: Any, **kwargs: Any) -> Any:
+        """jsonargparse's YAML load, whose error names ``<unicode string>``: name the file instead."""
+        try:
+            return super()._load_config_parser_mode(content, path, *args, **kwargs)
+        except TypeError as err:
+            where = os.path.abspath(str(path))  # jsonargparse passes the file's name, from inside its folder
+            if path and err.__cause__ is not None and (text := yaml_error(where, err.__cause__, content)):
+                raise TypeError(text) from err.__cause__
+            raise
+
     def format_help(self) -> str:
         text = super().format_help()
         if ROLLOUT_KEY in getattr(self, "callback_keys", []):
             text += "\n" + rollout_options_help()
         return text
+
+
+def yaml_error(path: str, err: BaseException, content: str) -> str | None:
+    """``<path>, line L, column C: <the problem>`` for a YAML error with a position, else None."""
+    mark = getattr(err, "problem_mark", None)
+    if mark is None:
+        return None
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    lines = content.splitlines()
+    line = lines[mark.line] if mark.line < len(lines) else ""
+    if line[mark.column : mark.column + 1] == "\t":
+        problem += " (a tab: YAML indents with spaces, not tabs)"
+    return f"{path}, line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
 def rollout_options_help() -> str:
@@ -138,29 +162,47 @@ class GRPOCLI(LightningCLI):
                 datamodule.setup("fit")
             for callback in self.trainer.callbacks:
                 if isinstance(callback, RolloutCallback):
-                    check_fit_config(self.trainer, self.model, callback, datamodule)
-        except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
+                    check_fit_config(self.trainer, self.model, callback, datamodule, self._recipes())
+        except (ValueError, TypeError, FileNotFoundError, ImportError, ConnectionError) as err:
             raise mark(err)
 
+
+    def _recipes(self) -> list[str]:
+        """The config files given with ``-c`` (their headers may say how to make what the run needs)."""
+        config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        return [str(getattr(p, "absolute", None) or p) for p in (config.get("config") or []) if p is not None]
 
     def _resolve_last_checkpoint(self) -> None:
         """``ckpt_path: last``: the newest ``version_*/checkpoints/last.ckpt`` (else the newest ``.ckpt``)
         in the logger's run folder (``runs/<name>``), written into the saved config.yaml too.
-        Lightning alone looks in the new version's own (empty) folder. None found: Lightning's
-        behaviour (a warning, then a fresh start)."""
+        Lightning alone looks in the new version's own (empty) folder. None found: an error (Lightning
+        would warn and train from scratch, which a resume should not do silently), unless a
+        ModelCheckpoint's own ``dirpath`` holds a ``last*.ckpt`` (then Lightning resolves it)."""
         from ..export import ExportError, find_checkpoint
 
         config, config_init = self.config[self.subcommand], self.config_init[self.subcommand]
+        if config.get("ckpt_path") != "last":
+            return
         logger = self.trainer.logger
         root = getattr(logger, "root_dir", None) if logger is not None else None
-        if config.get("ckpt_path") != "last" or root is None or not Path(root).is_dir():
-            return
+        root = Path(root if root is not None else self.trainer.default_root_dir)
         try:
             found = str(find_checkpoint(root))
         except ExportError:
-            return
+            if self._checkpoint_dirpath_has_last():
+                return
+            raise mark(FileNotFoundError(
+                f"--ckpt_path last: no checkpoint to resume in {root} (searched version_*/checkpoints/*.ckpt); "
+                "drop --ckpt_path to start a fresh run"
+            )) from None
         config["ckpt_path"] = config_init["ckpt_path"] = found
         rank_zero_info(f"--ckpt_path last: resuming from {found}")
+
+    def _checkpoint_dirpath_has_last(self) -> bool:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        folders = [Path(cb.dirpath) for cb in self.trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
+        return any(any(folder.glob("last*.ckpt")) for folder in folders if folder.is_dir())
 
 
 def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = GRPOCLI) -> LightningCLI:

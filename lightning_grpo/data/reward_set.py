@@ -9,7 +9,13 @@ Two calling conventions (:attr:`RewardSpec.convention`):
   ``trl.GRPOTrainer`` calls it: ``prompts`` the prompt column as the data holds it (text, or chat
   messages), ``completions`` the texts, or for chat-message prompts each text as
   ``[{"role": "assistant", "content": text}]``; the other columns as in ours (without TRL's
-  ``trainer_state``). Picked for functions with a ``prompts`` parameter or from the ``trl`` package.
+  ``trainer_state``). Picked for functions with a ``prompts`` parameter or from the ``trl`` package,
+  and, as TRL reads the format from the data, for a batch whose prompts are chat messages (the
+  package's own rewards excepted: they read text).
+
+A function may return ``None`` for a sample it does not apply to (TRL's convention): the sample is
+left out of that function's logged mean and std and counts 0 in the weighted sum (TRL's
+``nansum``); a sample no function applies to scores 0, with a warning.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import math
 import numbers
 import re
 import threading
+import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
@@ -56,7 +63,8 @@ class RewardSpec:
     """How the function is called: ``"columns"`` ``fn(completions, **columns)``; ``"trl"`` as TRL's
     ``GRPOTrainer`` calls it, ``fn(prompts=, completions=, completion_ids=, **columns)`` (chat
     completions as message lists); ``"auto"``: ``"trl"`` for a function with a ``prompts``
-    parameter or from the ``trl`` package, else ``"columns"``."""
+    parameter or from the ``trl`` package, or for a batch whose prompts are chat messages (as TRL
+    infers the format from the data; not for the package's own rewards), else ``"columns"``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
@@ -91,12 +99,21 @@ class RewardScores:
     """``[R]`` the functions' log names."""
     timed_out: list[bool]
     """``[R]`` whether function r timed out on this batch (and was scored 0)."""
+    applicable: torch.Tensor | None = None
+    """``[B, R]`` bool: False where function r returned ``None`` (its score there is 0); None = all True."""
 
     def metrics(self, prefix: str = "reward/") -> dict[str, float]:
-        """``{prefix}{name}/mean`` and ``/std`` (population) per function, ``/timeout`` if it timed out."""
+        """``{prefix}{name}/mean`` and ``/std`` (population) per function over the samples it applies
+        to (TRL's ``nanmean``; left out when it applies to none), ``/applicable`` (the fraction it
+        applies to) when it returned ``None``, ``/timeout`` if it timed out."""
         out: dict[str, float] = {}
         for r, name in enumerate(self.names):
             col = self.rewards[:, r]  # [B]
+            if self.applicable is not None and not bool(self.applicable[:, r].all()):
+                out[f"{prefix}{name}/applicable"] = self.applicable[:, r].float().mean().item()
+                col = col[self.applicable[:, r]]  # [B'] the samples it scored
+                if not col.numel():
+                    continue
             out[f"{prefix}{name}/mean"] = col.mean().item() if col.numel() else 0.0
             out[f"{prefix}{name}/std"] = col.std(correction=0).item() if col.numel() else 0.0
             if self.timed_out[r]:
@@ -150,15 +167,18 @@ class _Params(NamedTuple):
     accepts: set[str]  # every keyword it takes (``named`` + TRL's ``prompts`` / ``completions``)
 
 
-def _uses_trl(fn: RewardFn, convention: str) -> bool:
-    """Whether ``fn`` is called TRL's way (see :attr:`RewardSpec.convention`)."""
-    if convention != "auto":
-        return convention == "trl"
+def _uses_trl(spec: RewardSpec, fn: RewardFn) -> bool | None:
+    """Whether ``fn`` is called TRL's way (see :attr:`RewardSpec.convention`); None: as the data
+    says (TRL's way when a batch's prompts are chat messages)."""
+    if spec.convention != "auto":
+        return spec.convention == "trl"
     module = getattr(fn, "__module__", None) or ""
     if module == "trl" or module.startswith("trl."):
         return True
+    if module == "lightning_grpo" or module.startswith("lightning_grpo."):  # the package's own rewards read text
+        return False
     try:
-        return "prompts" in inspect.signature(fn).parameters
+        return True if "prompts" in inspect.signature(fn).parameters else None
     except (TypeError, ValueError):
         return False
 
@@ -192,8 +212,9 @@ class RewardSet:
         duplicates = sorted({n for n in self.names if self.names.count(n) > 1})
         if duplicates:
             raise ValueError(f"reward names must be unique; give an alias to the repeated {duplicates}")
-        self._trl = [_uses_trl(fn, spec.convention) for spec, fn in zip(self.specs, self.fns)]
-        self._params = [_params(fn, trl) for fn, trl in zip(self.fns, self._trl)]
+        self._trl = [_uses_trl(spec, fn) for spec, fn in zip(self.specs, self.fns)]
+        self._params = [_params(fn, bool(trl)) for fn, trl in zip(self.fns, self._trl)]
+        self._trl_params = [_params(fn, True) if trl is None else p for fn, trl, p in zip(self.fns, self._trl, self._params)]
         for spec, fn, params in zip(self.specs, self.fns, self._params):
             unknown = sorted(set(spec.kwargs) - params.named) if params else []
             if unknown:
@@ -233,7 +254,8 @@ class RewardSet:
                 raise ValueError(
                     f"column {key!r} has {size} entries for {batch} completions; expected one per completion"
                 )
-        for spec, params, trl in zip(self.specs, self._params, self._trl):
+        for r, spec in enumerate(self.specs):
+            trl, params = self._convention(r, columns)
             if trl and RAW_PROMPT not in columns and "prompt" not in columns:
                 raise ValueError(
                     f"reward {spec.label!r} is called TRL's way (prompts, completions, ...), but the columns "
@@ -255,19 +277,42 @@ class RewardSet:
         columns = dict(columns or {})
         self._check_inputs(completions, columns)
         scores: list[list[float]] = []
+        applies: list[list[bool]] = []
         timed_out: list[bool] = []
         for r in range(len(self.specs)):
-            values, expired = self._score_one(r, completions, columns)
+            values, applicable, expired = self._score_one(r, completions, columns)
             scores.append(values)
+            applies.append(applicable)
             timed_out.append(expired)
-        rewards = torch.tensor(scores, dtype=torch.float32).reshape(len(scores), len(completions)).T  # [B, R]
-        return RewardScores(rewards.contiguous(), self.weights.clone(), list(self.names), timed_out)
+        shape = (len(scores), len(completions))
+        rewards = torch.tensor(scores, dtype=torch.float32).reshape(shape).T  # [B, R]
+        applicable = torch.tensor(applies, dtype=torch.bool).reshape(shape).T  # [B, R]
+        unscored = (~applicable).all(dim=1).nonzero().flatten().tolist()
+        if unscored:
+            i = unscored[0]
+            warnings.warn(
+                f"every reward function returned None for sample {i} (completion {_prefix(completions[i])}): it scores 0 "
+                f"in the weighted sum, as in TRL ({len(unscored)} such sample(s) in this batch); make at least one "
+                "function score every sample",
+                stacklevel=2,
+            )
+        return RewardScores(rewards.contiguous(), self.weights.clone(), list(self.names), timed_out, applicable.contiguous())
+
+    def _convention(self, r: int, columns: Mapping[str, Any]) -> tuple[bool, _Params | None]:
+        """(called TRL's way, its signature summary) of function ``r`` for a batch with ``columns``:
+        an ``auto`` function without TRL's markers goes TRL's way when the prompts are chat messages."""
+        trl = self._trl[r]
+        if trl is None:
+            prompts = columns.get(RAW_PROMPT, columns.get("prompt"))
+            first = prompts[0] if prompts is not None and len(prompts) else None
+            trl = isinstance(first, list) and bool(first) and is_chat(first)
+        return trl, self._trl_params[r] if trl else self._params[r]
 
     def _arguments(self, r: int, completions: list[str], columns: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         """(args, kwargs) of reward function ``r`` for a batch, in its convention; a function
         without ``**columns`` receives only the columns it names."""
-        params = self._params[r]
-        if self._trl[r]:
+        trl, params = self._convention(r, columns)
+        if trl:
             prompts = list(columns[RAW_PROMPT] if RAW_PROMPT in columns else columns["prompt"])
             texts = [[{"role": "assistant", "content": t}] if is_chat(p) else t for p, t in zip(prompts, completions)]
             rest = {k: v for k, v in columns.items() if k not in (RAW_PROMPT, "prompt", *TRL_ARGS)}
@@ -278,7 +323,7 @@ class RewardSet:
             kwargs = {k: v for k, v in kwargs.items() if k in params.accepts}
         return args, {**kwargs, **self.specs[r].kwargs}
 
-    def _score_one(self, r: int, completions: list[str], columns: dict[str, Any]) -> tuple[list[float], bool]:
+    def _score_one(self, r: int, completions: list[str], columns: dict[str, Any]) -> tuple[list[float], list[bool], bool]:
         spec, fn = self.specs[r], self.fns[r]
         try:
             out = call_with_timeout(fn, spec.timeout_s, *self._arguments(r, completions, columns))
@@ -289,12 +334,12 @@ class RewardSet:
                     f"of {len(completions)} completions (set on_timeout='zero' to score 0 instead)"
                 ) from None
             self.timeout_counts[spec.label] += 1
-            return [0.0] * len(completions), True
+            return [0.0] * len(completions), [True] * len(completions), True
         except RewardError as err:  # the function named the failing sample itself (llm_judge, reward_model)
             raise RewardError(f"reward function {spec.label!r}: {err}") from err
         except Exception as err:
             raise self._locate_failure(r, completions, columns, err) from err
-        return self._check_output(spec.label, out, completions), False
+        return *self._check_output(spec.label, out, completions), False
 
     def _locate_failure(self, r: int, completions: list[str], columns: dict[str, Any], err: Exception) -> RewardError:
         """Re-run the failed call one completion at a time to name the first sample that fails."""
@@ -316,7 +361,8 @@ class RewardSet:
         )
 
     @staticmethod
-    def _check_output(label: str, out: Any, completions: list[str]) -> list[float]:
+    def _check_output(label: str, out: Any, completions: list[str]) -> tuple[list[float], list[bool]]:
+        """(scores, applicable): ``None`` (not applicable, TRL's convention) scores 0 and is not applicable."""
         if isinstance(out, torch.Tensor):
             out = out.tolist()
         expected = len(completions)
@@ -328,8 +374,12 @@ class RewardSet:
             raise RewardError(
                 f"reward function {label!r} returned the wrong number of scores: expected {expected}, got {len(out)}"
             )
-        values = []
+        values, applicable = [], []
         for i, v in enumerate(out):
+            applicable.append(v is not None)
+            if v is None:
+                values.append(0.0)
+                continue
             if not isinstance(v, numbers.Real):
                 raise RewardError(
                     f"reward function {label!r} returned a non-number {v!r} ({type(v).__name__}) at index {i} "
@@ -341,4 +391,4 @@ class RewardSet:
                     f"(completion {_prefix(completions[i])}); scores must be finite"
                 )
             values.append(float(v))
-        return values
+        return values, applicable

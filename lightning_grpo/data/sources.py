@@ -38,6 +38,7 @@ The contract for a new source (e.g. a procedural task generator):
 
 from __future__ import annotations
 
+import codecs
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -91,10 +92,40 @@ def check_files(files: str | Sequence[str] | None, field: str) -> tuple[str, lis
     return builders.pop(), [str(p) for p in paths]
 
 
-def read_files(builder: str, paths: list[str], cache_dir: str | None) -> list[dict[str, Any]]:
+#: Builders of text formats, whose files must be UTF-8 (``datasets`` reads them so).
+TEXT_BUILDERS = ("json", "csv")
+
+
+def check_utf8(path: str, field: str, chunk_bytes: int = 1 << 20) -> None:
+    """Raise naming ``field``, the file, the byte offset and the line of the first byte that is not
+    UTF-8 (``datasets`` reports it without the file, or not at all); the file is read in chunks."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, lines = 0, 0  # bytes and newlines before the current chunk
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(chunk_bytes)
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as err:
+                pending = len(err.object) - len(chunk)  # an unfinished character carried over (no newline in it)
+                at = offset - pending + err.start
+                line = lines + err.object[: err.start].count(b"\n") + 1
+                raise ValueError(
+                    f"{field}: {path} is not UTF-8 text: byte 0x{err.object[err.start]:02x} at offset {at} (line {line}); "
+                    "re-save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+                ) from None
+            if not chunk:
+                return
+            offset, lines = offset + len(chunk), lines + chunk.count(b"\n")
+
+
+def read_files(builder: str, paths: list[str], cache_dir: str | None, field: str = "data files") -> list[dict[str, Any]]:
     """The rows of data files of one type, read with ``datasets.load_dataset(builder)``."""
     import datasets
 
+    if builder in TEXT_BUILDERS:
+        for path in paths:
+            check_utf8(path, field)
     source = paths[0] if len(paths) == 1 else str(paths)
     try:
         data = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir)
@@ -118,11 +149,11 @@ class FileSplit:
 
     def __init__(self, files: str | list[str], field: str, cache_dir: str | None = None) -> None:
         self.builder, self.paths = check_files(files, field)
-        self.cache_dir = cache_dir
+        self.cache_dir, self.field = cache_dir, field
         self.name = f"{field} {self.paths[0]}" if len(self.paths) == 1 else f"{field} {self.paths}"
 
     def rows(self) -> list[dict[str, Any]]:
-        return read_files(self.builder, self.paths, self.cache_dir)
+        return read_files(self.builder, self.paths, self.cache_dir, self.field)
 
 
 class RowsSplit:
@@ -270,6 +301,11 @@ class HubDataset(DataSource):
     def _load_split(self, split: str, field: str) -> Any:
         import datasets
 
+        local = Path(self._load_path)
+        if local.is_dir() and self.data_files is None:  # a folder of data files: name the one that is not UTF-8
+            suffixes = {s for s, builder in SUPPORTED_EXTENSIONS.items() if builder in TEXT_BUILDERS}
+            for path in sorted(p for p in local.rglob("*") if p.suffix.lower() in suffixes and p.is_file()):
+                check_utf8(str(path), "data.source.path")
         try:
             return datasets.load_dataset(
                 self._load_path, self.name, split=split, revision=self.revision, data_files=self.data_files,

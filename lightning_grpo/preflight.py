@@ -1,0 +1,133 @@
+"""Pre-flight: what a run depends on outside itself, checked before any engine starts.
+
+:func:`check_external` (run by :func:`~lightning_grpo.validation.check_fit_config`) opens a TCP
+connection to every server the run will talk to and looks for every folder it will load from, so
+that an unreachable server or a missing folder is one line at start-up (the URL or the path, and
+what to do) rather than a failure after the engine started:
+
+* ``rollout.vllm_args.urls`` (``engine: vllm_server`` with servers you run);
+* ``rollout.environment_args.base_url`` (or any ``*_url`` there: an OpenEnv server, ...);
+* reward objects with a ``url`` / ``base_url`` (``llm_judge``, a reward-model server of your own);
+* distillation teachers given as folders (``model.distillation.teacher``): a missing folder names
+  the command that makes it, read from the recipe's header when it has one (as
+  ``recipes/distill_quickstart.yaml``'s does).
+
+A TCP connection only says that something listens: a server that answers badly still fails later,
+with its own error. Each connection waits at most :data:`CONNECT_TIMEOUT_S` seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import urllib.parse
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+#: Seconds one connection attempt may take (a refused connection answers at once).
+CONNECT_TIMEOUT_S = 3.0
+_DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
+
+
+def check_external(module: Any, callback: Any, recipes: Sequence[str | Path] = ()) -> None:
+    """Raise on the first server that cannot be reached or teacher folder that is missing.
+
+    ``recipes``: the run's config files (the CLI's ``-c``), searched for the command that makes a
+    missing teacher folder."""
+    for field, url, remedy in servers(callback):
+        problem = unreachable(url)
+        if problem:
+            raise ConnectionError(f"{field}: {url} {problem}: {remedy}")
+    check_teachers(module, recipes)
+
+
+# ------------------------------------------------------------------------------------ servers
+def servers(callback: Any) -> Iterator[tuple[str, str, str]]:
+    """(field, URL, what to do when it is down) of every server the run's rollout talks to."""
+    if callback.engine is None and callback.engine_name == "vllm_server":
+        for url in callback.vllm_args.get("urls") or []:
+            yield ("rollout.vllm_args.urls", str(url),
+                   "start the vLLM server first (docs/distributed.md), or drop vllm_args.urls to have the run start its own")  # fmt: skip
+    for key, value in (getattr(callback, "environment_args", None) or {}).items():
+        if key == "url" or key.endswith("_url"):
+            yield (f"rollout.environment_args.{key}", str(value),
+                   "start the environment's server first (docs/environments.md) and check the port")  # fmt: skip
+    reward_set = getattr(callback, "reward_set", None)
+    for i, (spec, fn) in enumerate(zip(reward_set.specs, reward_set.fns) if reward_set is not None else ()):
+        url = getattr(fn, "base_url", None) or getattr(fn, "url", None)
+        if isinstance(url, str) and url.startswith(("http://", "https://")):
+            yield (f"rollout.rewards[{i}] ({spec.label})", url,
+                   "start the reward's server first (docs/reward_models.md) and check its base_url")  # fmt: skip
+
+
+def unreachable(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+    """Why no TCP connection opens to ``url``'s host and port, or None when one does."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:
+        return "has a port that is not a number"
+    if not parts.hostname or port is None:
+        return "names no host (expected scheme://host:port)"
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return None
+    except socket.gaierror:
+        return f"is unknown: the host name {parts.hostname!r} does not resolve"
+    except ConnectionRefusedError:
+        return "refused the connection (nothing listens there)"
+    except (socket.timeout, TimeoutError):
+        return f"did not answer within {timeout_s:g} s"
+    except OSError as err:
+        return f"cannot be reached ({err.strerror or err})"
+
+
+# ----------------------------------------------------------------------------------- teachers
+def check_teachers(module: Any, recipes: Sequence[str | Path] = ()) -> None:
+    """Every teacher given as a folder (or ``adapter:<folder>``) exists."""
+    distiller = getattr(module, "distiller", None)
+    if distiller is None:
+        return
+    named = distiller.settings.named_teachers
+    for name, spec in named.items():
+        if not isinstance(spec, str) or spec == "base" or spec.startswith("tiny:"):
+            continue
+        where = "model.distillation.teacher" + (f"[{name!r}]" if len(named) > 1 else "")
+        folder = spec.split(":", 1)[1] if spec.startswith("adapter:") else spec
+        if Path(folder).expanduser().is_dir():
+            continue
+        command = making_command(folder, recipes)
+        if command is None and not _looks_local(folder):
+            continue  # a hub name 'org/name'
+        what = "an adapter folder" if spec.startswith("adapter:") else "a model folder"
+        todo = f"make it first: {command}" if command else (
+            "make it first, e.g. train a teacher with --trainer.callbacks+=lightning_grpo.SavePretrained "
+            f"--trainer.callbacks.dirpath={folder}, or give a hub name 'org/name'"
+        )  # fmt: skip
+        raise FileNotFoundError(f"{where}: {folder} does not exist (expected {what}); {todo}")
+
+
+def _looks_local(source: str) -> bool:
+    """A path rather than a hub name ``org/name`` (the rule ``Distiller`` loads teachers by)."""
+    parts = Path(source).parts
+    return source.startswith((".", "/", "~")) or source.count("/") != 1 or (bool(parts) and Path(parts[0]).is_dir())
+
+
+def making_command(folder: str, recipes: Sequence[str | Path]) -> str | None:
+    """The ``lightning-grpo ...`` command in a recipe's header comments that writes ``folder``
+    (continuation lines joined), or None."""
+    for recipe in recipes:
+        try:
+            lines = Path(recipe).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        header = []
+        for line in lines:
+            if not line.startswith("#"):
+                break
+            header.append(line.lstrip("#").strip())
+        text = re.sub(r"\s*\\\s*\n\s*", " ", "\n".join(header))  # join "\"-continued lines
+        for line in text.splitlines():
+            if line.startswith("lightning-grpo ") and re.search(rf"=\s*{re.escape(folder.rstrip('/'))}/?(\s|$)", line):
+                return line
+    return None
