@@ -62,20 +62,27 @@ def export_info(module: Any, tokenizer: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- finding the source
 def find_checkpoint(source: str | Path) -> Path:
     """The checkpoint ``source`` names: a ``.ckpt`` file, a distributed checkpoint folder, a version
-    folder's ``checkpoints/last.ckpt`` (else its newest ``.ckpt``), or a run folder's latest version."""
+    folder's ``checkpoints/last.ckpt`` (else its newest ``.ckpt``), or a run folder's latest version
+    that kept one (:func:`locate_checkpoint` also names the newer versions it skipped)."""
+    return locate_checkpoint(source)[0]
+
+
+def locate_checkpoint(source: str | Path) -> tuple[Path, list[Path]]:
+    """(:func:`find_checkpoint`, the newer version folders of a run folder that hold no checkpoint:
+    runs that failed or stopped before their first save, newest first)."""
     path = Path(source)
     if not path.exists():
         raise ExportError(f"{path}: no such file or folder (expected a checkpoint or a run directory)")
     if path.is_file() or _is_distributed_checkpoint(path):
         if path.is_file() and not _is_torch_file(path):
             raise ExportError(f"{path} is not a Lightning checkpoint (expected a .ckpt file written by Trainer / ModelCheckpoint)")
-        return path
+        return path, []
     versions = [path] if (path / "checkpoints").is_dir() else sorted(
         path.glob("version_*"), key=lambda p: int(re.sub(r"\D", "", p.name) or -1), reverse=True)  # fmt: skip
-    for version in versions:
+    for i, version in enumerate(versions):
         found = _checkpoint_in(version / "checkpoints")
         if found is not None:
-            return found
+            return found, versions[:i]
     if versions or (path / "metrics.csv").is_file():
         raise ExportError(
             f"run directory {path} holds no checkpoint (no checkpoints/*.ckpt): the run kept none. Recipes keep "
@@ -108,10 +115,10 @@ def _is_torch_file(path: Path) -> bool:
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     """(the policy's state dict without its ``policy.`` prefix, the export info, the module's hparams)."""
     if path.is_dir():
-        meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=False)
+        meta = _safe_load(path / "meta.pt")
         state = _load_distributed_state(path)
     else:
-        meta = torch.load(path, map_location="cpu", weights_only=False)
+        meta = _safe_load(path)
         state = meta.get("state_dict") if isinstance(meta, dict) else None
     if not isinstance(meta, dict) or not isinstance(state, dict):
         raise ExportError(f"{path} is not a Lightning checkpoint (no state_dict)")
@@ -125,6 +132,51 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
             "resume it for one step (--ckpt_path) to write a new checkpoint, then export that"
         )
     return policy, info, dict(meta.get("hyper_parameters") or {})
+
+
+def _safe_globals() -> list[Any]:
+    """The classes a GRPOModule checkpoint legitimately pickles besides tensors and builtins: its
+    settings dataclasses (Python API hyper_parameters), paths, and transformers' quantisation enum
+    (in the stored config of QLoRA checkpoints written before the settings were kept apart)."""
+    import pathlib
+
+    from .lora import LoraSettings
+    from .quantization import QuantizationSettings
+
+    allowed: list[Any] = [LoraSettings, QuantizationSettings, pathlib.PosixPath, pathlib.PurePosixPath,
+                          pathlib.WindowsPath, pathlib.PureWindowsPath]  # fmt: skip
+    try:
+        from transformers.utils.quantization_config import QuantizationMethod
+
+        allowed.append(QuantizationMethod)
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    return allowed
+
+
+def _safe_load(path: Path) -> Any:
+    """``torch.load(weights_only=True)``: tensors, containers and the allowed classes only, so loading a
+    file never runs code it carries; anything else is refused with the globals it names."""
+    import pickle
+
+    from torch.serialization import get_unsafe_globals_in_checkpoint, safe_globals
+
+    allowed = _safe_globals()
+    try:
+        with safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        known = {f"{c.__module__}.{c.__qualname__}" for c in allowed}
+        try:
+            refused = [g for g in get_unsafe_globals_in_checkpoint(path) if g not in known]
+        except Exception:  # noqa: BLE001 - the message below still names the file
+            refused = []
+        names = ", ".join(refused) if refused else str(err).splitlines()[0]
+        raise ExportError(
+            f"{path} holds objects that loading would run code for ({names}); export loads checkpoints with "
+            "torch.load(weights_only=True) and refuses such files. A GRPOModule checkpoint holds none: re-save "
+            "the run's checkpoint from its training code if you trust where this file came from"
+        ) from None
 
 
 def _load_distributed_state(path: Path) -> dict[str, torch.Tensor]:
