@@ -42,18 +42,19 @@ def vllm_reads(folder: Path) -> None:
     assert config.quantization is None, config.quantization
 
 
-def vllm_serves_the_policy(engine, folder: Path, built, run_dir: Path, min_accuracy: float) -> float:
-    """The folder's weights in the session's engine: the run's last held-out greedy accuracy exactly
-    (a trained policy, at least ``min_accuracy``: far from chance, so a broken export shows), and the
-    engine's log-probs of sampled completions are the trained policy's (1e-4; a stale or unmerged
-    weight gives > 1e-2). Returns the accuracy."""
+def vllm_serves_the_policy(engine, folder: Path | None, built, run_dir: Path, min_accuracy: float) -> float:
+    """The engine with the folder's weights (``folder`` None: the caller loaded them, or an adapter):
+    the run's last held-out greedy accuracy exactly (a trained policy, at least ``min_accuracy``: far
+    from chance, so a folder vLLM misreads shows), and the engine's log-probs of sampled completions
+    are the trained policy's (1e-4; a stale or unmerged weight gives far more). Returns the accuracy."""
     from safetensors.torch import load_file
 
     from lightning_grpo.rollout.base import SamplingConfig
 
     from tests.rollout import max_logprob_gap
 
-    engine.load_weights(list(load_file(folder / "model.safetensors").items()))
+    if folder is not None:
+        engine.load_weights(list(load_file(folder / "model.safetensors").items()))
     accuracy = greedy_accuracy(engine, built)
     assert accuracy == last_greedy_accuracy(run_dir) and accuracy >= min_accuracy, (accuracy, last_greedy_accuracy(run_dir))
     prompts = [r["prompt_ids"] for r in built.datamodule.val_records[:16]]
