@@ -45,9 +45,47 @@ def test_qlora_run_exports_a_dense_folder_that_serves_the_runs_accuracy(tmp_path
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     torch.testing.assert_close(sequence_logprobs(loaded, tokenizer), sequence_logprobs(policy, tokenizer), atol=1e-5, rtol=0)
     vllm_reads(out)
-    vllm_serves_the_policy(vllm_engine, out, built, run_dir, min_accuracy=0.8)
+    accuracy = vllm_serves_the_policy(vllm_engine, out, built, run_dir, min_accuracy=0.8)
+    print(f"\nQLoRA export served by vLLM: held-out greedy accuracy {accuracy:.2f} (the run's last evaluation)")
     # the engine factory's copy of the live policy is the same folder (one dequantise-and-save path)
     engine_dir = Path(_save_for_engine(policy, tokenizer))
     assert json.loads((engine_dir / "config.json").read_text()) == config
     engine_tensors = load_file(engine_dir / "model.safetensors")
     assert engine_tensors.keys() == tensors.keys() and all(torch.equal(engine_tensors[k], tensors[k]) for k in tensors)
+
+
+@pytest.mark.parametrize("written_by", ["this_version", "an_older_version"])
+def test_a_qlora_checkpoints_policy_is_rebuilt_4bit_and_exported_dense(tiny_model_path, tmp_path, written_by):
+    """build_policy on a QLoRA state dict gives the 4-bit policy as trained (every tensor equal); its
+    export computes what it computes (1e-5). Older checkpoints kept the settings only in the config's
+    ``quantization_config``: they rebuild the same."""
+    from types import SimpleNamespace
+
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightning_grpo import LoraSettings, QuantizationSettings
+    from lightning_grpo.export import build_policy, export_info, write_model_folder
+    from lightning_grpo.quantization import load_quantized
+
+    lora, quantization = LoraSettings(r=8, alpha=16, target_modules="all-linear"), QuantizationSettings()
+    base = load_quantized(str(tiny_model_path), "float32", quantization, torch.device("cpu"))
+    policy = get_peft_model(base, lora.to_peft())
+    with torch.no_grad():  # a trained adapter: B != 0
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
+    module = SimpleNamespace(policy=policy, lora=lora, quantization=quantization, model_source=None, hparams=SimpleNamespace(dtype="float32"))
+    info = export_info(module, None)
+    assert info["quantization"] == vars(quantization) and "quantization_config" not in info["config"]
+    if written_by == "an_older_version":
+        info = {**info, "quantization": None, "config": {**info["config"], "quantization_config": base.config.quantization_config.to_dict()}}
+    rebuilt = build_policy({k: v.clone() for k, v in policy.state_dict().items()}, info)
+    assert type(rebuilt.base_model.model.model.layers[1].self_attn.o_proj.base_layer).__name__ == "Linear4bit"
+    assert rebuilt.state_dict().keys() == policy.state_dict().keys()
+    assert all(torch.equal(rebuilt.state_dict()[k], v) for k, v in policy.state_dict().items())
+    out = write_model_folder(rebuilt, None, tmp_path / "model")
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    dense = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    torch.testing.assert_close(sequence_logprobs(dense, tokenizer), sequence_logprobs(policy, tokenizer), atol=1e-5, rtol=0)
