@@ -7,22 +7,29 @@ template. A LoRA policy is exported merged (``W + alpha / r * B A``, a plain mod
 ``adapter=True``, as its adapter alone in peft's format (``adapter_config.json``,
 ``adapter_model.safetensors``; ``modules_to_save`` included) next to the tokenizer.
 
+A QLoRA policy (4-bit base) is rebuilt in its 4-bit layout and exported dequantised and merged: a
+plain dense folder without ``quantization_config``, written by :func:`save_dense`, the same function
+that writes the vLLM engine's copy of a live policy.
+
 Checkpoints are self-describing: ``GRPOModule.on_save_checkpoint`` stores :func:`export_info`
-(the policy's config and generation config, the tokenizer's files, the LoRA settings) under
-``lightning_grpo_export``, so export needs neither the recipe nor the original model folder. It
-reads a Lightning ``.ckpt`` file (one device, DDP), a distributed checkpoint folder (FSDP2 through
+(the policy's config and generation config, the tokenizer's files, the LoRA and quantisation
+settings, the load dtype) under ``lightning_grpo_export``, so export needs neither the recipe nor
+the original model folder. It reads (:mod:`lightning_grpo.export_checkpoint`, with
+``torch.load(weights_only=True)``: a file whose pickle would run code is refused) a Lightning
+``.ckpt`` file (one device, DDP), a distributed checkpoint folder (FSDP2 through
 ``ModelParallelStrategy``), a run's version folder (``version_N/checkpoints/last.ckpt``) or a run
-folder (its latest version with a checkpoint). Every input is checked before anything is written;
-the folder is written next to its final place and renamed into it.
+folder (its newest version with a checkpoint; the command names it and the versions it skipped).
+Every input is checked before anything is written; the folder is written next to its final place
+and renamed into it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -30,12 +37,17 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-EXPORT_KEY = "lightning_grpo_export"
+from .export_checkpoint import (  # noqa: F401 - the reading half, re-exported
+    EXPORT_KEY,
+    ExportError,
+    build_policy,
+    find_checkpoint,
+    load_checkpoint,
+    locate_checkpoint,
+    tokenizer_from_files,
+)
+
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-class ExportError(ValueError):
-    """A source that holds no exportable policy, or an output folder that may not be written."""
 
 
 # ------------------------------------------------------------------------ stored in checkpoints
@@ -44,11 +56,14 @@ def export_info(module: Any, tokenizer: Any) -> dict[str, Any]:
     tokenizer's files (bytes; the chat template included), the LoRA settings and the model source."""
     policy = module.policy
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-    info: dict[str, Any] = {"model_source": getattr(module, "model_source", None), "lora": None, "tokenizer_files": {}}
+    info: dict[str, Any] = {"model_source": getattr(module, "model_source", None), "lora": None, "tokenizer_files": {},
+                            "quantization": None, "dtype": getattr(getattr(module, "hparams", None), "dtype", None)}  # fmt: skip
     if getattr(module, "lora", None) is not None:
         info["lora"] = asdict(module.lora)
+    if getattr(module, "quantization", None) is not None:  # QLoRA: the 4-bit layout is rebuilt from these on export
+        info["quantization"] = asdict(module.quantization)
     if hasattr(base, "config") and hasattr(base.config, "to_dict"):
-        info["config"] = base.config.to_dict()
+        info["config"] = {k: v for k, v in base.config.to_dict().items() if k != "quantization_config"}
     generation = getattr(base, "generation_config", None)
     if generation is not None and hasattr(generation, "to_dict"):
         info["generation_config"] = generation.to_dict()
@@ -57,141 +72,6 @@ def export_info(module: Any, tokenizer: Any) -> dict[str, Any]:
             tokenizer.save_pretrained(folder)
             info["tokenizer_files"] = {p.name: p.read_bytes() for p in Path(folder).iterdir() if p.is_file()}
     return info
-
-
-# --------------------------------------------------------------------------- finding the source
-def find_checkpoint(source: str | Path) -> Path:
-    """The checkpoint ``source`` names: a ``.ckpt`` file, a distributed checkpoint folder, a version
-    folder's ``checkpoints/last.ckpt`` (else its newest ``.ckpt``), or a run folder's latest version."""
-    path = Path(source)
-    if not path.exists():
-        raise ExportError(f"{path}: no such file or folder (expected a checkpoint or a run directory)")
-    if path.is_file() or _is_distributed_checkpoint(path):
-        if path.is_file() and not _is_torch_file(path):
-            raise ExportError(f"{path} is not a Lightning checkpoint (expected a .ckpt file written by Trainer / ModelCheckpoint)")
-        return path
-    versions = [path] if (path / "checkpoints").is_dir() else sorted(
-        path.glob("version_*"), key=lambda p: int(re.sub(r"\D", "", p.name) or -1), reverse=True)  # fmt: skip
-    for version in versions:
-        found = _checkpoint_in(version / "checkpoints")
-        if found is not None:
-            return found
-    if versions or (path / "metrics.csv").is_file():
-        raise ExportError(
-            f"run directory {path} holds no checkpoint (no checkpoints/*.ckpt): the run kept none. Recipes keep "
-            "last.ckpt with a ModelCheckpoint(save_last: true) in trainer.callbacks; or save the model during "
-            "training with the SavePretrained callback"
-        )
-    raise ExportError(f"{path} is neither a Lightning checkpoint nor a run directory (no version_*/checkpoints, no checkpoints/)")
-
-
-def _checkpoint_in(folder: Path) -> Path | None:
-    if not folder.is_dir():
-        return None
-    if (folder / "last.ckpt").exists():
-        return folder / "last.ckpt"
-    found = sorted(folder.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
-
-
-def _is_distributed_checkpoint(path: Path) -> bool:
-    return path.is_dir() and (path / ".metadata").is_file()
-
-
-def _is_torch_file(path: Path) -> bool:
-    with open(path, "rb") as f:
-        head = f.read(4)
-    return head.startswith(b"PK") or head[:1] == b"\x80"  # a zip (torch.save) or a legacy pickle
-
-
-# ---------------------------------------------------------------------------- reading the source
-def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    """(the policy's state dict without its ``policy.`` prefix, the export info, the module's hparams)."""
-    if path.is_dir():
-        meta = torch.load(path / "meta.pt", map_location="cpu", weights_only=False)
-        state = _load_distributed_state(path)
-    else:
-        meta = torch.load(path, map_location="cpu", weights_only=False)
-        state = meta.get("state_dict") if isinstance(meta, dict) else None
-    if not isinstance(meta, dict) or not isinstance(state, dict):
-        raise ExportError(f"{path} is not a Lightning checkpoint (no state_dict)")
-    policy = {k[len("policy.") :]: v for k, v in state.items() if k.startswith("policy.")}
-    if not policy:
-        raise ExportError(f"{path} holds no policy weights (no 'policy.*' in its state_dict): not a GRPOModule checkpoint")
-    info = meta.get(EXPORT_KEY)
-    if not isinstance(info, dict) or "config" not in info:
-        raise ExportError(
-            f"{path} was written before checkpoints carried their export information ({EXPORT_KEY}); "
-            "resume it for one step (--ckpt_path) to write a new checkpoint, then export that"
-        )
-    return policy, info, dict(meta.get("hyper_parameters") or {})
-
-
-def _load_distributed_state(path: Path) -> dict[str, torch.Tensor]:
-    """The full model state of a distributed (DCP) checkpoint folder, read in this process."""
-    # as torch's own dcp_to_torch_save reads one: dcp.load keeps only keys already in the given dict
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}),
-                     no_dist=True)  # fmt: skip
-    if not isinstance(state.get("state_dict"), dict):
-        raise ExportError(f"{path} is a distributed checkpoint without a model state_dict (not written by Lightning)")
-    return state["state_dict"]
-
-
-def build_policy(weights: dict[str, torch.Tensor], info: dict[str, Any]) -> nn.Module:
-    """The policy of a checkpoint: its architecture from the stored config (on ``meta``, no
-    initialisation), LoRA-wrapped when it was trained with LoRA, its tensors assigned."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config_dict = dict(info["config"])
-    config = AutoConfig.for_model(config_dict.pop("model_type"), **config_dict)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    if info.get("lora") is not None:
-        from peft import get_peft_model
-
-        from .lora import LoraSettings
-
-        model = get_peft_model(model, LoraSettings(**info["lora"]).to_peft())
-    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
-    missing = [k for k in missing if not k.endswith("lm_head.weight") or not getattr(config, "tie_word_embeddings", False)]
-    if missing or unexpected:
-        raise ExportError(f"the checkpoint's policy does not match its stored config: missing {missing[:4]}, unexpected {unexpected[:4]}")
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if getattr(config, "tie_word_embeddings", False):
-        base.tie_weights()
-    _materialise_buffers(base)
-    return model.eval()
-
-
-def _materialise_buffers(model: nn.Module) -> None:
-    """Non-persistent buffers (rotary ``inv_freq``) are not in a state dict: recompute them on CPU
-    from a fresh instance of their module (transformers 5 rotary modules take only the config)."""
-    for module in model.modules():
-        meta = [name for name, buf in module.named_buffers(recurse=False) if buf.is_meta]
-        if not meta or not hasattr(module, "config"):
-            continue  # the weights export without them; only a forward on this policy needs them
-        with torch.device("cpu"):
-            fresh = type(module)(module.config)
-        for name in meta:
-            module.register_buffer(name, getattr(fresh, name), persistent=False)
-        for name, value in vars(fresh).items():  # plain tensor attributes some versions keep (original_inv_freq)
-            if isinstance(value, torch.Tensor) and getattr(module, name, None) is not None and getattr(module, name).is_meta:
-                setattr(module, name, value)
-
-
-def tokenizer_from_files(files: dict[str, bytes]) -> Any:
-    """The tokenizer saved in a checkpoint's export info."""
-    from transformers import AutoTokenizer
-
-    with tempfile.TemporaryDirectory(prefix="lightning-grpo-tokenizer-") as folder:
-        for name, data in files.items():
-            (Path(folder) / name).write_bytes(data)
-        return AutoTokenizer.from_pretrained(folder)
 
 
 # ------------------------------------------------------------------------------------- writing
@@ -234,19 +114,58 @@ def write_model_folder(policy: nn.Module, tokenizer: Any, out: str | Path, *, dt
 
 
 def _write_merged(policy: nn.Module, folder: Path, dtype: str | None, weights: Iterable | None) -> None:
-    from .rollout.weights import policy_weights_for_engine
-
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     if not hasattr(base, "save_pretrained"):
         raise ExportError(f"the policy ({type(base).__name__}) is not a Hugging Face model (no save_pretrained)")
+    save_dense(policy, folder, weights=weights, dtype=dtype)
+
+
+def save_dense(policy: nn.Module, folder: str | Path, *, weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+               dtype: str | None = None) -> None:  # fmt: skip
+    """Save ``policy`` as a plain dense model folder (``model.safetensors``, ``config.json``,
+    ``generation_config.json``): LoRA merged, a 4-bit (QLoRA) base dequantised, and the config without
+    its ``quantization_config`` (transformers would save the 4-bit layout, vLLM load it as such). The
+    one writer of exported folders and of the vLLM engine's copy of the live policy.
+
+    ``weights``: the ``(hf_name, tensor)`` pairs (default :func:`policy_weights_for_engine`; under FSDP2
+    the gathered ones); ``dtype``: cast them. Writes on every rank it is called on."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from .rollout.weights import policy_weights_for_engine
+
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     target = getattr(torch, dtype) if dtype is not None else None
     pairs = policy_weights_for_engine(policy) if weights is None else weights
     state = {name: (t.to(target) if target is not None else t).detach().to("cpu").contiguous() for name, t in pairs}
     used = str(next(iter(state.values())).dtype).removeprefix("torch.")
-    base.save_pretrained(folder, state_dict=state, safe_serialization=True)
-    _set_config_dtype(folder / "config.json", used)
-    if not (folder / "generation_config.json").exists() and getattr(base, "generation_config", None) is not None:
+    writer = base
+    if getattr(base.config, "quantization_config", None) is not None:  # a dense twin (no memory) saves the dense state
+        config = copy.deepcopy(base.config)
+        del config.quantization_config
+        with torch.device("meta"):
+            writer = AutoModelForCausalLM.from_config(config)
+        writer.generation_config = copy.deepcopy(base.generation_config)
+    with _save_on_every_rank(writer):
+        writer.save_pretrained(folder, state_dict=state, safe_serialization=True)
+    _set_config_dtype(Path(folder) / "config.json", used)
+    if not (Path(folder) / "generation_config.json").exists() and getattr(base, "generation_config", None) is not None:
         base.generation_config.save_pretrained(folder)
+
+
+@contextmanager
+def _save_on_every_rank(model: nn.Module) -> Iterator[None]:
+    """transformers' ``save_pretrained`` writes nothing on torch.distributed ranks other than 0
+    (``should_save_on_this_rank``); lift that: the caller chose the rank that writes."""
+    if not hasattr(model, "should_save_on_this_rank"):
+        yield
+        return
+    model.should_save_on_this_rank = lambda is_main_process: True
+    try:
+        yield
+    finally:
+        del model.should_save_on_this_rank
 
 
 def _write_adapter(policy: nn.Module, folder: Path, dtype: str | None, base_model: str | None) -> None:

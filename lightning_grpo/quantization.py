@@ -11,7 +11,9 @@ model is the same network with the adapter switched off (no second copy).
 Rollout engines do not run the 4-bit layers: the weight push
 (:func:`~lightning_grpo.rollout.weights.policy_weights_for_engine`) gives them the dequantised base
 with the adapter merged (``lora_sync: merged``), or the dequantised base once and the adapter after
-every step (``lora_sync: adapter``), so the engine computes exactly what the policy computes.
+every step (``lora_sync: adapter``), so the engine computes exactly what the policy computes. ``lightning-grpo export`` rebuilds a QLoRA
+checkpoint's policy in its 4-bit layout (:func:`rebuild_quantized`) and writes the same dense,
+merged weights (no ``quantization_config``: any engine serves the folder).
 
 bitsandbytes on CPU repacks a layer for a faster bfloat16 kernel the first time it runs in eval
 mode without gradients (``_convert_weight_packed_for_cpu``): that rounds its scales to bfloat16 and
@@ -21,8 +23,12 @@ off, so evaluation, training and the engine's copy all see the same weights.
 
 from __future__ import annotations
 
+import json
+import re
+import tempfile
 from dataclasses import dataclass
 from importlib.util import find_spec
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -51,6 +57,14 @@ class QuantizationSettings:
             raise ValueError(
                 f"model.quantization.compute_dtype must be float32, bfloat16, float16 or null, got {self.compute_dtype!r}"
             )
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "QuantizationSettings":
+        """The settings of a model config's ``quantization_config`` (bitsandbytes 4-bit, as ``to_dict`` writes it)."""
+        compute = config.get("bnb_4bit_compute_dtype")
+        return cls(quant_type=config.get("bnb_4bit_quant_type", "nf4"), double_quant=bool(config.get("bnb_4bit_use_double_quant")),
+                   compute_dtype=None if compute is None else str(compute).removeprefix("torch."),
+                   skip_modules=config.get("llm_int8_skip_modules"))  # fmt: skip
 
     def to_bitsandbytes(self, dtype: str) -> Any:
         """The ``BitsAndBytesConfig`` for a model loaded in ``dtype`` (the dtype of what stays unquantised)."""
@@ -90,17 +104,14 @@ def require_bitsandbytes() -> None:
         raise ImportError(MISSING_BITSANDBYTES)
 
 
-def load_quantized(source: str, dtype: str, settings: QuantizationSettings, device: torch.device) -> nn.Module:
+def load_quantized(source: str, dtype: str, settings: QuantizationSettings | None, device: torch.device) -> nn.Module:
     """``AutoModelForCausalLM`` from ``source`` with 4-bit linear layers, placed on ``device``
-    (bitsandbytes quantises each weight as it is loaded there)."""
+    (bitsandbytes quantises each weight as it is loaded there). ``settings`` None: ``source`` is
+    already quantised (its config's ``quantization_config``; the weights are loaded as saved)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        source,
-        dtype=getattr(torch, dtype),
-        quantization_config=settings.to_bitsandbytes(dtype),
-        device_map={"": str(device)},
-    )
+    quantization = {} if settings is None else {"quantization_config": settings.to_bitsandbytes(dtype)}
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), device_map={"": str(device)}, **quantization)
     keep_float_kernels(model)
     return model
 
@@ -113,8 +124,51 @@ def keep_float_kernels(model: nn.Module) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
+#: A peft adapter tensor's name: a LoRA weight (``lora_A``, ``lora_B``, ``lora_embedding_A``, DoRA's
+#: ``lora_magnitude_vector``) or a trained copy of a whole module (``modules_to_save``).
+_ADAPTER_NAME = re.compile(r"(^|\.)(lora_\w+|modules_to_save)\.")
+
+
+def split_peft_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A peft model's state dict as (the base model's tensors under their HF names, the adapter's
+    tensors under the peft names): ``base_model.model.`` and ``.base_layer`` / ``.original_module``
+    dropped from the base names (a 4-bit weight's quantisation state ``weight.absmax``, ... included)."""
+    base, adapter = {}, {}
+    for name, tensor in state.items():
+        if _ADAPTER_NAME.search(name):
+            adapter[name] = tensor
+        else:
+            hf = name.removeprefix("base_model.model.").replace(".base_layer.", ".").replace(".original_module.", ".")
+            base[hf] = tensor
+    return base, adapter
+
+
+def rebuild_quantized(state: dict[str, torch.Tensor], config: dict[str, Any], settings: QuantizationSettings, dtype: str,
+                      peft_config: Any) -> nn.Module:  # fmt: skip
+    """A QLoRA checkpoint's policy as it was trained: the base's 4-bit weights loaded as they were saved
+    (transformers reads a pre-quantised bitsandbytes folder; nothing is quantised again), the LoRA
+    adapter ``peft_config`` on top with its trained tensors. ``state``: the peft model's state dict,
+    ``config``: the base model's config without ``quantization_config``."""
+    from peft import get_peft_model
+    from safetensors.torch import save_file
+
+    base, adapter = split_peft_state(state)
+    with tempfile.TemporaryDirectory(prefix="lightning-grpo-qlora-") as folder:
+        quantization = settings.to_bitsandbytes(dtype).to_dict()
+        Path(folder, "config.json").write_text(json.dumps({**config, "quantization_config": quantization}, default=str))
+        save_file({k: v.contiguous() for k, v in base.items()}, str(Path(folder, "model.safetensors")))
+        model = get_peft_model(load_quantized(folder, dtype, None, torch.device("cpu")), peft_config)
+    expected = {name for name in model.state_dict() if _ADAPTER_NAME.search(name)}
+    if set(adapter) != expected:
+        raise ValueError(f"the checkpoint's adapter does not match its LoRA settings: missing {sorted(expected - set(adapter))[:4]}, "
+                         f"unexpected {sorted(set(adapter) - expected)[:4]}")  # fmt: skip
+    model.load_state_dict(adapter, strict=False)
+    return model.eval()
+
+
 def is_quantized(param: torch.Tensor) -> bool:
-    """True for a bitsandbytes 4-bit weight (``Params4bit`` with its quantisation state)."""
+    """True for a bitsandbytes 4-bit weight (``Params4bit`` with its quantisation state): the one
+    check (the weight push and the model-folder writer dequantise exactly these)."""
     return getattr(param, "quant_state", None) is not None
 
 

@@ -1,11 +1,12 @@
 """``lightning-grpo`` / ``python -m lightning_grpo``: LightningCLI over GRPOModule and PromptDataModule,
-plus ``export`` and ``report``.
+plus ``export``, ``serve`` and ``report``.
 
     lightning-grpo fit -c recipes/quickstart.yaml
     lightning-grpo fit -c recipes/grpo.yaml --trainer.max_steps 50 --rollout.sampling.n 16
     lightning-grpo fit --print_config                      # every option with its default
     lightning-grpo validate -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
     lightning-grpo export runs/quickstart --out my-model   # a Hugging Face model folder (export.py)
+    lightning-grpo serve my-model                          # vLLM's OpenAI-compatible server on it (cli/serve.py)
     lightning-grpo report runs/quickstart                  # dashboard PNG + summary of a run (report.py)
 """
 
@@ -43,17 +44,19 @@ def build_cli(args: list[str] | None = None, run: bool = True, cli_class=GRPOCLI
 
 
 def main(args: list[str] | None = None) -> int | None:
-    """``report`` and ``export`` go to their own commands (a failure exits with its status);
+    """``report``, ``export`` and ``serve`` go to their own commands (a failure exits with its status);
     everything else to the LightningCLI (``args`` None: ``sys.argv``). A configuration error found
     before training is printed as one line (exit status 2)."""
     argv = sys.argv[1:] if args is None else list(args)
     _current_directory_importable()
     quiet_expected_messages()
-    if argv[:1] in (["report"], ["export"]):
+    if argv[:1] in (["report"], ["export"], ["serve"]):
         if argv[0] == "report":
             from ..report import main as command
-        else:
+        elif argv[0] == "export":
             from .export import main as command
+        else:
+            from .serve import main as command
         status = command(argv[1:])
         if status:
             raise SystemExit(status)

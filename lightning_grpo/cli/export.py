@@ -28,15 +28,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter", action="store_true", help="LoRA runs: the adapter alone, in peft's format (default: merged)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out folder")
     args = parser.parse_args(argv)
-    from ..export import ExportError, export, iter_saved_names
+    from ..export import ExportError, check_output, export, iter_saved_names, locate_checkpoint
 
     try:
-        out = export(args.source, args.out, dtype=args.dtype, adapter=args.adapter, force=args.force)
+        check_output(args.out, args.force)
+        checkpoint, skipped = locate_checkpoint(args.source)
+        if skipped:
+            print(f"note: skipped {', '.join(map(str, skipped))}: no checkpoint (a run that failed or stopped before "
+                  f"its first save); using the newest version that has one")  # fmt: skip
+        out = export(checkpoint, args.out, dtype=args.dtype, adapter=args.adapter, force=args.force)
     except ExportError as err:
         print_and_exit(str(err), prog="lightning-grpo export")
     tensors = sum(1 for _ in iter_saved_names(out))
     files = ", ".join(sorted(p.name for p in out.iterdir()))
-    print(f"exported {'the LoRA adapter' if args.adapter else 'the policy'} ({tensors} tensors) to {out}: {files}")
+    what = "the LoRA adapter" if args.adapter else "the policy"
+    print(f"exported {what} ({tensors} tensors) from {checkpoint} to {out}: {files}")
     if args.adapter and _modules_to_save(out):
         print(f"note: the adapter also holds whole modules ({', '.join(_modules_to_save(out))}, peft modules_to_save): peft "
               "loads it, vLLM does not serve such an adapter; serve the merged export (without --adapter) instead")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,44 +84,14 @@ def _save_for_engine(policy, tokenizer) -> str:
             f"got {type(base).__name__}: use engine='hf' or pass GRPOModule(model='path/to/model')"
         )
     directory = Path(tempfile.mkdtemp(prefix="lightning-grpo-engine-"))
+    from ..export import save_dense
     from .weights import gathered_weights_for_engine
 
-    # HF checkpoint names (a peft model's LoRA layers merged, no base_layer / lora_ names; full under FSDP2)
-    with gathered_weights_for_engine(policy) as pairs, _save_on_every_rank(base):  # one directory per rank
-        state = {name: tensor.detach() for name, tensor in pairs}
-        if getattr(base.config, "quantization_config", None) is not None:
-            _save_dequantized(base.config, state, directory)
-        else:
-            base.save_pretrained(directory, state_dict=state)
+    # HF checkpoint names (LoRA merged, a 4-bit base dequantised; full under FSDP2), one directory per rank
+    with gathered_weights_for_engine(policy) as pairs:
+        save_dense(policy, directory, weights=pairs)
     tokenizer.save_pretrained(directory)
     return str(directory)
-
-
-def _save_dequantized(config, state: dict, directory: Path) -> None:
-    """A 4-bit policy's engine checkpoint: its dequantised tensors and its config without the
-    ``quantization_config`` (transformers would save the 4-bit layout, vLLM would load it as such)."""
-    import copy
-
-    from safetensors.torch import save_file
-
-    config = copy.deepcopy(config)
-    del config.quantization_config
-    config.save_pretrained(directory)
-    save_file({k: v.contiguous().clone() for k, v in state.items()}, str(directory / "model.safetensors"))
-
-
-@contextmanager
-def _save_on_every_rank(model):
-    """transformers' ``save_pretrained`` writes nothing on torch.distributed ranks other than 0
-    (``should_save_on_this_rank``); lift that for a per-process copy."""
-    if not hasattr(model, "should_save_on_this_rank"):
-        yield
-        return
-    model.should_save_on_this_rank = lambda is_main_process: True
-    try:
-        yield
-    finally:
-        del model.should_save_on_this_rank
 
 
 def build_engine(name: str, module, tokenizer, seed: int, args: dict[str, Any] | None = None) -> RolloutEngine:

@@ -109,9 +109,10 @@ def _walk(module: nn.Module, prefix: str, merge_lora: bool, peft: _PeftClasses) 
 
 def _dense(param: torch.Tensor, name: str) -> torch.Tensor:
     """``param`` detached; a bitsandbytes 4-bit weight (QLoRA) dequantised to its ``[out, in]`` matrix."""
-    if getattr(param, "quant_state", None) is None:
+    from ..quantization import dequantized, is_quantized
+
+    if not is_quantized(param):
         return param.detach()
-    from ..quantization import dequantized
 
     return dequantized(param, name)
 
