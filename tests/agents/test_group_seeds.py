@@ -5,6 +5,7 @@ baseline across different tasks is refused unless ``allow_mixed_task_groups`` ch
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import lightning as L
@@ -78,6 +79,25 @@ def test_a_group_whose_openings_differ_is_refused():
     with pytest.raises(ValueError, match=r"Counter\.reset gave the episodes of record 0 different openings.*"
                                          r"rollout\.reset_seed: episode.*rollout\.allow_mixed_task_groups: true"):
         _episodes(Counter)
+
+
+class RandomOpening:
+    """Written for TRL (reset(**row), no seed): the opening is drawn at random, not from the row."""
+
+    def reset(self, **row):
+        return f" {random.randrange(1000)}"
+
+
+def test_a_trl_environment_with_a_random_opening():
+    """Refused by default (named by its own class); with per-episode seeds each row keeps its own opening."""
+    from lightning_grpo.integrations.trl import TRLEnvironment
+
+    random.seed(0)
+    with pytest.raises(ValueError, match=r"RandomOpening\.reset gave the episodes of record 0 different openings"):
+        _episodes(lambda: TRLEnvironment(RandomOpening))
+    out = _episodes(lambda: TRLEnvironment(RandomOpening), reset_seed="episode")
+    assert [out.prompt_of(i) for i in range(8)] == [ep.context[: ep.prompt_length] for ep in out.episodes]
+    assert len({tuple(out.prompt_of(i)) for i in range(8)}) > 1
 
 
 def test_mixed_task_groups_are_refused_before_the_engine_starts():
