@@ -100,11 +100,12 @@ def _check_one_opening(states: list[EpisodeState], group_size: int) -> None:
         for g, s in enumerate(states[p + 1 : p + group_size], 1):
             if s.context[: s.prompt_length] != first:
                 _finish_quietly(states)
+                name = type(getattr(s.env, "unwrapped", s.env)).__name__  # the user's class, not an adapter
                 raise ValueError(
-                    f"{type(getattr(s.env, 'unwrapped', s.env)).__name__}.reset gave the episodes of record {p // group_size} different openings (episode "
-                    f"0 and {g}) for the same record and reset seed, so its group is not one task: make the opening depend "
-                    "only on the record and the seed, or set rollout.reset_seed: episode and "
-                    "rollout.allow_mixed_task_groups: true (each episode then trains on its own opening; docs/agents.md)"
+                    f"{name}.reset gave the episodes of record {p // group_size} different openings (episode 0 and {g}) "
+                    "for the same record and reset seed, so its group is not one task: make the opening depend only on "
+                    "the record and the seed, or set rollout.reset_seed: episode and rollout.allow_mixed_task_groups: "
+                    "true (each episode then trains on its own opening; docs/agents.md)"
                 )
 
 

@@ -3,7 +3,9 @@
 OpenEnv (``pip install 'lightning-grpo[openenv]'``, the ``openenv-core`` package, imported as
 ``openenv``): an ``Environment[Action, Observation, State]`` with ``reset(seed, episode_id, **kwargs)``
 and ``step(action)``, each returning an ``Observation`` (pydantic) that carries ``done``, ``reward``
-and ``metadata``. An episode here:
+and ``metadata``. As ``openenv init`` writes one (``class X(Environment)``, ``reset(self)``), the
+action class is read from ``step``'s annotation, and ``reset`` gets only the arguments its signature
+takes (the seed, ``reset_kwargs``, ``reset_columns``), as OpenEnv's server calls it. An episode here:
 
 - opens with one user message: the record's ``prompt_key`` column (when set), then the reset
   observation as text (an optional ``system_prompt`` before it);
