@@ -4,6 +4,7 @@ pointers to the completions of the step they fired at, and ``lightning-grpo repo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -68,12 +69,30 @@ def test_a_firing_guard_logs_its_step_and_points_to_it(tmp_path):
     assert f"its completions: completions.jsonl step {fired[0]['step']}" in text
 
 
-def test_agent_rows_carry_the_transcript(tmp_path):
-    _, run_dir = _train(tmp_path, "tool_quickstart.yaml", 1, extra=["--rollout.log_completions.every_n_steps=1"])
+def test_agent_rows_carry_the_transcript(tmp_path, monkeypatch):
+    """Each logged episode's transcript holds, framed by the template's tool-response markers, exactly
+    what its tool calls returned (the episode's secret digit), once per call that ran."""
+    from lightning_grpo.agents.callback import AgentRolloutCallback
+    from lightning_grpo.agents.tools import tool_messages
+
+    rollouts, run = [], AgentRolloutCallback.run
+
+    def recording_run(self, engine, tokenizer, records, sampling, seed):
+        rollouts.append(run(self, engine, tokenizer, records, sampling, seed))
+        return rollouts[-1]
+
+    monkeypatch.setattr(AgentRolloutCallback, "run", recording_run)
+    _, run_dir = _train(tmp_path, "tool_quickstart.yaml", 1, extra=["--rollout.log_completions={every_n_steps: 1, groups: null}"])
     rows = _rows(run_dir)
-    assert len(rows) == 2 * 8 and all({"transcript", "turns"} <= set(r) for r in rows)
-    called = [r for r in rows if r["turns"] == 2]  # the untrained policy calls the tool in some episodes
-    assert all("<tool_response>" in r["transcript"] or "tool" in r["transcript"] for r in called)
+    assert len(rows) == 8 * 8 and all({"transcript", "turns"} <= set(r) for r in rows)
+    (train,) = [r for r in rollouts if r.group_size == 8]  # the one training generation (validation samples n = 1)
+    called = 0
+    for row, episode in zip(rows, train.episodes, strict=True):  # the batch's episodes, in order
+        returned = tool_messages(episode.messages)  # what the episode's tool calls returned
+        assert re.findall(r"<tool_response>\n(.*?)\n</tool_response>", row["transcript"]) == returned
+        assert all(content == episode.env.secret for content in returned)
+        called += bool(returned)
+    assert called >= 3, called  # the untrained policy calls the tool in some episodes
 
 
 def test_logger_tables():

@@ -7,7 +7,7 @@ engine (``hf`` or ``vllm``) samples every live episode's next turn in one call.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 
@@ -40,6 +40,12 @@ class AgentRolloutCallback(RolloutCallback):
         env_workers: threads running environment steps (tool calls) at once.
         stop_tokens: tokens that end a turn besides EOS; None = the chat template's end-of-turn
             token and every token ending with ``</tool_call>``.
+        reset_seed: "group": the ``sampling.n`` episodes of a record share the environment's reset
+            seed, so a group is one task with one opening (its advantage baseline compares like with
+            like); "episode": each episode gets its own seed (and is trained on its own opening).
+        allow_mixed_task_groups: with ``reset_seed: episode`` and ``n > 1``, accept that a group's
+            episodes may face different tasks, so its baseline is the mean reward over those tasks
+            (refused otherwise; docs/agents.md).
         **kwargs: the arguments of :class:`~lightning_grpo.RolloutCallback` (engine, sampling,
             rewards (default: ``env_reward``), seed, vllm_args, dynamic_sampling, gfpo_keep, ...).
     """
@@ -52,11 +58,15 @@ class AgentRolloutCallback(RolloutCallback):
         max_episode_tokens: int | None = None,
         env_workers: int = 8,
         stop_tokens: list[str] | None = None,
+        reset_seed: Literal["group", "episode"] = "group",
+        allow_mixed_task_groups: bool = False,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("rewards") is None:
             kwargs["rewards"] = [RewardSpec("env_reward")]
         super().__init__(**kwargs)
+        check_reset_seed(reset_seed, allow_mixed_task_groups, self.sampling.n)
+        self.reset_seed = reset_seed
         self.env_class = resolve_environment(environment)
         self.environment_args = dict(environment_args or {})
         self.limits = EpisodeLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens, workers=env_workers)
@@ -68,6 +78,12 @@ class AgentRolloutCallback(RolloutCallback):
     # ------------------------------------------------------------------------ set-up
     def make_env(self) -> Any:
         return self.env_class(**self.environment_args)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """The checks of :class:`RolloutCallback`, then one environment built: a misconfigured one
+        (its arguments, an OpenEnv action class) fails here, before the engine starts."""
+        super().setup(trainer, pl_module, stage)
+        self.make_env()
 
     def _prepare(self, tokenizer: Any, engine: RolloutEngine) -> None:
         """Renderer, stop tokens and the engine's length limit (once per tokenizer)."""
@@ -103,7 +119,8 @@ class AgentRolloutCallback(RolloutCallback):
         """Episodes for ``records`` (``sampling.n`` per record) with this callback's environment."""
         self._prepare(tokenizer, engine)
         sampling.stop_token_ids = self.sampling.stop_token_ids
-        return run_episodes(engine, self.make_env, tokenizer, self.renderer, records, sampling, seed, self.limits)
+        return run_episodes(engine, self.make_env, tokenizer, self.renderer, records, sampling, seed, self.limits,
+                            reset_seed=self.reset_seed)  # fmt: skip
 
     def score(self, rollout: EpisodeRollout, records: list[dict]) -> RewardScores:
         """Reward functions on each episode's final answer, with the episode columns (agents.rewards)."""
@@ -162,3 +179,16 @@ class AgentRolloutCallback(RolloutCallback):
             "val/tool_call_rate": stats["val/tool_call_rate"],
             "val/turns_mean": stats["val/turns_mean"],
         }
+
+
+def check_reset_seed(reset_seed: Any, allow_mixed_task_groups: bool, group_size: int) -> None:
+    """One ValueError for an unknown ``reset_seed``, or per-episode seeds in groups nobody chose to mix."""
+    if reset_seed not in ("group", "episode"):
+        raise ValueError(f"rollout.reset_seed must be 'group' or 'episode', got {reset_seed!r}")
+    if reset_seed == "episode" and group_size > 1 and not allow_mixed_task_groups:
+        raise ValueError(
+            f"rollout.reset_seed: episode gives the {group_size} episodes of a group different reset seeds, so they may "
+            "face different tasks, and the group's advantage baseline would compare rewards of unlike tasks. Keep "
+            "rollout.reset_seed: group (one task per group, the default), or set rollout.allow_mixed_task_groups: true "
+            "to train that way (each episode on its own opening; docs/agents.md)"
+        )

@@ -58,8 +58,9 @@ class Step:
 class Environment:
     """Subclass and implement :meth:`reset` and :meth:`step`; one object per episode.
 
-    ``seed`` in :meth:`reset` differs per episode and is reproducible from the run's seed: draw the
-    episode's random values from ``random.Random(seed)``.
+    ``seed`` in :meth:`reset` is reproducible from the run's seed and shared by the G episodes of a
+    record (one task per group; ``rollout.reset_seed: episode`` gives each episode its own): draw the
+    task's random values from ``random.Random(seed)``, and nothing else, so the G openings agree.
     """
 
     #: Plain Python functions the model may call (:class:`~lightning_grpo.agents.tools.ToolEnvironment`

@@ -1,5 +1,9 @@
 """Turn-synchronous, batched, token-in-token-out episodes.
 
+A group is one task: the G episodes of a record are reset with one seed (``reset_seed="group"``) and
+must open alike; with ``reset_seed="episode"`` each episode gets its own seed, and each row of the
+rollout keeps its own opening (``Rollout.row_prompt_ids``), which the trainer scores it after.
+
 Every episode of a generation batch is one token sequence, grown turn by turn:
 
     prompt | sampled turn 0 | environment tokens | sampled turn 1 | environment tokens | ...
@@ -24,7 +28,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from ..rollout.base import Rollout, RolloutEngine, SamplingConfig, request_seed
 from .chat import ChatRenderer
@@ -61,16 +65,21 @@ class EpisodeRollout(Rollout):
     env_time: float = 0.0  # seconds spent in environment steps (tool calls)
 
 
+ResetSeed = Literal["group", "episode"]
+
+
 def start_episodes(make_env: Callable[[], Any], records: list[dict], group_size: int, seed: int, tokenizer: Any,
-                   renderer: ChatRenderer | None) -> list[EpisodeState]:  # fmt: skip
-    """G episodes per record, each with its own environment and reset seed (row p*G+g = record p)."""
+                   renderer: ChatRenderer | None, reset_seed: ResetSeed = "group") -> list[EpisodeState]:  # fmt: skip
+    """G episodes per record (row p*G+g = record p), each with its own environment; the reset seed is
+    the record's (``reset_seed="group"``: the group faces one task) or the episode's own ("episode")."""
     states = []
     for i in range(len(records) * group_size):
         env = make_env()
         if hasattr(env, "tokenizer") and getattr(env, "tokenizer", None) is None:
             env.tokenizer = tokenizer
         record = records[i // group_size]
-        opening = env.reset(record, request_seed(seed ^ 0x5EED, i) & 0x7FFFFFFF)
+        key = i // group_size if reset_seed == "group" else i
+        opening = env.reset(record, request_seed(seed ^ 0x5EED, key) & 0x7FFFFFFF)
         if opening is None:
             prompt, messages = list(record["prompt_ids"]), None
         else:
@@ -79,14 +88,34 @@ def start_episodes(make_env: Callable[[], Any], records: list[dict], group_size:
                 raise ValueError(f"{type(env).__name__}.reset returned chat messages but the tokenizer has no chat template")
             prompt, messages = renderer.prompt_ids(opening), list(opening)
         states.append(EpisodeState(env=env, messages=messages, context=prompt, prompt_length=len(prompt)))
+    if reset_seed == "group":
+        _check_one_opening(states, group_size)
     return states
 
 
+def _check_one_opening(states: list[EpisodeState], group_size: int) -> None:
+    """One ValueError unless the episodes of each group (one record, one reset seed) open alike."""
+    for p in range(0, len(states), group_size):
+        first = states[p].context[: states[p].prompt_length]
+        for g, s in enumerate(states[p + 1 : p + group_size], 1):
+            if s.context[: s.prompt_length] != first:
+                _finish_quietly(states)
+                name = type(getattr(s.env, "unwrapped", s.env)).__name__  # the user's class, not an adapter
+                raise ValueError(
+                    f"{name}.reset gave the episodes of record {p // group_size} different openings (episode 0 and {g}) "
+                    "for the same record and reset seed, so its group is not one task: make the opening depend only on "
+                    "the record and the seed, or set rollout.reset_seed: episode and rollout.allow_mixed_task_groups: "
+                    "true (each episode then trains on its own opening; docs/agents.md)"
+                )
+
+
 def run_episodes(engine: RolloutEngine, make_env: Callable[[], Any], tokenizer: Any, renderer: ChatRenderer | None,
-                 records: list[dict], sampling: SamplingConfig, seed: int, limits: EpisodeLimits) -> EpisodeRollout:  # fmt: skip
-    """Run ``sampling.n`` episodes per record to the end; rows group-contiguous as in :class:`Rollout`."""
+                 records: list[dict], sampling: SamplingConfig, seed: int, limits: EpisodeLimits,
+                 reset_seed: ResetSeed = "group") -> EpisodeRollout:  # fmt: skip
+    """Run ``sampling.n`` episodes per record to the end; rows group-contiguous as in :class:`Rollout`,
+    each row with its own opening (``row_prompt_ids``)."""
     G = sampling.n
-    states = start_episodes(make_env, records, G, seed, tokenizer, renderer)
+    states = start_episodes(make_env, records, G, seed, tokenizer, renderer, reset_seed)
     turn_sampling = replace(sampling, n=1)
     env_time = 0.0
     with ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="env") as pool:
@@ -120,6 +149,7 @@ def run_episodes(engine: RolloutEngine, make_env: Callable[[], Any], tokenizer: 
         env_time += time.perf_counter() - start
     return EpisodeRollout(
         prompt_ids=[states[p * G].context[: states[p * G].prompt_length] for p in range(len(records))],
+        row_prompt_ids=[s.context[: s.prompt_length] for s in states],  # [P*G] each episode's own opening
         completion_ids=[s.ids for s in states],
         logprobs=[s.logprobs for s in states],
         finished=[not s.truncated for s in states],

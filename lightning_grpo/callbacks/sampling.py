@@ -109,6 +109,7 @@ def _take_rows(rollout: Rollout, rows: list[int], group_size: int) -> Rollout:
         finished=[rollout.finished[r] for r in rows],
         group_size=group_size,
         turn_ids=None if rollout.turn_ids is None else [rollout.turn_ids[r] for r in rows],
+        row_prompt_ids=None if rollout.row_prompt_ids is None else [rollout.row_prompt_ids[r] for r in rows],
     )
 
 
@@ -176,6 +177,7 @@ def sample_groups(
             finished=[f for r in kept for f in r.finished],
             group_size=k,
             turn_ids=None if kept[0].turn_ids is None else [t for r in kept for t in r.turn_ids],
+            row_prompt_ids=None if kept[0].row_prompt_ids is None else [p for r in kept for p in r.row_prompt_ids],
         )
         rewards = torch.cat(kept_rewards)
     else:  # no group carried signal: train on the first round (advantages are all zero)

@@ -3,7 +3,9 @@
 OpenEnv (``pip install 'lightning-grpo[openenv]'``, the ``openenv-core`` package, imported as
 ``openenv``): an ``Environment[Action, Observation, State]`` with ``reset(seed, episode_id, **kwargs)``
 and ``step(action)``, each returning an ``Observation`` (pydantic) that carries ``done``, ``reward``
-and ``metadata``. An episode here:
+and ``metadata``. As ``openenv init`` writes one (``class X(Environment)``, ``reset(self)``), the
+action class is read from ``step``'s annotation, and ``reset`` gets only the arguments its signature
+takes (the seed, ``reset_kwargs``, ``reset_columns``), as OpenEnv's server calls it. An episode here:
 
 - opens with one user message: the record's ``prompt_key`` column (when set), then the reset
   observation as text (an optional ``system_prompt`` before it);
@@ -26,6 +28,7 @@ OpenEnv's default is 1).
 
 from __future__ import annotations
 
+import inspect
 import json
 import typing
 from typing import Any, Callable, Literal
@@ -53,6 +56,27 @@ def _generic_arg(cls: type, origin_name: str, bound: type) -> type | None:
                     if isinstance(arg, type) and issubclass(arg, bound):
                         return arg
     return None
+
+
+def _step_action(cls: type, bound: type) -> type | None:
+    """The class of ``cls.step``'s action (first) parameter, from its type annotation, when it subclasses
+    ``bound`` (an environment written as ``class X(Environment)``, as ``openenv init`` writes it)."""
+    step = getattr(cls, "step", None)
+    params = list(inspect.signature(step).parameters.values())[1:] if callable(step) else []
+    if not params:
+        return None
+    try:
+        hint = typing.get_type_hints(step).get(params[0].name)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: no class from it
+        return None
+    return hint if isinstance(hint, type) and issubclass(hint, bound) else None
+
+
+def reset_arguments(reset: Callable[..., Any]) -> tuple[set[str], bool]:
+    """The keyword arguments ``reset`` accepts, and whether it takes any (``**kwargs``)."""
+    params = inspect.signature(reset).parameters.values()
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return named, any(p.kind == p.VAR_KEYWORD for p in params)
 
 
 def _text_field(action_cls: type, where: str) -> str:
@@ -99,7 +123,7 @@ class _OpenEnvBase(Environment):
         self.parse = optional(action_from_text, f"{where}.action_from_text", _EXAMPLE)
         if self.parse is None:
             if self.action_cls is None and action_field is None:
-                raise ValueError(f"{where}: the action class is unknown; set action (its import path), action_field, or action_from_text")
+                raise ValueError(f"{where}: {self._unknown_action()}; set action (its import path), action_field, or action_from_text")
             if self.action_cls is not None and action_field is not None and action_field not in self.action_cls.model_fields:
                 raise ValueError(f"{where}.action_field {action_field!r} is not a field of {self.action_cls.__name__}; fields: {sorted(self.action_cls.model_fields)}")
             self.action_field = action_field or _text_field(self.action_cls, where)
@@ -110,6 +134,10 @@ class _OpenEnvBase(Environment):
         self.invalid_actions = 0
         self.tokenizer: Any = None  # set by the episode runner before reset
         self.seed: int | None = None  # this episode's reset seed
+
+    def _unknown_action(self) -> str:
+        """The unknown-action error, saying where the class was looked for."""
+        return "the action class is unknown"
 
     # ----------------------------------------------------------------- the two transports
     def _reset(self, seed: int, kwargs: dict[str, Any]) -> Any:
@@ -197,10 +225,22 @@ class OpenEnvEnvironment(_OpenEnvBase):
                 f"OpenEnvEnvironment.env built a {type(self.env).__name__}, not an openenv Environment "
                 "(subclass openenv.core.env_server.Environment[Action, Observation, State])"
             )
-        self.action_cls = _generic_arg(type(self.env), "Environment", server.Action)
+        cls = type(self.env)
+        self.action_cls = _generic_arg(cls, "Environment", server.Action) or _step_action(cls, server.Action)
         self._observation_cls = server.Observation
         super().__init__(action, action_field, action_from_text, observation_to_text, prompt_key, system_prompt,
                          reset_kwargs, reset_columns, invalid_action)  # fmt: skip
+        self._reset_names, self._reset_any = reset_arguments(self.env.reset)
+        for field, names in (("reset_kwargs", self.reset_kwargs), ("reset_columns", self.reset_columns)):
+            refused = [n for n in names if not self._reset_any and n not in self._reset_names]
+            if refused:
+                takes = ", ".join(sorted(self._reset_names)) or "nothing"
+                raise ValueError(f"OpenEnvEnvironment.{field}: {cls.__name__}.reset() takes no argument {refused[0]!r} "
+                                 f"(it takes: {takes}); remove it, or add it to reset's parameters")
+
+    def _unknown_action(self) -> str:
+        name = type(self.env).__name__
+        return f"the action class of {name} is unknown (no Environment[Action, ...] parameters, no annotation on step's 'action')"
 
     @property
     def unwrapped(self) -> Any:
@@ -212,7 +252,11 @@ class OpenEnvEnvironment(_OpenEnvBase):
         return observation
 
     def _reset(self, seed: int, kwargs: dict[str, Any]) -> Any:
-        return self._checked(self.env.reset(seed=seed, **kwargs), "reset")
+        """``env.reset`` with the seed when its signature takes one (as OpenEnv's server filters reset's
+        arguments: the ``openenv init`` template's ``reset(self)`` takes none)."""
+        if self._reset_any or "seed" in self._reset_names:
+            kwargs = {"seed": seed, **kwargs}
+        return self._checked(self.env.reset(**kwargs), "reset")
 
     def _step(self, action: Any) -> tuple[Any, Any, bool]:
         observation = self._checked(self.env.step(action), "step")

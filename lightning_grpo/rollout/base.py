@@ -90,10 +90,15 @@ class Rollout:
     """Multi-turn episodes (:mod:`lightning_grpo.agents`): P*G lists, same lengths as ``completion_ids``:
     the 0-based model turn of each sampled token, -1 on tokens the environment appended (no loss,
     log-prob 0). None: every completion token was sampled (one turn)."""
+    row_prompt_ids: list[list[int]] | None = None
+    """P*G prompts, one per row, where the rows of a group were sampled from different prompts
+    (episodes whose environment opened each one differently); None: row ``i``'s prompt is
+    ``prompt_ids[i // group_size]``."""
 
     def __post_init__(self) -> None:
         expected = len(self.prompt_ids) * self.group_size
-        for field in ("completion_ids", "logprobs", "finished") + (("turn_ids",) if self.turn_ids is not None else ()):
+        rows = ("completion_ids", "logprobs", "finished", "turn_ids", "row_prompt_ids")
+        for field in [f for f in rows if getattr(self, f) is not None]:
             got = len(getattr(self, field))
             if got != expected:
                 raise ValueError(
@@ -105,6 +110,10 @@ class Rollout:
                 raise ValueError(f"Rollout.logprobs[{i}] has {len(lps)} values for {len(ids)} completion tokens")
             if self.turn_ids is not None and len(self.turn_ids[i]) != len(ids):
                 raise ValueError(f"Rollout.turn_ids[{i}] has {len(self.turn_ids[i])} values for {len(ids)} completion tokens")
+
+    def prompt_of(self, row: int) -> list[int]:
+        """The prompt row ``row`` was sampled from."""
+        return self.row_prompt_ids[row] if self.row_prompt_ids is not None else self.prompt_ids[row // self.group_size]
 
     def sampled_lengths(self) -> list[int]:
         """Tokens the policy sampled per row (environment tokens of multi-turn episodes not counted)."""
@@ -136,9 +145,8 @@ class RolloutTensors(NamedTuple):
 
 def rollout_to_tensors(rollout: Rollout, pad_id: int) -> RolloutTensors:
     """Pad ``rollout`` into training tensors; see :class:`RolloutTensors` for the layout and shapes."""
-    G = rollout.group_size
     B = len(rollout.completion_ids)
-    Lp = max((len(p) for p in rollout.prompt_ids), default=0)
+    Lp = max((len(rollout.prompt_of(b)) for b in range(B)), default=0)
     Lc = max((len(c) for c in rollout.completion_ids), default=0)
     input_ids = torch.full((B, Lp + Lc), pad_id, dtype=torch.long)  # [B, Lp+Lc]
     attention_mask = torch.zeros((B, Lp + Lc), dtype=torch.long)  # [B, Lp+Lc]
@@ -146,7 +154,7 @@ def rollout_to_tensors(rollout: Rollout, pad_id: int) -> RolloutTensors:
     rollout_logprobs = torch.zeros((B, Lc), dtype=torch.float32)  # [B, Lc]
     turn_ids = None if rollout.turn_ids is None else torch.full((B, Lc), -1, dtype=torch.long)  # [B, Lc]
     for b, (ids, lps) in enumerate(zip(rollout.completion_ids, rollout.logprobs)):
-        prompt = rollout.prompt_ids[b // G]
+        prompt = rollout.prompt_of(b)
         if prompt:
             input_ids[b, Lp - len(prompt) : Lp] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[b, Lp - len(prompt) : Lp] = 1

@@ -93,15 +93,21 @@ def test_retokenisation_drift_trains_the_sampled_ids(tok):
     assert tensors.rollout_logprobs[0, :n].tolist() == pytest.approx(out.logprobs[0][:n])
 
 
-def test_group_rows_and_per_episode_secrets(tok):
+def test_group_rows_and_secrets(tok):
+    """A group shares its secret (one reset seed per record); reset_seed="episode" draws one per episode."""
     engine, renderer, records, sampling, limits = setup(tok, answer_secret(tok), n=8)
     out = run_episodes(engine, SecretDigitEnv, tok, renderer, records * 2, sampling, seed=1, limits=limits)
     assert len(out.completion_ids) == 16 and engine.calls == 2
     assert len(engine.prompts[0]) == 16  # every live episode sampled in one engine call per turn
-    assert len({ep.env.secret for ep in out.episodes}) > 3  # drawn per episode
+    secrets = [ep.env.secret for ep in out.episodes]
+    assert secrets[:8] == [secrets[0]] * 8 and secrets[8:] == [secrets[8]] * 8  # one task per group
     assert all(ep.reward == 1.0 for ep in out.episodes)
     again = run_episodes(ScriptedEngine(answer_secret(tok)), SecretDigitEnv, tok, renderer, records * 2, sampling, 1, limits)
-    assert [e.env.secret for e in again.episodes] == [e.env.secret for e in out.episodes]  # seeded
+    assert [e.env.secret for e in again.episodes] == secrets  # seeded
+    mixed = run_episodes(ScriptedEngine(answer_secret(tok)), SecretDigitEnv, tok, renderer, records * 2, sampling, 1, limits,
+                         reset_seed="episode")  # fmt: skip
+    assert len({ep.env.secret for ep in mixed.episodes}) > 3  # drawn per episode
+    assert all(ep.reward == 1.0 for ep in mixed.episodes)
 
 
 def test_secret_digit_question_replaces_the_record_prompt(tok):
