@@ -33,8 +33,8 @@ def _command(tmp_path: Path, steps: int, *extra: str) -> list[str]:
             "--rollout.engine=hf", "--rollout.vllm_args=null", *extra]  # fmt: skip
 
 
-def _fault(tmp_path: Path, kind: str, step: int = 1) -> str:
-    init = {"marker_dir": str(tmp_path / "markers"), "rank": 1, "step": step, "kind": kind}
+def _fault(tmp_path: Path, kind: str, step: int = 1, rank: int = 1) -> str:
+    init = {"marker_dir": str(tmp_path / "markers"), "rank": rank, "step": step, "kind": kind}
     return "--trainer.callbacks+=" + json.dumps({"class_path": "tests.rank_faults.RankFault", "init_args": init})
 
 
@@ -76,3 +76,76 @@ def test_ddp_quickstart_writes_the_completion_log(tiny_model_path, tmp_path):
     assert rc == 0, output[-5000:]
     rows = [json.loads(line) for line in (tmp_path / "runs" / "quickstart" / "version_0" / "completions.jsonl").open()]
     assert [r["step"] for r in rows] == [s for s in range(3) for _ in range(8)]  # 1 group of 8 samples per step
+
+
+def _gone(pids: list[int]) -> bool:
+    import psutil
+
+    return not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("kind", ["raise", "exit"])
+def test_a_rank_that_dies_ends_the_run_naming_it(tiny_model_path, tmp_path, kind):
+    """Rank 1 raises (or crashes without cleanup) at step 1: every rank is gone soon after, and the
+    output says which rank stopped the run."""
+    proc = _start(_command(tmp_path, 50, _fault(tmp_path, kind)), tiny_model_path, tmp_path)
+    rc, output, _ = _finish(proc, 240)
+    after = time.time() - (tmp_path / "markers" / "rank1.pid").stat().st_mtime
+    assert rc != 0
+    status = 1 if kind == "raise" else 3
+    assert f") exited with status {status} at step 1; stopping the run" in output, output[-5000:]
+    assert "lightning-grpo: rank 1 (pid " in output
+    assert after < 30
+    pids = [int((tmp_path / "markers" / f"rank{r}.pid").read_text()) for r in range(2)]
+    assert _gone(pids)
+
+
+def test_a_rank_whose_launcher_dies_exits(tiny_model_path, tmp_path):
+    """Rank 0 (the launcher) crashes while rank 1 is busy outside any collective (it sleeps): rank 1
+    notices that its launcher is gone and exits within seconds instead of running on forever."""
+    proc = _start(_command(tmp_path, 50, _fault(tmp_path, "hang", rank=1), _fault(tmp_path, "exit", rank=0)),
+                  tiny_model_path, tmp_path)  # fmt: skip
+    rc, _, _ = _finish(proc, 240)
+    assert rc == 3
+    rank1 = int((tmp_path / "markers" / "rank1.pid").read_text())
+    deadline = time.monotonic() + 10
+    while not _gone([rank1]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _gone([rank1]), "rank 1 still runs 10 s after its launcher died"
+
+
+def test_a_rank_that_hangs_ends_the_run_within_the_collective_timeout(tiny_model_path, tmp_path):
+    """Rank 1 stops answering at step 1 (it sleeps): rank 0's next collective times out after
+    --distributed_timeout seconds, names rank 1 and ends every rank."""
+    command = _command(tmp_path, 50, _fault(tmp_path, "hang"), "--distributed_timeout=60")  # rendezvous too: not less
+    proc = _start(command, tiny_model_path, tmp_path)
+    rc, output, _ = _finish(proc, 300)
+    hung_for = time.time() - (tmp_path / "markers" / "rank1.pid").stat().st_mtime
+    assert rc != 0
+    assert "lightning-grpo: rank 1 stopped answering: a collective of rank 0 at step 1 waited 60 s" in output, output[-5000:]
+    assert 60 < hung_for < 60 + 30  # the timeout, then at most the grace period and the exit
+    pids = [int((tmp_path / "markers" / f"rank{r}.pid").read_text()) for r in range(2)]
+    assert _gone(pids)
+
+
+def test_sigterm_to_the_launcher_ends_every_rank(tiny_model_path, tmp_path):
+    """SIGTERM to the process the user started (rank 0) once training runs: both ranks exit within seconds."""
+    proc = _start(_command(tmp_path, 500, _fault(tmp_path, "none")), tiny_model_path, tmp_path)
+    markers = [tmp_path / "markers" / f"rank{r}.pid" for r in range(2)]
+    deadline = time.monotonic() + 180
+    while not all(m.is_file() and m.read_text() for m in markers):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _finish(proc, 1)
+            pytest.fail(f"the run ended or did not reach step 1 (rc {proc.returncode})")
+        time.sleep(0.5)
+    pids = [int(m.read_text()) for m in markers]
+    assert pids[0] == proc.pid
+    time.sleep(2)  # well inside the training loop
+    os.kill(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while not _gone(pids) and time.monotonic() < deadline:
+        proc.poll()
+        time.sleep(0.2)
+    alive = [p for p in pids if not _gone([p])]
+    _finish(proc, 5)
+    assert not alive, f"still running 15 s after SIGTERM: {alive}"
