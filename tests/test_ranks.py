@@ -38,12 +38,28 @@ def _fault(tmp_path: Path, kind: str, step: int = 1, rank: int = 1) -> str:
     return "--trainer.callbacks+=" + json.dumps({"class_path": "tests.rank_faults.RankFault", "init_args": init})
 
 
+_STARTED: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def _kill_leftovers():
+    """Whatever a test's run left behind (its whole session) is killed after the test."""
+    yield
+    while _STARTED:
+        try:
+            os.killpg(_STARTED.pop(), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _start(command: list[str], tiny_model_path: Path, cwd: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith(_LAUNCH_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["LIGHTNING_GRPO_CACHE"] = str(Path(tiny_model_path).parent)  # the session's tiny model, built once
-    return subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip
+    _STARTED.append(proc.pid)
+    return proc
 
 
 def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, float]:
@@ -55,16 +71,7 @@ def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, float]:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         pytest.fail(f"the run did not end within {timeout} s:\n{output[-5000:]}")
-    finally:
-        _kill_leftovers(proc.pid)
     return proc.returncode, output, time.monotonic() - start
-
-
-def _kill_leftovers(session: int) -> None:
-    try:
-        os.killpg(session, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def test_ddp_quickstart_writes_the_completion_log(tiny_model_path, tmp_path):
