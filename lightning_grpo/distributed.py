@@ -210,7 +210,7 @@ class RankWatch(Callback):
         with self._lock:
             for rank, proc in self._procs.items():
                 status = proc.poll()
-                if status is None or rank in self._reported:
+                if status is None or rank in self._reported or self._exit_status is not None:  # (a signal stops them)
                     continue
                 if status == 0 and not self._exited_long_ago(proc):
                     continue
@@ -275,6 +275,7 @@ class RankWatch(Callback):
                 if signum in (signal.SIGTERM, signal.SIGINT) and not self._done.is_set():
                     if self._exit_status is None:
                         self._exit_status = 128 + signum
+                        _say(f"lightning-grpo: rank {self._rank} got {signal.Signals(signum).name}: stopping every rank")
                     for proc in self._procs.values():
                         if proc.poll() is None:
                             proc.send_signal(signal.SIGTERM)

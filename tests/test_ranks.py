@@ -154,5 +154,7 @@ def test_sigterm_to_the_launcher_ends_every_rank(tiny_model_path, tmp_path):
         proc.poll()
         time.sleep(0.2)
     alive = [p for p in pids if not _gone([p])]
-    _finish(proc, 5)
+    rc, output, _ = _finish(proc, 5)
     assert not alive, f"still running 15 s after SIGTERM: {alive}"
+    assert rc == 128 + signal.SIGTERM
+    assert "lightning-grpo: rank 0 got SIGTERM: stopping every rank" in output, output[-3000:]
