@@ -14,6 +14,8 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from lightning_grpo.callbacks.guards import Guard
+
 
 class RankFault(Callback):
     def __init__(self, marker_dir: str, rank: int = 1, step: int = 1, kind: str = "none") -> None:
@@ -32,3 +34,18 @@ class RankFault(Callback):
             os._exit(3)
         if self.kind == "hang":
             time.sleep(3600)
+
+
+class RankZeroGuard(Guard):
+    """A guard that fires (warn) on rank 0 alone at step ``step``: its alarm and the completions
+    of that step are written while rank 1 trains on."""
+
+    name = "rank_zero_only"
+
+    def __init__(self, step: int = 1) -> None:
+        super().__init__("warn")
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == 0 and trainer.global_step == self.step:
+            self.fire(trainer, pl_module, "fired on rank 0 alone")

@@ -85,6 +85,21 @@ def test_ddp_quickstart_writes_the_completion_log(tiny_model_path, tmp_path):
     assert [r["step"] for r in rows] == [s for s in range(3) for _ in range(8)]  # 1 group of 8 samples per step
 
 
+def test_a_guard_firing_on_rank_0_alone_writes_its_alarm_and_completions(tiny_model_path, tmp_path):
+    """alarms.jsonl and the step's completions are written by rank 0 while rank 1 trains on (both
+    read the log directory with a broadcast, which rank 1 never joined)."""
+    guard = json.dumps({"class_path": "tests.rank_faults.RankZeroGuard", "init_args": {"step": 1}})
+    proc = _start(_command(tmp_path, 3, f"--trainer.callbacks+={guard}", "--rollout.log_completions.every_n_steps=0"),
+                  tiny_model_path, tmp_path)  # fmt: skip
+    rc, output, _ = _finish(proc, 240)
+    assert rc == 0, output[-5000:]
+    run = tmp_path / "runs" / "quickstart" / "version_0"
+    alarms = [json.loads(line) for line in (run / "alarms.jsonl").open()]
+    assert alarms == [{"step": 1, "guard": "rank_zero_only", "action": "warn", "message": "fired on rank 0 alone",
+                       "completions": "completions.jsonl step 1"}]  # fmt: skip
+    assert {json.loads(line)["step"] for line in (run / "completions.jsonl").open()} == {1}
+
+
 def _gone(pids: list[int]) -> bool:
     import psutil
 
