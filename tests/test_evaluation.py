@@ -69,18 +69,38 @@ def test_evaluate_prompts_reports_pass_at_k_and_mean_at_n(tiny_model_path):
     assert out["val/reward_mean"] == pytest.approx((2 * 1.5 + 0) / 8)  # prefix + 0.5 exact on the two "3"
 
 
-def test_validate_a_quickstart_checkpoint(tmp_path):
-    """Train 3 steps (validation at the last), then ``lightning-grpo validate --ckpt_path last.ckpt``:
-    the same greedy accuracy as the run's last check, and pass@k that rises with k up to 1."""
-    _, run_dir = train_recipe(tmp_path, "quickstart.yaml", 3)
+def _validate(tmp_path, *args: str) -> dict[str, float]:
+    """``lightning-grpo validate`` of the quickstart recipe (HF engine, 50 held-out prompts, 8 samples each)."""
     logger = '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "val"}}' % (tmp_path / "runs")
-    args = ["validate", "-c", str(ROOT / "recipes" / "quickstart.yaml"), "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt"),
+    args = ["validate", "-c", str(ROOT / "recipes" / "quickstart.yaml"), *args,
             "--rollout.engine=hf", "--rollout.vllm_args=null", "--rollout.val_samples=8", "--rollout.val_pass_k=[1,2,8]",
             "--data.val_batch_size=50", "--trainer.enable_progress_bar=false", f"--trainer.logger={logger}"]  # fmt: skip
-    metrics = {k: float(v) for k, v in cli(args).trainer.callback_metrics.items()}
+    return {k: float(v) for k, v in cli(args).trainer.callback_metrics.items()}
+
+
+def test_validate_a_quickstart_checkpoint(tmp_path, digit_teacher_path):
+    """Train 3 steps (validation at the last), put the digit teacher's weights into the run's
+    last.ckpt, then ``lightning-grpo validate --ckpt_path`` it: the teacher's greedy accuracy (what
+    validating the teacher's folder gives), far from the run's own (a validate that ignored the
+    checkpoint would report the untrained policy's), and pass@k that rises with k up to 1."""
+    from transformers import AutoModelForCausalLM
+
     from lightning_grpo import report
 
-    assert metrics["val/greedy_accuracy"] == report.load_run(run_dir).series["val/greedy_accuracy"][-1][1]
+    _, run_dir = train_recipe(tmp_path, "quickstart.yaml", 3)
+    untrained = report.load_run(run_dir).series["val/greedy_accuracy"][-1][1]
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    teacher = AutoModelForCausalLM.from_pretrained(digit_teacher_path).state_dict()
+    state = checkpoint["state_dict"]
+    policy_keys = [k for k in state if k.startswith("policy.")]
+    assert sorted(k.removeprefix("policy.") for k in policy_keys) == sorted(teacher)
+    state.update({k: teacher[k.removeprefix("policy.")].clone() for k in policy_keys})
+    torch.save(checkpoint, tmp_path / "teacher.ckpt")
+
+    metrics = _validate(tmp_path, "--ckpt_path", str(tmp_path / "teacher.ckpt"))
+    taught = _validate(tmp_path, f"--model.model={digit_teacher_path}")["val/greedy_accuracy"]
+    assert metrics["val/greedy_accuracy"] == taught
+    assert taught - untrained > 0.5, (taught, untrained)  # the comparison tells the two policies apart
     assert metrics["val/pass@1"] == pytest.approx(metrics["val/mean@8"], abs=1e-6)  # pass / fail reward: pass@1 = mean
     assert metrics["val/pass@1"] <= metrics["val/pass@2"] <= metrics["val/pass@8"] <= 1.0
     assert metrics["val/pass@8"] > 0

@@ -11,6 +11,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..core import CORRECTIONS
+from ..distributed import local_log_dir
 from ..rollout.server_engine import NoServerLeftError
 
 
@@ -45,7 +46,8 @@ def checkpoint_on_server_failure(trainer: L.Trainer) -> Iterator[None]:
     try:
         yield
     except NoServerLeftError as err:
-        directory = os.path.join(trainer.log_dir or trainer.default_root_dir, "checkpoints")
+        # not trainer.log_dir (a broadcast): this rank may be the only one that lost its servers
+        directory = os.path.join(local_log_dir(trainer) or trainer.default_root_dir, "checkpoints")
         path = os.path.join(directory, f"server-failure-step{trainer.global_step}.ckpt")
         try:
             trainer.save_checkpoint(path)

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ..distributed import local_log_dir
+
 FILE = "completions.jsonl"
 COLUMNS = ("step", "group", "prompt", "completion", "rewards", "reward", "advantage", "length", "truncated")
 
@@ -68,10 +70,12 @@ class CompletionLog:
         rows = completion_rows(self._batch[0], self._batch[1], module.rollout_batch, trainer.datamodule.tokenizer, step,
                                self.settings.groups)  # fmt: skip
         self._logged_at = step
-        if trainer.global_rank != 0 or not trainer.loggers or trainer.log_dir is None:
+        # rank 0 writes; trainer.log_dir would broadcast, which the other ranks never join here
+        log_dir = local_log_dir(trainer) if trainer.global_rank == 0 and trainer.loggers else None
+        if log_dir is None:
             return
-        os.makedirs(trainer.log_dir, exist_ok=True)
-        with open(os.path.join(trainer.log_dir, FILE), "a", encoding="utf-8") as f:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, FILE), "a", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
         for logger in trainer.loggers:

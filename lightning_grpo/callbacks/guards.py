@@ -48,6 +48,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from ..batch import RolloutBatch
+from ..distributed import local_log_dir
 
 Action = Literal["warn", "skip", "stop", "fix"]
 ACTIONS = ("warn", "skip", "stop", "fix")
@@ -151,10 +152,12 @@ def _log_completions(trainer: L.Trainer, module: L.LightningModule) -> str | Non
 
 def _append_alarm(trainer: L.Trainer, record: dict[str, Any]) -> None:
     """Append one alarm to ``<log_dir>/alarms.jsonl`` (rank 0, only when a logger is configured)."""
-    if trainer.global_rank != 0 or not trainer.loggers or trainer.log_dir is None:
+    # not trainer.log_dir: a broadcast, and a guard may fire on rank 0 alone
+    log_dir = local_log_dir(trainer) if trainer.global_rank == 0 and trainer.loggers else None
+    if log_dir is None:
         return
-    os.makedirs(trainer.log_dir, exist_ok=True)
-    with open(os.path.join(trainer.log_dir, "alarms.jsonl"), "a", encoding="utf-8") as f:
+    os.makedirs(log_dir, exist_ok=True)
+    with open(os.path.join(log_dir, "alarms.jsonl"), "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
 
 

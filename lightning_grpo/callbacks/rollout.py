@@ -27,6 +27,7 @@ from typing_extensions import override
 from ..batch import RolloutBatch, steps_per_batch
 from ..core import SELECTIONS
 from ..data.reward_set import RewardSet, RewardSpec
+from ..distributed import attach_rank_watch
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
 from ..validation import check_fit_config
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
@@ -184,6 +185,7 @@ class RolloutCallback(Callback):
                 "RolloutCallback needs a lightning_grpo PromptDataModule: trainer.fit(module, datamodule=...)"
             )
         pl_module.evaluator = self.evaluate
+        attach_rank_watch(trainer)  # DDP: a rank that dies, hangs or gets SIGTERM ends every rank
         if self.seed is None:
             self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         check_fit_config(trainer, pl_module, self)

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from jsonargparse.typing import PositiveFloat
 from lightning.pytorch.utilities import rank_zero_info
 
+from ..distributed import DEFAULT_TIMEOUT_S, set_collective_timeout, warn_if_oversubscribed
 from .errors import condense, mark, print_and_exit
 
 ROLLOUT_KEY = "rollout"
@@ -114,11 +116,19 @@ class GRPOCLI(LightningCLI):
         parser.add_lightning_class_args(RolloutCallback, ROLLOUT_KEY, subclass_mode=True, required=False)
         parser.set_defaults({ROLLOUT_KEY: {"class_path": ROLLOUT_DEFAULT}})
         _plain_model_option(parser)
+        parser.add_argument(
+            "--distributed_timeout", type=PositiveFloat, default=DEFAULT_TIMEOUT_S,
+            help="Multi-process runs (DDP / FSDP): seconds a collective waits for every rank before the run "
+                 "stops, naming the rank that stopped answering",
+        )  # fmt: skip
 
     def instantiate_classes(self) -> None:
         """Build everything; a constructor's error is reported with the option it came from."""
         try:
             super().instantiate_classes()
+            config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+            set_collective_timeout(self.trainer, config.get("distributed_timeout") or DEFAULT_TIMEOUT_S)
+            warn_if_oversubscribed(self.trainer)  # one line, before any process starts
         except (ValueError, TypeError, FileNotFoundError, ImportError) as err:
             config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
             text = str(err)
