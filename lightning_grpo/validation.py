@@ -82,9 +82,12 @@ def check_rewards(dm: Any, callback: Any) -> None:
     not for a callback that scores its own way (``score``: episodes, whose columns come from the environment)."""
     if getattr(callback, "score", None) is not None or getattr(dm, "tokenizer", None) is None:
         return
+    if getattr(callback, "_rewards_probed", False):  # the CLI checks before fit, the callback again in setup
+        return
     from .data.reward_probe import probe_rewards
 
     probe_rewards(callback.reward_set, dm.train_records, dm.tokenizer)
+    callback._rewards_probed = True
 
 
 # ------------------------------------------------------------------------------------ engine

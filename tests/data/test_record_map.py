@@ -137,7 +137,7 @@ import json
 
 def uses_hint(completions, hint, topic, **columns):
     with open("seen.jsonl", "a") as f:
-        f.write(json.dumps({"hint": hint, "topic": topic, "prompt": columns["prompt"]}) + "\\n")
+        f.write(json.dumps({"hint": hint, "topic": topic, "prompt": columns["prompt"], "completions": completions}) + "\\n")
     return [float(c.startswith(h)) for c, h in zip(completions, hint)]
 '''
 
@@ -155,6 +155,9 @@ def test_the_console_script_imports_modules_from_the_current_directory(tmp_path,
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     seen = [json.loads(line) for line in (tmp_path / "seen.jsonl").read_text().splitlines()]
+    probe = [call for call in seen if "a stand-in completion" in call["completions"]]  # data/reward_probe.py
+    assert len(probe) == 1  # called once on stand-ins before training, although fit checks the config twice
+    seen = [call for call in seen if call not in probe]
     assert len(seen) == 2  # one call per training step
     by_prompt = {r["prompt"]: r for r in EXPECTED}
     for call in seen:
