@@ -1,6 +1,5 @@
 """Run one matrix cell through the real command line: ``lightning-grpo fit -c <cell config>`` in a
-subprocess (its own process group, killed whole on timeout so a hang fails the cell), then
-``lightning-grpo export``."""
+subprocess (its own process group, killed whole on timeout so a hang fails the cell)."""
 
 from __future__ import annotations
 
@@ -129,10 +128,6 @@ def fit(cell: dict[str, str], folder: Path, version: str, env: dict[str, str], s
     finished = run(args, folder, env, timeout)
     (folder / f"fit-{version}.log").write_text(finished.stdout + "\n--- stderr ---\n" + finished.stderr)
     return finished
-
-
-def export(checkpoint: Path, out: Path, env: dict[str, str]) -> Finished:
-    return run([*CLI, "export", str(checkpoint), "--out", str(out)], out.parent, env)
 
 
 def run_dir(folder: Path, version: str) -> Path:

@@ -5,7 +5,8 @@ what can fail when options combine:
 - the engine's and the trainer's log-probs of the sampled tokens agree (``train/mismatch_max_abs`` <= 1e-4);
 - the prompts in the completions log are the sampled ones (rewards recomputed from them by the task's rule);
 - a run resumed from the step-1 checkpoint equals the uninterrupted run (weights, last logged step);
-- ``lightning-grpo export`` of the last checkpoint, loaded with transformers, gives the trained policy's logits (1e-5).
+- an export of the last checkpoint (``lightning_grpo.export.export``, the function ``lightning-grpo export`` calls, in
+  this process to save a process start), loaded with transformers, gives the trained policy's logits (1e-5).
 
 Refused pairs (``REFUSED``) must fail before any engine starts, with one line naming both options.
 """
@@ -16,6 +17,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+
+from lightning_grpo.export import export
 
 from . import checks, runner
 from .dimensions import cell_id, cells, refused_cells
@@ -42,26 +45,45 @@ def server_url(request, cell):
     return request.getfixturevalue("vllm_server") if cell["engine"] == "vllm_server" else None
 
 
+class Failures(list):
+    """Every check of a cell runs; the cell fails once, listing each failed check."""
+
+    def check(self, name: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as err:  # noqa: BLE001 - reported below with the check's name
+            self.append(f"{name}: {type(err).__name__}: {str(err)[:1500]}")
+            return None
+
+
+def _resume(cell, folder, env, server_url, a_rows):
+    b = runner.fit(cell, folder, "b", env, server_url, ckpt_path=runner.checkpoint_at(folder, "a", 1)).check("fit resumed from step 1")
+    b_rows = checks.train_rows(runner.run_dir(folder, "b"), cell["logging"])
+    checks.check_resume(runner.checkpoint_at(folder, "a", 2), runner.checkpoint_at(folder, "b", 2), a_rows, b_rows)
+    return b
+
+
+def _export(folder):
+    exported = export(runner.checkpoint_at(folder, "a", 2), folder / "exported")  # what `lightning-grpo export` calls
+    return checks.check_export(exported, folder / "probe-a.pt")
+
+
 @pytest.mark.parametrize("cell", CELLS, ids=[cell_id(c) for c in CELLS])
 def test_cell(cell, tiny_model_path, server_url, prompts, tmp_path):
     env = runner.environment(Path(tiny_model_path).parent)
     a = runner.fit(cell, tmp_path, "a", env, server_url).check(f"{cell_id(cell)}: fit (2 steps)")
+    failures = Failures()
     a_rows = checks.train_rows(runner.run_dir(tmp_path, "a"), cell["logging"])
     assert [r["step"] for r in a_rows] == [0.0, 1.0], f"logged training steps {[r['step'] for r in a_rows]}"
-    gaps = checks.check_logprob_agreement(a_rows)
-    completions = checks.completion_rows(runner.run_dir(tmp_path, "a"))
-    checks.check_completions(completions, cell["rollout"], prompts, runner.STEPS, per_step=2 * 4)
-
-    b = runner.fit(cell, tmp_path, "b", env, server_url, ckpt_path=runner.checkpoint_at(tmp_path, "a", 1))
-    b.check(f"{cell_id(cell)}: fit resumed from step 1")
-    b_rows = checks.train_rows(runner.run_dir(tmp_path, "b"), cell["logging"])
-    checks.check_resume(runner.checkpoint_at(tmp_path, "a", 2), runner.checkpoint_at(tmp_path, "b", 2), a_rows, b_rows)
-
-    exported = tmp_path / "exported"
-    e = runner.export(runner.checkpoint_at(tmp_path, "a", 2), exported, env).check(f"{cell_id(cell)}: export")
-    export_gap = checks.check_export(exported, tmp_path / "probe-a.pt")
-    print(f"{cell_id(cell)}: fit {a.seconds:.1f} s, resume {b.seconds:.1f} s, export {e.seconds:.1f} s; "
-          f"max |engine - trainer| log-prob {max(gaps):.2e}, export logit gap {export_gap:.2e}")  # fmt: skip
+    gaps = failures.check("log-probs", checks.check_logprob_agreement, a_rows)
+    completions = failures.check("completions log", checks.completion_rows, runner.run_dir(tmp_path, "a"))
+    if completions is not None:
+        failures.check("completions log", checks.check_completions, completions, cell["rollout"], prompts, runner.STEPS, 2 * 4)
+    b = failures.check("resume", _resume, cell, tmp_path, env, server_url, a_rows)
+    export_gap = failures.check("export", _export, tmp_path)
+    print(f"{cell_id(cell)}: fit {a.seconds:.1f} s, resume {b.seconds if b else float('nan'):.1f} s; max |engine - trainer| "
+          f"log-prob {max(gaps) if gaps else float('nan'):.2e}, export logit gap {export_gap if export_gap is not None else float('nan'):.2e}")  # fmt: skip
+    assert not failures, f"{cell_id(cell)}:\n" + "\n".join(failures)
 
 
 @pytest.mark.parametrize("cell,words", REFUSED, ids=[cell_id(c) for c, _ in REFUSED])
