@@ -39,9 +39,15 @@ class Finished:
     def tail(self, lines: int = 25) -> str:
         return "\n".join((self.stdout + "\n" + self.stderr).strip().splitlines()[-lines:])
 
+    def hang_stacks(self) -> str:
+        """The innermost frames of each thread faulthandler printed when the hang was aborted."""
+        lines = (self.stdout + "\n" + self.stderr).splitlines()
+        frames = [l for l in lines if l.lstrip().startswith(("File ", "Thread ", "Current thread", "[rank"))]
+        return "\n".join(frames[-40:]) or self.tail()
+
     def check(self, what: str) -> "Finished":
         if self.returncode is None:
-            raise AssertionError(f"{what}: no exit after {TIMEOUT_S} s (killed: a hang)\n{self.tail()}")
+            raise AssertionError(f"{what}: no exit after {TIMEOUT_S} s (killed: a hang); the stacks:\n{self.hang_stacks()}")
         if self.returncode != 0:
             raise AssertionError(f"{what}: exit status {self.returncode}\n{self.tail()}")
         return self
@@ -55,17 +61,30 @@ def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = TIMEOU
     try:
         out, err = proc.communicate(timeout=timeout)
         code: int | None = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
+    except subprocess.TimeoutExpired:  # SIGABRT first: faulthandler prints where every process hangs
+        os.killpg(proc.pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            out, err = proc.communicate()
+        _kill_group(proc.pid)  # ranks or engine processes that outlived their parent
         code = None
     return Finished(args, code, out, err, time.perf_counter() - start)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def environment(model_cache: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])  # tests.matrix.* importable
-    env["LIGHTNING_GRPO_CACHE"] = str(model_cache)  # the session's tiny model (the same one the vLLM server serves)
+    env["LIGHTNING_GRPO_CACHE"] = str(model_cache)
+    env["PYTHONFAULTHANDLER"] = "1"  # a killed hang shows its stacks  # the session's tiny model (the same one the vLLM server serves)
     for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "TORCHDYNAMO_DISABLE"):
         env.pop(name, None)  # what the CLI sets for itself, as for a user
     return env
