@@ -55,7 +55,7 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
                               "init_args": {**AGENT, "environment": "tests.matrix.envs.OpeningDigitsEnv"}}},  # fmt: skip
         "openenv": {"rollout": {"class_path": "lightning_grpo.AgentRolloutCallback",
                                 "init_args": {**AGENT, "environment": "lightning_grpo.integrations.openenv.OpenEnvEnvironment",
-                                              "environment_args": {"env": "tests.matrix.envs.OpeningDigitsOpenEnv"}}}},  # fmt: skip
+                                              "environment_args": {"env": "tests.matrix.openenv_env.OpeningDigitsOpenEnv"}}}},  # fmt: skip
     },
     "logging": {
         "csv": _logger("lightning.pytorch.loggers.CSVLogger"),

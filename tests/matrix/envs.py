@@ -2,17 +2,15 @@
 episode of a group opens differently and a log (or a trainer) that shows another episode's opening
 is caught by recomputing the reward from what it shows.
 
-Both follow one rule (:func:`answer_of`, the digit task's ``last_plus_one``): the opening is four
-digits and ``=``; a first turn starting with ``(last digit + 1) % 10`` scores 1 and ends the episode;
+Both (this module's and the OpenEnv one in ``openenv_env.py``) follow one rule (:func:`answer_of`,
+the digit task's ``last_plus_one``): the opening is four digits and ``=``; a first turn starting with ``(last digit + 1) % 10`` scores 1 and ends the episode;
 otherwise the environment answers ``again`` and a right second turn scores 0.5.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any, Optional
-
-from openenv.core.env_server import Action, Environment, Observation, State
+from typing import Any
 
 from lightning_grpo.agents.environment import Environment as AgentEnvironment
 from lightning_grpo.agents.environment import Messages, Step, Turn
@@ -55,39 +53,3 @@ class OpeningDigitsEnv(AgentEnvironment):
     def tokenizer_free(text: str) -> str:
         """The turn's text without the chat markers the engine may have sampled (``<|im_end|>``)."""
         return text.split("<|")[0]
-
-
-class DigitsAction(Action):
-    guess: str
-
-
-class DigitsObservation(Observation):
-    text: str = ""
-
-
-class OpeningDigitsOpenEnv(Environment[DigitsAction, DigitsObservation, State]):
-    """The same task in OpenEnv's API (run in process by ``lightning_grpo.integrations.openenv.OpenEnvEnvironment``)."""
-
-    SUPPORTS_CONCURRENT_SESSIONS = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.opening, self.turn = "0000=", 0
-        self._state = State()
-
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> DigitsObservation:
-        self.opening, self.turn = opening_of(int(seed or 0)), 0
-        self._state = State(episode_id=episode_id, step_count=0)
-        return DigitsObservation(text=self.opening)
-
-    def step(self, action: DigitsAction, timeout_s: Optional[float] = None, **kwargs: Any) -> DigitsObservation:
-        reward = turn_reward(self.opening, action.guess, self.turn)
-        self.turn += 1
-        self._state.step_count = self.turn
-        if reward > 0:
-            return DigitsObservation(text="right", reward=reward, done=True)
-        return DigitsObservation(text=AGAIN, reward=0.0)
-
-    @property
-    def state(self) -> State:
-        return self._state
