@@ -23,7 +23,7 @@ RECIPE = ROOT / "recipes" / "quickstart.yaml"
 _SCRIPT = Path(sys.executable).with_name("lightning-grpo")
 CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "lightning_grpo"]  # what users run
 STEPS = 2
-TIMEOUT_S = 240  # one fit or export; a hang fails the cell after this
+TIMEOUT_S = float(os.environ.get("LIGHTNING_GRPO_MATRIX_TIMEOUT", 240))  # seconds per fit: a hang fails the cell after this
 
 
 @dataclass
