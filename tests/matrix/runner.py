@@ -40,10 +40,11 @@ class Finished:
         return "\n".join((self.stdout + "\n" + self.stderr).strip().splitlines()[-lines:])
 
     def hang_stacks(self) -> str:
-        """The innermost frames of each thread faulthandler printed when the hang was aborted."""
+        """The package's frames in the stacks faulthandler printed when the hang was aborted (every
+        process, every thread: where each rank waits), else the output's tail."""
         lines = (self.stdout + "\n" + self.stderr).splitlines()
-        frames = [l for l in lines if l.lstrip().startswith(("File ", "Thread ", "Current thread", "[rank"))]
-        return "\n".join(frames[-40:]) or self.tail()
+        frames = [line for line in lines if "lightning_grpo/" in line and "/cli/" not in line]
+        return "\n".join(frames[-60:]) or self.tail()
 
     def check(self, what: str) -> "Finished":
         if self.returncode is None:
