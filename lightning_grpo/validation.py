@@ -14,6 +14,8 @@ names the option as written in a recipe (``data.batch_size``, ``model.advantage`
   chunked prefill (``rollout/prefill.py``);
   ``lora_sync: adapter`` with engine vllm, ``vllm_args.enable_lora`` and ``model.lora``;
   ``vllm_args.sleep_level: 2`` only with ``weight_sync`` on;
+* the layout: no ``model.quantization`` (QLoRA) and no ``engine: hf`` with ``trainer.strategy``
+  ModelParallelStrategy (FSDP2);
 * the groups: at least 2 completions per prompt for a group-relative advantage (all built-in
   ones); no more training steps per generation batch than it has completions;
 * the reference: ``beta > 0`` or ``kl_in_reward_coef`` with ``reference: none``;
@@ -61,6 +63,7 @@ def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any =
     """
     dm = datamodule if datamodule is not None else getattr(trainer, "datamodule", None)
     check_engine(module, callback)
+    check_layout(trainer, module, callback)
     check_groups(trainer, module, callback, dm)
     check_reference(module)
     check_callback_ranges(callback)
@@ -159,6 +162,26 @@ def _check_lora_sync(module: Any, callback: Any) -> None:
         raise ValueError(
             f"{CB}.lora_sync='adapter' needs {CB}.vllm_args.enable_lora: true (vLLM serves adapters only "
             "when built with it), or use lora_sync: merged"
+        )
+
+
+# ------------------------------------------------------------------------------------ layout
+def check_layout(trainer: Any, module: Any, callback: Any = None) -> None:
+    """Options the process layout cannot combine with (before the launcher starts the ranks)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    if not isinstance(getattr(trainer, "strategy", None), ModelParallelStrategy):
+        return
+    if getattr(module, "quantization", None) is not None:
+        raise ValueError(
+            "model.quantization (QLoRA) does not shard with trainer.strategy ModelParallelStrategy (FSDP2): "
+            "use strategy ddp or one device, or train without model.quantization"
+        )
+    if callback is not None and callback.engine is None and callback.engine_name == "hf":
+        raise ValueError(
+            f"{CB}.engine 'hf' generates with the live policy, which trainer.strategy ModelParallelStrategy (FSDP2) "
+            "shards (its forward fails on the sharded weights): use engine vllm or vllm_server (they get the gathered "
+            "weights), or strategy ddp"
         )
 
 

@@ -57,7 +57,8 @@ def gathered_weights_for_engine(model: nn.Module, merge_lora: bool = True) -> It
 def _unwrap_peft(model: nn.Module) -> nn.Module:
     """The HF model inside a ``torch.compile`` and/or peft wrapper (``PeftModel.base_model.model``)."""
     model = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
-    if type(model).__module__.startswith("peft.") and hasattr(model, "get_base_model"):
+    # any class of the MRO: FSDP2's fully_shard swaps the class for FSDP<cls>, defined in torch's module
+    if any(c.__module__.startswith("peft.") for c in type(model).__mro__) and hasattr(model, "get_base_model"):
         return model.get_base_model()
     return model
 

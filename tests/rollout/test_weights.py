@@ -86,3 +86,16 @@ def test_compiled_model_yields_the_inner_names(tiny_model_path):
     model = _load(tiny_model_path)
     compiled = torch.compile(model)  # wraps without compiling until called
     assert [name for name, _ in policy_weights_for_engine(compiled)] == list(model.state_dict())
+
+
+def test_fsdp2_sharded_peft_model_yields_the_hf_names(tiny_model_path):
+    """fully_shard swaps the policy's class for ``FSDP<cls>`` defined in torch's module: the peft model
+    must still be unwrapped (it pushed ``base_model.model.*`` names, which vLLM refused; matrix cell
+    fsdp2-vllm_server-lora-openenv-tensorboard)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = _lora(tiny_model_path, target_modules=TARGETS)
+    expected = [name for name, _ in policy_weights_for_engine(model)]
+    cls = type(model)
+    model.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {"__module__": "torch.distributed.fsdp._fully_shard._fsdp_init"})
+    assert [name for name, _ in policy_weights_for_engine(model)] == expected
