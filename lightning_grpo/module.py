@@ -33,7 +33,7 @@ from .fsdp import fsdp_units, run_as_forward, shard_policy
 from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
 from .prefix import PrefixSharingMode, choose_layout
 from .lora import LoraSettings
-from .quantization import QuantizationSettings, check_quantization
+from .quantization import QuantizationSettings, check_quantization, take_quant_state
 
 
 class GRPOModule(L.LightningModule):
@@ -397,6 +397,8 @@ class GRPOModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))
+        if self.quantization is not None and self.policy is not None:  # QLoRA: the 4-bit state is rebuilt, not loaded
+            take_quant_state(checkpoint["state_dict"], self)
 
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]

@@ -166,6 +166,29 @@ def rebuild_quantized(state: dict[str, torch.Tensor], config: dict[str, Any], se
     return model.eval()
 
 
+#: The tensors bitsandbytes saves beside a 4-bit weight (its quantisation state), which
+#: ``nn.Module.load_state_dict`` does not take back: ``...weight.absmax``, ``...weight.quant_map``, ...
+_QUANT_STATE_KEY = re.compile(r"\.weight\.(absmax|quant_map|nested_absmax|nested_quant_map|quant_state\..+)$")
+
+
+def take_quant_state(checkpoint_state: dict[str, torch.Tensor], module: nn.Module) -> None:
+    """Remove the 4-bit weights' quantisation-state tensors from a checkpoint's ``state_dict`` before
+    Lightning loads it into ``module`` (a resumed QLoRA run), after checking that they equal the
+    module's own: the frozen 4-bit base is rebuilt from ``model.model`` when the run starts, so the
+    checkpoint must hold the same base. Raises one ValueError naming the first tensor that differs."""
+    keys = [key for key in checkpoint_state if _QUANT_STATE_KEY.search(key)]
+    if not keys:
+        return
+    own = module.state_dict()
+    for key in keys:
+        theirs, mine = checkpoint_state.pop(key), own.get(key)
+        if mine is None or not torch.equal(theirs.cpu(), mine.cpu()):
+            raise ValueError(
+                f"the checkpoint's 4-bit base differs from the one built from model.model ({key}): resume a QLoRA "
+                "run with the model.model and model.quantization it was trained with"
+            )
+
+
 def is_quantized(param: torch.Tensor) -> bool:
     """True for a bitsandbytes 4-bit weight (``Params4bit`` with its quantisation state): the one
     check (the weight push and the model-folder writer dequantise exactly these)."""

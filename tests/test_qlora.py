@@ -181,3 +181,24 @@ def test_qlora_training_keeps_engine_and_policy_together(vllm_engine, tiny_model
     assert type(module.policy.base_model.model.model.layers[0].self_attn.q_proj.base_layer).__name__ == "Linear4bit"
     assert len(gaps) == 3 and max(gaps) <= 1e-4, gaps
     assert vllm_engine._lora_request is None  # the callback took its adapter back at teardown
+
+
+def test_a_resumed_qlora_checkpoint_loads_into_a_rebuilt_policy(tiny_model_path):
+    """A resume rebuilds the 4-bit base from model.model; the checkpoint's quantisation-state tensors
+    (``weight.absmax``, ...), which ``load_state_dict`` does not take, are checked against it and
+    removed, so Lightning's strict load succeeds; a checkpoint of another base is refused by name."""
+    from lightning_grpo.quantization import take_quant_state
+
+    trained, fresh = _qlora_policy(tiny_model_path), _qlora_policy(tiny_model_path)
+    state = trained.state_dict()
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        fresh.load_state_dict(dict(state), strict=True)  # what a resume hit before
+    take_quant_state(state, fresh)
+    fresh.load_state_dict(state, strict=True)
+    for (name, a), b in zip(trained.state_dict().items(), fresh.state_dict().values()):
+        assert torch.equal(a, b), name
+    other = trained.state_dict()
+    key = next(k for k in other if k.endswith(".weight.absmax"))
+    other[key] = other[key] * 2
+    with pytest.raises(ValueError, match=r"differs from the one built from model.model \(.*absmax\)"):
+        take_quant_state(other, fresh)

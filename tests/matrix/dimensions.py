@@ -22,7 +22,9 @@ FSDP2 = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
 LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "extra": {"modules_to_save": ["lm_head"]}}
 QUANTIZATION = {"quant_type": "nf4", "double_quant": True, "compute_dtype": "float32"}
 VLLM_ARGS = {"dtype": "float32", "max_model_len": 128, "kv_cache_memory_bytes": 64 * 1024**2}
-AGENT = {"max_turns": 2, "sampling": {"max_new_tokens": 1}, "rewards": [{"name": "env_reward"}]}
+AGENT = {"max_turns": 2, "sampling": {"max_new_tokens": 1}, "rewards": [{"name": "env_reward"}],
+         # openings that differ per episode (the seams issue): each episode its own reset seed
+         "reset_seed": "episode", "allow_mixed_task_groups": True}
 
 
 def _logger(class_path: str) -> dict[str, Any]:
