@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.bad_input_helpers import cli
 
@@ -27,3 +32,15 @@ def train_recipe(tmp_path: Path, recipe: str, steps: int, engine=None, extra: li
         callback.use_engine(engine)
     built.trainer.fit(built.model, datamodule=built.datamodule)
     return built, Path(built.trainer.log_dir)
+
+
+def communicate_or_kill(proc: subprocess.Popen, timeout: float, what: str) -> str:
+    """``proc``'s output; past ``timeout`` its whole session (every rank it started) is killed and the
+    test fails with the output's tail. ``proc`` must have been started with ``start_new_session=True``."""
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{what} did not end within {timeout} s:\n{output[-6000:]}")
+    return output

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.run_helpers import communicate_or_kill
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 #: Variables that would make Lightning believe it runs under an external launcher / cluster.
@@ -33,12 +34,7 @@ def _run_worker(mode: str, model_dir: Path, out: Path, timeout: float = 300, *ex
     cmd = [sys.executable, str(worker), mode, "--model", str(model_dir), "--out", str(out), *extra]
     # own session: on a timeout the whole group (rank 0 and the rank Lightning started) is killed
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"{mode} worker timed out after {timeout} s:\n{output[-6000:]}")
+    output = communicate_or_kill(proc, timeout, f"the {mode} worker")
     assert proc.returncode == 0, f"{mode} worker failed (rc {proc.returncode}):\n{output[-6000:]}"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.run_helpers import ROOT
+from tests.run_helpers import ROOT, communicate_or_kill
 from tests.test_distributed import _LAUNCH_PREFIXES, _LAUNCH_VARS
 
 pytestmark = [
@@ -65,12 +65,7 @@ def _start(command: list[str], tiny_model_path: Path, cwd: Path) -> subprocess.P
 def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, float]:
     """(exit status, output, seconds); the test fails (after killing the whole session) past ``timeout``."""
     start = time.monotonic()
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"the run did not end within {timeout} s:\n{output[-5000:]}")
+    output = communicate_or_kill(proc, timeout, "the run")
     return proc.returncode, output, time.monotonic() - start
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.loggers import Logger
 
-from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo import AgentRolloutCallback, GRPOModule, PromptDataModule, SamplingConfig
 
 
 class MemoryLogger(Logger):
@@ -90,3 +90,11 @@ def turn_texts(tokenizer: Any, episode: Any) -> list[str]:
     """Each model turn of an episode, decoded from its sampled ids without special tokens."""
     turns = [[i for i, t in zip(episode.ids, episode.turn_ids) if t == k] for k in range(episode.turns)]
     return [tokenizer.decode(ids, skip_special_tokens=True) for ids in turns]
+
+
+def openenv_callback(max_turns: int = 3, **environment_args: Any) -> AgentRolloutCallback:
+    """The in-process OpenEnv adapter on the HF engine: 4 episodes per record, 3 tokens a turn."""
+    return AgentRolloutCallback(
+        environment="lightning_grpo.integrations.openenv.OpenEnvEnvironment", environment_args=environment_args,
+        engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=3), max_turns=max_turns, seed=0,
+    )  # fmt: skip

@@ -23,7 +23,7 @@ from lightning_grpo.agents.callback import AgentRolloutCallback  # noqa: E402
 from lightning_grpo.agents.environment import Turn  # noqa: E402
 from lightning_grpo.integrations.openenv import OpenEnvClientEnvironment, OpenEnvEnvironment  # noqa: E402
 
-from .helpers import fit, turn_texts  # noqa: E402
+from .helpers import fit, openenv_callback, turn_texts  # noqa: E402
 from .openenv_envs import DigitGuessEnv, GuessAction, NumberEnv  # noqa: E402
 
 ENVS = "tests.integrations.openenv_envs"
@@ -62,10 +62,7 @@ def check_rewards_equal_direct(logger, recorder, tokenizer_dir=None):
 
 
 def _callback(**environment_args):
-    return AgentRolloutCallback(
-        environment="lightning_grpo.integrations.openenv.OpenEnvEnvironment", environment_args=environment_args,
-        engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=3), max_turns=3, seed=0,
-    )  # fmt: skip
+    return openenv_callback(max_turns=3, **environment_args)
 
 
 def test_in_process_environment_trains_with_its_own_rewards():

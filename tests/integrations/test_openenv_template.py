@@ -16,22 +16,18 @@ pytest.importorskip("openenv")  # the dev extra installs openenv-core
 
 from openenv.core.env_server import Action, Environment, Observation, State  # noqa: E402
 
-from lightning_grpo import GRPOModule, PromptDataModule, SamplingConfig  # noqa: E402
-from lightning_grpo.agents.callback import AgentRolloutCallback  # noqa: E402
+from lightning_grpo import GRPOModule, PromptDataModule  # noqa: E402
 from lightning_grpo.integrations.openenv import OpenEnvEnvironment  # noqa: E402
 
 from .echo_env.models import EchoAction  # noqa: E402
 from .echo_env.server.echo_env_environment import EchoEnvironment  # noqa: E402
-from .helpers import fit, turn_texts  # noqa: E402
+from .helpers import fit, openenv_callback, turn_texts  # noqa: E402
 
 TEMPLATE = "tests.integrations.echo_env.server.echo_env_environment.EchoEnvironment"
 
 
 def _callback(**environment_args):
-    return AgentRolloutCallback(
-        environment="lightning_grpo.integrations.openenv.OpenEnvEnvironment", environment_args=environment_args,
-        engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=3), max_turns=2, seed=0,
-    )  # fmt: skip
+    return openenv_callback(max_turns=2, **environment_args)
 
 
 def test_the_openenv_init_template_trains_unchanged():
