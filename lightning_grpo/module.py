@@ -254,13 +254,11 @@ class GRPOModule(L.LightningModule):
     ) -> RolloutBatch:
         """Fill in advantages and, only where needed, the reference and old log-probs.
 
-        Old log-probs are computed only when the batch is reused after an optimizer step
-        (num_iterations > 1 or steps_per_generation > 1), the loss masks tokens by old and roll
-        (rollout rejection: ``keep_mask``, so the dropped tokens leave the global normaliser) or
-        batch-normalises IS weights (their mean over the optimizer-step batch is computed before
-        its micro-batches run); otherwise old = sg[logp] in the loss. In bypass mode
-        (``GRPOLoss(bypass=True)``) never: old is the engine's log-probs. With distillation the teachers score the batch and the
-        advantages become token-level (``records``, one per group, pick each row's teacher).
+        Old log-probs only when the batch is reused after an optimizer step (num_iterations or
+        steps_per_generation > 1), or the loss needs them before its micro-batches run (rejection's
+        ``keep_mask`` leaves the global normaliser; batch-normalised IS weights' step-wide mean);
+        else old = sg[logp]. Never in bypass mode: old is the engine's. With distillation the
+        teachers score the batch and the advantages become token-level (``records``: one per group).
         """
         if self.uses_reference:
             batch.ref_logp = self._logprobs_no_grad(batch, reference=True, rows_per_pass=rows_per_pass)
