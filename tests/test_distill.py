@@ -14,6 +14,7 @@ import torch
 from lightning_grpo import DistillSettings, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
 from lightning_grpo.packing import padded_token_logprobs
 
+from .agents.helpers import BatchCatcher
 from .test_module import _policy, _rollout_batch, _ticks
 
 REWARDS = torch.tensor([[1.0], [0.0], [0.0], [1.0], [1.0], [1.0], [0.0], [0.0]])
@@ -218,13 +219,6 @@ def test_teacher_with_another_tokenizer_fails_before_training(tiny_model_path):
         GRPOModule(model=_policy(tiny_model_path), distillation=DistillSettings(teacher="base")).configure_model()
 
 
-class _Catcher(L.Callback):
-    def __init__(self):
-        self.batches = []
-
-    def on_rollout_end(self, trainer, module, batch):
-        self.batches.append(batch)
-
 
 def test_multi_turn_episodes_distil_on_model_tokens_only(tiny_model_path):
     """Episodes of the secret-digit environment: the teacher scores whole episodes, but only the
@@ -234,7 +228,7 @@ def test_multi_turn_episodes_distil_on_model_tokens_only(tiny_model_path):
 
     path = str(tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tiny_model_path.parent))
     teacher = _perturbed(_policy(path))
-    catcher = _Catcher()
+    catcher = BatchCatcher()
     callback = AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), max_turns=3, seed=1)
     module = GRPOModule(model=path, distillation=DistillSettings(teacher=teacher))
     trainer = L.Trainer(max_steps=2, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -254,7 +248,7 @@ def test_distillation_under_the_asynchronous_pipeline(tiny_model_path, digit_tea
     from lightning_grpo.rollout.server_client import ServerClient
     from lightning_grpo.rollout.server_engine import ServerEngine
 
-    catcher = _Catcher()
+    catcher = BatchCatcher()
     callback = RolloutCallback(engine="vllm_server", max_staleness=1, sampling=SamplingConfig(n=4, max_new_tokens=2),
                                rewards=[RewardSpec("prefix_match")], seed=0)  # fmt: skip
     callback.use_engine(ServerEngine([ServerClient(vllm_server)]))

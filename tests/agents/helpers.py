@@ -3,6 +3,8 @@ secret-digit tool, for the agent tests (and the TRL-style adapter's)."""
 
 from __future__ import annotations
 
+import lightning as L
+
 from typing import Callable
 
 from lightning_grpo.rollout.base import Rollout, RolloutEngine, SamplingConfig
@@ -73,3 +75,13 @@ def caller_model_dir(tmp_path_factory) -> str:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
+
+
+class BatchCatcher(L.Callback):
+    """Keeps every rollout batch the trainer trained on (``on_rollout_end``)."""
+
+    def __init__(self):
+        self.batches = []
+
+    def on_rollout_end(self, trainer, module, batch):
+        self.batches.append(batch)

@@ -10,20 +10,13 @@ import torch
 from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
 from lightning_grpo.agents.callback import AgentRolloutCallback
 
-from .helpers import CALL_TEXT, caller_model_dir, ids_of
+from .helpers import BatchCatcher, CALL_TEXT, caller_model_dir, ids_of
 
 
 @pytest.fixture(scope="module")
 def caller_dir(tmp_path_factory):
     return caller_model_dir(tmp_path_factory)
 
-
-class BatchCatcher(L.Callback):
-    def __init__(self):
-        self.batches = []
-
-    def on_rollout_end(self, trainer, module, batch):
-        self.batches.append(batch)
 
 
 def _callback(**kwargs):

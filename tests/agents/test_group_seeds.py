@@ -10,7 +10,6 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOModule, PromptDataModule, SamplingConfig
@@ -20,7 +19,7 @@ from lightning_grpo.agents.environment import Environment, Step
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.callbacks.completions import CompletionLogSettings
 
-from .helpers import ScriptedEngine, ids_of, tools_tokenizer
+from .helpers import BatchCatcher, ScriptedEngine, ids_of, tools_tokenizer
 
 MODEL = "tiny:tools"  # the built-in tiny model with the chat-template tokenizer
 
@@ -109,13 +108,6 @@ def test_mixed_task_groups_are_refused_before_the_engine_starts():
     AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=1), reset_seed="episode")  # no group, nothing mixed
     AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=4), reset_seed="episode", allow_mixed_task_groups=True)
 
-
-class BatchCatcher(L.Callback):
-    def __init__(self):
-        self.batches = []
-
-    def on_rollout_end(self, trainer, module, batch):
-        self.batches.append(batch)
 
 
 def test_each_episode_trains_and_is_logged_on_its_own_opening(tmp_path):
