@@ -60,3 +60,18 @@ def test_agents_custom_environment_example_runs(tmp_path, monkeypatch):
     env_class = blocks[0].split("class HigherLower")[1].split("\n\n\n")[0]
     assert len(env_class.splitlines()) <= 30  # "a 30-line custom environment"
     exec(compile(blocks[0], "docs/agents.md", "exec"), {"__name__": "agents_example"})
+
+
+#: verl's default ``actor.clip_ratio_c`` (``ActorConfig`` / ``actor.yaml``), which both its dual-clip
+#: PPO and its DPPO losses read.
+VERL_CLIP_RATIO_C = "3.0"
+
+
+def test_every_clip_ratio_c_row_of_the_algorithms_table_says_verls_default():
+    """A loss-table row that cites verl and gives ``clip_ratio_c`` must state verl's default (3.0)
+    beside ours, so no row passes our own value (DPPO's 20) off as verl's."""
+    rows = [line for line in (DOCS / "algorithms.md").read_text().splitlines()
+            if line.startswith("|") and "clip_ratio_c" in line and "verl" in line]  # fmt: skip
+    assert len(rows) >= 3  # dual-clip, DPPO binary-TV, DPPO binary-KL
+    for row in rows:
+        assert VERL_CLIP_RATIO_C in row, row
