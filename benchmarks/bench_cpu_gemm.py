@@ -32,7 +32,7 @@ def child(hidden: int, gemm: str) -> None:
     import torch
 
     from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     config = TinyModelConfig() if hidden == 64 else TinyModelConfig(
         hidden_size=hidden, num_hidden_layers=4, num_attention_heads=hidden // 32, num_key_value_heads=hidden // 32,

@@ -43,7 +43,7 @@ SETTINGS = {
 def child(size: str, prompt_len: int, prompts: int, group: int, new_tokens: int, setting: str, reps: int) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
     from lightning_grpo.rollout.base import SamplingConfig
     from lightning_grpo.rollout import vllm as vllm_engine
 

@@ -35,7 +35,7 @@ def log_uniform_lengths(rows: int, min_len: int, max_len: int, gen: torch.Genera
 
 
 def ragged_batch(rows: int, vocab: int, min_len: int, max_len: int, seed: int):
-    from lightning_grpo.batch import RolloutBatch
+    from lightning_grpo.core.batch import RolloutBatch
 
     gen = torch.Generator().manual_seed(seed)
     comp = log_uniform_lengths(rows, min_len, max_len, gen)
@@ -66,8 +66,8 @@ def main() -> None:
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     from lightning_grpo import GRPOModule
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
-    from lightning_grpo.packing import PackPlan
+    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.training.packing import PackPlan
     from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir(TinyModelConfig(**MODEL)))).train()

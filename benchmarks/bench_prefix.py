@@ -32,7 +32,7 @@ LAYOUTS = {"padded": ("off", "off"), "packed": ("on", "off"), "shared": ("off", 
 
 def grouped_batch(prompt: int, group: int, rows: int, vocab: int, seed: int, max_len: int = 256):
     """``rows`` rows of ``rows // group`` prompts of ``prompt`` tokens, ragged completions in [4, max_len]."""
-    from lightning_grpo.batch import RolloutBatch
+    from lightning_grpo.core.batch import RolloutBatch
 
     gen = torch.Generator().manual_seed(seed)
     comp = log_uniform_lengths(rows, 4, max_len, gen)
@@ -54,7 +54,7 @@ def grouped_batch(prompt: int, group: int, rows: int, vocab: int, seed: int, max
 def measure(policy, batch, rounds: int) -> tuple[dict, dict]:
     """{(phase, layout): [seconds per round]}, and each layout's slots (rows x width) and auto's pick."""
     from lightning_grpo import GRPOModule
-    from lightning_grpo.prefix import SharedPrefixPlan, choose_layout
+    from lightning_grpo.training.prefix import SharedPrefixPlan, choose_layout
 
     modules = {name: GRPOModule(model=policy, packing=p, prefix_sharing=s) for name, (p, s) in LAYOUTS.items()}
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
@@ -109,7 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     path = tiny_model_dir(TinyModelConfig(**SIZES["10m"], max_position_embeddings=4096))
     policy = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").train()

@@ -54,7 +54,7 @@ def build_model(name: str, cache: Path) -> Path:
     """A random-weight model of configuration ``name`` with the character tokenizer, saved once under ``cache``."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from lightning_grpo.tiny import tiny_model_dir
+    from lightning_grpo.models.tiny import tiny_model_dir
 
     target = cache / f"random-{name}"
     if (target / "config.json").exists():

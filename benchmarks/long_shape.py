@@ -24,7 +24,7 @@ def long_model_dir(max_len: int) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     from bench_step import SIZES
 
@@ -50,7 +50,7 @@ def long_model_dir(max_len: int) -> Path:
 def model_dir(config: dict, prompt_tokens: int, max_new_tokens: int) -> Path:
     """The model of a benchmark row: the long-prompt model when ``prompt_tokens`` (whatever ``config``
     says: the "10m" text model), else the tiny model of ``config`` (digit task)."""
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     if prompt_tokens:
         return long_model_dir(prompt_tokens + max_new_tokens)

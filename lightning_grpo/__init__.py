@@ -9,12 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from . import _compat
+
 __version__ = "0.1.0.dev0"
 
 _LAZY = {
-    "GRPOModule": "lightning_grpo.module",
-    "LoraSettings": "lightning_grpo.lora",
-    "QuantizationSettings": "lightning_grpo.quantization",
+    "GRPOModule": "lightning_grpo.training.module",
+    "LoraSettings": "lightning_grpo.models.lora",
+    "QuantizationSettings": "lightning_grpo.models.quantization",
     "RolloutCallback": "lightning_grpo.callbacks.rollout",
     "AgentRolloutCallback": "lightning_grpo.agents.callback",
     "PromptDataModule": "lightning_grpo.data.datamodule",
@@ -34,10 +36,12 @@ _LAZY = {
     "EntropyController": "lightning_grpo.callbacks.entropy_control",
     "CurriculumCallback": "lightning_grpo.callbacks.curriculum",
     "SavePretrained": "lightning_grpo.callbacks.save_pretrained",
-    "DistillSettings": "lightning_grpo.distill",
+    "DistillSettings": "lightning_grpo.training.distill",
 }
 
 __all__ = ["__version__", *_LAZY]
+
+_compat.install()  # the module paths before the layered folders, with a warning (lightning_grpo/_compat.py)
 
 
 def __getattr__(name: str) -> Any:

@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory):
     """Directory of the tiny Qwen2 policy and its character tokenizer (built once per session)."""
-    from lightning_grpo.tiny import tiny_model_dir
+    from lightning_grpo.models.tiny import tiny_model_dir
 
     return tiny_model_dir(cache_dir=tmp_path_factory.mktemp("tiny-model-cache"))
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from lightning_grpo import GRPOLoss, GRPOModule  # noqa: E402
-from lightning_grpo.batch import RolloutBatch  # noqa: E402
+from lightning_grpo.core.batch import RolloutBatch  # noqa: E402
 from lightning_grpo.data.datamodule import GenerationTicks  # noqa: E402
 
 WORLD = 2

@@ -31,7 +31,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from lightning_grpo.data.datamodule import GenerationTicks  # noqa: E402
-from lightning_grpo.fsdp import fsdp_units  # noqa: E402
+from lightning_grpo.models.fsdp import fsdp_units  # noqa: E402
 from tests.distributed_worker import WORLD, _module, digit_fraction, rollout_half  # noqa: E402
 
 
@@ -73,7 +73,7 @@ def run_prefix(model_dir: str, out: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from lightning_grpo import GRPOLoss, GRPOModule
-    from lightning_grpo.prefix import SharedPrefixPlan
+    from lightning_grpo.training.prefix import SharedPrefixPlan
 
     rank, result = int(os.environ.get("LOCAL_RANK", 0)), {}
     for sharing in ("off", "on"):

@@ -73,14 +73,14 @@ def test_vllm_not_installed_fails_at_fit_setup(monkeypatch):
 
 
 def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
-    monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)  # the check needs no engine
+    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm_args={"max_model_len": 12})
     fit_error(ValueError, r"data.max_prompt_length \(6 tokens\) \+ rollout.sampling.max_new_tokens \(10\) = 16 tokens exceeds "
               r"rollout.vllm_args.max_model_len \(12\)", callback=callback, dm=PromptDataModule(batch_size=4, max_prompt_length=6))  # fmt: skip
 
 
 def test_max_new_tokens_beyond_default_max_model_len(monkeypatch):
-    monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)
+    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=510))
     fit_error(ValueError, r"the longest prompt of the data \(data.max_prompt_length is not set\) \(5 tokens\) \+ "
               r"rollout.sampling.max_new_tokens \(510\) = 515 tokens exceeds rollout.vllm_args.max_model_len \(default\) \(512\)",
@@ -100,7 +100,7 @@ def test_max_new_tokens_beyond_default_max_model_len(monkeypatch):
     ids=["budget-below-max-model-len", "extra-budget", "chunked-prefill-on"],
 )
 def test_cpu_prefill_settings_rejected_before_the_engine_starts(monkeypatch, vllm_args, message):
-    monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)  # the check needs no engine
+    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
     fit_error(ValueError, message, callback=hf_callback(engine="vllm", vllm_args=vllm_args))
 
 
@@ -157,7 +157,7 @@ def test_hf_engine_without_eos(tiny_model_path):
 
 # ================================================================ 7. incompatible options
 def test_lora_sync_adapter_without_enable_lora(monkeypatch):
-    monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)
+    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     fit_error(ValueError, r"rollout.lora_sync='adapter' needs rollout.vllm_args.enable_lora: true",
               module=GRPOModule(lora=LoraSettings(r=4)), callback=hf_callback(engine="vllm", lora_sync="adapter"))  # fmt: skip
 
@@ -168,7 +168,7 @@ def test_lora_sync_adapter_with_hf_engine():
 
 
 def test_lora_sync_adapter_without_lora(monkeypatch):
-    monkeypatch.setattr("lightning_grpo.validation._vllm_installed", lambda: True)
+    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     callback = hf_callback(engine="vllm", lora_sync="adapter", vllm_args={"enable_lora": True})
     fit_error(ValueError, r"rollout.lora_sync='adapter' needs a LoRA policy, but model.lora is not set", callback=callback)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightning_grpo import DistillSettings, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.packing import padded_token_logprobs
+from lightning_grpo.training.packing import padded_token_logprobs
 
 from .agents.helpers import BatchCatcher
 from .test_module import _policy, _rollout_batch, _ticks
@@ -125,7 +125,7 @@ def test_several_teachers_chosen_per_record(tiny_model_path):
 def test_lora_teacher_is_the_base_or_another_adapter(tiny_model_path, tmp_path):
     from peft import get_peft_model
 
-    from lightning_grpo.module import LoraSettings
+    from lightning_grpo.training.module import LoraSettings
 
     lora = LoraSettings(r=4, alpha=8, init_lora_weights=False)
     other = get_peft_model(_policy(tiny_model_path), lora.to_peft())  # a second, different adapter
@@ -147,7 +147,7 @@ def test_lora_teacher_is_the_base_or_another_adapter(tiny_model_path, tmp_path):
 # --------------------------------------------------------------------------------------- GKD
 def test_gkd_term_is_the_token_mean_of_the_generalised_jsd(tiny_model_path):
     from lightning_grpo.core.distill import generalized_jsd
-    from lightning_grpo.packing import padded_completion_logits
+    from lightning_grpo.training.packing import padded_completion_logits
 
     teacher = _perturbed(_policy(tiny_model_path))
     module = _module(tiny_model_path, DistillSettings(teacher=teacher, coef=0.0, gkd_coef=2.0, beta=0.3))
@@ -199,7 +199,7 @@ def test_settings_are_checked():
 
 
 def test_teacher_with_another_tokenizer_fails_before_training(tiny_model_path):
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     tools = str(tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tiny_model_path.parent))
     module = GRPOModule(model=_policy(tiny_model_path), distillation=DistillSettings(teacher=tools))
@@ -224,7 +224,7 @@ def test_multi_turn_episodes_distil_on_model_tokens_only(tiny_model_path):
     """Episodes of the secret-digit environment: the teacher scores whole episodes, but only the
     tokens the model sampled get an advantage (environment tokens are outside the completion mask)."""
     from lightning_grpo.agents.callback import AgentRolloutCallback
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     path = str(tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tiny_model_path.parent))
     teacher = _perturbed(_policy(path))

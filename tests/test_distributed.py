@@ -83,7 +83,7 @@ def test_a_ddp_checkpoint_exports_to_the_trained_weights(ddp_update, tmp_path):
     exactly the weights both ranks ended with."""
     from transformers import AutoModelForCausalLM
 
-    from lightning_grpo.export import export
+    from lightning_grpo.models.export import export
 
     checkpoint = ddp_update[0]["out"] / "ddp.ckpt"
     out = export(checkpoint, tmp_path / "exported")

@@ -1,4 +1,4 @@
-"""Fast checks of lightning_grpo.distributed (the multi-process runs themselves: tests/test_ranks.py, slow)."""
+"""Fast checks of lightning_grpo.callbacks.distributed (the multi-process runs themselves: tests/test_ranks.py, slow)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import lightning as L
 import pytest
 
-from lightning_grpo.distributed import local_log_dir
+from lightning_grpo.callbacks.distributed import local_log_dir
 
 from tests.bad_input_helpers import cli, tiny_cache  # noqa: F401
 from tests.run_helpers import ROOT
@@ -17,10 +17,10 @@ from tests.run_helpers import ROOT
 def _build(monkeypatch, caplog, devices: int, cores: int, *extra: str) -> list[str]:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="lightning_grpo.distributed"):
+    with caplog.at_level(logging.WARNING, logger="lightning_grpo.callbacks.distributed"):
         cli(["-c", str(ROOT / "recipes" / "quickstart.yaml"), f"--trainer.devices={devices}", "--trainer.strategy=ddp",
              "--rollout.engine=hf", "--rollout.vllm_args=null", *extra], run=False)  # fmt: skip
-    return [r.getMessage() for r in caplog.records if r.name == "lightning_grpo.distributed"]
+    return [r.getMessage() for r in caplog.records if r.name == "lightning_grpo.callbacks.distributed"]
 
 
 @pytest.mark.usefixtures("tiny_cache")

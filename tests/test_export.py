@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_grpo.export import ExportError, export, find_checkpoint
+from lightning_grpo.models.export import ExportError, export, find_checkpoint
 
 from tests.bad_input_helpers import tiny_cache  # noqa: F401
 from tests.export_helpers import sequence_logprobs as _sequence_logprobs
@@ -231,7 +231,7 @@ def test_a_checkpoints_policy_runs_as_the_trained_model(tiny_model_path):
     ``inv_freq`` is in no state dict, so it is rebuilt: the policy's forward equals the source's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lightning_grpo.export import build_policy
+    from lightning_grpo.models.export import build_policy
 
     source = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     with torch.no_grad():

@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("bitsandbytes")  # the qlora extra, part of dev
 
-from lightning_grpo.export import export  # noqa: E402
+from lightning_grpo.models.export import export  # noqa: E402
 
 from tests.bad_input_helpers import tiny_cache  # noqa: F401,E402
 from tests.export_helpers import sequence_logprobs, vllm_reads, vllm_serves_the_policy  # noqa: E402
@@ -65,8 +65,8 @@ def test_a_qlora_checkpoints_policy_is_rebuilt_4bit_and_exported_dense(tiny_mode
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lightning_grpo import LoraSettings, QuantizationSettings
-    from lightning_grpo.export import build_policy, export_info, write_model_folder
-    from lightning_grpo.quantization import load_quantized
+    from lightning_grpo.models.export import build_policy, export_info, write_model_folder
+    from lightning_grpo.models.quantization import load_quantized
 
     lora, quantization = LoraSettings(r=8, alpha=16, target_modules="all-linear"), QuantizationSettings()
     base = load_quantized(str(tiny_model_path), "float32", quantization, torch.device("cpu"))

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from lightning_grpo.export import ExportError, export
+from lightning_grpo.models.export import ExportError, export
 
 from tests.bad_input_helpers import tiny_cache  # noqa: F401
 from tests.run_helpers import train_recipe

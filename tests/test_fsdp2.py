@@ -52,7 +52,7 @@ def _check_export_of_the_sharded_checkpoint(tmp_path: Path, state: dict[str, tor
     transformers loads with exactly the gathered weights."""
     from transformers import AutoModelForCausalLM
 
-    from lightning_grpo.export import export
+    from lightning_grpo.models.export import export
 
     assert (tmp_path / "update.ckpt" / ".metadata").is_file()
     out = export(tmp_path / "update.ckpt", tmp_path / "exported")

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_grpo import GRPOLoss, GRPOModule
-from lightning_grpo.batch import RolloutBatch, micro_step
+from lightning_grpo.core.batch import RolloutBatch, micro_step
 
 
 def _policy(path):

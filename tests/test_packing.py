@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from lightning_grpo import GRPOLoss, GRPOModule
-from lightning_grpo.batch import RolloutBatch
-from lightning_grpo.packing import PackPlan, choose_plan
+from lightning_grpo.core.batch import RolloutBatch
+from lightning_grpo.training.packing import PackPlan, choose_plan
 
 # ---------------------------------------------------------------------------------- the plan
 

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from lightning_grpo import GRPOLoss, GRPOModule
-from lightning_grpo.batch import RolloutBatch
-from lightning_grpo.prefix import SharedPrefixPlan, choose_layout
+from lightning_grpo.core.batch import RolloutBatch
+from lightning_grpo.training.prefix import SharedPrefixPlan, choose_layout
 
 # ---------------------------------------------------------------------------------- the plan
 
@@ -160,7 +160,7 @@ def test_shared_prefix_equals_padded_on_multi_turn_rows(tiny_model_path):
 def test_shared_prefix_equals_padded_with_lora(tiny_model_path):
     from peft import get_peft_model
 
-    from lightning_grpo.module import LoraSettings
+    from lightning_grpo.training.module import LoraSettings
 
     policy = get_peft_model(_policy(tiny_model_path, "sdpa"), LoraSettings(r=4).to_peft())
     gen = torch.Generator().manual_seed(0)

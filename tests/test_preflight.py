@@ -1,6 +1,6 @@
 """Pre-flight (issue 26, "Seams"): a server the run depends on that refuses connections, or a
 teacher folder that is missing, is one line from ``lightning-grpo fit`` (the URL or the path, and
-what to do), within seconds and before any engine is built (:mod:`lightning_grpo.preflight`)."""
+what to do), within seconds and before any engine is built (:mod:`lightning_grpo.checks.preflight`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from unittest import mock
 
 import pytest
 
-from lightning_grpo.preflight import making_command, unreachable
+from lightning_grpo.checks.preflight import making_command, unreachable
 
 from tests.bad_input_helpers import tiny_cache, write_config  # noqa: F401
 from tests.run_helpers import ROOT

@@ -11,8 +11,8 @@ pytest.importorskip("bitsandbytes")  # the qlora extra, part of dev (CI installs
 
 from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, QuantizationSettings, RolloutCallback, RewardSpec, SamplingConfig  # noqa: E402
 from lightning_grpo.callbacks.weight_push import PolicyPush  # noqa: E402
-from lightning_grpo.quantization import keep_float_kernels, load_quantized  # noqa: E402
-from lightning_grpo.rollout.weights import policy_weights_for_engine  # noqa: E402
+from lightning_grpo.models.quantization import keep_float_kernels, load_quantized  # noqa: E402
+from lightning_grpo.models.weights import policy_weights_for_engine  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -108,7 +108,7 @@ def test_quantization_needs_a_model_path(tiny_model_path):
 
 
 def test_quantization_without_bitsandbytes(monkeypatch):
-    import lightning_grpo.quantization as quantization
+    import lightning_grpo.models.quantization as quantization
 
     monkeypatch.setattr(quantization, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match=r"needs bitsandbytes: pip install 'lightning-grpo\[qlora\]'"):
@@ -187,7 +187,7 @@ def test_a_resumed_qlora_checkpoint_loads_into_a_rebuilt_policy(tiny_model_path)
     """A resume rebuilds the 4-bit base from model.model; the checkpoint's quantisation-state tensors
     (``weight.absmax``, ...), which ``load_state_dict`` does not take, are checked against it and
     removed, so Lightning's strict load succeeds; a checkpoint of another base is refused by name."""
-    from lightning_grpo.quantization import take_quant_state
+    from lightning_grpo.models.quantization import take_quant_state
 
     trained, fresh = _qlora_policy(tiny_model_path), _qlora_policy(tiny_model_path)
     state = trained.state_dict()

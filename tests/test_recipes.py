@@ -285,7 +285,7 @@ def _check_engine_checkpoint(module, tokenizer) -> None:
     from safetensors import safe_open
 
     from lightning_grpo.rollout.factory import _save_for_engine
-    from lightning_grpo.rollout.weights import policy_weights_for_engine
+    from lightning_grpo.models.weights import policy_weights_for_engine
 
     directory = Path(_save_for_engine(module.policy, tokenizer))
     try:

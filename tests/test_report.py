@@ -173,7 +173,7 @@ def test_cli_dispatch(tmp_path, capsys):
 
 
 def test_report_module_does_not_import_vllm():
-    code = "import sys, lightning_grpo.report, lightning_grpo.cli; assert 'vllm' not in sys.modules"
+    code = "import sys, lightning_grpo.cli.report, lightning_grpo.cli; assert 'vllm' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

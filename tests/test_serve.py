@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from lightning_grpo.export import export
+from lightning_grpo.models.export import export
 
 from tests.bad_input_helpers import tiny_cache  # noqa: F401
 from tests.run_helpers import train_recipe

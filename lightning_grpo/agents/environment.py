@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from lightning_grpo.core.registry import Registry
-from lightning_grpo.resolve import resolve_callable
+from lightning_grpo.core.resolve import resolve_callable
 
 ENVIRONMENTS: Registry = Registry("environment")
 

@@ -8,7 +8,7 @@ is right when its first character is the secret. A model that never calls the to
 time in ten (chance). With ``tools_enabled=False`` (the control) nothing is offered or executed.
 
 Flow with the tiny ``tools`` tokenizer (one token spells the whole call, see
-:data:`~lightning_grpo.tiny.TOOLS_WORDS`)::
+:data:`~lightning_grpo.models.tiny.TOOLS_WORDS`)::
 
     <|im_start|>system\\ntools: secret_digit<|im_end|>\\n<|im_start|>user\\nsecret<|im_end|>\\n<|im_start|>assistant\\n
     [model] <tool_call>\\n{"name": "secret_digit", "arguments": {}}\\n</tool_call>        (stop token)

@@ -11,7 +11,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..core import CORRECTIONS
-from ..distributed import local_log_dir
+from .distributed import local_log_dir
 from ..rollout.server_engine import NoServerLeftError
 
 

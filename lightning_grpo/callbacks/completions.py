@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..distributed import local_log_dir
+from .distributed import local_log_dir
 
 FILE = "completions.jsonl"
 COLUMNS = ("step", "group", "prompt", "completion", "rewards", "reward", "advantage", "length", "truncated")

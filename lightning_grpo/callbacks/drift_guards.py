@@ -14,7 +14,7 @@ from typing import Any
 import lightning as L
 from typing_extensions import override
 
-from ..batch import RolloutBatch
+from ..core.batch import RolloutBatch
 from .guards import Action, Guard
 
 

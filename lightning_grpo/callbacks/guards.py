@@ -47,8 +47,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from ..batch import RolloutBatch
-from ..distributed import local_log_dir
+from ..core.batch import RolloutBatch
+from .distributed import local_log_dir
 
 Action = Literal["warn", "skip", "stop", "fix"]
 ACTIONS = ("warn", "skip", "stop", "fix")

@@ -24,12 +24,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from ..batch import RolloutBatch, steps_per_batch
+from ..core.batch import RolloutBatch, steps_per_batch
 from ..core import SELECTIONS
 from ..data.reward_set import RewardSet, RewardSpec
-from ..distributed import attach_rank_watch
+from .distributed import attach_rank_watch
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
-from ..validation import check_fit_config
+from ..checks.validation import check_fit_config
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
 from .async_setup import check_async_config, checkpoint_on_server_failure, install_async_correction
 from .completions import CompletionLog, CompletionLogSettings
@@ -266,7 +266,7 @@ class RolloutCallback(Callback):
         return result
 
     def _async_pipeline(self, trainer: L.Trainer, module: L.LightningModule, per_gen: int) -> AsyncRollout:
-        from ..rollout.weights import gathered_weights_for_engine
+        from ..models.weights import gathered_weights_for_engine
 
         def prepare(step: int):
             self._engine_version = step

@@ -1,5 +1,5 @@
 """SavePretrained: write the trained policy and its tokenizer as a Hugging Face model folder during
-training, the same folder ``lightning-grpo export`` writes from a checkpoint (:mod:`lightning_grpo.export`).
+training, the same folder ``lightning-grpo export`` writes from a checkpoint (:mod:`lightning_grpo.models.export`).
 
 ``dirpath`` always holds the latest save (every ``every_n_steps`` optimizer steps, and at the end of
 ``fit``); with ``keep_last: K`` the K - 1 saves before it stay next to it as ``<dirpath>-step<N>``.
@@ -85,8 +85,8 @@ class SavePretrained(Callback):
 
     def save(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Path:
         """Write the policy now (every rank calls this: under FSDP2 the weights are gathered)."""
-        from ..export import write_model_folder
-        from ..rollout.weights import gathered_weights_for_engine
+        from ..models.export import write_model_folder
+        from ..models.weights import gathered_weights_for_engine
 
         out, step = self.folder(trainer), trainer.global_step
         tokenizer = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule is not None else None

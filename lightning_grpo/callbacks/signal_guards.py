@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from ..batch import RolloutBatch
+from ..core.batch import RolloutBatch
 from ..core import CORRECTIONS
 from .guards import Action, Guard, log
 

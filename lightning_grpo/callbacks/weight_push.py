@@ -1,7 +1,7 @@
 """The policy -> engine weight push of :class:`~lightning_grpo.RolloutCallback`, for both LoRA modes.
 
 ``lora_sync: merged`` (and every non-LoRA policy): one push of every weight, LoRA layers as
-``W + delta_W`` (a 4-bit QLoRA base dequantised first; :mod:`lightning_grpo.rollout.weights`).
+``W + delta_W`` (a 4-bit QLoRA base dequantised first; :mod:`lightning_grpo.models.weights`).
 
 ``lora_sync: adapter``: vLLM applies the adapter itself. The base weights (dequantised for QLoRA)
 are pushed once, and again only when the engine lost them (sleep level 2) or when the policy trains
@@ -31,7 +31,7 @@ class PolicyPush:
 
     def __call__(self, engine: RolloutEngine, policy: nn.Module, step: int, first: bool) -> None:
         """Push ``policy`` as weight version ``step``; ``first``: the engine never got this policy's weights."""
-        from ..rollout.weights import gathered_weights_for_engine
+        from ..models.weights import gathered_weights_for_engine
 
         adapter = self.lora_sync == "adapter"
         if not adapter or first or engine.weights_discarded or _trains_outside_adapter(policy):
@@ -70,7 +70,7 @@ def save_adapter(policy: nn.Module, directory: str) -> None:
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
-    from ..fsdp import gathered
+    from ..models.fsdp import gathered
 
     name = policy.active_adapter
     config = copy.deepcopy(policy.peft_config[name])

@@ -52,7 +52,7 @@ def main(args: list[str] | None = None) -> int | None:
     quiet_expected_messages()
     if argv[:1] in (["report"], ["export"], ["serve"]):
         if argv[0] == "report":
-            from ..report import main as command
+            from .report import main as command
         elif argv[0] == "export":
             from .export import main as command
         else:

@@ -21,7 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from jsonargparse.typing import PositiveFloat
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..distributed import DEFAULT_TIMEOUT_S, set_collective_timeout, warn_if_oversubscribed
+from ..callbacks.distributed import DEFAULT_TIMEOUT_S, set_collective_timeout, warn_if_oversubscribed
 from .errors import condense, mark, print_and_exit
 
 ROLLOUT_KEY = "rollout"
@@ -159,11 +159,11 @@ class GRPOCLI(LightningCLI):
         return super()._instantiate_trainer(config, [])
 
     def before_fit(self) -> None:
-        """Load and check the data, then cross-check the whole run (:mod:`lightning_grpo.validation`),
+        """Load and check the data, then cross-check the whole run (:mod:`lightning_grpo.checks.validation`),
         before ``trainer.fit`` lets the loggers create their run directory: a bad option, file or
         column fails with nothing written. ``--ckpt_path last`` is resolved first."""
         from ..callbacks.rollout import RolloutCallback
-        from ..validation import check_fit_config
+        from ..checks.validation import check_fit_config
 
         self._resolve_last_checkpoint()
         try:
@@ -188,7 +188,7 @@ class GRPOCLI(LightningCLI):
         Lightning alone looks in the new version's own (empty) folder. None found: an error (Lightning
         would warn and train from scratch, which a resume should not do silently), unless a
         ModelCheckpoint's own ``dirpath`` holds a ``last*.ckpt`` (then Lightning resolves it)."""
-        from ..export import ExportError, find_checkpoint
+        from ..models.export import ExportError, find_checkpoint
 
         config, config_init = self.config[self.subcommand], self.config_init[self.subcommand]
         if config.get("ckpt_path") != "last":
@@ -220,7 +220,7 @@ def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[L
     from jsonargparse import set_parsing_settings
 
     from ..data.datamodule import PromptDataModule
-    from ..module import GRPOModule
+    from ..training.module import GRPOModule
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docstrings in --help
     return cli_class(

@@ -1,5 +1,5 @@
 """``lightning-grpo export CHECKPOINT_OR_RUN_DIR --out DIR``: a trained policy as a Hugging Face model
-folder (:mod:`lightning_grpo.export`).
+folder (:mod:`lightning_grpo.models.export`).
 
     lightning-grpo export runs/quickstart --out my-model                     # latest run, last.ckpt
     lightning-grpo export runs/grpo_lora/version_0 --out my-adapter --adapter  # the LoRA adapter alone
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adapter", action="store_true", help="LoRA runs: the adapter alone, in peft's format (default: merged)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out folder")
     args = parser.parse_args(argv)
-    from ..export import ExportError, check_output, export, iter_saved_names, locate_checkpoint
+    from ..models.export import ExportError, check_output, export, iter_saved_names, locate_checkpoint
 
     try:
         check_output(args.out, args.force)

@@ -31,14 +31,16 @@ from .advantages import (
     batch_std_advantages,
     dr_grpo_advantages,
     expand_to_tokens,
+    gpg_advantages,
     grpo_advantages,
     normalize_then_sum,
+    opo_advantages,
     qae_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
     sum_then_normalize,
 )
-from .advantages_2026 import gpg_advantages, max_rl_advantages, opo_advantages, passk_advantages
+from .passk_advantages import max_rl_advantages, passk_advantages
 from .aggregation import seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm, token_mean
 from .corrections import (
     CorrectionOutput,
@@ -71,12 +73,14 @@ from .policy_losses import (
     clipped_surrogate,
     delta_clip_loss,
     dual_clip_loss,
+    geo_mean_loss,
     gspo_loss,
     gspo_token_loss,
     kl_cov_loss,
     ppo_loss,
 )
-from .policy_losses_2026 import dppo_kl_loss, dppo_tv_loss, dro_loss, geo_mean_loss, gpg_loss, reinforce_loss, sapo_loss
+from .trust_region_losses import dppo_kl_loss, dppo_tv_loss, sapo_loss
+from .pg_losses import dro_loss, gpg_loss, reinforce_loss
 from .rejection import RejectionOutput, check_rejection, rejection_mask
 from .shaping import (
     dynamic_sampling_filter,

@@ -11,6 +11,14 @@ Bessel-corrected standard deviation (``torch.std`` default):
     rloo                   A_i = r_i - mean_{j != i} r_j = G/(G-1) * (r_i - mean_g)
     reinforce_pp_baseline  x_i = r_i - mean_g, then A = (x - mean(x)) / (std(x) + eps) over B
     qae                    A_i = r_i - q_K(group)   (optionally / (std_g + eps))
+    opo                    A_i = r_i - sum_g(|o_j| r_j) / sum_g |o_j|   (length-weighted baseline, no std)
+    gpg                    A_i = alpha (r_i - mean_g) / f_norm,  alpha = B / #{j : r_j != 0} (over the batch)
+
+``opo`` needs the completion lengths: it is marked ``needs_lengths`` and :class:`GRPOModule` passes
+``lengths`` (sampled tokens per row) to such an estimator. verl's opo and gpg use a baseline of 0
+for a group of one completion (A = r); here it gets 0 like every all-equal group. ``gpg``'s alpha
+counts the non-zero rewards of the batch given (one generation batch on one rank; verl: the whole
+training batch). The pass@k-type estimators are in :mod:`.passk_advantages`.
 
 Departures from the peers, all deliberate:
   * A group whose rewards are all equal gets A = 0 exactly: its centred reward is forced to 0
@@ -36,73 +44,10 @@ from typing import Literal, Sequence
 import torch
 from torch import Tensor
 
+from .groups import as_groups, bessel_std, center_groups, check_std_group, constant_rows, whiten_signal  # noqa: F401 - as_groups re-exported
 from .registry import ADVANTAGES, REWARD_AGGREGATIONS
 
 QuantileInterpolation = Literal["inverted_cdf", "linear", "lower", "higher", "midpoint", "nearest"]
-
-
-# ----------------------------------------------------------------------------------------------
-# shared helpers
-# ----------------------------------------------------------------------------------------------
-def as_groups(rewards: Tensor, group_size: int) -> Tensor:
-    """View group-contiguous per-completion values [B] as float32 groups [P, G].
-
-    Raises ``ValueError`` if ``rewards`` is not 1-D, ``group_size`` < 1, or B is not a
-    multiple of ``group_size``.
-    """
-    if not isinstance(group_size, int) or isinstance(group_size, bool) or group_size < 1:
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
-    batch = rewards.shape[0]
-    if batch % group_size != 0:
-        raise ValueError(f"batch size B={batch} is not divisible by group_size={group_size}")
-    return rewards.to(torch.float32).reshape(batch // group_size, group_size)  # [P, G]
-
-
-def _check_std_group(name: str, rewards: Tensor, group_size: int) -> None:
-    """Estimators that divide by the group's std need G >= 2 (a std of one sample is undefined)."""
-    if group_size < 2 and rewards.numel() > 0:
-        raise ValueError(
-            f"advantage {name!r} divides by the std of each group's rewards, which needs group_size >= 2 "
-            f"completions per prompt, got group_size={group_size}: sample at least 2 per prompt "
-            "(rollout.sampling.n), or use an estimator without the std such as 'dr_grpo'"
-        )
-
-
-def _centred(groups: Tensor, baseline: Tensor) -> Tensor:
-    """groups - baseline, with rows whose values are all equal forced to exactly 0. [P, G]"""
-    constant = groups.amax(dim=1, keepdim=True) == groups.amin(dim=1, keepdim=True)  # [P, 1]
-    return torch.where(constant, torch.zeros_like(groups), groups - baseline)
-
-
-def _std(x: Tensor, dim: int | None = None) -> Tensor:
-    """Bessel-corrected std along ``dim`` (all elements if None); 0 (not nan) for one sample."""
-    count = x.numel() if dim is None else x.shape[dim]
-    if count < 2 or x.numel() == 0:
-        return torch.zeros_like(x.sum() if dim is None else x.sum(dim=dim, keepdim=True))
-    return x.std() if dim is None else x.std(dim=dim, keepdim=True)
-
-
-def _whiten(x: Tensor, eps: float) -> Tensor:
-    """(x - mean(x)) / (std(x) + eps) over all elements of x; 0 where x is constant. [B]"""
-    if x.numel() == 0:
-        return x
-    constant = x.amax() == x.amin()  # [] (no host sync)
-    return torch.where(constant, torch.zeros_like(x), (x - x.mean()) / (_std(x) + eps))
-
-
-def _constant_rows(groups: Tensor) -> Tensor:
-    """[P, G] -> [B] bool: the row's group has all-equal values."""
-    constant = groups.amax(dim=1, keepdim=True) == groups.amin(dim=1, keepdim=True)  # [P, 1]
-    return constant.expand_as(groups).reshape(-1)
-
-
-def _whiten_signal(x: Tensor, constant: Tensor, eps: float) -> Tensor:
-    """``_whiten(x)``, with the rows of all-equal groups (``constant`` [B]) kept at exactly 0:
-    subtracting the batch mean would otherwise give them -mean(x) / std(x), float noise of
-    ~1e-8 when every group is centred. [B]"""
-    return torch.where(constant, torch.zeros_like(x), _whiten(x, eps))
 
 
 def expand_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:
@@ -123,16 +68,16 @@ def grpo_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> T
     All-equal groups give 0; G < 2 raises ``ValueError``. eps = 1e-6 as verl (TRL uses 1e-4).
     """
     groups = as_groups(rewards, group_size)  # [P, G]
-    _check_std_group("grpo", rewards, group_size)
-    centred = _centred(groups, groups.mean(dim=1, keepdim=True))
-    return (centred / (_std(groups, dim=1) + eps)).reshape(-1)
+    check_std_group("grpo", rewards, group_size)
+    centred = center_groups(groups, groups.mean(dim=1, keepdim=True))
+    return (centred / (bessel_std(groups, dim=1) + eps)).reshape(-1)
 
 
 @ADVANTAGES.register("dr_grpo")
 def dr_grpo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """Dr. GRPO (no std): A_i = r_i - mean_g r. [B] -> [B]"""
     groups = as_groups(rewards, group_size)  # [P, G]
-    return _centred(groups, groups.mean(dim=1, keepdim=True)).reshape(-1)
+    return center_groups(groups, groups.mean(dim=1, keepdim=True)).reshape(-1)
 
 
 @ADVANTAGES.register("batch_std")
@@ -143,8 +88,8 @@ def batch_std_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6)
     the centred ones; a batch of one row has std 0 and advantage 0.
     """
     groups = as_groups(rewards, group_size)  # [P, G]
-    centred = _centred(groups, groups.mean(dim=1, keepdim=True))
-    return (centred / (_std(groups) + eps)).reshape(-1)
+    centred = center_groups(groups, groups.mean(dim=1, keepdim=True))
+    return (centred / (bessel_std(groups) + eps)).reshape(-1)
 
 
 @ADVANTAGES.register("rloo")
@@ -153,7 +98,7 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     groups = as_groups(rewards, group_size)  # [P, G]
     if group_size == 1:
         return torch.zeros_like(groups).reshape(-1)
-    centred = _centred(groups, groups.mean(dim=1, keepdim=True))
+    centred = center_groups(groups, groups.mean(dim=1, keepdim=True))
     return (centred * (group_size / (group_size - 1))).reshape(-1)
 
 
@@ -166,8 +111,41 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, group_size: int, *, eps: f
     removes float noise). [B] -> [B]
     """
     groups = as_groups(rewards, group_size)  # [P, G]
-    x = _centred(groups, groups.mean(dim=1, keepdim=True)).reshape(-1)  # [B]
-    return _whiten_signal(x, _constant_rows(groups), eps)
+    x = center_groups(groups, groups.mean(dim=1, keepdim=True)).reshape(-1)  # [B]
+    return whiten_signal(x, constant_rows(groups), eps)
+
+
+@ADVANTAGES.register("opo")
+def opo_advantages(rewards: Tensor, group_size: int, *, lengths: Tensor) -> Tensor:
+    """OPO (arXiv 2505.23585; verl ``opo``): A_i = r_i - sum_g(|o_j| r_j) / sum_g |o_j|. [B] -> [B]
+
+    ``lengths`` [B]: completion lengths |o_i| (tokens that enter the loss). The length-weighted
+    mean is the optimal baseline of an exactly on-policy gradient with token-sum losses. A group
+    whose lengths sum to 0 uses the plain mean.
+    """
+    groups = as_groups(rewards, group_size)  # [P, G]
+    lens = as_groups(torch.as_tensor(lengths, device=rewards.device), group_size)  # [P, G]
+    total = lens.sum(dim=1, keepdim=True)  # [P, 1]
+    weighted = (lens * groups).sum(dim=1, keepdim=True) / total.clamp(min=1e-12)
+    baseline = torch.where(total > 0, weighted, groups.mean(dim=1, keepdim=True))
+    return center_groups(groups, baseline).reshape(-1)
+
+
+opo_advantages.needs_lengths = True
+
+
+@ADVANTAGES.register("gpg")
+def gpg_advantages(rewards: Tensor, group_size: int, *, f_norm: float = 1.0) -> Tensor:
+    """GPG (arXiv 2504.02546; verl ``gpg``): A_i = alpha (r_i - mean_g) / f_norm. [B] -> [B]
+
+    alpha = B / max(1, number of non-zero rewards in the batch): when few completions earn
+    anything, the group-relative signal is scaled up (verl; ``f_norm`` 1.0 as verl).
+    """
+    if f_norm <= 0:
+        raise ValueError(f"f_norm must be > 0, got {f_norm}")
+    groups = as_groups(rewards, group_size)  # [P, G]
+    alpha = groups.numel() / torch.count_nonzero(groups).clamp(min=1)
+    return (alpha * center_groups(groups, groups.mean(dim=1, keepdim=True)) / f_norm).reshape(-1)
 
 
 def _inverted_cdf_quantile(groups: Tensor, quantile: float) -> Tensor:
@@ -220,10 +198,10 @@ def qae_advantages(
         raise ValueError(f"unknown interpolation {interpolation!r}; valid: {', '.join(_QUANTILE_FNS)}")
     groups = as_groups(rewards, group_size)  # [P, G]
     if scale_by_std:
-        _check_std_group("qae", rewards, group_size)
-    centred = _centred(groups, _QUANTILE_FNS[interpolation](groups, quantile))  # [P, G]
+        check_std_group("qae", rewards, group_size)
+    centred = center_groups(groups, _QUANTILE_FNS[interpolation](groups, quantile))  # [P, G]
     if scale_by_std:
-        centred = centred / (_std(groups, dim=1) + eps)
+        centred = centred / (bessel_std(groups, dim=1) + eps)
     return centred.reshape(-1)
 
 
@@ -282,14 +260,14 @@ def normalize_then_sum(
     total = (torch.stack(per_reward, dim=1) * weights).sum(dim=1)  # [B]
     if not batch_normalize:
         return total
-    constant = torch.stack([_constant_rows(as_groups(rewards[:, k], group_size)) for k in range(rewards.shape[1])]).all(0)  # [B]
-    return _whiten_signal(total, constant, batch_eps)
+    constant = torch.stack([constant_rows(as_groups(rewards[:, k], group_size)) for k in range(rewards.shape[1])]).all(0)  # [B]
+    return whiten_signal(total, constant, batch_eps)
 
 
-# Read by the fit-time checks (lightning_grpo.validation) instead of branching on names: each of
+# Read by the fit-time checks (lightning_grpo.checks.validation) instead of branching on names: each of
 # these estimators compares a completion with the others of its group, so it needs G >= 2 to give
 # any signal; grpo also divides by the group's reward std. A custom estimator may set them too.
 for _estimator in (grpo_advantages, dr_grpo_advantages, batch_std_advantages, rloo_advantages,
-                   reinforce_pp_baseline_advantages, qae_advantages):  # fmt: skip
+                   reinforce_pp_baseline_advantages, qae_advantages, opo_advantages, gpg_advantages):  # fmt: skip
     _estimator.group_relative = True
 grpo_advantages.divides_by_group_std = True

@@ -13,8 +13,10 @@ or [B, T]):
     cispo       L_t = -sg[clip(r_t, 1 - eps_low, 1 + eps_high)] A logp_t      (no low clip by default)
     clip_cov    ppo, with a few random high-covariance tokens set to 0 (no gradient)
     kl_cov      L_t = -A r_t, plus ppo_kl_coef * |logp_t - old_t| on the top-k covariance tokens
+    geo_mean    l_t = sign(A) min(sign(A) (logp - old), sign(A) clamp(logp - old, -eps_low, eps_high)),
+                s_i = exp(sum_t l_t / |o_i|), L_i = -mean_t(A) s_i            (GMPO, per sequence)
 
-All share one clipped-surrogate helper (``clipped_surrogate``). Every loss takes ``generator``
+All share one clipped-surrogate helper (``clipped_surrogate``, :mod:`.ratios`). Every loss takes ``generator``
 (used only by clip_cov's random choice) so the caller can pass it uniformly.
 
 Departures from the peers (verl ``core_algos.py``, TRL ``GRPOTrainer._compute_loss``):
@@ -33,6 +35,15 @@ Departures from the peers (verl ``core_algos.py``, TRL ``GRPOTrainer._compute_lo
   choice takes a ``torch.Generator`` (verl uses the global RNG). Chosen tokens get loss 0, as in
   verl and the paper. kl_cov's |logp - old| uses the unclamped difference (so its pull-back
   never vanishes); ``ppo_kl_coef`` default 0.1 is verl's config value (its code fallback is 1.0).
+- geo_mean (GMPO): its clip is ``eps_low`` / ``eps_high`` in log space, default 0.4 (the paper's;
+  verl reuses the PPO ``clip_ratio``, 0.2); its mean log-ratio is clamped to +-20 (verl leaves it
+  unclamped); its clip fractions count tokens where the clamp is *active* (it blocks the gradient on
+  the side of sign(A)); verl counts every token outside the band. It puts its per-sequence loss L_i
+  on every valid token of row i, so seq_mean_token_mean is exactly GMPO's ``mean_i(L_i)``; it
+  declares ``required_aggregation`` and ``GRPOLoss`` refuses any other. With a rollout correction,
+  ``GRPOLoss`` scales row i by the geometric mean of its token IS weights,
+  ``exp(mean_t log(w_t + 1e-10))`` (``sequence_is_weight``, as verl's geo_mean), not by their
+  arithmetic mean (weights [2, 0.5]: 1, not 1.25).
 - dual_clip and delta_clip coincide when ``delta == clip_ratio_c > 1 + eps_high``: both cap the
   loss of an A < 0 token at ``-A * c`` once ``r > c``.
 
@@ -40,18 +51,27 @@ Metrics (detached float32 scalars, 0 when no token is valid): ``ratio_min/mean/m
 valid tokens (the ratio the loss uses: s_i for GSPO); ``clip_frac_low`` = frac(A < 0 and
 r < 1 - eps_low), ``clip_frac_high`` = frac(A > 0 and r > 1 + eps_high) for the clipping losses
 (TRL's clip_ratio/low_mean, high_mean); ``clip_frac_dual`` = frac(A < 0 and r > c) for
-dual_clip / delta_clip; ``clip_cov_frac`` and ``kl_cov_frac``: fraction of valid tokens chosen.
+dual_clip / delta_clip; geo_mean: ``clip_frac_high`` / ``clip_frac_low``; ``clip_cov_frac`` and ``kl_cov_frac``: fraction of valid tokens chosen.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from .guards import clamp_log_ratio
 from .logprobs import masked_mean
+from .ratios import (
+    LossInputs,
+    PolicyLossOutput,
+    check_eps,
+    clip_metrics,
+    clipped_surrogate,
+    loss_output,
+    prepare_inputs,
+    ratio_metrics,
+    valid_fraction,
+)
 from .registry import POLICY_LOSSES
 
 __all__ = [
@@ -65,108 +85,16 @@ __all__ = [
     "cispo_loss",
     "clip_cov_loss",
     "kl_cov_loss",
+    "geo_mean_loss",
 ]
 
 
-class PolicyLossOutput(NamedTuple):
-    """Per-token policy loss and its metrics."""
-
-    loss: Tensor
-    """[B, T] float32 per-token loss, 0 on masked tokens, before aggregation."""
-    metrics: dict[str, Tensor]
-    """Detached float32 scalars (see the module docstring)."""
-
-
-class _Inputs(NamedTuple):
-    logp: Tensor  # [B, T] float32 (>= fp32), 0 on masked tokens, differentiable
-    log_ratio: Tensor  # [B, T] logp - old, unclamped, 0 on masked tokens
-    adv: Tensor  # [B, T] detached advantages, 0 on masked tokens
-    valid: Tensor  # [B, T] bool
-
-
-def _prepare(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> _Inputs:
-    """Check shapes, upcast to float32, broadcast A [B] -> [B, T], zero masked positions."""
-    if logp.dim() != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
-        raise ValueError(
-            f"logp, old_logp and mask must share one [B, T] shape; got {tuple(logp.shape)}, "
-            f"{tuple(old_logp.shape)}, {tuple(mask.shape)}"
-        )
-    dtype = torch.promote_types(logp.dtype, torch.float32)
-    valid = mask != 0  # [B, T]
-    zero = torch.zeros((), dtype=dtype, device=logp.device)
-    adv = advantages.detach().to(dtype)
-    if adv.shape == logp.shape[:1]:
-        adv = adv.unsqueeze(-1).expand_as(logp)  # [B] -> [B, T]
-    elif adv.shape != logp.shape:
-        raise ValueError(f"advantages must be [B] or [B, T] = {tuple(logp.shape)}, got {tuple(adv.shape)}")
-    lp = torch.where(valid, logp.to(dtype), zero)  # [B, T]
-    old = old_logp.detach().to(dtype)
-    log_ratio = torch.where(valid, lp - old, zero)  # [B, T]
-    return _Inputs(lp, log_ratio, torch.where(valid, adv, zero), valid)
-
-
-def _check_eps(eps_low: float, eps_high: float) -> None:
-    if eps_low < 0 or eps_high < 0:
-        raise ValueError(f"eps_low and eps_high must be >= 0, got {eps_low}, {eps_high}")
-
-
-def clipped_surrogate(
-    ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float, ratio_cap: float | None = None
-) -> Tensor:
-    """The PPO clipped surrogate loss, shared by every clipping variant.
-
-    L = -min(min(r, ratio_cap) * A, clip(r, 1 - eps_low, 1 + eps_high) * A)
-
-    ``ratio_cap=None`` is plain PPO; a cap is TRL's two-sided ``delta``. ratio, adv: [B, T]
-    (or any common shape) -> same shape. Gradient is zero where the clipped term is active.
-    """
-    unclipped = ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)
-    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    return -torch.minimum(unclipped * adv, clipped * adv)
-
-
-def _frac(cond: Tensor, valid: Tensor) -> Tensor:
-    """Fraction of valid tokens where ``cond`` holds (0 if none valid)."""
-    return masked_mean(cond.float(), valid).detach()
-
-
-def _ratio_metrics(ratio: Tensor, valid: Tensor) -> dict[str, Tensor]:
-    """ratio_min / ratio_mean / ratio_max over valid tokens, 0 when none is valid."""
-    r = ratio.detach().float()
-    any_valid = valid.any()
-    inf = torch.tensor(float("inf"), device=r.device)
-    r_min = torch.where(valid, r, inf).amin()
-    r_max = torch.where(valid, r, -inf).amax()
-    return {
-        "ratio_min": torch.where(any_valid, r_min, 0.0),
-        "ratio_mean": masked_mean(r, valid).detach(),
-        "ratio_max": torch.where(any_valid, r_max, 0.0),
-    }
-
-
-def _clip_metrics(ratio: Tensor, x: _Inputs, eps_low: float | None, eps_high: float) -> dict[str, Tensor]:
-    """clip_frac_low (A < 0, r < 1 - eps_low), clip_frac_high (A > 0, r > 1 + eps_high), ratios."""
-    r = ratio.detach()
-    low = (x.adv < 0) & (r < 1.0 - eps_low) if eps_low is not None else torch.zeros_like(x.valid)
-    metrics = {
-        "clip_frac_low": _frac(low, x.valid),
-        "clip_frac_high": _frac((x.adv > 0) & (r > 1.0 + eps_high), x.valid),
-    }
-    metrics.update(_ratio_metrics(r, x.valid))
-    return metrics
-
-
-def _output(loss: Tensor, valid: Tensor, metrics: dict[str, Tensor]) -> PolicyLossOutput:
-    zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
-    return PolicyLossOutput(torch.where(valid, loss, zero), metrics)
-
-
-def _ppo_parts(x: _Inputs, eps_low: float, eps_high: float, ratio_cap: float | None = None):
+def _ppo_parts(x: LossInputs, eps_low: float, eps_high: float, ratio_cap: float | None = None):
     """(token ratio [B, T], clipped surrogate loss [B, T], clip metrics)."""
-    _check_eps(eps_low, eps_high)
+    check_eps(eps_low, eps_high)
     ratio = torch.exp(clamp_log_ratio(x.log_ratio))  # [B, T]
     loss = clipped_surrogate(ratio, x.adv, eps_low, eps_high, ratio_cap)
-    return ratio, loss, _clip_metrics(ratio, x, eps_low, eps_high)
+    return ratio, loss, clip_metrics(ratio, x, eps_low, eps_high)
 
 
 @POLICY_LOSSES.register("ppo")
@@ -180,9 +108,9 @@ def ppo_loss(
     logp, old_logp, mask: [B, T]; advantages: [B] or [B, T]. Defaults 0.2 / 0.2 (verl
     clip_ratio, TRL epsilon). ``generator`` is unused.
     """
-    x = _prepare(logp, old_logp, advantages, mask)
+    x = prepare_inputs(logp, old_logp, advantages, mask)
     _, loss, metrics = _ppo_parts(x, eps_low, eps_high)
-    return _output(loss, x.valid, metrics)
+    return loss_output(loss, x.valid, metrics)
 
 
 @POLICY_LOSSES.register("dual_clip")
@@ -199,11 +127,11 @@ def dual_clip_loss(
     """
     if not clip_ratio_c > 1.0:
         raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
-    x = _prepare(logp, old_logp, advantages, mask)
+    x = prepare_inputs(logp, old_logp, advantages, mask)
     ratio, loss, metrics = _ppo_parts(x, eps_low, eps_high)
     loss = torch.where(x.adv < 0, torch.minimum(loss, -x.adv * clip_ratio_c), loss)
-    metrics["clip_frac_dual"] = _frac((x.adv < 0) & (ratio.detach() > clip_ratio_c), x.valid)
-    return _output(loss, x.valid, metrics)
+    metrics["clip_frac_dual"] = valid_fraction((x.adv < 0) & (ratio.detach() > clip_ratio_c), x.valid)
+    return loss_output(loss, x.valid, metrics)
 
 
 @POLICY_LOSSES.register("delta_clip")
@@ -219,13 +147,13 @@ def delta_clip_loss(
     """
     if not delta > 0:
         raise ValueError(f"delta must be > 0, got {delta}")
-    x = _prepare(logp, old_logp, advantages, mask)
+    x = prepare_inputs(logp, old_logp, advantages, mask)
     ratio, loss, metrics = _ppo_parts(x, eps_low, eps_high, ratio_cap=delta)
-    metrics["clip_frac_dual"] = _frac((x.adv < 0) & (ratio.detach() > delta), x.valid)
-    return _output(loss, x.valid, metrics)
+    metrics["clip_frac_dual"] = valid_fraction((x.adv < 0) & (ratio.detach() > delta), x.valid)
+    return loss_output(loss, x.valid, metrics)
 
 
-def _seq_log_ratio(x: _Inputs) -> Tensor:
+def _seq_log_ratio(x: LossInputs) -> Tensor:
     """[B] mean_t(logp - old) over each row's valid tokens (0 for an empty row), with gradient."""
     return masked_mean(x.log_ratio, x.valid, dim=-1)
 
@@ -242,11 +170,11 @@ def gspo_loss(
     With A [B], L_it = L_i on each token, so token-mean-of-row aggregation is the GSPO objective.
     Shapes as ``ppo_loss``; clip metrics are token-weighted on s_i.
     """
-    _check_eps(eps_low, eps_high)
-    x = _prepare(logp, old_logp, advantages, mask)
+    check_eps(eps_low, eps_high)
+    x = prepare_inputs(logp, old_logp, advantages, mask)
     s = torch.exp(clamp_log_ratio(_seq_log_ratio(x))).unsqueeze(-1).expand_as(x.logp)  # [B, T]
     loss = clipped_surrogate(s, x.adv, eps_low, eps_high)
-    return _output(loss, x.valid, _clip_metrics(s, x, eps_low, eps_high))
+    return loss_output(loss, x.valid, clip_metrics(s, x, eps_low, eps_high))
 
 
 @POLICY_LOSSES.register("gspo_token")
@@ -262,12 +190,12 @@ def gspo_token_loss(
     Same values as ``gspo_loss``; same gradient under seq-mean-token-mean aggregation when a
     row's tokens share one advantage, different gradient otherwise. Shapes as ``ppo_loss``.
     """
-    _check_eps(eps_low, eps_high)
-    x = _prepare(logp, old_logp, advantages, mask)
+    check_eps(eps_low, eps_high)
+    x = prepare_inputs(logp, old_logp, advantages, mask)
     log_s = _seq_log_ratio(x).detach().unsqueeze(-1)  # [B, 1]
     s = torch.exp(clamp_log_ratio(log_s + x.logp - x.logp.detach()))  # [B, T], value s_i
     loss = clipped_surrogate(s, x.adv, eps_low, eps_high)
-    return _output(loss, x.valid, _clip_metrics(s, x, eps_low, eps_high))
+    return loss_output(loss, x.valid, clip_metrics(s, x, eps_low, eps_high))
 
 
 @POLICY_LOSSES.register("cispo")
@@ -282,16 +210,16 @@ def cispo_loss(
     weight cap 5.0 (ScaleRL's epsilon_max as TRL recommends it). Shapes as ``ppo_loss``.
     clip_frac_high = frac(A > 0 and r > 1 + eps_high) (TRL's cispo_clip_ratio).
     """
-    _check_eps(0.0 if eps_low is None else eps_low, eps_high)
-    x = _prepare(logp, old_logp, advantages, mask)
+    check_eps(0.0 if eps_low is None else eps_low, eps_high)
+    x = prepare_inputs(logp, old_logp, advantages, mask)
     ratio = torch.exp(clamp_log_ratio(x.log_ratio))  # [B, T]
     low = None if eps_low is None else 1.0 - eps_low
     weight = ratio.clamp(min=low, max=1.0 + eps_high).detach()  # [B, T], stop-gradient
     loss = -weight * x.adv * x.logp
-    return _output(loss, x.valid, _clip_metrics(ratio, x, eps_low, eps_high))
+    return loss_output(loss, x.valid, clip_metrics(ratio, x, eps_low, eps_high))
 
 
-def _token_cov(x: _Inputs) -> Tensor:
+def _token_cov(x: LossInputs) -> Tensor:
     """[B, T] detached cov_t = (A_t - mean A) * (logp_t - mean logp), means over valid tokens; 0 off-mask."""
     lp = x.logp.detach()
     cov = (x.adv - masked_mean(x.adv, x.valid)) * (lp - masked_mean(lp, x.valid))
@@ -318,7 +246,7 @@ def clip_cov_loss(
     """
     if clip_ratio <= 0:
         raise ValueError(f"clip_ratio must be > 0, got {clip_ratio}")
-    x = _prepare(logp, old_logp, advantages, mask)
+    x = prepare_inputs(logp, old_logp, advantages, mask)
     ratio, loss, metrics = _ppo_parts(x, eps_low, eps_high)
     r = ratio.detach()
     clipped = -x.adv * r.clamp(1.0 - eps_low, 1.0 + eps_high) > -x.adv * r  # [B, T]
@@ -332,8 +260,8 @@ def clip_cov_loss(
         perm = torch.randperm(idx.numel(), generator=generator, device=device)[:n].to(idx.device)
         chosen.view(-1)[idx[perm]] = True
     loss = torch.where(chosen, torch.zeros((), dtype=loss.dtype, device=loss.device), loss)
-    metrics["clip_cov_frac"] = _frac(chosen, x.valid)
-    return _output(loss, x.valid, metrics)
+    metrics["clip_cov_frac"] = valid_fraction(chosen, x.valid)
+    return loss_output(loss, x.valid, metrics)
 
 
 @POLICY_LOSSES.register("kl_cov")
@@ -349,7 +277,7 @@ def kl_cov_loss(
     """
     if kl_cov_ratio <= 0:
         raise ValueError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio}")
-    x = _prepare(logp, old_logp, advantages, mask)
+    x = prepare_inputs(logp, old_logp, advantages, mask)
     ratio = torch.exp(clamp_log_ratio(x.log_ratio))  # [B, T]
     loss = -x.adv * ratio
     k = _num_chosen(kl_cov_ratio, int(x.valid.sum().item()))
@@ -358,6 +286,45 @@ def kl_cov_loss(
         cov = torch.where(x.valid, _token_cov(x), float("-inf"))
         chosen.view(-1)[cov.flatten().topk(k).indices] = True
     loss = loss + torch.where(chosen, ppo_kl_coef * x.log_ratio.abs(), 0.0)
-    metrics = _ratio_metrics(ratio, x.valid)
-    metrics["kl_cov_frac"] = _frac(chosen, x.valid)
-    return _output(loss, x.valid, metrics)
+    metrics = ratio_metrics(ratio, x.valid)
+    metrics["kl_cov_frac"] = valid_fraction(chosen, x.valid)
+    return loss_output(loss, x.valid, metrics)
+
+
+@POLICY_LOSSES.register("geo_mean")
+def geo_mean_loss(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
+    eps_low: float = 0.4, eps_high: float = 0.4, generator: torch.Generator | None = None,
+) -> PolicyLossOutput:
+    """GMPO, geometric-mean policy optimisation (arXiv 2507.20673; verl ``geo_mean``).
+
+    Per token, the log-ratio is clipped in log space on the side of sign(A):
+    l_t = sign(A) min(sign(A) d_t, sign(A) clamp(d_t, -eps_low, eps_high)), d_t = logp_t - old_t;
+    s_i = exp(clamp(sum_t l_t / |o_i|, +-20)), A_i = mean_t A_t, L_i = -A_i s_i, written on every
+    valid token of row i (seq_mean_token_mean, required, gives mean_i L_i). eps 0.4 (paper).
+    """
+    check_eps(eps_low, eps_high)
+    x = prepare_inputs(logp, old_logp, advantages, mask)
+    sign = torch.sign(x.adv)  # [B, T]
+    clamped = x.log_ratio.clamp(-eps_low, eps_high)
+    clipped = sign * torch.minimum(sign * x.log_ratio, sign * clamped)  # [B, T]
+    s = torch.exp(clamp_log_ratio(masked_mean(clipped, x.valid, dim=-1)))  # [B]
+    adv_seq = masked_mean(x.adv, x.valid, dim=-1)  # [B]
+    loss = (-adv_seq * s).unsqueeze(-1).expand_as(x.logp)  # [B, T]
+    active = (sign * clamped < sign * x.log_ratio).detach()  # the clamp blocks the gradient here
+    metrics = ratio_metrics(s.unsqueeze(-1).expand_as(x.logp), x.valid)
+    metrics["clip_frac_high"] = valid_fraction(active & (x.adv > 0), x.valid)
+    metrics["clip_frac_low"] = valid_fraction(active & (x.adv < 0), x.valid)
+    return loss_output(loss, x.valid, metrics)
+
+
+def _row_geometric_mean(weight: Tensor, mask: Tensor) -> Tensor:
+    """GMPO's IS weight per row (verl): exp(mean_t log(w_t + 1e-10)) over the valid tokens of ``mask``,
+    broadcast to them. weight, mask [B, T] -> [B, T] (0 on padding and on empty rows); detached."""
+    m = mask.detach().float()
+    log_w = torch.log(weight.detach().float() + 1e-10)  # [B, T]; a zero weight (MIS) counts as 1e-10
+    return torch.exp(masked_mean(log_w, m, dim=-1, keepdim=True)) * m
+
+
+geo_mean_loss.required_aggregation = "seq_mean_token_mean"
+geo_mean_loss.sequence_is_weight = _row_geometric_mean

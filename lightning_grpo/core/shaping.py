@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .advantages import as_groups
+from .groups import as_groups
 from .registry import ADVANTAGES, SELECTIONS, SHAPING
 
 

@@ -22,11 +22,11 @@ from typing import Any, Iterator, Literal
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_grpo.batch import steps_per_batch
+from lightning_grpo.core.batch import steps_per_batch
 from lightning_grpo.data.records import RecordFormat, RecordMap, apply_record_map, check_tokenizer, resolve_record_map
 from lightning_grpo.data.schedule import generation_indices, permutation, refill_indices
 from lightning_grpo.data.sources import DataSource, DigitTaskSource, FileSplit, LocalSource, RowsSplit
-from lightning_grpo.tiny import builtin_model_path
+from lightning_grpo.models.tiny import builtin_model_path
 
 Rows = tuple[list[dict[str, Any]], str]  # (rows, how errors name them)
 
@@ -149,7 +149,7 @@ class PromptDataModule(L.LightningDataModule):
             from transformers import AutoTokenizer
 
             if self.tokenizer_path is None:  # the built-in tiny model's tokenizer
-                from lightning_grpo.tiny import tiny_model_dir
+                from lightning_grpo.models.tiny import tiny_model_dir
 
                 self.tokenizer_path = str(tiny_model_dir())
             self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)

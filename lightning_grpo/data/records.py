@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_grpo.resolve import resolve_callable
+from lightning_grpo.core.resolve import resolve_callable
 
 #: Record key of the prompt column's value before the chat template (text or messages).
 RAW_PROMPT = "raw_prompt"

@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal, Sequence
 import torch
 
 from lightning_grpo.core.registry import Registry
-from lightning_grpo.resolve import resolve_callable
+from lightning_grpo.core.resolve import resolve_callable
 
 RewardFn = Callable[..., Sequence[float]]
 

@@ -10,7 +10,7 @@ from types import ModuleType
 from typing import Any, Callable, Coroutine
 
 from lightning_grpo.core.registry import Registry
-from lightning_grpo.resolve import resolve_callable
+from lightning_grpo.core.resolve import resolve_callable
 
 _NO_NAMES: Registry = Registry("adapter argument")  # adapters take import paths only
 

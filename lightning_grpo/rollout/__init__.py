@@ -10,7 +10,7 @@ from lightning_grpo.rollout.base import (
 )
 from lightning_grpo.rollout.hf import HFEngine
 from lightning_grpo.rollout.vllm import VLLMEngine
-from lightning_grpo.rollout.weights import gathered_weights_for_engine, policy_weights_for_engine
+from lightning_grpo.models.weights import gathered_weights_for_engine, policy_weights_for_engine
 
 __all__ = [
     "HFEngine",

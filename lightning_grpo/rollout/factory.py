@@ -57,7 +57,7 @@ def _model_dir(module, tokenizer) -> str:
     elif path is None and module.policy is not None:
         path = _save_for_engine(module.policy, tokenizer)
     elif path is None:
-        from ..tiny import tiny_model_dir
+        from ..models.tiny import tiny_model_dir
 
         path = str(tiny_model_dir())
     return str(path)
@@ -84,8 +84,8 @@ def _save_for_engine(policy, tokenizer) -> str:
             f"got {type(base).__name__}: use engine='hf' or pass GRPOModule(model='path/to/model')"
         )
     directory = Path(tempfile.mkdtemp(prefix="lightning-grpo-engine-"))
-    from ..export import save_dense
-    from .weights import gathered_weights_for_engine
+    from ..models.export import save_dense
+    from ..models.weights import gathered_weights_for_engine
 
     # HF checkpoint names (LoRA merged, a 4-bit base dequantised; full under FSDP2), one directory per rank
     with gathered_weights_for_engine(policy) as pairs:

@@ -56,7 +56,7 @@ def plugin_path(directory: Path) -> Path:
     dist = directory / _PLUGIN_DIST
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lightning-grpo-server-plugin\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\nlightning_grpo = lightning_grpo.vllm_plugin:register\n")
+    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\nlightning_grpo = lightning_grpo.rollout.vllm_plugin:register\n")
     return directory
 
 

@@ -3,13 +3,13 @@
 vLLM's RL API moves weights with a *weight transfer engine* chosen by the server's
 ``--weight-transfer-config '{"backend": ...}'``; vLLM ships NCCL and CUDA-IPC backends, neither of
 which exists on CPU. ``lightning_grpo_shm`` (registered in the server through vLLM's plugin
-mechanism, :mod:`lightning_grpo.vllm_plugin`) is a CPU backend for a server on the same machine:
+mechanism, :mod:`lightning_grpo.rollout.vllm_plugin`) is a CPU backend for a server on the same machine:
 the trainer writes the weights, cast to the server's dtype, into files under ``/dev/shm``
 (about 64 MiB each, one ``/update_weights`` call per file) and the server maps each file and
 loads its tensors with the model's own ``load_weights`` (HF checkpoint names).
 
 This module imports torch only; the server side is
-:class:`lightning_grpo.vllm_plugin.ShmWeightTransferEngine`.
+:class:`lightning_grpo.rollout.vllm_plugin.ShmWeightTransferEngine`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ NCCL backend (a control request per bucket over HTTP, the bytes over a separate 
 Buckets use the same layout as the shared-memory transfer (tensors cast to the server's dtype,
 64-byte aligned). The bytes are a snapshot taken when the push is prepared, so the asynchronous
 pipeline can keep training while they are sent. Standard library and torch only; the server side
-is :class:`lightning_grpo.vllm_plugin.TcpWeightTransferEngine`.
+is :class:`lightning_grpo.rollout.vllm_plugin.TcpWeightTransferEngine`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ they equal ``log_softmax(logits / temperature)`` as recomputed by the trainer (w
 float32 on the tiny test model); with truncation on they differ from :class:`~lightning_grpo.rollout.hf.HFEngine`,
 which reports the untruncated values.
 
-LoRA, two ways: push merged weights (:func:`~lightning_grpo.rollout.weights.policy_weights_for_engine`
+LoRA, two ways: push merged weights (:func:`~lightning_grpo.models.weights.policy_weights_for_engine`
 gives ``W + delta_W``; the default, works everywhere), or build the engine with
 ``enable_lora=True`` and hand it the adapter saved with ``save_pretrained`` through
 :meth:`VLLMEngine.load_lora_adapter`; every later :meth:`~VLLMEngine.generate` then samples

@@ -36,7 +36,7 @@ class ScriptedEngine(RolloutEngine):
 
 
 def tools_tokenizer():
-    from lightning_grpo.tiny import build_char_tokenizer
+    from lightning_grpo.models.tiny import build_char_tokenizer
 
     return build_char_tokenizer("tools")
 
@@ -55,7 +55,7 @@ def caller_model_dir(tmp_path_factory) -> str:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lightning_grpo.data.tasks import digit_task
-    from lightning_grpo.tiny import TinyModelConfig, tiny_model_dir
+    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     src = tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tmp_path_factory.mktemp("tools-cache"))
     tok, model = AutoTokenizer.from_pretrained(src), AutoModelForCausalLM.from_pretrained(src)

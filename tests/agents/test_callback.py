@@ -83,9 +83,9 @@ def test_vllm_engine_runs_turn_synchronous_episodes(vllm_engine, tiny_model_path
 
     from lightning_grpo.agents.environment import Environment, Step
     from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
-    from lightning_grpo.batch import RolloutBatch
+    from lightning_grpo.core.batch import RolloutBatch
     from lightning_grpo.rollout.base import rollout_to_tensors
-    from lightning_grpo.rollout.weights import policy_weights_for_engine
+    from lightning_grpo.models.weights import policy_weights_for_engine
 
     class Count(Environment):
         def step(self, turn):

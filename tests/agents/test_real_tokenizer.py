@@ -106,7 +106,7 @@ def test_user_feedback_turn_through_the_qwen3_template(qwen_tokenizer):
 def test_template_that_drops_the_model_message_is_refused_by_name():
     """A template that renders a non-final assistant message without its content: the end of the model's
     message cannot be found, so the new messages cannot be tokenised on their own; one clear error."""
-    from lightning_grpo.tiny import build_char_tokenizer
+    from lightning_grpo.models.tiny import build_char_tokenizer
 
     tok = build_char_tokenizer("tools")
     tok.chat_template = (

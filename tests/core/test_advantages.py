@@ -248,9 +248,9 @@ REFERENCES = {
 
 
 def test_every_estimator_has_a_reference():
-    from .test_advantages_2026 import REFERENCES_2026
+    from .test_advantage_estimators import ESTIMATOR_REFERENCES
 
-    assert set(REFERENCES) | set(REFERENCES_2026) == set(ADVANTAGES.names())
+    assert set(REFERENCES) | set(ESTIMATOR_REFERENCES) == set(ADVANTAGES.names())
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_grpo.core import REJECTIONS, GRPOLoss
-from lightning_grpo.core.policy_losses_2026 import dppo_tv_loss
+from lightning_grpo.core.trust_region_losses import dppo_tv_loss
 
 L2, L3, L10 = math.log(2.0), math.log(3.0), math.log(10.0)
 

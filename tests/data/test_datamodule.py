@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from lightning_grpo.data.datamodule import PromptDataModule
-from lightning_grpo.tiny import ALPHABET, SPECIAL_TOKENS
+from lightning_grpo.models.tiny import ALPHABET, SPECIAL_TOKENS
 
 VOCAB = {token: i for i, token in enumerate(SPECIAL_TOKENS + ALPHABET)}
 ROWS = [{"prompt": f"{1000 + 7 * i}=", "answer": str((7 * i + 1) % 10), "id": i} for i in range(10)]

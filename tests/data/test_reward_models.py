@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_grpo.data.reward_set import RewardError, RewardSet, RewardSpec
-from lightning_grpo.tiny import build_char_tokenizer, save_tiny_reward_model
+from lightning_grpo.models.tiny import build_char_tokenizer, save_tiny_reward_model
 
 PROMPTS = ["1234=", "5678=", [{"role": "system", "content": "be short"}, {"role": "user", "content": "0="}], "99="]
 COMPLETIONS = ["1", "3 abc de", "", "9 9 9 9 9 9 9 9 9 9 9"]

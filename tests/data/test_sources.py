@@ -12,7 +12,7 @@ import pytest
 
 from lightning_grpo.data.datamodule import PromptDataModule
 from lightning_grpo.data.sources import DataSource, HubDataset
-from lightning_grpo.tiny import ALPHABET, SPECIAL_TOKENS
+from lightning_grpo.models.tiny import ALPHABET, SPECIAL_TOKENS
 
 from tests.bad_input_helpers import cli, tiny_cache, write_config  # noqa: F401
 

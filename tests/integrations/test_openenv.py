@@ -45,7 +45,7 @@ def direct_reward(seed: int, texts: list[str]) -> float:
 def check_rewards_equal_direct(logger, recorder, tokenizer_dir=None):
     from transformers import AutoTokenizer
 
-    from lightning_grpo.tiny import tiny_model_dir
+    from lightning_grpo.models.tiny import tiny_model_dir
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir or tiny_model_dir())
     assert len(recorder.rollouts) == len(recorder.scored) == 20  # one generation per step

@@ -34,7 +34,7 @@ def test_the_openenv_init_template_trains_unchanged():
     """Two steps; every episode's reward is the template's own (0.1 x the length of each echoed turn)."""
     from transformers import AutoTokenizer
 
-    from lightning_grpo.tiny import tiny_model_dir
+    from lightning_grpo.models.tiny import tiny_model_dir
 
     env = OpenEnvEnvironment(TEMPLATE)
     assert env.action_cls is EchoAction and env.action_field == "message"  # from step's annotation

@@ -112,7 +112,7 @@ def train_prompts() -> set[str]:
 # -------------------------------------------------------------------------- resume and export
 def check_resume(a_ckpt: Path, b_ckpt: Path, a_rows: list[dict], b_rows: list[dict]) -> None:
     """The resumed run's last checkpoint and last logged step equal the uninterrupted run's."""
-    from lightning_grpo.export import load_checkpoint
+    from lightning_grpo.models.export import load_checkpoint
 
     a_state, _, _ = load_checkpoint(a_ckpt)
     b_state, _, _ = load_checkpoint(b_ckpt)

@@ -5,7 +5,7 @@ what can fail when options combine:
 - the engine's and the trainer's log-probs of the sampled tokens agree (``train/mismatch_max_abs`` <= 1e-4);
 - the prompts in the completions log are the sampled ones (rewards recomputed from them by the task's rule);
 - a run resumed from the step-1 checkpoint equals the uninterrupted run (weights, last logged step);
-- an export of the last checkpoint (``lightning_grpo.export.export``, the function ``lightning-grpo export`` calls, in
+- an export of the last checkpoint (``lightning_grpo.models.export.export``, the function ``lightning-grpo export`` calls, in
   this process to save a process start), loaded with transformers, gives the trained policy's logits (1e-5).
 
 Refused pairs (``REFUSED``) must fail before any engine starts, with one line naming both options.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_grpo.export import export
+from lightning_grpo.models.export import export
 
 from . import checks, runner
 from .dimensions import cell_id, cells, refused_cells

@@ -12,7 +12,7 @@ def test_qlora_with_fsdp2_is_refused_by_the_fit_checks():
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     from lightning_grpo import GRPOModule
-    from lightning_grpo.validation import check_layout
+    from lightning_grpo.checks.validation import check_layout
 
     module = GRPOModule(model="unused-path", lora={"r": 4}, quantization={"quant_type": "nf4"})
     fsdp2 = L.Trainer(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
@@ -29,7 +29,7 @@ def test_hf_engine_with_fsdp2_is_refused_by_the_fit_checks():
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     from lightning_grpo import GRPOModule, RolloutCallback
-    from lightning_grpo.validation import check_layout
+    from lightning_grpo.checks.validation import check_layout
 
     module = GRPOModule(model="unused-path")
     fsdp2 = L.Trainer(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),

@@ -19,7 +19,7 @@ from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCall
 from lightning_grpo.agents.environment import Environment, Step
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.rollout.base import RolloutEngine
-from lightning_grpo.rollout.weights import policy_weights_for_engine
+from lightning_grpo.models.weights import policy_weights_for_engine
 
 pytestmark = pytest.mark.vllm
 

@@ -49,8 +49,8 @@ def test_server_settings_reject_bad_values_with_the_field_name():
 
 def test_generated_dist_info_declares_the_plugin_entry_point(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(plugin_path(tmp_path)))
-    found = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value == "lightning_grpo.vllm_plugin:register"]
-    assert found and found[0].load().__module__ == "lightning_grpo.vllm_plugin"
+    found = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value == "lightning_grpo.rollout.vllm_plugin:register"]
+    assert found and found[0].load().__module__ == "lightning_grpo.rollout.vllm_plugin"
 
 
 class _Log:

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from lightning_grpo.rollout.weights import policy_weights_for_engine
+from lightning_grpo.models.weights import policy_weights_for_engine
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -1,4 +1,4 @@
-"""Reading a checkpoint for ``lightning-grpo export`` (:mod:`lightning_grpo.export`): find it in a run
+"""Reading a checkpoint for ``lightning-grpo export`` (:mod:`lightning_grpo.models.export`): find it in a run
 folder, load it without running code it may carry (``torch.load(weights_only=True)`` and an
 allow-list), and rebuild the trained policy (LoRA-wrapped; a QLoRA base in its 4-bit layout)."""
 
@@ -191,7 +191,7 @@ def build_policy(weights: dict[str, torch.Tensor], info: dict[str, Any]) -> nn.M
 
 
 def _quantization_of(info: dict[str, Any], stored: dict[str, Any] | None) -> Any:
-    """A QLoRA checkpoint's :class:`~lightning_grpo.quantization.QuantizationSettings` (its export info;
+    """A QLoRA checkpoint's :class:`~lightning_grpo.models.quantization.QuantizationSettings` (its export info;
     checkpoints written before they were kept there: the stored config's ``quantization_config``)."""
     if info.get("quantization") is None and stored is None:
         return None

@@ -1,4 +1,4 @@
-"""The 2025-2026 policy losses: hand-worked numbers, plain-loop references of verl's formulas
+"""The soft-gated, trust-region, geometric-mean and plain policy-gradient losses: hand-worked numbers, plain-loop references of verl's formulas
 (same inputs -> same value and gradient), gradient checks and bad input."""
 
 from __future__ import annotations
@@ -9,16 +9,9 @@ import pytest
 import torch
 
 from lightning_grpo.core import GRPOLoss
-from lightning_grpo.core.policy_losses import cispo_loss
-from lightning_grpo.core.policy_losses_2026 import (
-    dppo_kl_loss,
-    dppo_tv_loss,
-    dro_loss,
-    geo_mean_loss,
-    gpg_loss,
-    reinforce_loss,
-    sapo_loss,
-)
+from lightning_grpo.core.pg_losses import dro_loss, gpg_loss, reinforce_loss
+from lightning_grpo.core.policy_losses import cispo_loss, geo_mean_loss
+from lightning_grpo.core.trust_region_losses import dppo_kl_loss, dppo_tv_loss, sapo_loss
 from lightning_grpo.core.registry import POLICY_LOSSES
 
 NEW = ["sapo", "dppo_tv", "dppo_kl", "dro", "geo_mean", "gpg", "reinforce"]

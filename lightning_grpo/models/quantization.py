@@ -9,7 +9,7 @@ A layer's forward dequantises its weight to ``compute_dtype`` and multiplies in 
 model is the same network with the adapter switched off (no second copy).
 
 Rollout engines do not run the 4-bit layers: the weight push
-(:func:`~lightning_grpo.rollout.weights.policy_weights_for_engine`) gives them the dequantised base
+(:func:`~lightning_grpo.models.weights.policy_weights_for_engine`) gives them the dequantised base
 with the adapter merged (``lora_sync: merged``), or the dequantised base once and the adapter after
 every step (``lora_sync: adapter``), so the engine computes exactly what the policy computes. ``lightning-grpo export`` rebuilds a QLoRA
 checkpoint's policy in its 4-bit layout (:func:`rebuild_quantized`) and writes the same dense,
@@ -206,7 +206,7 @@ def dequantized(param: torch.Tensor, name: str) -> torch.Tensor:
         raise ValueError(
             f"{name} was repacked by bitsandbytes for its bfloat16 CPU kernel (an eval-mode forward without "
             "gradients), which rounds its scales and passes no gradient to the layer's input: load the model with "
-            "GRPOModule(quantization=...), or call lightning_grpo.quantization.keep_float_kernels(model) right "
+            "GRPOModule(quantization=...), or call lightning_grpo.models.quantization.keep_float_kernels(model) right "
             "after loading it"
         )
     from bitsandbytes.functional import dequantize_4bit

@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from .batch import RolloutBatch
+from ..core.batch import RolloutBatch
 from .packing import AUTO_MAX_SHARE, PackingMode, PackPlan, choose_plan, first_fit_decreasing
 
 #: transformers attention backends that take a custom 4D mask as it is (bool for sdpa, additive for eager).

@@ -37,9 +37,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from .batch import RolloutBatch, micro_step
-from .core.distill import generalized_jsd, group_token_baseline, opd_advantages
-from .core.logprobs import masked_mean
+from ..core.batch import RolloutBatch, micro_step
+from ..core.distill import generalized_jsd, group_token_baseline, opd_advantages
+from ..core.logprobs import masked_mean
 from .packing import padded_completion_logits
 
 TeacherSpec = str | nn.Module
@@ -48,7 +48,7 @@ FIELD = "model.distillation"
 
 @dataclass
 class DistillSettings:
-    """On-policy distillation (and GKD) from one or more teachers (see :mod:`lightning_grpo.distill`)."""
+    """On-policy distillation (and GKD) from one or more teachers (see :mod:`lightning_grpo.training.distill`)."""
 
     teacher: TeacherSpec | dict[str, TeacherSpec] | None = None
     """A model directory / hub name / ``tiny:<variant>``, an ``nn.Module``, ``"base"`` or
@@ -143,7 +143,7 @@ class Distiller:
             return None
         from transformers import AutoModelForCausalLM
 
-        from .tiny import builtin_model_path
+        from ..models.tiny import builtin_model_path
 
         source = builtin_model_path(spec)
         first = Path(source).parts[0] if Path(source).parts else ""
@@ -254,7 +254,7 @@ def _seed(module: Any) -> int:
 def reference_batch(records: list[dict] | None, tokenizer: Any, answer_key: str, temperature: float, device) -> RolloutBatch:
     """One row per record: its prompt and its reference completion (``answer_key``) + eos. GKD's
     off-policy data, as TRL's dataset outputs."""
-    from .rollout.base import Rollout, rollout_to_tensors
+    from ..rollout.base import Rollout, rollout_to_tensors
 
     if not records or answer_key not in records[0]:
         raise ValueError(f"{FIELD}.lmbda < 1 trains on the records' reference completions: column {answer_key!r} (answer_key) is missing")
@@ -274,7 +274,7 @@ def check_teacher(where: str, spec: TeacherSpec, teacher: nn.Module, tokenizer: 
     if isinstance(spec, str) and spec != "base" and not spec.startswith("adapter:"):
         from transformers import AutoTokenizer
 
-        from .tiny import builtin_model_path
+        from ..models.tiny import builtin_model_path
 
         theirs = AutoTokenizer.from_pretrained(builtin_model_path(spec))
         ours_vocab, their_vocab = tokenizer.get_vocab(), theirs.get_vocab()

@@ -36,7 +36,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-log = logging.getLogger("lightning_grpo.distributed")
+log = logging.getLogger("lightning_grpo.callbacks.distributed")
 
 DEFAULT_TIMEOUT_S = 600.0
 _KEY = "lightning_grpo/timed_out/"

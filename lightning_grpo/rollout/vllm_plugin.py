@@ -2,7 +2,7 @@
 
 vLLM loads every entry point of the group ``vllm.general_plugins`` in each of its processes (API
 server, engine core, workers). This package declares one in ``pyproject.toml``
-(``lightning_grpo = "lightning_grpo.vllm_plugin:register"``), so a server started with
+(``lightning_grpo = "lightning_grpo.rollout.vllm_plugin:register"``), so a server started with
 
     vllm serve MODEL --weight-transfer-config '{"backend": "lightning_grpo_shm"}'
 
@@ -31,7 +31,7 @@ def register() -> None:
 
     for name, cls in _ENGINES.items():
         if name not in WeightTransferEngineFactory._registry:
-            WeightTransferEngineFactory.register_engine(name, "lightning_grpo.vllm_plugin", cls)
+            WeightTransferEngineFactory.register_engine(name, "lightning_grpo.rollout.vllm_plugin", cls)
 
 
 try:  # the engine class needs vLLM; importing this module without it only exposes register()

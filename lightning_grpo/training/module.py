@@ -6,7 +6,7 @@ Data flow of one generation batch (``RolloutCallback`` drives the first half):
     old / ref log-probs) -> training_step x R (loss on a micro-batch) -> optimizer step
     -> weight push into the engine
 
-``training_step`` reads the current :class:`~lightning_grpo.batch.RolloutBatch` from
+``training_step`` reads the current :class:`~lightning_grpo.core.batch.RolloutBatch` from
 ``self.rollout_batch`` (set by the callback, or by you when you drive rollouts yourself) and
 the micro-step index from the dataloader batch (``batch["micro"]``).
 """
@@ -23,17 +23,17 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from .batch import RolloutBatch, micro_step
-from .core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
-from .core.guards import NonFiniteError
-from .core.kl import kl_penalty_in_reward
+from ..core.batch import RolloutBatch, micro_step
+from ..core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
+from ..core.guards import NonFiniteError
+from ..core.kl import kl_penalty_in_reward
 from .distill import Distiller, DistillSettings
 from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
-from .fsdp import fsdp_units, run_as_forward, shard_policy
+from ..models.fsdp import fsdp_units, run_as_forward, shard_policy
 from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
 from .prefix import PrefixSharingMode, choose_layout
-from .lora import LoraSettings
-from .quantization import QuantizationSettings, check_quantization, take_quant_state
+from ..models.lora import LoraSettings
+from ..models.quantization import QuantizationSettings, check_quantization, take_quant_state
 
 
 class GRPOModule(L.LightningModule):
@@ -55,7 +55,7 @@ class GRPOModule(L.LightningModule):
             frozen copy otherwise), or force "none" / "copy" / "adapter".
         lora: LoRA settings, or None for full fine-tuning.
         quantization: QLoRA: load the base model's linear layers in 4 bits (bitsandbytes nf4 / fp4;
-            needs ``lora`` and a model path; :mod:`lightning_grpo.quantization`). Engines get the
+            needs ``lora`` and a model path; :mod:`lightning_grpo.models.quantization`). Engines get the
             dequantised weights.
         dtype: dtype to load a model path in.
         logprob_path: "chunked_hidden" (decoder, then the LM head in chunks: the full logits never
@@ -63,16 +63,16 @@ class GRPOModule(L.LightningModule):
             completion logits only; for DeepSpeed ZeRO-3, which gathers parameters there).
         logprob_chunk_size: rows of the LM head computed at once (memory vs speed).
         packing / prefix_sharing: exact cheaper layouts of the policy, reference, old and teacher
-            forwards (docs/performance.md): padding-free packed rows (``lightning_grpo.packing``);
+            forwards (docs/performance.md): padding-free packed rows (``lightning_grpo.training.packing``);
             each prompt computed once per micro-batch, its keys / values shared by its group's
-            completions (``lightning_grpo.prefix``, sdpa / eager attention). "auto" uses one when
+            completions (``lightning_grpo.training.prefix``, sdpa / eager attention). "auto" uses one when
             the model supports it and it saves at least a quarter; "on" / "off" force it.
         gradient_checkpointing: recompute activations in backward (saves memory).
-        distillation: on-policy distillation / GKD from teachers (:class:`~lightning_grpo.distill.DistillSettings`).
+        distillation: on-policy distillation / GKD from teachers (:class:`~lightning_grpo.training.distill.DistillSettings`).
         optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
 
     Under Lightning's ``ModelParallelStrategy`` (``tensor_parallel_size=1``) the policy and the
-    reference copy are sharded with FSDP2 in ``configure_model`` (``lightning_grpo.fsdp``); both
+    reference copy are sharded with FSDP2 in ``configure_model`` (``lightning_grpo.models.fsdp``); both
     log-prob paths work sharded, and RolloutCallback gathers full weights for the vLLM push.
     """
 
@@ -118,7 +118,7 @@ class GRPOModule(L.LightningModule):
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
         self.quantization = check_quantization(quantization, lora is not None, model)
-        from .tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
+        from ..models.tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
 
         self.model_source = builtin_model_path(model) if isinstance(model, str) or model is None else None
         self.policy: nn.Module | None = model if isinstance(model, nn.Module) else None
@@ -178,11 +178,11 @@ class GRPOModule(L.LightningModule):
 
         source = self.model_source
         if source is None:
-            from .tiny import tiny_model_dir
+            from ..models.tiny import tiny_model_dir
 
             source = self.model_source = str(tiny_model_dir())
         if self.quantization is not None:
-            from .quantization import load_quantized
+            from ..models.quantization import load_quantized
 
             device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
             policy = load_quantized(source, self.hparams.dtype, self.quantization, device)
@@ -213,8 +213,8 @@ class GRPOModule(L.LightningModule):
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
         """Log-probs (and entropy) of the completion tokens at the sampling temperature, through
         the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), with a
-        shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (``lightning_grpo.prefix``,
-        ``lightning_grpo.packing``)."""
+        shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (``lightning_grpo.training.prefix``,
+        ``lightning_grpo.training.packing``)."""
         chunked = self.hparams.logprob_path == "chunked_hidden"
         chunked = chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
         plan = choose_layout(model, batch, self.hparams.packing, self.hparams.prefix_sharing)
@@ -386,7 +386,7 @@ class GRPOModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Also store what ``lightning-grpo export`` needs besides the weights (config, tokenizer files, LoRA)."""
-        from .export import EXPORT_KEY, export_info
+        from ..models.export import EXPORT_KEY, export_info
 
         checkpoint["grpo_skipped_steps"] = self.skipped_steps
         datamodule = self.trainer.datamodule if self._trainer is not None else None

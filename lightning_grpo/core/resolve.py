@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-from .core.registry import Registry
+from .registry import Registry
 
 
 def resolve_callable(name: str | Callable, registry: Registry | None, what: str, example: str) -> Callable:

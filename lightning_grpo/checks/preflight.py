@@ -1,6 +1,6 @@
 """Pre-flight: what a run depends on outside itself, checked before any engine starts.
 
-:func:`check_external` (run by :func:`~lightning_grpo.validation.check_fit_config`) opens a TCP
+:func:`check_external` (run by :func:`~lightning_grpo.checks.validation.check_fit_config`) opens a TCP
 connection to every server the run will talk to and looks for every folder it will load from, so
 that an unreachable server or a missing folder is one line at start-up (the URL or the path, and
 what to do) rather than a failure after the engine started:

@@ -13,7 +13,7 @@ and their gradients equal the padded ones (tests/test_packing.py).
 The plan is generic over per-token tensors: :meth:`PackPlan.pack` moves any ``[B, L, *]`` tensor
 (ids, positions, a per-token turn index, ...) into the packed layout and :meth:`PackPlan.unpack`
 back; :meth:`PackPlan.completion_tokens` / :meth:`PackPlan.scatter_completion` go between the
-``[B, Lc, *]`` completion layout of :class:`~lightning_grpo.batch.RolloutBatch` and the ``[Nc, *]``
+``[B, Lc, *]`` completion layout of :class:`~lightning_grpo.core.batch.RolloutBatch` and the ``[Nc, *]``
 real completion tokens. Log-probs come back in the padded ``[B, Lc]`` layout (0 on padding), so the
 loss and everything after it is unchanged.
 """
@@ -26,8 +26,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from .batch import RolloutBatch, position_ids
-from .core import TokenLogProbs, logprobs_from_hidden, logprobs_from_logits
+from ..core.batch import RolloutBatch, position_ids
+from ..core import TokenLogProbs, logprobs_from_hidden, logprobs_from_logits
 
 #: transformers attention backends that build their mask through ``create_causal_mask`` and so
 #: honour packed position ids.
@@ -86,7 +86,7 @@ class PackPlan:
         return out.index_put((self.valid,), flat[self.index[self.valid]])
 
     def position_ids(self) -> Tensor:
-        """[R, W] positions restarting at 0 per sequence (as :func:`~lightning_grpo.batch.position_ids`
+        """[R, W] positions restarting at 0 per sequence (as :func:`~lightning_grpo.core.batch.position_ids`
         gives the padded rows); empty slots get 0, a one-token sequence of their own each."""
         return self.pack(position_ids(self.valid.long()))
 

@@ -29,7 +29,7 @@ names the option as written in a recipe (``data.batch_size``, ``model.advantage`
   ``target_modules`` present in the policy's architecture (matched on an empty ``meta`` copy);
 * the optimizer: it accepts its arguments and its learning rate is > 0;
 * rollout ranges: ``forward_rows >= 1``, ``val_samples >= 0``, ``val_pass_k`` in 1..``val_samples``;
-* pre-flight (:mod:`lightning_grpo.preflight`): every server the run talks to (vLLM servers,
+* pre-flight (:mod:`lightning_grpo.checks.preflight`): every server the run talks to (vLLM servers,
   environment servers, judges) accepts a connection, and every teacher folder exists;
 * the rewards: every reward function runs on stand-in completions of the first training rows
   (:mod:`lightning_grpo.data.reward_probe`).
@@ -47,7 +47,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .core import ADVANTAGES
+from ..core import ADVANTAGES
 from .model_checks import check_lora, check_loss
 from .preflight import check_external
 
@@ -87,7 +87,7 @@ def check_rewards(dm: Any, callback: Any) -> None:
         return
     if getattr(callback, "_rewards_probed", False):  # the CLI checks before fit, the callback again in setup
         return
-    from .data.reward_probe import probe_rewards
+    from ..data.reward_probe import probe_rewards
 
     probe_rewards(callback.reward_set, dm.train_records, dm.tokenizer)
     callback._rewards_probed = True
@@ -96,13 +96,13 @@ def check_rewards(dm: Any, callback: Any) -> None:
 # ------------------------------------------------------------------------------------ engine
 def check_engine(module: Any, callback: Any) -> None:
     """Engine name, vLLM installed, engine arguments and the LoRA sync mode."""
-    from .rollout.factory import ENGINES
+    from ..rollout.factory import ENGINES
 
     name = callback.engine_name
     if name not in ENGINES:
         raise ValueError(f"{CB}.engine: unknown rollout engine {name!r}; valid names: {', '.join(ENGINES.names())}")
     if callback.engine is None and name == "vllm" and not _vllm_installed():
-        from .rollout.vllm import MISSING_VLLM
+        from ..rollout.vllm import MISSING_VLLM
 
         raise ImportError(f"{MISSING_VLLM}; or set {CB}.engine: hf (transformers generate, no vLLM)")
     if name == "hf" and callback.vllm_args:
@@ -111,7 +111,7 @@ def check_engine(module: Any, callback: Any) -> None:
             "(which takes no engine arguments): remove vllm_args or set engine: vllm"
         )
     if name == "vllm_server" and callback.engine is None:
-        from .rollout.vllm_server import ServerSettings
+        from ..rollout.vllm_server import ServerSettings
 
         ServerSettings.from_args(callback.vllm_args)  # unknown or bad vllm_args: one clear error now
     if name == "vllm" and callback.engine is None:
@@ -127,11 +127,11 @@ def check_engine(module: Any, callback: Any) -> None:
 def _check_vllm_prefill(args: dict[str, Any]) -> None:
     """On CPU the in-process engine prefills every prompt whole: its budget must hold ``max_model_len``
     and chunked prefill must stay off (:mod:`~lightning_grpo.rollout.prefill`)."""
-    from .rollout.prefill import cpu_llm_kwargs, is_cpu_platform
+    from ..rollout.prefill import cpu_llm_kwargs, is_cpu_platform
 
     if not is_cpu_platform():
         return
-    from .rollout.vllm import VLLMEngine
+    from ..rollout.vllm import VLLMEngine
 
     defaults = inspect.signature(VLLMEngine.__init__).parameters
     extra = dict(args.get("extra_llm_kwargs") or {})
@@ -269,7 +269,7 @@ def _model_config(module: Any) -> dict[str, Any] | None:
     """The policy's config.json as a dict when it is on disk (None for a hub id or a built module)."""
     source = getattr(module, "model_source", None)
     if source is None and getattr(module, "policy", None) is None:
-        from .tiny import tiny_model_dir
+        from ..models.tiny import tiny_model_dir
 
         source = str(tiny_model_dir())
     if not isinstance(source, str):
@@ -359,12 +359,12 @@ def _engine_max_length(module: Any, callback: Any) -> tuple[int | None, str]:
         args = {**callback.vllm_args, **(callback.vllm_args.get("extra_llm_kwargs") or {})}
         if "max_model_len" in args:
             return args["max_model_len"], f"{CB}.vllm_args.max_model_len"
-        from .rollout.vllm import VLLMEngine
+        from ..rollout.vllm import VLLMEngine
 
         default = inspect.signature(VLLMEngine.__init__).parameters["max_model_len"].default
         return default, f"{CB}.vllm_args.max_model_len (default)"
     if callback.engine_name == "vllm_server":
-        from .rollout.vllm_server import ServerSettings
+        from ..rollout.vllm_server import ServerSettings
 
         limit = callback.vllm_args.get("max_model_len", ServerSettings.max_model_len)
         return limit, f"{CB}.vllm_args.max_model_len" + ("" if "max_model_len" in callback.vllm_args else " (default)")

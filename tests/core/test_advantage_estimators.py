@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lightning_grpo.core import ADVANTAGES
-from lightning_grpo.core.advantages_2026 import gpg_advantages, max_rl_advantages, opo_advantages, passk_advantages
+from lightning_grpo.core.advantages import gpg_advantages, opo_advantages
+from lightning_grpo.core.passk_advantages import max_rl_advantages, passk_advantages
 
 
 def t(values):
@@ -86,10 +87,10 @@ def ref_max_rl(r, g, eps=1e-6):
 
 
 #: Read by test_advantages.test_every_estimator_has_a_reference.
-REFERENCES_2026 = {"opo": ref_opo, "gpg": ref_gpg, "passk": ref_passk, "max_rl": ref_max_rl}
+ESTIMATOR_REFERENCES = {"opo": ref_opo, "gpg": ref_gpg, "passk": ref_passk, "max_rl": ref_max_rl}
 
 
-@pytest.mark.parametrize("name", sorted(REFERENCES_2026))
+@pytest.mark.parametrize("name", sorted(ESTIMATOR_REFERENCES))
 @pytest.mark.parametrize("g", [2, 3, 8])
 def test_vectorised_matches_loop(name, g):
     gen = torch.Generator().manual_seed(99 + g)
@@ -99,11 +100,11 @@ def test_vectorised_matches_loop(name, g):
         lengths = torch.randint(1, 9, (n,), generator=gen).float()
         kwargs = {"lengths": lengths} if name == "opo" else {}
         args = (lengths.tolist(),) if name == "opo" else ()
-        close(ADVANTAGES.get(name)(r, g, **kwargs), REFERENCES_2026[name](r.tolist(), g, *args), atol=2e-5)
+        close(ADVANTAGES.get(name)(r, g, **kwargs), ESTIMATOR_REFERENCES[name](r.tolist(), g, *args), atol=2e-5)
 
 
 # ---------------------------------------------------------------------------------- edges
-@pytest.mark.parametrize("name", sorted(REFERENCES_2026))
+@pytest.mark.parametrize("name", sorted(ESTIMATOR_REFERENCES))
 def test_all_equal_groups_are_exactly_zero(name):
     r = t([0.9, 0.9, 0.9, 0.3, 0.3, 0.3])
     kwargs = {"lengths": t([1, 2, 3, 4, 5, 6])} if name == "opo" else {}

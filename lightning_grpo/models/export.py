@@ -14,7 +14,7 @@ that writes the vLLM engine's copy of a live policy.
 Checkpoints are self-describing: ``GRPOModule.on_save_checkpoint`` stores :func:`export_info`
 (the policy's config and generation config, the tokenizer's files, the LoRA and quantisation
 settings, the load dtype) under ``lightning_grpo_export``, so export needs neither the recipe nor
-the original model folder. It reads (:mod:`lightning_grpo.export_checkpoint`, with
+the original model folder. It reads (:mod:`lightning_grpo.models.checkpoints`, with
 ``torch.load(weights_only=True)``: a file whose pickle would run code is refused) a Lightning
 ``.ckpt`` file (one device, DDP), a distributed checkpoint folder (FSDP2 through
 ``ModelParallelStrategy``), a run's version folder (``version_N/checkpoints/last.ckpt``) or a run
@@ -37,7 +37,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-from .export_checkpoint import (  # noqa: F401 - the reading half, re-exported
+from .checkpoints import (  # noqa: F401 - the reading half, re-exported
     EXPORT_KEY,
     ExportError,
     build_policy,
@@ -133,7 +133,7 @@ def save_dense(policy: nn.Module, folder: str | Path, *, weights: Iterable[tuple
 
     from transformers import AutoModelForCausalLM
 
-    from .rollout.weights import policy_weights_for_engine
+    from .weights import policy_weights_for_engine
 
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     target = getattr(torch, dtype) if dtype is not None else None

@@ -6,7 +6,7 @@ LoRA-wrapped layer yields ``W + delta_W`` under the base layer's HF name (no ``b
 prefix, no ``.base_layer``); adapter tensors themselves are not yielded and the peft model is
 never modified (an in-place merge / unmerge would leave rounding drift in the trained weights).
 A 4-bit base (QLoRA, bitsandbytes ``Linear4bit``) is dequantised first, so the engine gets dense
-weights in the dtype the model was loaded in (:mod:`lightning_grpo.quantization`).
+weights in the dtype the model was loaded in (:mod:`lightning_grpo.models.quantization`).
 Tensors are produced one at a time; merged ones are fresh and dropped once the consumer moves on.
 
 A policy sharded with FSDP2 holds only its shard of each parameter: push inside
@@ -48,7 +48,7 @@ def gathered_weights_for_engine(model: nn.Module, merge_lora: bool = True) -> It
     """:func:`policy_weights_for_engine` with full parameters when ``model`` is FSDP2-sharded (every
     unit all-gathered on entry, resharded on exit; a collective: all ranks enter together). The
     tensors are views of the gathered parameters: consume them inside the ``with`` block."""
-    from ..fsdp import gathered
+    from .fsdp import gathered
 
     with gathered(model):
         yield policy_weights_for_engine(model, merge_lora)
@@ -110,7 +110,7 @@ def _walk(module: nn.Module, prefix: str, merge_lora: bool, peft: _PeftClasses) 
 
 def _dense(param: torch.Tensor, name: str) -> torch.Tensor:
     """``param`` detached; a bitsandbytes 4-bit weight (QLoRA) dequantised to its ``[out, in]`` matrix."""
-    from ..quantization import dequantized, is_quantized
+    from .quantization import dequantized, is_quantized
 
     if not is_quantized(param):
         return param.detach()

@@ -6,7 +6,7 @@
 Reads the ``metrics.csv`` of Lightning's ``CSVLogger`` (one row per logging call, sparse columns:
 rows are merged by ``step``), the guards' optional ``alarms.jsonl`` (one
 ``{"step", "guard", "action", "message"[, "completions"]}`` object per line) and the rollout's
-``completions.jsonl`` (:mod:`lightning_grpo.run_files`; the versions of a resumed run are stitched
+``completions.jsonl`` (:mod:`lightning_grpo.cli.run_files`; the versions of a resumed run are stitched
 by step). Writes ``report.png`` (reward,
 entropy, KL, clip fractions, completion lengths, mismatch, zero-std / identical groups, gradient
 norm, skipped steps; every ``alarm/<guard>`` firing drawn as a vertical marker on all panels) and
@@ -111,7 +111,7 @@ def _metric_lines(run: Run) -> list[str]:
     for column, name in fractions:
         values = run.values(column)
         lines.append(f"{name}: mean fraction {_mean(values):.3f}" if values else f"{name}: not logged")
-    from .agents.report import summary_lines  # multi-turn episodes (agents): turns, tool calls, faults
+    from ..agents.report import summary_lines  # multi-turn episodes (agents): turns, tool calls, faults
 
     return lines + summary_lines(run)
 

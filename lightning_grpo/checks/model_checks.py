@@ -1,4 +1,4 @@
-"""Fit-time checks of the loss and the LoRA settings (part of :func:`lightning_grpo.validation.check_fit_config`):
+"""Fit-time checks of the loss and the LoRA settings (part of :func:`lightning_grpo.checks.validation.check_fit_config`):
 both run before any engine starts, and their errors name the option as written in a recipe."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _meta_policy(module: Any) -> Any:
 
     source = getattr(module, "model_source", None)
     if source is None:
-        from .tiny import tiny_model_dir
+        from ..models.tiny import tiny_model_dir
 
         source = str(tiny_model_dir())
     with torch.device("meta"):
