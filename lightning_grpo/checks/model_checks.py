@@ -3,6 +3,7 @@ both run before any engine starts, and their errors name the option as written i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +76,7 @@ def _meta_policy(module: Any) -> Any:
     the policy is a built module or a hub id not on disk."""
     if getattr(module, "policy", None) is not None:
         return None
-    from .validation import _model_config
-
-    config = _model_config(module)
+    config = model_config(module)
     if config is None:
         return None
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -89,3 +88,19 @@ def _meta_policy(module: Any) -> Any:
         source = str(tiny_model_dir())
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(Path(source).expanduser()))
+
+
+def model_config(module: Any) -> dict[str, Any] | None:
+    """The policy's config.json as a dict when it is on disk (None for a hub id or a built module)."""
+    source = getattr(module, "model_source", None)
+    if source is None and getattr(module, "policy", None) is None:
+        from ..models.tiny import tiny_model_dir
+
+        source = str(tiny_model_dir())
+    if not isinstance(source, str):
+        return None
+    file = Path(source).expanduser() / "config.json"
+    if not file.is_file():
+        return None
+    config = json.loads(file.read_text())
+    return {**config.get("text_config", {}), **config}

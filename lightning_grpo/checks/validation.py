@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import sys
 from importlib.util import find_spec
 from pathlib import Path
@@ -48,7 +47,7 @@ from typing import Any, Sequence
 import torch
 
 from ..core import ADVANTAGES
-from .model_checks import check_lora, check_loss
+from .model_checks import check_lora, check_loss, model_config
 from .preflight import check_external
 
 CB = "rollout"
@@ -265,22 +264,6 @@ def check_model_source(module: Any) -> None:
         )
 
 
-def _model_config(module: Any) -> dict[str, Any] | None:
-    """The policy's config.json as a dict when it is on disk (None for a hub id or a built module)."""
-    source = getattr(module, "model_source", None)
-    if source is None and getattr(module, "policy", None) is None:
-        from ..models.tiny import tiny_model_dir
-
-        source = str(tiny_model_dir())
-    if not isinstance(source, str):
-        return None
-    file = Path(source).expanduser() / "config.json"
-    if not file.is_file():
-        return None
-    config = json.loads(file.read_text())
-    return {**config.get("text_config", {}), **config}
-
-
 def check_vocabulary(dm: Any, module: Any) -> None:
     """Every token id of the data's tokenizer has a row in the policy's embedding."""
     tokenizer = getattr(dm, "tokenizer", None)
@@ -290,7 +273,7 @@ def check_vocabulary(dm: Any, module: Any) -> None:
     if policy is not None and hasattr(policy, "get_input_embeddings"):
         rows, where = policy.get_input_embeddings().num_embeddings, type(policy).__name__
     else:
-        config = _model_config(module)
+        config = model_config(module)
         if config is None or not isinstance(config.get("vocab_size"), int):
             return
         rows, where = config["vocab_size"], getattr(module, "model_source", None) or "the built-in tiny model"
@@ -372,5 +355,5 @@ def _engine_max_length(module: Any, callback: Any) -> tuple[int | None, str]:
     config = getattr(policy, "config", None)
     positions = getattr(config, "max_position_embeddings", None)
     if positions is None:
-        positions = (_model_config(module) or {}).get("max_position_embeddings")
+        positions = (model_config(module) or {}).get("max_position_embeddings")
     return positions, "the policy's max_position_embeddings (engine 'hf')"

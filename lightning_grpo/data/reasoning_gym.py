@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Literal, Sequence
 
-from lightning_grpo.data.rewards import REWARDS, _validated_by
+from lightning_grpo.data.registry import REWARDS, validated_by
 from lightning_grpo.data.sources import DataSource, Split
 
 #: How the reward reads the answer from a completion: ``"plain"`` (the completion, stripped) or
@@ -296,7 +296,7 @@ def _check_reasoning_gym(answer_format: Any = "plain", threshold: Any = None, **
 
 
 @REWARDS.register("reasoning_gym")
-@_validated_by(_check_reasoning_gym)
+@validated_by(_check_reasoning_gym)
 def reasoning_gym_score(
     completions: list[str],
     *,

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from lightning_grpo.data.reward_spec import RewardSpec
 from lightning_grpo.data.rewards import resolve_reward
-
-if TYPE_CHECKING:
-    from lightning_grpo.data.reward_set import RewardSpec
 
 _KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 
 from lightning_grpo.data.options import check_bool, check_choice, check_int, fail, is_int, prompt_column
-from lightning_grpo.data.rewards import REWARDS, RewardError
+from lightning_grpo.data.registry import REWARDS, RewardError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: ``activation``: applied to the ``[b, num_labels]`` logits before the ``label`` column is taken.

@@ -22,40 +22,14 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
-from lightning_grpo.core.registry import Registry
-from lightning_grpo.core.resolve import resolve_callable
-
-RewardFn = Callable[..., Sequence[float]]
-
-REWARDS: Registry = Registry("reward function")
-
-
-class RewardError(RuntimeError):
-    """A reward function failed or returned something that is not one finite number per completion."""
-
-
-class RewardTimeoutError(RewardError):
-    """A reward function did not finish within its ``timeout_s``."""
-
-
-def resolve_reward(name: str | RewardFn) -> RewardFn:
-    """The reward function registered as ``name``, or imported from ``"pkg.mod.fn"`` / ``"pkg.mod:fn"``.
-
-    A callable is returned unchanged. Raises ``ValueError`` naming the string when it is neither
-    registered nor importable, and ``TypeError`` when the imported object is not callable.
-    """
-    return resolve_callable(name, REWARDS, "reward function", "'my_pkg.rewards.fn' or 'my_pkg.rewards:fn'")
-
-
-def _validated_by(check: Callable[..., None]) -> Callable[[RewardFn], RewardFn]:
-    """Attach ``check`` as the function's ``validate_kwargs`` (called once by :class:`RewardSet`)."""
-
-    def decorator(fn: RewardFn) -> RewardFn:
-        fn.validate_kwargs = check  # type: ignore[attr-defined]
-        return fn
-
-    return decorator
-
+from lightning_grpo.data.registry import (  # noqa: F401 - re-exported: the registry and its types, from where they were
+    REWARDS,
+    RewardError,
+    RewardFn,
+    RewardTimeoutError,
+    resolve_reward,
+    validated_by,
+)
 
 # ---------------------------------------------------------------------------------------- built-ins
 
@@ -95,7 +69,7 @@ def _check_math_accuracy(**_kwargs: Any) -> None:
 
 
 @REWARDS.register("math_accuracy")
-@_validated_by(_check_math_accuracy)
+@validated_by(_check_math_accuracy)
 def math_accuracy(completions: list[str], *, answer: Sequence[Any], **_columns: Any) -> list[float]:
     """1.0 when math-verify finds the completion's answer equal to the gold ``answer``, else 0.0.
 
@@ -132,7 +106,7 @@ def _check_regex_format(pattern: Any = None, match: str = "fullmatch", **_kwargs
 
 
 @REWARDS.register("regex_format")
-@_validated_by(_check_regex_format)
+@validated_by(_check_regex_format)
 def regex_format(
     completions: list[str],
     *,
@@ -166,7 +140,7 @@ def _check_soft_overlong(max_length: Any = None, cache_length: Any = None, **_kw
 
 
 @REWARDS.register("soft_overlong")
-@_validated_by(_check_soft_overlong)
+@validated_by(_check_soft_overlong)
 def soft_overlong(
     completions: list[str],
     *,
@@ -192,7 +166,7 @@ def _check_length(max_length: Any = None, **_kwargs: Any) -> None:
 
 
 @REWARDS.register("length")
-@_validated_by(_check_length)
+@validated_by(_check_length)
 def length(
     completions: list[str],
     *,
