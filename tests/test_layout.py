@@ -286,3 +286,25 @@ def test_no_file_of_ours_uses_an_old_path():
             if p.suffix in (".py", ".md", ".yaml", ".sh", "") and p.name not in ("_compat.py", "test_layout.py")
             for m in pattern.finditer(p.read_text(errors="replace"))]
     assert hits == []
+
+
+def test_a_checkpoint_pickled_before_the_move_still_loads_safely(tmp_path):
+    """Python-API hyper_parameters pickle the settings classes by their dotted name; a checkpoint
+    written before the move names ``lightning_grpo.lora.LoraSettings``, which export's
+    ``torch.load(weights_only=True)`` must still accept."""
+    import torch
+
+    from lightning_grpo.models.checkpoints import _safe_load
+    from lightning_grpo.models.lora import LoraSettings
+    from lightning_grpo.models.quantization import QuantizationSettings
+
+    new = tmp_path / "new.ckpt"
+    torch.save({"hyper_parameters": {"lora": LoraSettings(r=4), "quantization": QuantizationSettings()}}, new,
+               _use_new_zipfile_serialization=False)
+    data = new.read_bytes()
+    assert b"lightning_grpo.models.lora" in data  # protocol 2: module names as plain text lines
+    old = tmp_path / "old.ckpt"
+    old.write_bytes(data.replace(b"lightning_grpo.models.lora", b"lightning_grpo.lora")
+                    .replace(b"lightning_grpo.models.quantization", b"lightning_grpo.quantization"))
+    loaded = _safe_load(old)["hyper_parameters"]
+    assert loaded["lora"] == LoraSettings(r=4) and loaded["quantization"] == QuantizationSettings()

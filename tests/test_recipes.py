@@ -158,11 +158,7 @@ def _run_args(tmp_path: Path, max_steps: int) -> list[str]:
     ]
 
 
-def _marks(path: Path) -> list:
-    return []
-
-
-PARAMS = [pytest.param(p, id=p.stem, marks=_marks(p)) for p in RECIPES]
+PARAMS = [pytest.param(p, id=p.stem) for p in RECIPES]
 
 
 @pytest.fixture

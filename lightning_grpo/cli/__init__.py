@@ -5,9 +5,9 @@ plus ``export``, ``serve`` and ``report``.
     lightning-grpo fit -c recipes/grpo.yaml --trainer.max_steps 50 --rollout.sampling.n 16
     lightning-grpo fit --print_config                      # every option with its default
     lightning-grpo validate -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
-    lightning-grpo export runs/quickstart --out my-model   # a Hugging Face model folder (export.py)
+    lightning-grpo export runs/quickstart --out my-model   # a Hugging Face model folder (models/export.py)
     lightning-grpo serve my-model                          # vLLM's OpenAI-compatible server on it (cli/serve.py)
-    lightning-grpo report runs/quickstart                  # dashboard PNG + summary of a run (report.py)
+    lightning-grpo report runs/quickstart                  # dashboard PNG + summary of a run (cli/report.py)
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ def _safe_globals() -> list[Any]:
 
     allowed: list[Any] = [LoraSettings, QuantizationSettings, pathlib.PosixPath, pathlib.PurePosixPath,
                           pathlib.WindowsPath, pathlib.PureWindowsPath]  # fmt: skip
+    allowed += [(cls, name) for cls in (LoraSettings, QuantizationSettings) for name in _old_names(cls)]
     try:
         from transformers.utils.quantization_config import QuantizationMethod
 
@@ -112,6 +113,14 @@ def _safe_globals() -> list[Any]:
     except ImportError:  # pragma: no cover - transformers is a dependency
         pass
     return allowed
+
+
+def _old_names(cls: type) -> list[str]:
+    """The dotted names ``cls`` had before the layered folders (lightning_grpo/_compat.py): a checkpoint
+    written then pickles them (LoraSettings under its old module path)."""
+    from .._compat import MOVED
+
+    return [f"{old}.{cls.__qualname__}" for old, new in MOVED.items() if new == cls.__module__]
 
 
 def _safe_load(path: Path) -> Any:
@@ -126,7 +135,7 @@ def _safe_load(path: Path) -> Any:
         with safe_globals(allowed):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        known = {f"{c.__module__}.{c.__qualname__}" for c in allowed}
+        known = {c[1] if isinstance(c, tuple) else f"{c.__module__}.{c.__qualname__}" for c in allowed}
         try:
             refused = [g for g in get_unsafe_globals_in_checkpoint(path) if g not in known]
         except Exception:  # noqa: BLE001 - the message below still names the file
