@@ -340,8 +340,9 @@ class GRPOModule(L.LightningModule):
 
     def _distill_context(self) -> DistillContext:
         """What the distiller uses of this module (lightning_grpo.distill): functions read at call time."""
-        return DistillContext(policy=lambda: self.policy, logprobs=self.forward_logprobs, global_sum=self._global_sum,
-                              precision=self.precision_context, tokenizer=lambda: self.trainer.datamodule.tokenizer,
+        return DistillContext(policy=lambda: self.policy, logprobs=lambda *args: self.forward_logprobs(*args),
+                              global_sum=lambda value: self._global_sum(value), precision=lambda: self.precision_context(),
+                              tokenizer=lambda: self.trainer.datamodule.tokenizer,
                               device=lambda: self.device, step=lambda: self.trainer.global_step, dtype=self.hparams.dtype,
                               micro_step=lambda rows, i: micro_step(rows, i, self.hparams.steps_per_generation,
                                                                     self.trainer.accumulate_grad_batches))  # fmt: skip
