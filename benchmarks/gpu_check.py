@@ -1,7 +1,8 @@
 """GPU check: memory, speed and train-inference mismatch of full fine-tuning, LoRA and QLoRA.
 
-Models: Qwen2.5-0.5B and Qwen2.5-1.5B built from their published configurations with random
-weights (no weights are downloaded), with the built-in character tokenizer (prompt ids stay far
+Models: Qwen2.5-0.5B and Qwen2.5-1.5B (and 7B, for benchmarks/gpu_recipes.py) built from their
+published configurations with random weights (no weights are downloaded; on a CUDA machine
+initialised on the GPU and stored in bfloat16), with the built-in character tokenizer (prompt ids stay far
 below the 151,936-token vocabulary; the LM head still computes all of it). Engine: transformers
 ``generate`` on the live policy (``engine: hf``; vLLM need not be installed). Per model and method,
 a few GRPO steps of ``P`` prompts x ``G`` samples (prompts of ``prompt_len`` tokens, ``max_new``
@@ -43,6 +44,8 @@ CONFIGS = {
                          num_key_value_heads=2),
     "qwen2.5-1.5b": dict(QWEN25, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                          num_key_value_heads=2),
+    "qwen2.5-7b": dict(QWEN25, vocab_size=152064, tie_word_embeddings=False, hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                  max_position_embeddings=512),  # the --reduced CPU run; vocabulary = the tokenizer's
 }  # fmt: skip
@@ -63,7 +66,14 @@ def build_model(name: str, cache: Path) -> Path:
     fields = {"vocab_size": len(tokenizer), **CONFIGS[name]}
     config = Qwen2Config(**fields, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(target)
+    if torch.cuda.is_available():  # initialised on the GPU (a 7B model in seconds), stored in bfloat16
+        with torch.device("cuda"):
+            model = Qwen2ForCausalLM(config)
+        model.to(torch.bfloat16).save_pretrained(target)
+        del model
+        torch.cuda.empty_cache()
+    else:
+        Qwen2ForCausalLM(config).save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target
 
@@ -200,7 +210,7 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reduced", action="store_true", help="CPU mechanics: the tiny model, 2 steps, small batches")
-    parser.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"], choices=sorted(CONFIGS))
+    parser.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"], choices=sorted(set(CONFIGS) - {"tiny"}))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--cache", type=Path, default=ROOT / "runs" / "gpu-check-models")

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
 from lightning_grpo import report
 from lightning_grpo.callbacks.completions import CompletionLogSettings, log_table
@@ -95,24 +96,50 @@ def test_agent_rows_carry_the_transcript(tmp_path, monkeypatch):
     assert called >= 3, called  # the untrained policy calls the tool in some episodes
 
 
-def test_logger_tables():
+class _Wandb(WandbLogger):  # subclasses of Lightning's loggers (a user's own logger class gets the table too)
+    def __init__(self, calls):
+        self.calls = calls
+
+    def log_table(self, **kw):
+        self.calls.setdefault("wandb", kw)
+
+
+class _Experiment:  # first in the bases: its experiment replaces the logger's
+    def __init__(self, experiment):
+        self._fake = experiment
+
+    @property
+    def experiment(self):
+        return self._fake
+
+
+class _TensorBoard(_Experiment, TensorBoardLogger):
+    pass
+
+
+class _MLFlow(_Experiment, MLFlowLogger):
+    run_id = property(lambda self: "r1")
+
+
+def test_logger_tables_by_logger_type():
     rows = [{"step": 3, "group": 0, "prompt": "12=", "completion": "3|x\n", "rewards": {"exact_match": 1.0}, "reward": 1.0,
              "advantage": 0.5, "length": 2, "truncated": False}]  # fmt: skip
     calls = {}
-    wandb = type("WandbLogger", (), {"log_table": lambda self, **kw: calls.setdefault("wandb", kw)})()
-    log_table(wandb, rows, 3)
+    log_table(_Wandb(calls), rows, 3)
     assert calls["wandb"]["key"] == "completions" and calls["wandb"]["step"] == 3
     assert calls["wandb"]["data"][0][:4] == [3, 0, "12=", "3|x\n"] and calls["wandb"]["columns"][4] == "rewards"
     experiment = SimpleNamespace(add_text=lambda tag, text, global_step: calls.setdefault("tb", (tag, text, global_step)),
                                  log_table=lambda run_id, data, artifact_file: calls.setdefault("mlflow", (run_id, data, artifact_file)))  # fmt: skip
-    log_table(type("TensorBoardLogger", (), {"experiment": experiment})(), rows, 3)
+    log_table(_TensorBoard(experiment), rows, 3)
     tag, text, step = calls["tb"]
     assert tag == "completions" and step == 3 and "| 3 | 0 | 12= | 3\\|x<br> |" in text
-    log_table(type("MLFlowLogger", (), {"experiment": experiment, "run_id": "r1"})(), rows, 3)
+    log_table(_MLFlow(experiment), rows, 3)
     assert calls["mlflow"] == ("r1", {**{c: [v] for c, v in zip(
         ["step", "group", "prompt", "completion"], [3, 0, "12=", "3|x\n"])}, "rewards": ['{"exact_match": 1.0}'], "reward": [1.0],
         "advantage": [0.5], "length": [2], "truncated": [False]}, "completions/step_0000003.json")  # fmt: skip
-    log_table(type("CSVLogger", (), {})(), rows, 3)  # the jsonl file is its table
+    log_table(CSVLogger("unused"), rows, 3)  # the jsonl file is its table
+    log_table(type("TensorBoardLogger", (), {"experiment": None})(), rows, 3)  # a look-alike by name: nothing
+    assert len(calls) == 3
 
 
 def test_settings_are_checked():

@@ -43,7 +43,7 @@ def _direct_logp(model, batch):
 def _module(path, distillation, **kwargs):
     module = GRPOModule(model=_policy(path), distillation=distillation, optimizer=lambda p: torch.optim.SGD(p, lr=0.5), **kwargs)
     module.configure_model()
-    module.distiller.build(module, _tokenizer(path))
+    module.distiller.build(_tokenizer(path))
     return module
 
 
@@ -119,7 +119,7 @@ def test_several_teachers_chosen_per_record(tiny_model_path):
     with pytest.raises(ValueError, match=r"several teachers need the batch's records"):
         _prepared(module, records=None)
     with pytest.raises(ValueError, match=r"teacher_key 'task': a record has None"):  # the training records, before training
-        module.distiller.build(module, None, records=[{"task": "math"}, {"prompt": "no task column"}])
+        module.distiller.build(None, records=[{"task": "math"}, {"prompt": "no task column"}])
 
 
 def test_lora_teacher_is_the_base_or_another_adapter(tiny_model_path, tmp_path):
@@ -205,13 +205,13 @@ def test_teacher_with_another_tokenizer_fails_before_training(tiny_model_path):
     module = GRPOModule(model=_policy(tiny_model_path), distillation=DistillSettings(teacher=tools))
     module.configure_model()
     with pytest.raises(ValueError, match=r"model.distillation.teacher .* has another tokenizer than the student's \(\d+ tokens differ"):
-        module.distiller.build(module, _tokenizer(tiny_model_path))
+        module.distiller.build(_tokenizer(tiny_model_path))
     small = _policy(tiny_model_path)
     small.resize_token_embeddings(10)
     module = GRPOModule(model=_policy(tiny_model_path), distillation=DistillSettings(teacher=small))
     module.configure_model()
     with pytest.raises(ValueError, match=r"model.distillation.teacher: its LM head has 10 rows but the tokenizer has \d+ tokens"):
-        module.distiller.build(module, _tokenizer(tiny_model_path))
+        module.distiller.build(_tokenizer(tiny_model_path))
     missing = str(tiny_model_path.parent / "no_such_teacher")
     with pytest.raises(ValueError, match=r"teacher\['default'\] '.*no_such_teacher': no model directory there"):
         GRPOModule(model=_policy(tiny_model_path), distillation=DistillSettings(teacher=missing)).configure_model()

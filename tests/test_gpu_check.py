@@ -20,7 +20,7 @@ def _gpu_check():
     return module
 
 
-@pytest.mark.parametrize("name, parameters", [("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304)])
+@pytest.mark.parametrize("name, parameters", [("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304), ("qwen2.5-7b", 7_615_616_512)])
 def test_configs_are_the_published_models(name, parameters):
     """The random models have the published parameter counts (built on the meta device: no memory)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM

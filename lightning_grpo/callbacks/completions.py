@@ -5,9 +5,10 @@ the prompt, the completion, each reward function's value and the weighted total,
 the length in sampled tokens and whether it was truncated; multi-turn episodes (agents) also get
 the transcript after the prompt with the chat markers, tool calls and tool results, and the
 number of turns. Rows go to ``completions.jsonl`` in the logger's run directory (rank 0, one JSON
-object per row) and to the logger's own table: W&B (``log_table``), TensorBoard (a markdown table
-with ``add_text``) or MLflow (``log_table``). A firing guard logs the completions of its step too
-(:meth:`CompletionLog.log_for_alarm`), and its ``alarms.jsonl`` record points to them.
+object per row) and to the logger's own table, chosen by its class (subclasses too, :data:`TABLE_WRITERS`):
+W&B (``log_table``), TensorBoard (a markdown table with ``add_text``) or MLflow (``log_table``). A
+firing guard logs the completions of its step too (:meth:`CompletionLog.log_for_alarm`), and its
+``alarms.jsonl`` record points to them.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 
 from .distributed import local_log_dir
 
@@ -115,19 +117,37 @@ def completion_rows(result: Any, reward_names: list[str], batch: Any, tokenizer:
 
 
 def log_table(logger: Any, rows: list[dict[str, Any]], step: int) -> None:
-    """The rows in ``logger``'s own table format (W&B, TensorBoard, MLflow); other loggers: nothing."""
-    name = type(logger).__name__
+    """The rows in ``logger``'s own table format, chosen by its type (:data:`TABLE_WRITERS`, subclasses
+    included); other loggers (CSV: the jsonl file is its table): nothing."""
+    writer = next((write for cls, write in TABLE_WRITERS if isinstance(logger, cls)), None)
+    if writer is None:
+        return
     columns = [*COLUMNS, *(["transcript"] if rows and "transcript" in rows[0] else [])]
     data = [[json.dumps(r[c]) if isinstance(r[c], dict) else r[c] for c in columns] for r in rows]
-    if name == "WandbLogger":
-        logger.log_table(key="completions", columns=columns, data=data, step=step)
-    elif name == "TensorBoardLogger":
-        header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
-        body = "".join("| " + " | ".join(_cell(v) for v in values) + " |\n" for values in data)
-        logger.experiment.add_text("completions", header + body, global_step=step)
-    elif name == "MLFlowLogger":
-        table = {c: [values[i] for values in data] for i, c in enumerate(columns)}
-        logger.experiment.log_table(logger.run_id, data=table, artifact_file=f"completions/step_{step:07d}.json")
+    writer(logger, columns, data, step)
+
+
+def _wandb_table(logger: WandbLogger, columns: list[str], data: list[list], step: int) -> None:
+    logger.log_table(key="completions", columns=columns, data=data, step=step)
+
+
+def _tensorboard_table(logger: TensorBoardLogger, columns: list[str], data: list[list], step: int) -> None:
+    header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    body = "".join("| " + " | ".join(_cell(v) for v in values) + " |\n" for values in data)
+    logger.experiment.add_text("completions", header + body, global_step=step)
+
+
+def _mlflow_table(logger: MLFlowLogger, columns: list[str], data: list[list], step: int) -> None:
+    table = {c: [values[i] for values in data] for i, c in enumerate(columns)}
+    logger.experiment.log_table(logger.run_id, data=table, artifact_file=f"completions/step_{step:07d}.json")
+
+
+TABLE_WRITERS: tuple[tuple[type, Callable[[Any, list[str], list[list], int], None]], ...] = (
+    (WandbLogger, _wandb_table),
+    (TensorBoardLogger, _tensorboard_table),
+    (MLFlowLogger, _mlflow_table),
+)
+"""(logger class, writer) in order: the first class the logger is an instance of writes its table."""
 
 
 def _cell(value: Any) -> str:

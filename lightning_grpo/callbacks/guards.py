@@ -49,6 +49,8 @@ from typing_extensions import override
 
 from ..core.batch import RolloutBatch
 from .distributed import local_log_dir
+from .lookup import find_callback
+from .rollout import RolloutCallback
 
 Action = Literal["warn", "skip", "stop", "fix"]
 ACTIONS = ("warn", "skip", "stop", "fix")
@@ -142,12 +144,9 @@ class Guard(Callback):
 
 
 def _log_completions(trainer: L.Trainer, module: L.LightningModule) -> str | None:
-    """Have the rollout callback log the current batch's completions; where they are written."""
-    for callback in trainer.callbacks:
-        log = getattr(callback, "completion_log", None)
-        if log is not None:
-            return log.log_for_alarm(trainer, module)
-    return None
+    """Have the rollout callback (if any) log the current batch's completions; where they are written."""
+    rollout = find_callback(trainer, RolloutCallback, required=False)
+    return None if rollout is None else rollout.completion_log.log_for_alarm(trainer, module)
 
 
 def _append_alarm(trainer: L.Trainer, record: dict[str, Any]) -> None:

@@ -17,6 +17,8 @@ from typing_extensions import override
 from ..core.batch import RolloutBatch
 from ..core import CORRECTIONS
 from .guards import Action, Guard, log
+from .lookup import find_callback
+from .rollout import RolloutCallback
 
 
 def improbable_identical_groups(batch: RolloutBatch, max_chance: float) -> Tensor:
@@ -142,7 +144,7 @@ class ZeroStdGuard(Guard):
         self.fire(trainer, pl_module, message or "rank 0 found too many groups without signal")
 
     def remedy(self, trainer: L.Trainer, module: L.LightningModule) -> str | None:
-        rollout = next((cb for cb in trainer.callbacks if hasattr(cb, "set_dynamic_sampling")), None)
+        rollout = find_callback(trainer, RolloutCallback, required=False)  # no rollout callback: no remedy
         if rollout is None:
             return None
         for window in (self.fractions, self.rewards, self.levels, self.lowest):
@@ -173,7 +175,8 @@ class ZeroStdGuard(Guard):
         return pass_fail
 
     def _message(self, trainer: L.Trainer, frac: float, reward: float, pass_fail: bool) -> str:
-        refilling = any(getattr(getattr(cb, "selector", None), "dynamic_sampling", False) for cb in trainer.callbacks)
+        rollout = find_callback(trainer, RolloutCallback, required=False)
+        refilling = rollout is not None and rollout.dynamic_sampling
         fix = (
             "dynamic sampling is on: raise rollout.max_generation_rounds to refill the batch"
             if refilling

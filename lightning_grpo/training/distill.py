@@ -1,7 +1,7 @@
 """On-policy distillation for :class:`~lightning_grpo.GRPOModule`: teachers, the token advantage, GKD.
 
 The student samples (the rollout engine, as for GRPO); a teacher with the same tokenizer scores the
-sampled tokens in a no-grad forward, packed like the reference's (``GRPOModule.token_logprobs``),
+sampled tokens in a no-grad forward, packed like the reference's (``DistillContext.logprobs``),
 and the reverse-KL estimate ``k_t = roll_t - teacher_t`` becomes the token advantage
 (:func:`~lightning_grpo.core.distill.opd_advantages`): pure distillation ``A_t = -coef k_t`` (the
 rewards are computed and logged but never reach the student) or, with ``use_task_rewards``,
@@ -23,6 +23,10 @@ GKD (``gkd_coef > 0``, TRL ``GKDTrainer``): ``gkd_coef`` x the token mean of the
 loss. With probability ``lmbda`` a generation batch's own samples are used (on-policy), otherwise
 the records' reference answers (``answer_key``) under their prompts, as TRL mixes student outputs
 and dataset outputs. The full logits come from padded forwards (one more student forward).
+
+The distiller sees no training module: it is given a :class:`DistillContext` (plain functions for
+the student, its no-grad log-probs, a cross-rank sum, the precision context, the tokenizer, ...),
+which ``GRPOModule`` builds and a test can build from plain functions.
 """
 
 from __future__ import annotations
@@ -32,12 +36,12 @@ import random
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, ContextManager, Literal
 
 import torch
 from torch import Tensor, nn
 
-from ..core.batch import RolloutBatch, micro_step
+from ..core.batch import MicroStep, RolloutBatch
 from ..core.distill import generalized_jsd, group_token_baseline, opd_advantages
 from ..core.logprobs import masked_mean
 from .packing import padded_completion_logits
@@ -90,18 +94,45 @@ class DistillSettings:
         return dict(self.teacher) if isinstance(self.teacher, dict) else {"default": self.teacher}
 
 
+@dataclass
+class DistillContext:
+    """What the distiller uses of training, as plain functions (called when needed, so they see the
+    student and trainer of that moment). ``GRPOModule`` builds one; a test can build one by hand."""
+
+    policy: Callable[[], nn.Module]
+    """The student (``"base"`` / ``"adapter:"`` teachers are it with its adapter switched)."""
+    logprobs: Callable[[nn.Module, RolloutBatch, int], Tensor]
+    """(model, batch, rows_per_pass) -> [B, Lc] completion log-probs without gradient, computed as
+    the reference's (packing, precision)."""
+    global_sum: Callable[[Tensor], Tensor]
+    """A scalar summed over the ranks (float32, on the student's device)."""
+    precision: Callable[[], ContextManager]
+    """The trainer's autocast context (training_step's)."""
+    tokenizer: Callable[[], Any]
+    """The student's tokenizer (GKD's reference answers, lmbda < 1)."""
+    device: Callable[[], torch.device]
+    """The student's device."""
+    step: Callable[[], int]
+    """The optimizer step (GKD's per-batch lmbda draw)."""
+    micro_step: Callable[[int, int], MicroStep]
+    """(rows, micro_index) -> the rows micro-step ``micro_index`` trains (:func:`~lightning_grpo.core.batch.micro_step`)."""
+    dtype: str = "float32"
+    """dtype of a teacher loaded from a path when ``DistillSettings.dtype`` is None (the policy's)."""
+
+
 class Distiller:
     """Builds the teachers, scores each generation batch and adds GKD's term (``GRPOModule.distiller``)."""
 
     @classmethod
-    def of(cls, settings: DistillSettings | dict | None) -> "Distiller | None":
+    def of(cls, settings: DistillSettings | dict | None, context: DistillContext) -> "Distiller | None":
         """A distiller for ``settings`` (a dict from LightningCLI / hparams is accepted), None for None."""
         if settings is None:
             return None
-        return cls(DistillSettings(**settings) if isinstance(settings, dict) else settings)
+        return cls(DistillSettings(**settings) if isinstance(settings, dict) else settings, context)
 
-    def __init__(self, settings: DistillSettings) -> None:
+    def __init__(self, settings: DistillSettings, context: DistillContext) -> None:
         self.settings = settings
+        self.ctx = context
         self.names = list(settings.named_teachers)
         self._models: dict[str, nn.Module | None] = {}  # None: the policy itself (base / adapter teachers)
         self._adapters: dict[str, str | None] = {}  # peft adapter of a teacher that is the policy (None: adapter off)
@@ -109,36 +140,36 @@ class Distiller:
         self._gkd_teachers: Tensor | None = None
 
     # ----------------------------------------------------------------------------- teachers
-    def build(self, module: Any, tokenizer: Any | None, records: list[dict] | None = None) -> None:
+    def build(self, tokenizer: Any | None, records: list[dict] | None = None) -> None:
         """Load every teacher (once) and check it against the policy and ``tokenizer``, and that every
         training record names a teacher (``records``, when given); before training."""
         if records and len(self.names) > 1:
             self._teacher_ids(records)
         for name, spec in self.settings.named_teachers.items():
             if name not in self._models:
-                self._models[name] = self._load(name, spec, module)
+                self._models[name] = self._load(name, spec)
             where = f"{FIELD}.teacher[{name!r}]" if len(self.names) > 1 else f"{FIELD}.teacher"
             if tokenizer is not None:
-                check_teacher(where, spec, self._models[name] or module.policy, tokenizer)
+                check_teacher(where, spec, self._models[name] or self.ctx.policy(), tokenizer)
             if self.settings.gkd_coef and self._models[name] is not None:  # GKD compares whole distributions
-                theirs, ours = (m.get_output_embeddings().weight.shape[0] for m in (self._models[name], module.policy))
+                theirs, ours = (m.get_output_embeddings().weight.shape[0] for m in (self._models[name], self.ctx.policy()))
                 if theirs != ours:
                     raise ValueError(f"{where}: GKD compares full next-token distributions, but the teacher's LM head has "
                                      f"{theirs} rows and the student's {ours}")  # fmt: skip
 
-    def _load(self, name: str, spec: TeacherSpec, module: Any) -> nn.Module | None:
+    def _load(self, name: str, spec: TeacherSpec) -> nn.Module | None:
         where = f"{FIELD}.teacher[{name!r}]"
         if isinstance(spec, nn.Module):
             return spec.eval().requires_grad_(False)
         if spec == "base" or spec.startswith("adapter:"):
-            if not hasattr(module.policy, "disable_adapter"):
+            if not hasattr(self.ctx.policy(), "disable_adapter"):
                 raise ValueError(f"{where} = {spec!r} needs a LoRA policy (model.lora): the teacher is the policy's base model")
             if self.settings.dtype is not None:
                 raise ValueError(f"{FIELD}.dtype applies to a teacher loaded from a path, not to {spec!r} (the policy itself)")
             self._adapters[name] = None
             if spec != "base":
                 adapter = f"teacher_{name}"
-                module.policy.load_adapter(spec.split(":", 1)[1], adapter_name=adapter, is_trainable=False)
+                self.ctx.policy().load_adapter(spec.split(":", 1)[1], adapter_name=adapter, is_trainable=False)
                 self._adapters[name] = adapter
             return None
         from transformers import AutoModelForCausalLM
@@ -149,7 +180,7 @@ class Distiller:
         first = Path(source).parts[0] if Path(source).parts else ""
         if not Path(source).is_dir() and (source.startswith((".", "/", "~")) or source.count("/") != 1 or Path(first).is_dir()):
             raise ValueError(f"{where} {spec!r}: no model directory there (SavePretrained writes one; a hub name is 'org/name')")
-        dtype = getattr(torch, self.settings.dtype or module.hparams.dtype)
+        dtype = getattr(torch, self.settings.dtype or self.ctx.dtype)
         try:
             teacher = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         except OSError as err:
@@ -158,13 +189,13 @@ class Distiller:
         return teacher.eval().requires_grad_(False)
 
     @contextmanager
-    def _as_teacher(self, name: str, module: Any):
+    def _as_teacher(self, name: str):
         """The model that is teacher ``name``, inside the context that makes it one."""
         model = self._models[name]
         if model is not None:
-            yield model.to(module.device)
+            yield model.to(self.ctx.device())
             return
-        policy, adapter = module.policy, self._adapters[name]
+        policy, adapter = self.ctx.policy(), self._adapters[name]
         if adapter is None:
             with policy.disable_adapter():
                 yield policy
@@ -193,21 +224,21 @@ class Distiller:
             ids.append(self.names.index(record[key]))
         return torch.tensor(ids, dtype=torch.long)
 
-    def _teacher_logprobs(self, module: Any, batch: RolloutBatch, teacher_of: Tensor, rows_per_pass: int) -> Tensor:
+    def _teacher_logprobs(self, batch: RolloutBatch, teacher_of: Tensor, rows_per_pass: int) -> Tensor:
         out = torch.zeros_like(batch.completion_mask, dtype=torch.float32)  # [B, Lc]
         for i, name in enumerate(self.names):
             rows = (teacher_of == i).nonzero().flatten()
             if rows.numel():
-                with self._as_teacher(name, module) as model:
-                    out[rows.to(out.device)] = module.forward_logprobs(model, batch.select(rows.to(batch.input_ids.device)), rows_per_pass)
+                with self._as_teacher(name) as model:
+                    out[rows.to(out.device)] = self.ctx.logprobs(model, batch.select(rows.to(batch.input_ids.device)), rows_per_pass)
         return out
 
     # ----------------------------------------------------------------------------- per batch
-    def prepare(self, module: Any, batch: RolloutBatch, records: list[dict] | None, rows_per_pass: int) -> None:
+    def prepare(self, batch: RolloutBatch, records: list[dict] | None, rows_per_pass: int) -> None:
         """Teacher log-probs and token advantages of a fresh generation batch (after the reward advantages)."""
         s = self.settings
         teacher_of = self._rows_per_teacher(batch, records)
-        batch.teacher_logp = self._teacher_logprobs(module, batch, teacher_of, rows_per_pass)  # [B, Lc]
+        batch.teacher_logp = self._teacher_logprobs(batch, teacher_of, rows_per_pass)  # [B, Lc]
         adv = opd_advantages(batch.rollout_logp, batch.teacher_logp, batch.completion_mask, s.coef)  # [B, Lc]
         if s.group_baseline:
             adv = group_token_baseline(adv, batch.completion_mask, batch.group_size)
@@ -216,56 +247,58 @@ class Distiller:
         batch.advantages = adv
         if s.gkd_coef:
             self._gkd, self._gkd_teachers = batch, teacher_of
-            if s.lmbda < 1 and random.Random(_seed(module)).random() >= s.lmbda:
-                self._gkd = reference_batch(records, module.trainer.datamodule.tokenizer, s.answer_key, batch.temperature, module.device)
+            if s.lmbda < 1 and random.Random(_seed(self.ctx.step())).random() >= s.lmbda:
+                self._gkd = reference_batch(records, self.ctx.tokenizer(), s.answer_key, batch.temperature, self.ctx.device())
                 self._gkd_teachers = teacher_of[:: batch.group_size]
 
-    def training_term(self, module: Any, micro_index: int, micro: RolloutBatch, logp: Tensor, metrics: dict) -> Tensor:
+    def training_term(self, micro_index: int, micro: RolloutBatch, logp: Tensor, metrics: dict) -> Tensor:
         """Logged reverse KL of the current policy, plus GKD's term for micro-step ``micro_index``."""
         if micro.teacher_logp is not None:
             metrics["distill_reverse_kl"] = masked_mean((logp.detach() - micro.teacher_logp).float(), micro.completion_mask)
         if not self.settings.gkd_coef or self._gkd is None:
             return logp.new_zeros(())
-        hp = module.hparams
-        step = micro_step(len(self._gkd), micro_index, hp.steps_per_generation, module.trainer.accumulate_grad_batches)
+        step = self.ctx.micro_step(len(self._gkd), micro_index)
         if step.micro.numel() == 0:  # fewer reference rows than micro-steps: this one has none
             return logp.new_zeros(())
         part = self._gkd.select(step.micro)
-        student = padded_completion_logits(module.policy, part)  # [b, Lc, V] with gradient
+        student = padded_completion_logits(self.ctx.policy(), part)  # [b, Lc, V] with gradient
         teacher = torch.zeros_like(student, dtype=torch.float32)
         with torch.no_grad():
             for i, name in enumerate(self.names):
                 rows = (self._gkd_teachers[step.micro] == i).nonzero().flatten().to(student.device)
                 if rows.numel():
-                    with self._as_teacher(name, module) as model, module.precision_context():
+                    with self._as_teacher(name) as model, self.ctx.precision():
                         teacher[rows] = padded_completion_logits(model, part.select(rows)).float()
         jsd = generalized_jsd(student, teacher, self.settings.beta, part.temperature)  # [b, Lc]
         metrics["gkd_jsd"] = masked_mean(jsd.detach(), part.completion_mask)
-        tokens = module._global_sum(self._gkd.completion_mask[step.mini].sum())
+        tokens = self.ctx.global_sum(self._gkd.completion_mask[step.mini].sum())
         total = (jsd * part.completion_mask).sum()
         return self.settings.gkd_coef * torch.where(tokens > 0, total / tokens.clamp(min=1), total * 0)
 
 
-def _seed(module: Any) -> int:
+def _seed(step: int) -> int:
     """One draw per generation batch: the run seed and the optimizer step that batch starts at."""
-    return int(os.environ.get("PL_GLOBAL_SEED", 0)) * 1_000_003 + module.trainer.global_step
+    return int(os.environ.get("PL_GLOBAL_SEED", 0)) * 1_000_003 + step
 
 
 def reference_batch(records: list[dict] | None, tokenizer: Any, answer_key: str, temperature: float, device) -> RolloutBatch:
     """One row per record: its prompt and its reference completion (``answer_key``) + eos. GKD's
-    off-policy data, as TRL's dataset outputs."""
-    from ..rollout.base import Rollout, rollout_to_tensors
-
+    off-policy data, as TRL's dataset outputs. Prompts are left-padded, completions right-padded (the
+    rollout layout)."""
     if not records or answer_key not in records[0]:
         raise ValueError(f"{FIELD}.lmbda < 1 trains on the records' reference completions: column {answer_key!r} (answer_key) is missing")
+    prompts = [list(r["prompt_ids"]) for r in records]
     completions = [tokenizer(str(r[answer_key]), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for r in records]
-    rollout = Rollout(prompt_ids=[list(r["prompt_ids"]) for r in records], completion_ids=completions,
-                      logprobs=[[0.0] * len(c) for c in completions], finished=[True] * len(records), group_size=1)  # fmt: skip
-    t = rollout_to_tensors(rollout, tokenizer.pad_token_id)
-    return RolloutBatch(input_ids=t.input_ids, attention_mask=t.attention_mask, completion_mask=t.completion_mask,
-                        advantages=torch.zeros(len(records)), rollout_logp=t.rollout_logprobs,
-                        prompt_length=t.input_ids.shape[1] - t.completion_mask.shape[1], group_size=1,
-                        temperature=temperature).to(device)  # fmt: skip
+    Lp, Lc = max(map(len, prompts)), max(map(len, completions))
+    input_ids = torch.full((len(records), Lp + Lc), tokenizer.pad_token_id, dtype=torch.long)  # [B, Lp+Lc]
+    attention_mask = torch.zeros_like(input_ids)  # [B, Lp+Lc]
+    for b, (prompt, completion) in enumerate(zip(prompts, completions)):
+        input_ids[b, Lp - len(prompt) : Lp + len(completion)] = torch.tensor(prompt + completion, dtype=torch.long)
+        attention_mask[b, Lp - len(prompt) : Lp + len(completion)] = 1
+    completion_mask = attention_mask[:, Lp:].float()  # [B, Lc]
+    return RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
+                        advantages=torch.zeros(len(records)), rollout_logp=torch.zeros_like(completion_mask),
+                        prompt_length=Lp, group_size=1, temperature=temperature).to(device)  # fmt: skip
 
 
 def check_teacher(where: str, spec: TeacherSpec, teacher: nn.Module, tokenizer: Any) -> None:

@@ -27,7 +27,7 @@ from ..core.batch import RolloutBatch, micro_step
 from ..core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
 from ..core.guards import NonFiniteError
 from ..core.kl import kl_penalty_in_reward
-from .distill import Distiller, DistillSettings
+from .distill import DistillContext, Distiller, DistillSettings
 from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
 from ..models.fsdp import fsdp_units, run_as_forward, shard_policy
 from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
@@ -114,7 +114,7 @@ class GRPOModule(L.LightningModule):
         if isinstance(lora, dict):  # LightningCLI / hparams hand the settings over as a dict
             lora = LoraSettings(**lora)
         self.lora = lora
-        self.distiller = Distiller.of(distillation)  # None without distillation
+        self.distiller = Distiller.of(distillation, self._distill_context())  # None without distillation
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
         self.quantization = check_quantization(quantization, lora is not None, model)
@@ -162,7 +162,7 @@ class GRPOModule(L.LightningModule):
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.distiller is not None:  # teachers loaded and checked against the tokenizer before training
             datamodule = self.trainer.datamodule if self._trainer is not None else None
-            self.distiller.build(self, getattr(datamodule, "tokenizer", None), getattr(datamodule, "train_records", None))
+            self.distiller.build(getattr(datamodule, "tokenizer", None), getattr(datamodule, "train_records", None))
         mesh = self.device_mesh  # set by ModelParallelStrategy: shard with FSDP2 over data parallelism
         if mesh is not None and not fsdp_units(self.policy):
             if self.quantization is not None:
@@ -269,7 +269,7 @@ class GRPOModule(L.LightningModule):
             rewards, weights = shaped.unsqueeze(-1), weights.new_ones(1)
         batch.advantages = self.compute_advantages(rewards, weights, batch.group_size, batch.completion_mask.sum(-1))
         if self.distiller is not None:
-            self.distiller.prepare(self, batch, records, rows_per_pass)
+            self.distiller.prepare(batch, records, rows_per_pass)
         reused = self.hparams.num_iterations > 1 or self.hparams.steps_per_generation > 1
         masks = getattr(self.loss_fn, "masks_before_training", False)
         needs_old = getattr(self.loss_fn, "needs_old_before_training", masks)
@@ -318,7 +318,7 @@ class GRPOModule(L.LightningModule):
             raise NonFiniteError(f"step {self.trainer.global_step}, micro-batch {int(batch['micro'])}: {err}") from err
         loss = result.loss
         if self.distiller is not None:  # GKD's term and the reverse-KL metric
-            loss = loss + self.distiller.training_term(self, int(batch["micro"]), micro, out.logp, result.metrics)
+            loss = loss + self.distiller.training_term(int(batch["micro"]), micro, out.logp, result.metrics)
         self.step_metrics.update(result.metrics, micro.completion_mask.sum())
         # Lightning divides by accumulate_grad_batches and DDP averages over ranks; the loss is
         # already normalised by global counts, so undo both to keep the sum exact.
@@ -337,6 +337,15 @@ class GRPOModule(L.LightningModule):
         if full.old_logp is None or not getattr(self.loss_fn, "normalizes_is_weights", False):
             return torch.zeros(2, device=full.completion_mask.device)
         return self.loss_fn.is_weight_sums(full.old_logp[rows], full.rollout_logp[rows], full.completion_mask[rows]).float()
+
+    def _distill_context(self) -> DistillContext:
+        """What the distiller uses of this module (lightning_grpo.training.distill): functions read at call time."""
+        return DistillContext(policy=lambda: self.policy, logprobs=lambda *args: self.forward_logprobs(*args),
+                              global_sum=lambda value: self._global_sum(value), precision=lambda: self.precision_context(),
+                              tokenizer=lambda: self.trainer.datamodule.tokenizer,
+                              device=lambda: self.device, step=lambda: self.trainer.global_step, dtype=self.hparams.dtype,
+                              micro_step=lambda rows, i: micro_step(rows, i, self.hparams.steps_per_generation,
+                                                                    self.trainer.accumulate_grad_batches))  # fmt: skip
 
     def _global_sum(self, value: Tensor) -> Tensor:
         value = value.to(self.device, torch.float32)
