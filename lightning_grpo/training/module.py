@@ -33,10 +33,11 @@ from ..models.fsdp import fsdp_units, run_as_forward, shard_policy
 from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
 from .prefix import PrefixSharingMode, choose_layout
 from ..models.lora import LoraSettings
-from ..models.quantization import QuantizationSettings, check_quantization, take_quant_state
+from ..models.quantization import QuantizationSettings
+from .policy import PolicyMixin
 
 
-class GRPOModule(L.LightningModule):
+class GRPOModule(PolicyMixin, L.LightningModule):
     """Policy, optional reference and the GRPO-family objective.
 
     Args:
@@ -111,20 +112,11 @@ class GRPOModule(L.LightningModule):
             raise ValueError(
                 f"num_iterations and steps_per_generation must be >= 1, got {num_iterations}, {steps_per_generation}"
             )
-        if isinstance(lora, dict):  # LightningCLI / hparams hand the settings over as a dict
-            lora = LoraSettings(**lora)
-        self.lora = lora
         self.distiller = Distiller.of(distillation, self._distill_context())  # None without distillation
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
-        self.quantization = check_quantization(quantization, lora is not None, model)
-        from ..models.tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
-
-        self.model_source = builtin_model_path(model) if isinstance(model, str) or model is None else None
-        self.policy: nn.Module | None = model if isinstance(model, nn.Module) else None
+        self._init_policy(model, lora, quantization, optimizer, lr_scheduler)  # lightning_grpo.training.policy
         self.reference: nn.Module | None = None
-        self.optimizer_factory = optimizer
-        self.lr_scheduler_factory = lr_scheduler
         self.rollout_batch: RolloutBatch | None = None
         self.rollout_metrics: dict[str, float] = {}
         #: ``(module, records) -> metrics`` for held-out prompts; RolloutCallback sets it.
@@ -151,13 +143,7 @@ class GRPOModule(L.LightningModule):
         return "adapter" if self.lora is not None else "copy"
 
     def configure_model(self) -> None:
-        if self.policy is None:
-            self.policy = self._load_policy()
-        elif self.lora is not None and not hasattr(self.policy, "disable_adapter"):
-            self.policy = self._apply_lora(self.policy)
-        if self.hparams.gradient_checkpointing and hasattr(self.policy, "gradient_checkpointing_enable"):
-            self.policy.gradient_checkpointing_enable()
-        self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
+        self._build_policy()  # loaded, LoRA / QLoRA, gradient checkpointing (lightning_grpo.training.policy)
         if self.reference_mode == "copy" and self.reference is None:
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.distiller is not None:  # teachers loaded and checked against the tokenizer before training
@@ -172,28 +158,6 @@ class GRPOModule(L.LightningModule):
             dp_mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
             for model in filter(None, (self.policy, self.reference)):
                 shard_policy(model, dp_mesh)
-
-    def _load_policy(self) -> nn.Module:
-        from transformers import AutoModelForCausalLM
-
-        source = self.model_source
-        if source is None:
-            from ..models.tiny import tiny_model_dir
-
-            source = self.model_source = str(tiny_model_dir())
-        if self.quantization is not None:
-            from ..models.quantization import load_quantized
-
-            device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
-            policy = load_quantized(source, self.hparams.dtype, self.quantization, device)
-        else:
-            policy = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, self.hparams.dtype))
-        return self._apply_lora(policy) if self.lora is not None else policy
-
-    def _apply_lora(self, policy: nn.Module) -> nn.Module:
-        from peft import get_peft_model
-
-        return get_peft_model(policy, self.lora.to_peft())
 
     def setup(self, stage: str) -> None:
         """Fail fast when torch.distributed was initialised before Lightning's launcher ran (e.g. by a
@@ -223,10 +187,6 @@ class GRPOModule(L.LightningModule):
         if chunked:  # decoder and LM head called directly: run them as a root forward for FSDP2
             return run_as_forward(model, fn, model, batch, **kwargs)
         return fn(model, batch, **kwargs)
-
-    def precision_context(self):
-        """The trainer's autocast context (training_step's), so no-grad forwards match the trained log-probs."""
-        return self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
 
     @torch.no_grad()
     def forward_logprobs(self, model: nn.Module, batch: RolloutBatch, rows_per_pass: int) -> Tensor:
@@ -347,12 +307,6 @@ class GRPOModule(L.LightningModule):
                               micro_step=lambda rows, i: micro_step(rows, i, self.hparams.steps_per_generation,
                                                                     self.trainer.accumulate_grad_batches))  # fmt: skip
 
-    def _global_sum(self, value: Tensor) -> Tensor:
-        value = value.to(self.device, torch.float32)
-        if self.trainer.world_size > 1:
-            value = self.trainer.strategy.reduce(value.clone(), reduce_op="sum")
-        return value
-
     # -------------------------------------------------------------- optimizer step, guards
     def skip_optimizer_step(self, reason: str) -> None:
         """Drop the gradients of the current optimizer step instead of applying them (guards call
@@ -395,21 +349,9 @@ class GRPOModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Also store what ``lightning-grpo export`` needs besides the weights (config, tokenizer files, LoRA)."""
-        from ..models.export import EXPORT_KEY, export_info
-
         checkpoint["grpo_skipped_steps"] = self.skipped_steps
-        datamodule = self.trainer.datamodule if self._trainer is not None else None
-        if self.policy is not None:
-            checkpoint[EXPORT_KEY] = export_info(self, getattr(datamodule, "tokenizer", None))
+        self._save_export_info(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))
-        if self.quantization is not None and self.policy is not None:  # QLoRA: the 4-bit state is rebuilt, not loaded
-            take_quant_state(checkpoint["state_dict"], self)
-
-    def configure_optimizers(self):
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        optimizer = self.optimizer_factory(params)
-        if self.lr_scheduler_factory is None:
-            return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "step"}}
+        self._load_quant_state(checkpoint)

@@ -1,0 +1,143 @@
+"""SFTModule: supervised fine-tuning of the policy, the warm start before GRPO (docs/sft.md).
+
+The policy is built exactly as :class:`~lightning_grpo.training.module.GRPOModule` builds it
+(:class:`~lightning_grpo.training.policy.PolicyMixin`: model path / ``nn.Module`` / the built-in tiny
+model, dtype, LoRA, QLoRA, gradient checkpointing, optimizer), and a checkpoint stores the same export
+information, so ``lightning-grpo export runs/<sft run>`` writes the folder a GRPO recipe takes as
+``model.model``.
+
+The loss is the token mean of the cross-entropy over the assistant tokens (``loss_mask``, from
+:class:`~lightning_grpo.data.sft.SFTDataModule`) of a training step's batch, over all ranks::
+
+    loss = - sum_{b, t} mask[b, t] * log p(x[b, t] | x[b, <t]) / sum_{b, t} mask[b, t]
+
+With ``accumulate_grad_batches`` > 1 each micro-batch is such a token mean and Lightning averages them
+(TRL's per-device mean, not one token mean over the optimizer step). The token log-probs come from the
+same forward layouts as GRPO's (:mod:`lightning_grpo.training.packing`): a batch is a
+:class:`~lightning_grpo.core.batch.RolloutBatch` whose "prompt" is its first token and whose
+"completion" is the rest, so ``packing`` (padding-free rows) and ``logprob_path="chunked_hidden"`` (the
+full logits never exist) apply unchanged.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+
+from ..core.batch import RolloutBatch, position_ids
+from ..models.lora import LoraSettings
+from ..models.quantization import QuantizationSettings
+from .metrics import total_grad_norm
+from .packing import PackingMode, choose_plan, packed_token_logprobs, padded_token_logprobs
+from .policy import PolicyMixin
+
+
+class SFTModule(PolicyMixin, L.LightningModule):
+    """Supervised fine-tuning on assistant tokens, with GRPOModule's policy building.
+
+    Args:
+        model: a Hugging Face model directory / hub name, an ``nn.Module``, or None (the built-in tiny model).
+        lora: LoRA settings, or None for full fine-tuning.
+        quantization: QLoRA: the base model's linear layers in 4 bits (needs ``lora`` and a model path).
+        dtype: dtype to load a model path in.
+        logprob_path: "chunked_hidden" (decoder, then the LM head in chunks) or "logits" (the model's forward).
+        logprob_chunk_size: rows of the LM head computed at once.
+        packing: padding-free packed rows ("auto": when they save at least a quarter; "on" / "off").
+        gradient_checkpointing: recompute activations in backward.
+        optimizer / lr_scheduler: LightningCLI-style callables.
+    """
+
+    def __init__(
+        self,
+        model: str | nn.Module | None = None,
+        lora: LoraSettings | None = None,
+        quantization: QuantizationSettings | None = None,
+        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
+        logprob_chunk_size: int = 1024,
+        packing: PackingMode = "auto",
+        gradient_checkpointing: bool = False,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["model", "optimizer", "lr_scheduler"])
+        if packing not in ("auto", "on", "off"):
+            raise ValueError(f"SFTModule packing must be 'auto', 'on' or 'off', got {packing!r}")
+        self._init_policy(model, lora, quantization, optimizer, lr_scheduler)
+        self._val_sums: Tensor | None = None  # [4] loss sum, tokens, right tokens, right rows / rows (see validation)
+
+    def configure_model(self) -> None:
+        if self.device_mesh is not None:
+            raise NotImplementedError("SFTModule does not shard with FSDP2 (ModelParallelStrategy): use strategy ddp or one device")
+        self._build_policy()
+
+    # ----------------------------------------------------------------------------- loss
+    @staticmethod
+    def as_rollout_batch(batch: dict[str, Tensor]) -> RolloutBatch:
+        """The batch as GRPO's forward layouts take it: "prompt" = the first token, "completion" = the rest."""
+        ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]  # [B, L] each
+        targets = mask[:, 1:].float()  # [B, L-1] the tokens that enter the loss
+        zeros = torch.zeros_like(targets)
+        return RolloutBatch(ids, attention, targets, zeros[:, 0], zeros, prompt_length=1, group_size=1, temperature=1.0)
+
+    def token_logprobs(self, batch: RolloutBatch) -> Tensor:
+        """[B, L-1] log-probs of tokens 1.. of each row, packed or padded as ``packing`` says."""
+        model = self.policy
+        chunked = self.hparams.logprob_path == "chunked_hidden"
+        chunked = chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
+        plan = choose_plan(model, batch, self.hparams.packing)
+        fn = padded_token_logprobs if plan is None else partial(packed_token_logprobs, plan=plan)
+        return fn(model, batch, chunked=chunked, compute_entropy=False, chunk_size=self.hparams.logprob_chunk_size).logp
+
+    def sft_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(the loss this rank contributes, the assistant tokens of all ranks): the ranks' losses sum to
+        the token-mean cross-entropy over every rank's assistant tokens."""
+        rollout = self.as_rollout_batch(batch)
+        logp = self.token_logprobs(rollout)  # [B, L-1]
+        tokens = self._global_sum(rollout.completion_mask.sum())
+        return -(logp * rollout.completion_mask).sum() / tokens.clamp(min=1), tokens
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss, tokens = self.sft_loss(batch)
+        world = self.trainer.world_size
+        logged = self._global_sum(loss.detach()) if world > 1 else loss.detach()
+        self.log_dict({"train/loss": logged, "train/tokens": tokens}, batch_size=len(batch["input_ids"]), on_step=True, on_epoch=False)
+        self.log("loss", logged, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        return loss * world  # DDP averages the ranks' gradients: undo it, the loss is normalised globally
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.log("train/grad_norm", float(total_grad_norm(self.policy.parameters())), batch_size=1, on_step=True, on_epoch=False)
+
+    # ----------------------------------------------------------------------- validation
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        """Summed over the validation set: the loss and greedy accuracies on the assistant tokens."""
+        ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]  # [B, L], [B, L-1]
+        logits = self.policy(input_ids=ids, attention_mask=batch["attention_mask"], position_ids=position_ids(batch["attention_mask"])).logits
+        logits = logits[:, :-1].float()  # [B, L-1, V] predict tokens 1..
+        targets = ids[:, 1:]  # [B, L-1]
+        nll = -torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)  # [B, L-1]
+        right = (logits.argmax(-1) == targets).float() * mask  # [B, L-1]
+        rows_right = (right.sum(1) == mask.sum(1)).float()  # [B] every assistant token right
+        sums = torch.stack([(nll * mask).sum(), mask.sum(), right.sum(), rows_right.sum(), rows_right.new_tensor(len(ids))])
+        self._val_sums = sums if self._val_sums is None else self._val_sums + sums
+
+    def on_validation_epoch_end(self) -> None:
+        if self._val_sums is None:
+            return
+        loss, tokens, right, rows_right, rows = self._global_sum(self._val_sums).tolist()
+        self._val_sums = None
+        metrics = {"val/loss": loss / max(tokens, 1), "val/token_accuracy": right / max(tokens, 1), "val/accuracy": rows_right / max(rows, 1)}
+        self.log_dict(metrics, batch_size=1, on_step=False, on_epoch=True)
+
+    # -------------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._save_export_info(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._load_quant_state(checkpoint)
