@@ -94,7 +94,7 @@ class PolicyMixin:
     def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` summed over the ranks (float32, on this module's device)."""
         value = value.to(self.device, torch.float32)
-        if self.trainer.world_size > 1:
+        if self._trainer is not None and self.trainer.world_size > 1:
             value = self.trainer.strategy.reduce(value.clone(), reduce_op="sum")
         return value
 

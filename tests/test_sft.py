@@ -1,0 +1,121 @@
+"""SFTModule: the loss by hand, packing equal to padded, LoRA / QLoRA train the adapter only, and the
+two stages: SFT through ``lightning-grpo sft``, export, GRPO from the exported folder."""
+
+from __future__ import annotations
+
+import importlib.util
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from lightning_grpo import LoraSettings, SFTDataModule, SFTModule
+from lightning_grpo.data.sft import collate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _module(path, **kwargs) -> SFTModule:
+    module = SFTModule(model=str(path), **kwargs)
+    module.configure_model()
+    return module
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    """Two rows of different lengths (the second padded), loss on their last tokens."""
+    rows = [{"input_ids": [5, 6, 7, 15, 8, 1], "loss_mask": [0, 0, 0, 0, 1, 1]},
+            {"input_ids": [9, 10, 15, 11, 12, 13, 1, 14, 6], "loss_mask": [0, 0, 0, 1, 1, 1, 1, 0, 1]}]  # fmt: skip
+    return collate(rows, pad_id=0)
+
+
+def test_loss_by_hand(tiny_model_path):
+    """Token mean over both rows' assistant tokens of -log softmax(logits)[next token], from the model's logits."""
+    module = _module(tiny_model_path, packing="off")
+    batch = _batch()
+    loss, tokens = module.sft_loss(batch)
+    with torch.no_grad():
+        logits = module.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [2, 9, V]
+    nll = []
+    for row in range(2):
+        n = int(batch["attention_mask"][row].sum())
+        for t in range(1, n):
+            if batch["loss_mask"][row, t]:
+                nll.append(-torch.log_softmax(logits[row, t - 1], -1)[batch["input_ids"][row, t]])
+    assert tokens == len(nll) == 7
+    torch.testing.assert_close(loss, torch.stack(nll).mean(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("logprob_path", ["chunked_hidden", "logits"])
+def test_packing_equals_padded(tiny_model_path, logprob_path):
+    """One packed row (block-diagonal attention from restarting positions) gives the padded loss and gradients."""
+    results = []
+    for packing in ("off", "on"):
+        torch.manual_seed(0)
+        module = _module(tiny_model_path, packing=packing, logprob_path=logprob_path)
+        loss, _ = module.sft_loss(_batch())
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in module.policy.named_parameters()}))
+    (padded, padded_grads), (packed, packed_grads) = results
+    torch.testing.assert_close(packed, padded, rtol=1e-6, atol=1e-6)
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _fit(module, data, steps: int = 2) -> None:
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    trainer.fit(module, data)
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["lora", "qlora"])
+def test_lora_trains_the_adapter_only(tiny_model_path, quantized):
+    from lightning_grpo import QuantizationSettings
+
+    if quantized and importlib.util.find_spec("bitsandbytes") is None:
+        pytest.skip("QLoRA needs bitsandbytes (the qlora extra, part of dev)")
+    module = SFTModule(model=str(tiny_model_path), lora=LoraSettings(r=4, alpha=8), optimizer=partial(torch.optim.AdamW, lr=1e-2),
+                       quantization=QuantizationSettings() if quantized else None)  # fmt: skip
+    module.configure_model()
+    before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
+    _fit(module, SFTDataModule(tokenizer_path=str(tiny_model_path), batch_size=4))
+    after = dict(module.policy.named_parameters())
+    changed = {n for n in before if not torch.equal(before[n], after[n].detach())}
+    adapter = {n for n in before if "lora_" in n}
+    assert adapter and changed == {n for n in adapter if "lora_B" in n or "lora_A" in n}, sorted(changed ^ adapter)[:4]
+
+
+# ----------------------------------------------------------------------- the two stages
+def _cli(args: list[str]) -> None:
+    from lightning_grpo.cli import main
+
+    main(args)
+
+
+def test_sft_then_export_then_grpo(tiny_model_path, tmp_path, monkeypatch):
+    """recipes/sft_quickstart.yaml for a few steps, ``lightning-grpo export`` of its run, and
+    recipes/quickstart.yaml started from the exported folder: GRPO's policy is the SFT policy."""
+    from safetensors.torch import load_file
+
+    from lightning_grpo.models.export import load_checkpoint
+
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
+    monkeypatch.chdir(tmp_path)
+    run = ["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_progress_bar", "false"]
+    _cli(["sft", "fit", "-c", str(ROOT / "recipes/sft_quickstart.yaml"), *run, "--trainer.max_steps", "6",
+          "--trainer.val_check_interval", "3"])  # fmt: skip
+    checkpoint = tmp_path / "runs/sft_quickstart/version_0/checkpoints/last.ckpt"
+    assert checkpoint.is_file()
+    sft_weights, info, hparams = load_checkpoint(checkpoint)
+    assert hparams["packing"] == "auto" and info["tokenizer_files"]
+    _cli(["export", str(tmp_path / "runs/sft_quickstart"), "--out", str(tmp_path / "sft_model")])
+    exported = load_file(tmp_path / "sft_model/model.safetensors")
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, sft_weights[name], rtol=0, atol=0)
+    from lightning_grpo.cli import build_cli
+
+    cli = build_cli(["-c", str(ROOT / "recipes/quickstart.yaml"), *run, "--model.model", str(tmp_path / "sft_model"),
+                     "--rollout.engine", "hf", "--rollout.vllm_args", "{}", "--trainer.max_steps", "1"], run=False)  # fmt: skip
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert cli.model.model_source == str(tmp_path / "sft_model") and cli.trainer.global_step == 1
