@@ -1,5 +1,5 @@
 """``lightning-grpo`` / ``python -m lightning_grpo``: LightningCLI over GRPOModule and PromptDataModule,
-plus ``export``, ``serve`` and ``report``.
+plus ``sft`` (SFTModule and SFTDataModule, cli/sft.py), ``export``, ``serve`` and ``report``.
 
     lightning-grpo fit -c recipes/quickstart.yaml
     lightning-grpo fit -c recipes/grpo.yaml --trainer.max_steps 50 --rollout.sampling.n 16

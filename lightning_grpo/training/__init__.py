@@ -1,6 +1,7 @@
 """Training: the LightningModule and what one optimizer step computes.
 
-Holds :class:`~lightning_grpo.training.module.GRPOModule` (the Lightning hooks), the forward layouts
+Holds :class:`~lightning_grpo.training.module.GRPOModule` (the Lightning hooks),
+:class:`~lightning_grpo.training.sft.SFTModule` (supervised warm start), the policy both build alike (:mod:`.policy`), the forward layouts
 that turn a rollout batch into per-token log-probs (padded, packed: :mod:`.packing`; shared prefix:
 :mod:`.prefix`), on-policy distillation (:mod:`.distill`) and the step's metrics (:mod:`.metrics`).
 
