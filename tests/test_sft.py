@@ -13,6 +13,7 @@ import torch
 
 from lightning_grpo import LoraSettings, SFTDataModule, SFTModule
 from lightning_grpo.data.sft import collate
+from lightning_grpo.training.packing import choose_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,26 +25,27 @@ def _module(path, **kwargs) -> SFTModule:
 
 
 def _batch() -> dict[str, torch.Tensor]:
-    """Two rows of different lengths (the second padded), loss on their last tokens."""
-    rows = [{"input_ids": [5, 6, 7, 15, 8, 1], "loss_mask": [0, 0, 0, 0, 1, 1]},
-            {"input_ids": [9, 10, 15, 11, 12, 13, 1, 14, 6], "loss_mask": [0, 0, 0, 1, 1, 1, 1, 0, 1]}]  # fmt: skip
+    """Three rows of 5, 9 and 4 tokens (the first and last padded; packed, they share one row)."""
+    rows = [{"input_ids": [5, 6, 7, 15, 8], "loss_mask": [0, 0, 0, 1, 1]},
+            {"input_ids": [9, 10, 15, 11, 12, 13, 1, 14, 6], "loss_mask": [0, 0, 0, 1, 1, 1, 1, 0, 1]},
+            {"input_ids": [7, 8, 15, 1], "loss_mask": [0, 0, 0, 1]}]  # fmt: skip
     return collate(rows, pad_id=0)
 
 
 def test_loss_by_hand(tiny_model_path):
-    """Token mean over both rows' assistant tokens of -log softmax(logits)[next token], from the model's logits."""
+    """Token mean over the rows' assistant tokens of -log softmax(logits)[next token], from the model's logits."""
     module = _module(tiny_model_path, packing="off")
     batch = _batch()
     loss, tokens = module.sft_loss(batch)
     with torch.no_grad():
-        logits = module.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [2, 9, V]
+        logits = module.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [3, 9, V]
     nll = []
-    for row in range(2):
+    for row in range(3):
         n = int(batch["attention_mask"][row].sum())
         for t in range(1, n):
             if batch["loss_mask"][row, t]:
                 nll.append(-torch.log_softmax(logits[row, t - 1], -1)[batch["input_ids"][row, t]])
-    assert tokens == len(nll) == 7
+    assert tokens == len(nll) == 8
     torch.testing.assert_close(loss, torch.stack(nll).mean(), rtol=1e-6, atol=1e-6)
 
 
@@ -54,6 +56,8 @@ def test_packing_equals_padded(tiny_model_path, logprob_path):
     for packing in ("off", "on"):
         torch.manual_seed(0)
         module = _module(tiny_model_path, packing=packing, logprob_path=logprob_path)
+        plan = choose_plan(module.policy, module.as_rollout_batch(_batch()), packing)
+        assert (plan.rows, plan.width) == (2, 9) if packing == "on" else plan is None
         loss, _ = module.sft_loss(_batch())
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in module.policy.named_parameters()}))
