@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
-from functools import partial
 from typing import Any, Literal
 
 import lightning as L
@@ -23,17 +22,19 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from ..core.batch import RolloutBatch, micro_step
 from ..core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
+from ..core.batch import RolloutBatch, micro_step
 from ..core.guards import NonFiniteError
 from ..core.kl import kl_penalty_in_reward
-from .distill import DistillContext, Distiller, DistillSettings
-from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
-from ..models.fsdp import fsdp_units, run_as_forward, shard_policy
-from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
-from .prefix import PrefixSharingMode, choose_layout
+from ..models.fsdp import fsdp_units, shard_policy
+from ..models.loading import apply_lora, load_policy
 from ..models.lora import LoraSettings
 from ..models.quantization import QuantizationSettings, check_quantization, take_quant_state
+from .distill import DistillContext, Distiller, DistillSettings
+from .forward import layout_token_logprobs
+from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
+from .packing import PackingMode
+from .prefix import PrefixSharingMode
 
 
 class GRPOModule(L.LightningModule):
@@ -154,7 +155,7 @@ class GRPOModule(L.LightningModule):
         if self.policy is None:
             self.policy = self._load_policy()
         elif self.lora is not None and not hasattr(self.policy, "disable_adapter"):
-            self.policy = self._apply_lora(self.policy)
+            self.policy = apply_lora(self.policy, self.lora)
         if self.hparams.gradient_checkpointing and hasattr(self.policy, "gradient_checkpointing_enable"):
             self.policy.gradient_checkpointing_enable()
         self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
@@ -174,26 +175,12 @@ class GRPOModule(L.LightningModule):
                 shard_policy(model, dp_mesh)
 
     def _load_policy(self) -> nn.Module:
-        from transformers import AutoModelForCausalLM
-
-        source = self.model_source
-        if source is None:
+        if self.model_source is None:
             from ..models.tiny import tiny_model_dir
 
-            source = self.model_source = str(tiny_model_dir())
-        if self.quantization is not None:
-            from ..models.quantization import load_quantized
-
-            device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
-            policy = load_quantized(source, self.hparams.dtype, self.quantization, device)
-        else:
-            policy = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, self.hparams.dtype))
-        return self._apply_lora(policy) if self.lora is not None else policy
-
-    def _apply_lora(self, policy: nn.Module) -> nn.Module:
-        from peft import get_peft_model
-
-        return get_peft_model(policy, self.lora.to_peft())
+            self.model_source = str(tiny_model_dir())
+        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+        return load_policy(self.model_source, self.hparams.dtype, self.lora, self.quantization, device)
 
     def setup(self, stage: str) -> None:
         """Fail fast when torch.distributed was initialised before Lightning's launcher ran (e.g. by a
@@ -213,16 +200,10 @@ class GRPOModule(L.LightningModule):
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
         """Log-probs (and entropy) of the completion tokens at the sampling temperature, through
         the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), with a
-        shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (``lightning_grpo.training.prefix``,
-        ``lightning_grpo.training.packing``)."""
-        chunked = self.hparams.logprob_path == "chunked_hidden"
-        chunked = chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
-        plan = choose_layout(model, batch, self.hparams.packing, self.hparams.prefix_sharing)
-        fn = padded_token_logprobs if plan is None else partial(packed_token_logprobs, plan=plan)
-        kwargs = dict(chunked=chunked, compute_entropy=compute_entropy, chunk_size=self.hparams.logprob_chunk_size)
-        if chunked:  # decoder and LM head called directly: run them as a root forward for FSDP2
-            return run_as_forward(model, fn, model, batch, **kwargs)
-        return fn(model, batch, **kwargs)
+        shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (:mod:`.forward`)."""
+        return layout_token_logprobs(model, batch, logprob_path=self.hparams.logprob_path, packing=self.hparams.packing,
+                                     prefix_sharing=self.hparams.prefix_sharing,
+                                     chunk_size=self.hparams.logprob_chunk_size, compute_entropy=compute_entropy)
 
     def precision_context(self):
         """The trainer's autocast context (training_step's), so no-grad forwards match the trained log-probs."""
