@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
-from functools import partial
 from typing import Any, Literal
 
 import lightning as L
@@ -23,17 +22,18 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from ..core.batch import RolloutBatch, micro_step
 from ..core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
+from ..core.batch import RolloutBatch, micro_step
 from ..core.guards import NonFiniteError
 from ..core.kl import kl_penalty_in_reward
-from .distill import DistillContext, Distiller, DistillSettings
-from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
-from ..models.fsdp import fsdp_units, run_as_forward, shard_policy
-from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
-from .prefix import PrefixSharingMode, choose_layout
+from ..models.fsdp import fsdp_units, shard_policy
 from ..models.lora import LoraSettings
 from ..models.quantization import QuantizationSettings
+from .distill import DistillContext, Distiller, DistillSettings
+from .forward import layout_token_logprobs
+from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
+from .packing import PackingMode
+from .prefix import PrefixSharingMode
 from .policy import PolicyMixin
 
 
@@ -177,16 +177,10 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
         """Log-probs (and entropy) of the completion tokens at the sampling temperature, through
         the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), with a
-        shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (``lightning_grpo.training.prefix``,
-        ``lightning_grpo.training.packing``)."""
-        chunked = self.hparams.logprob_path == "chunked_hidden"
-        chunked = chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
-        plan = choose_layout(model, batch, self.hparams.packing, self.hparams.prefix_sharing)
-        fn = padded_token_logprobs if plan is None else partial(packed_token_logprobs, plan=plan)
-        kwargs = dict(chunked=chunked, compute_entropy=compute_entropy, chunk_size=self.hparams.logprob_chunk_size)
-        if chunked:  # decoder and LM head called directly: run them as a root forward for FSDP2
-            return run_as_forward(model, fn, model, batch, **kwargs)
-        return fn(model, batch, **kwargs)
+        shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (:mod:`.forward`)."""
+        return layout_token_logprobs(model, batch, logprob_path=self.hparams.logprob_path, packing=self.hparams.packing,
+                                     prefix_sharing=self.hparams.prefix_sharing,
+                                     chunk_size=self.hparams.logprob_chunk_size, compute_entropy=compute_entropy)
 
     @torch.no_grad()
     def forward_logprobs(self, model: nn.Module, batch: RolloutBatch, rows_per_pass: int) -> Tensor:

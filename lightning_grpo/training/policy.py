@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models.loading import apply_lora, load_policy
 from ..models.lora import LoraSettings
 from ..models.quantization import QuantizationSettings, check_quantization, take_quant_state
 
@@ -48,32 +49,18 @@ class PolicyMixin:
         if self.policy is None:
             self.policy = self._load_policy()
         elif self.lora is not None and not hasattr(self.policy, "disable_adapter"):
-            self.policy = self._apply_lora(self.policy)
+            self.policy = apply_lora(self.policy, self.lora)
         if self.hparams.gradient_checkpointing and hasattr(self.policy, "gradient_checkpointing_enable"):
             self.policy.gradient_checkpointing_enable()
         self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
 
     def _load_policy(self) -> nn.Module:
-        from transformers import AutoModelForCausalLM
-
-        source = self.model_source
-        if source is None:
+        if self.model_source is None:
             from ..models.tiny import tiny_model_dir
 
-            source = self.model_source = str(tiny_model_dir())
-        if self.quantization is not None:
-            from ..models.quantization import load_quantized
-
-            device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
-            policy = load_quantized(source, self.hparams.dtype, self.quantization, device)
-        else:
-            policy = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, self.hparams.dtype))
-        return self._apply_lora(policy) if self.lora is not None else policy
-
-    def _apply_lora(self, policy: nn.Module) -> nn.Module:
-        from peft import get_peft_model
-
-        return get_peft_model(policy, self.lora.to_peft())
+            self.model_source = str(tiny_model_dir())
+        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+        return load_policy(self.model_source, self.hparams.dtype, self.lora, self.quantization, device)
 
     def precision_context(self):
         """The trainer's autocast context (training_step's), so no-grad forwards match the trained log-probs."""

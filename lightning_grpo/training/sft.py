@@ -21,7 +21,6 @@ full logits never exist) apply unchanged.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Literal
 
 import lightning as L
@@ -33,7 +32,8 @@ from ..core.batch import RolloutBatch, position_ids
 from ..models.lora import LoraSettings
 from ..models.quantization import QuantizationSettings
 from .metrics import total_grad_norm
-from .packing import PackingMode, choose_plan, packed_token_logprobs, padded_token_logprobs
+from .forward import layout_token_logprobs
+from .packing import PackingMode
 from .policy import PolicyMixin
 
 
@@ -88,12 +88,8 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     def token_logprobs(self, batch: RolloutBatch) -> Tensor:
         """[B, L-1] log-probs of tokens 1.. of each row, packed or padded as ``packing`` says."""
-        model = self.policy
-        chunked = self.hparams.logprob_path == "chunked_hidden"
-        chunked = chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
-        plan = choose_plan(model, batch, self.hparams.packing)
-        fn = padded_token_logprobs if plan is None else partial(packed_token_logprobs, plan=plan)
-        return fn(model, batch, chunked=chunked, compute_entropy=False, chunk_size=self.hparams.logprob_chunk_size).logp
+        return layout_token_logprobs(self.policy, batch, logprob_path=self.hparams.logprob_path, packing=self.hparams.packing,
+                                     prefix_sharing="off", chunk_size=self.hparams.logprob_chunk_size).logp
 
     def sft_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """(the loss this rank contributes, the assistant tokens of all ranks): the ranks' losses sum to
