@@ -67,6 +67,26 @@ def test_packing_equals_padded(tiny_model_path, logprob_path):
         torch.testing.assert_close(packed_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("logprob_path", ["chunked_hidden", "logits"])
+def test_validation_metrics_by_hand(tiny_model_path, logprob_path):
+    """val/loss, val/token_accuracy, val/accuracy: a row whose answer is the model's own greedy continuation
+    is all right, a row whose answer is another token is wrong; the loss is the token mean by hand."""
+    module = _module(tiny_model_path, logprob_path=logprob_path, logprob_chunk_size=2)
+    with torch.no_grad():
+        greedy = module.policy.generate(torch.tensor([[5, 6, 7, 15]]), max_new_tokens=3, do_sample=False, pad_token_id=0)[0].tolist()
+    wrong = [t + 1 if t < 40 else 5 for t in greedy[4:]]
+    rows = [{"input_ids": greedy, "loss_mask": [0, 0, 0, 0, 1, 1, 1]},
+            {"input_ids": greedy[:4] + wrong[:1], "loss_mask": [0, 0, 0, 0, 1]}]  # fmt: skip
+    batch = collate(rows, pad_id=0)
+    module.validation_step(batch, 0)
+    loss, tokens, right, rows_right, count = module._val_sums.tolist()
+    with torch.no_grad():
+        logits = module.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    nll = [-torch.log_softmax(logits[r, t - 1], -1)[batch["input_ids"][r, t]] for r, t in [(0, 4), (0, 5), (0, 6), (1, 4)]]
+    assert (tokens, right, rows_right, count) == (4, 3, 1, 2)
+    assert loss == pytest.approx(float(sum(nll)), rel=1e-5)
+
+
 def _fit(module, data, steps: int = 2) -> None:
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip

@@ -28,7 +28,8 @@ ROLLOUT_KEY = "rollout"
 ROLLOUT_DEFAULT = "lightning_grpo.RolloutCallback"
 EPILOG = (
     "The rollout options (--rollout.*) are listed at the end; another rollout class: --rollout.help CLASS. "
-    "Also: lightning-grpo export CHECKPOINT_OR_RUN_DIR --out DIR (a Hugging Face model folder), "
+    "Also: lightning-grpo sft fit -c recipes/sft_quickstart.yaml (supervised warm start), "
+    "lightning-grpo export CHECKPOINT_OR_RUN_DIR --out DIR (a Hugging Face model folder), "
     "lightning-grpo report RUN_DIR (plots and summarises a run)."
 )
 

@@ -113,15 +113,33 @@ class SFTModule(PolicyMixin, L.LightningModule):
     # ----------------------------------------------------------------------- validation
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         """Summed over the validation set: the loss and greedy accuracies on the assistant tokens."""
-        ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:]  # [B, L], [B, L-1]
-        logits = self.policy(input_ids=ids, attention_mask=batch["attention_mask"], position_ids=position_ids(batch["attention_mask"])).logits
-        logits = logits[:, :-1].float()  # [B, L-1, V] predict tokens 1..
-        targets = ids[:, 1:]  # [B, L-1]
-        nll = -torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)  # [B, L-1]
-        right = (logits.argmax(-1) == targets).float() * mask  # [B, L-1]
-        rows_right = (right.sum(1) == mask.sum(1)).float()  # [B] every assistant token right
-        sums = torch.stack([(nll * mask).sum(), mask.sum(), right.sum(), rows_right.sum(), rows_right.new_tensor(len(ids))])
+        ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:].bool()  # [B, L], [B, L-1]
+        targets = ids[:, 1:][mask]  # [N] the assistant tokens
+        nll, right = [], []
+        for logits, chunk in self._assistant_logits(batch, mask):  # [n, V] predicting targets[chunk]
+            logits = logits.float()
+            nll.append(-torch.log_softmax(logits, -1).gather(-1, targets[chunk, None]).squeeze(-1))  # [n]
+            right.append(logits.argmax(-1) == targets[chunk])  # [n]
+        nll, right = torch.cat(nll), torch.cat(right)  # [N] each
+        wrong_rows = torch.zeros(len(ids), device=ids.device).index_add_(0, mask.nonzero()[:, 0], (~right).float())  # [B]
+        rows_right = (wrong_rows == 0).float().sum()  # every assistant token of the row right
+        sums = torch.stack([nll.sum(), nll.new_tensor(len(nll)), right.float().sum(), rows_right, nll.new_tensor(len(ids))])
         self._val_sums = sums if self._val_sums is None else self._val_sums + sums
+
+    def _assistant_logits(self, batch: dict[str, Tensor], mask: Tensor):
+        """``(logits [n, V], slice)`` of the assistant tokens, a chunk at a time: the decoder once, then the LM
+        head on the assistant positions only (``logprob_path="logits"``, or a model without a decoder / LM
+        head: the model's own logits)."""
+        model, attention = self.policy, batch["attention_mask"]
+        kwargs = dict(input_ids=batch["input_ids"], attention_mask=attention, position_ids=position_ids(attention))
+        chunked = self.hparams.logprob_path == "chunked_hidden"
+        if not (chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
+            yield model(**kwargs).logits[:, :-1][mask], slice(None)  # [N, V]
+            return
+        hidden = model.get_decoder()(**kwargs, use_cache=False).last_hidden_state[:, :-1][mask]  # [N, H]
+        head, size = model.get_output_embeddings(), self.hparams.logprob_chunk_size
+        for start in range(0, len(hidden), size):
+            yield head(hidden[start : start + size]), slice(start, start + size)
 
     def on_validation_epoch_end(self) -> None:
         if self._val_sums is None:
