@@ -143,3 +143,31 @@ def test_sft_then_export_then_grpo(tiny_model_path, tmp_path, monkeypatch):
                      "--rollout.engine", "hf", "--rollout.vllm_args", "{}", "--trainer.max_steps", "1"], run=False)  # fmt: skip
     cli.trainer.fit(cli.model, cli.datamodule)
     assert cli.model.model_source == str(tmp_path / "sft_model") and cli.trainer.global_step == 1
+
+
+def test_grpo_model_from_an_sft_checkpoint(tiny_model_path, tmp_path, monkeypatch):
+    """``model.model`` naming the SFT run folder (or its last.ckpt): exported once next to the checkpoint,
+    the same tensors as ``lightning-grpo export``; a file that is no checkpoint is one error naming model.model."""
+    from safetensors.torch import load_file
+
+    from lightning_grpo import GRPOModule
+    from lightning_grpo.models.export import load_checkpoint
+
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
+    run = tmp_path / "runs"
+    _cli(["sft", "fit", "-c", str(ROOT / "recipes/sft_quickstart.yaml"), "--trainer.logger.init_args.save_dir", str(run),
+          "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0"])  # fmt: skip
+    checkpoint = run / "sft_quickstart/version_0/checkpoints/last.ckpt"
+    module = GRPOModule(model=str(run / "sft_quickstart"))
+    assert module.model_source == str(checkpoint.parent / "last_model")
+    folder_time = Path(module.model_source).stat().st_mtime
+    assert GRPOModule(model=str(checkpoint)).model_source == module.model_source  # up to date: not written again
+    assert Path(module.model_source).stat().st_mtime == folder_time
+    weights, _, _ = load_checkpoint(checkpoint)
+    exported = load_file(Path(module.model_source) / "model.safetensors")
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in exported.items())
+    module.configure_model()
+    assert torch.equal(module.policy.model.embed_tokens.weight, weights["model.embed_tokens.weight"])
+    (tmp_path / "notes.txt").write_text("not a checkpoint")
+    with pytest.raises(ValueError, match=r"model.model: .*notes.txt is not a Lightning checkpoint"):
+        GRPOModule(model=str(tmp_path / "notes.txt"))

@@ -42,7 +42,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     Args:
         model: a Hugging Face model directory / hub name for ``AutoModelForCausalLM``, or an
-            already-built ``nn.Module`` (drop-in use). None: the built-in tiny model.
+            already-built ``nn.Module`` (drop-in use), or a checkpoint / run folder (an SFT run: exported
+            once next to it, :mod:`lightning_grpo.models.checkpoint_source`). None: the built-in tiny model.
         loss: the composed objective (:class:`~lightning_grpo.core.GRPOLoss`); default GRPO
             with PPO clipping and token-mean aggregation, beta 0.
         advantage: advantage estimator by name (``ADVANTAGES``: grpo, dr_grpo, rloo, qae, ...).

@@ -33,13 +33,15 @@ class PolicyMixin:
     def _init_policy(self, model: str | nn.Module | None, lora: LoraSettings | dict | None,
                      quantization: QuantizationSettings | None, optimizer: Any, lr_scheduler: Any) -> None:  # fmt: skip
         """Keep the settings; nothing is loaded before ``configure_model``."""
+        from ..models.checkpoint_source import model_folder_of
         from ..models.tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
 
         if isinstance(lora, dict):  # LightningCLI / hparams hand the settings over as a dict
             lora = LoraSettings(**lora)
         self.lora = lora
         self.quantization = check_quantization(quantization, lora is not None, model)
-        self.model_source = builtin_model_path(model) if isinstance(model, str) or model is None else None
+        # a checkpoint or run folder (an SFT run): exported once into a model folder next to it
+        self.model_source = model_folder_of(builtin_model_path(model)) if isinstance(model, str) or model is None else None
         self.policy = model if isinstance(model, nn.Module) else None
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler

@@ -41,7 +41,8 @@ class SFTModule(PolicyMixin, L.LightningModule):
     """Supervised fine-tuning on assistant tokens, with GRPOModule's policy building.
 
     Args:
-        model: a Hugging Face model directory / hub name, an ``nn.Module``, or None (the built-in tiny model).
+        model: a Hugging Face model directory / hub name, an ``nn.Module``, a checkpoint / run folder
+            (:mod:`lightning_grpo.models.checkpoint_source`), or None (the built-in tiny model).
         lora: LoRA settings, or None for full fine-tuning.
         quantization: QLoRA: the base model's linear layers in 4 bits (needs ``lora`` and a model path).
         dtype: dtype to load a model path in.
