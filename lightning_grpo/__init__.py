@@ -15,6 +15,8 @@ __version__ = "0.1.0.dev0"
 
 _LAZY = {
     "GRPOModule": "lightning_grpo.training.module",
+    "SFTModule": "lightning_grpo.training.sft",
+    "SFTDataModule": "lightning_grpo.data.sft",
     "LoraSettings": "lightning_grpo.models.lora",
     "QuantizationSettings": "lightning_grpo.models.quantization",
     "RolloutCallback": "lightning_grpo.callbacks.rollout",

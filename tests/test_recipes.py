@@ -22,7 +22,8 @@ import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+#: The GRPO recipes (``lightning-grpo fit``); the SFT ones (``sft_*.yaml``, ``lightning-grpo sft fit``): tests/test_sft_recipes.py.
+RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if not p.stem.startswith("sft_"))
 IDS = [p.stem for p in RECIPES]
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 #: Policy losses that report ratio and clip fractions (``ppo``-style).

@@ -1,10 +1,11 @@
 """``lightning-grpo`` / ``python -m lightning_grpo``: LightningCLI over GRPOModule and PromptDataModule,
-plus ``export``, ``serve`` and ``report``.
+plus ``sft`` (SFTModule and SFTDataModule, cli/sft.py), ``export``, ``serve`` and ``report``.
 
     lightning-grpo fit -c recipes/quickstart.yaml
     lightning-grpo fit -c recipes/grpo.yaml --trainer.max_steps 50 --rollout.sampling.n 16
     lightning-grpo fit --print_config                      # every option with its default
     lightning-grpo validate -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
+    lightning-grpo sft fit -c recipes/sft_quickstart.yaml  # supervised warm start (SFTModule, cli/sft.py)
     lightning-grpo export runs/quickstart --out my-model   # a Hugging Face model folder (models/export.py)
     lightning-grpo serve my-model                          # vLLM's OpenAI-compatible server on it (cli/serve.py)
     lightning-grpo report runs/quickstart                  # dashboard PNG + summary of a run (cli/report.py)
@@ -44,9 +45,9 @@ def build_cli(args: list[str] | None = None, run: bool = True, cli_class=GRPOCLI
 
 
 def main(args: list[str] | None = None) -> int | None:
-    """``report``, ``export`` and ``serve`` go to their own commands (a failure exits with its status);
-    everything else to the LightningCLI (``args`` None: ``sys.argv``). A configuration error found
-    before training is printed as one line (exit status 2)."""
+    """``report``, ``export`` and ``serve`` go to their own commands (a failure exits with its status),
+    ``sft ...`` to the SFT LightningCLI (cli/sft.py); everything else to the LightningCLI (``args``
+    None: ``sys.argv``). A configuration error found before training is printed as one line (exit status 2)."""
     argv = sys.argv[1:] if args is None else list(args)
     _current_directory_importable()
     quiet_expected_messages()
@@ -62,7 +63,13 @@ def main(args: list[str] | None = None) -> int | None:
             raise SystemExit(status)
         return status
     try:
-        build_cli(args)
+        if argv[:1] == ["sft"]:
+            from .sft import build_sft_cli
+
+            _prepare_environment()
+            build_sft_cli(argv[1:])
+        else:
+            build_cli(args)
     except Exception as err:  # noqa: BLE001 - only the marked ones: errors in training keep their traceback
         if not is_marked(err):
             raise

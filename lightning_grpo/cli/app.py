@@ -28,7 +28,8 @@ ROLLOUT_KEY = "rollout"
 ROLLOUT_DEFAULT = "lightning_grpo.RolloutCallback"
 EPILOG = (
     "The rollout options (--rollout.*) are listed at the end; another rollout class: --rollout.help CLASS. "
-    "Also: lightning-grpo export CHECKPOINT_OR_RUN_DIR --out DIR (a Hugging Face model folder), "
+    "Also: lightning-grpo sft fit -c recipes/sft_quickstart.yaml (supervised warm start), "
+    "lightning-grpo export CHECKPOINT_OR_RUN_DIR --out DIR (a Hugging Face model folder), "
     "lightning-grpo report RUN_DIR (plots and summarises a run)."
 )
 
@@ -115,6 +116,10 @@ class GRPOCLI(LightningCLI):
 
         parser.add_lightning_class_args(RolloutCallback, ROLLOUT_KEY, subclass_mode=True, required=False)
         parser.set_defaults({ROLLOUT_KEY: {"class_path": ROLLOUT_DEFAULT}})
+        self.add_common_arguments(parser)
+
+    def add_common_arguments(self, parser: LightningArgumentParser) -> None:
+        """``--model.model`` as a path, and ``--distributed_timeout`` (also the ``sft`` command's)."""
         _plain_model_option(parser)
         parser.add_argument(
             "--distributed_timeout", type=PositiveFloat, default=DEFAULT_TIMEOUT_S,
@@ -215,8 +220,10 @@ class GRPOCLI(LightningCLI):
         return any(any(folder.glob("last*.ckpt")) for folder in folders if folder.is_dir())
 
 
-def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = GRPOCLI) -> LightningCLI:
-    """The CLI over GRPOModule and PromptDataModule (``run=False``: parse and instantiate only)."""
+def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = GRPOCLI,
+              model_class: type | None = None, datamodule_class: type | None = None, epilog: str = EPILOG) -> LightningCLI:  # fmt: skip
+    """The CLI over GRPOModule and PromptDataModule, or ``model_class`` and ``datamodule_class`` (the
+    ``sft`` command's; ``run=False``: parse and instantiate only)."""
     from jsonargparse import set_parsing_settings
 
     from ..data.datamodule import PromptDataModule
@@ -224,12 +231,12 @@ def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[L
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docstrings in --help
     return cli_class(
-        GRPOModule,
-        PromptDataModule,
+        model_class or GRPOModule,
+        datamodule_class or PromptDataModule,
         subclass_mode_model=False,
         subclass_mode_data=False,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"epilog": EPILOG},
+        parser_kwargs={"epilog": epilog},
         parser_class=GRPOArgumentParser,
         args=args,
         run=run,

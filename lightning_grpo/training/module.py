@@ -27,22 +27,23 @@ from ..core.batch import RolloutBatch, micro_step
 from ..core.guards import NonFiniteError
 from ..core.kl import kl_penalty_in_reward
 from ..models.fsdp import fsdp_units, shard_policy
-from ..models.loading import apply_lora, load_policy
 from ..models.lora import LoraSettings
-from ..models.quantization import QuantizationSettings, check_quantization, take_quant_state
+from ..models.quantization import QuantizationSettings
 from .distill import DistillContext, Distiller, DistillSettings
 from .forward import layout_token_logprobs
 from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
 from .packing import PackingMode
 from .prefix import PrefixSharingMode
+from .policy import PolicyMixin
 
 
-class GRPOModule(L.LightningModule):
+class GRPOModule(PolicyMixin, L.LightningModule):
     """Policy, optional reference and the GRPO-family objective.
 
     Args:
         model: a Hugging Face model directory / hub name for ``AutoModelForCausalLM``, or an
-            already-built ``nn.Module`` (drop-in use). None: the built-in tiny model.
+            already-built ``nn.Module`` (drop-in use), or a checkpoint / run folder (an SFT run: exported
+            once next to it, :mod:`lightning_grpo.models.checkpoint_source`). None: the built-in tiny model.
         loss: the composed objective (:class:`~lightning_grpo.core.GRPOLoss`); default GRPO
             with PPO clipping and token-mean aggregation, beta 0.
         advantage: advantage estimator by name (``ADVANTAGES``: grpo, dr_grpo, rloo, qae, ...).
@@ -112,20 +113,11 @@ class GRPOModule(L.LightningModule):
             raise ValueError(
                 f"num_iterations and steps_per_generation must be >= 1, got {num_iterations}, {steps_per_generation}"
             )
-        if isinstance(lora, dict):  # LightningCLI / hparams hand the settings over as a dict
-            lora = LoraSettings(**lora)
-        self.lora = lora
         self.distiller = Distiller.of(distillation, self._distill_context())  # None without distillation
         if reference == "adapter" and lora is None:
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
-        self.quantization = check_quantization(quantization, lora is not None, model)
-        from ..models.tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
-
-        self.model_source = builtin_model_path(model) if isinstance(model, str) or model is None else None
-        self.policy: nn.Module | None = model if isinstance(model, nn.Module) else None
+        self._init_policy(model, lora, quantization, optimizer, lr_scheduler)  # lightning_grpo.training.policy
         self.reference: nn.Module | None = None
-        self.optimizer_factory = optimizer
-        self.lr_scheduler_factory = lr_scheduler
         self.rollout_batch: RolloutBatch | None = None
         self.rollout_metrics: dict[str, float] = {}
         #: ``(module, records) -> metrics`` for held-out prompts; RolloutCallback sets it.
@@ -152,13 +144,7 @@ class GRPOModule(L.LightningModule):
         return "adapter" if self.lora is not None else "copy"
 
     def configure_model(self) -> None:
-        if self.policy is None:
-            self.policy = self._load_policy()
-        elif self.lora is not None and not hasattr(self.policy, "disable_adapter"):
-            self.policy = apply_lora(self.policy, self.lora)
-        if self.hparams.gradient_checkpointing and hasattr(self.policy, "gradient_checkpointing_enable"):
-            self.policy.gradient_checkpointing_enable()
-        self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
+        self._build_policy()  # loaded, LoRA / QLoRA, gradient checkpointing (lightning_grpo.training.policy)
         if self.reference_mode == "copy" and self.reference is None:
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.distiller is not None:  # teachers loaded and checked against the tokenizer before training
@@ -173,14 +159,6 @@ class GRPOModule(L.LightningModule):
             dp_mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
             for model in filter(None, (self.policy, self.reference)):
                 shard_policy(model, dp_mesh)
-
-    def _load_policy(self) -> nn.Module:
-        if self.model_source is None:
-            from ..models.tiny import tiny_model_dir
-
-            self.model_source = str(tiny_model_dir())
-        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
-        return load_policy(self.model_source, self.hparams.dtype, self.lora, self.quantization, device)
 
     def setup(self, stage: str) -> None:
         """Fail fast when torch.distributed was initialised before Lightning's launcher ran (e.g. by a
@@ -204,10 +182,6 @@ class GRPOModule(L.LightningModule):
         return layout_token_logprobs(model, batch, logprob_path=self.hparams.logprob_path, packing=self.hparams.packing,
                                      prefix_sharing=self.hparams.prefix_sharing,
                                      chunk_size=self.hparams.logprob_chunk_size, compute_entropy=compute_entropy)
-
-    def precision_context(self):
-        """The trainer's autocast context (training_step's), so no-grad forwards match the trained log-probs."""
-        return self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
 
     @torch.no_grad()
     def forward_logprobs(self, model: nn.Module, batch: RolloutBatch, rows_per_pass: int) -> Tensor:
@@ -328,12 +302,6 @@ class GRPOModule(L.LightningModule):
                               micro_step=lambda rows, i: micro_step(rows, i, self.hparams.steps_per_generation,
                                                                     self.trainer.accumulate_grad_batches))  # fmt: skip
 
-    def _global_sum(self, value: Tensor) -> Tensor:
-        value = value.to(self.device, torch.float32)
-        if self.trainer.world_size > 1:
-            value = self.trainer.strategy.reduce(value.clone(), reduce_op="sum")
-        return value
-
     # -------------------------------------------------------------- optimizer step, guards
     def skip_optimizer_step(self, reason: str) -> None:
         """Drop the gradients of the current optimizer step instead of applying them (guards call
@@ -376,21 +344,9 @@ class GRPOModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Also store what ``lightning-grpo export`` needs besides the weights (config, tokenizer files, LoRA)."""
-        from ..models.export import EXPORT_KEY, export_info
-
         checkpoint["grpo_skipped_steps"] = self.skipped_steps
-        datamodule = self.trainer.datamodule if self._trainer is not None else None
-        if self.policy is not None:
-            checkpoint[EXPORT_KEY] = export_info(self, getattr(datamodule, "tokenizer", None))
+        self._save_export_info(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))
-        if self.quantization is not None and self.policy is not None:  # QLoRA: the 4-bit state is rebuilt, not loaded
-            take_quant_state(checkpoint["state_dict"], self)
-
-    def configure_optimizers(self):
-        params = [p for p in self.policy.parameters() if p.requires_grad]
-        optimizer = self.optimizer_factory(params)
-        if self.lr_scheduler_factory is None:
-            return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "step"}}
+        self._load_quant_state(checkpoint)

@@ -1,0 +1,36 @@
+"""``lightning-grpo sft``: supervised fine-tuning, the warm start before GRPO (docs/sft.md).
+
+A second LightningCLI over :class:`~lightning_grpo.training.sft.SFTModule` (``model``) and
+:class:`~lightning_grpo.data.sft.SFTDataModule` (``data``), with GRPO's parser (one-line errors),
+``--ckpt_path last`` and data checks before the run folder is written, and no ``rollout`` section:
+
+    lightning-grpo sft fit -c recipes/sft_quickstart.yaml
+    lightning-grpo export runs/sft_quickstart --out runs/sft_quickstart_model
+    lightning-grpo fit -c recipes/quickstart.yaml --model.model runs/sft_quickstart_model
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from .app import GRPOCLI, build_cli
+
+EPILOG = (
+    "Then: lightning-grpo export RUN_DIR --out DIR, and a GRPO recipe with --model.model DIR "
+    "(lightning-grpo fit -c recipes/quickstart.yaml --model.model DIR)."
+)
+
+
+class SFTCLI(GRPOCLI):
+    """GRPOCLI without the rollout section, over SFTModule and SFTDataModule."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        self.add_common_arguments(parser)
+
+
+def build_sft_cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = SFTCLI) -> LightningCLI:
+    """The ``sft`` command's CLI (``run=False``: parse and instantiate only)."""
+    from ..data.sft import SFTDataModule
+    from ..training.sft import SFTModule
+
+    return build_cli(args, run, cli_class, SFTModule, SFTDataModule, EPILOG)

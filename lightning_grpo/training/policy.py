@@ -1,0 +1,95 @@
+"""The policy of a LightningModule, built one way for every module that trains one (GRPOModule, SFTModule).
+
+:class:`PolicyMixin` holds what both modules share: the model source (a model folder / hub id, an
+``nn.Module``, or the built-in tiny model), the load dtype, LoRA (:mod:`lightning_grpo.models.lora`),
+QLoRA (:mod:`lightning_grpo.models.quantization`), gradient checkpointing, the trainer's precision
+context, the optimizer / scheduler callables, and what a checkpoint stores for ``lightning-grpo export``
+(:func:`~lightning_grpo.models.export.export_info`; the 4-bit state rebuilt on load). A module calls
+:meth:`PolicyMixin._init_policy` in ``__init__`` (after ``save_hyperparameters``, which must hold
+``dtype`` and ``gradient_checkpointing``) and :meth:`PolicyMixin._build_policy` in ``configure_model``.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..models.loading import apply_lora, load_policy
+from ..models.lora import LoraSettings
+from ..models.quantization import QuantizationSettings, check_quantization, take_quant_state
+
+
+class PolicyMixin:
+    """The policy's source, LoRA / QLoRA settings, loading, optimizer and export info (see the module docstring)."""
+
+    lora: LoraSettings | None
+    quantization: QuantizationSettings | None
+    model_source: str | None
+    policy: nn.Module | None
+
+    def _init_policy(self, model: str | nn.Module | None, lora: LoraSettings | dict | None,
+                     quantization: QuantizationSettings | None, optimizer: Any, lr_scheduler: Any) -> None:  # fmt: skip
+        """Keep the settings; nothing is loaded before ``configure_model``."""
+        from ..models.checkpoint_source import model_folder_of
+        from ..models.tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
+
+        if isinstance(lora, dict):  # LightningCLI / hparams hand the settings over as a dict
+            lora = LoraSettings(**lora)
+        self.lora = lora
+        self.quantization = check_quantization(quantization, lora is not None, model)
+        # a checkpoint or run folder (an SFT run): exported once into a model folder next to it
+        self.model_source = model_folder_of(builtin_model_path(model)) if isinstance(model, str) or model is None else None
+        self.policy = model if isinstance(model, nn.Module) else None
+        self.optimizer_factory = optimizer
+        self.lr_scheduler_factory = lr_scheduler
+
+    def _build_policy(self) -> None:
+        """Load (or wrap) the policy once, enable gradient checkpointing, and put it in train mode."""
+        if self.policy is None:
+            self.policy = self._load_policy()
+        elif self.lora is not None and not hasattr(self.policy, "disable_adapter"):
+            self.policy = apply_lora(self.policy, self.lora)
+        if self.hparams.gradient_checkpointing and hasattr(self.policy, "gradient_checkpointing_enable"):
+            self.policy.gradient_checkpointing_enable()
+        self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
+
+    def _load_policy(self) -> nn.Module:
+        if self.model_source is None:
+            from ..models.tiny import tiny_model_dir
+
+            self.model_source = str(tiny_model_dir())
+        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+        return load_policy(self.model_source, self.hparams.dtype, self.lora, self.quantization, device)
+
+    def precision_context(self):
+        """The trainer's autocast context (training_step's), so no-grad forwards match the trained log-probs."""
+        return self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
+
+    def _save_export_info(self, checkpoint: dict[str, Any]) -> None:
+        """Store what ``lightning-grpo export`` needs besides the weights (config, tokenizer files, LoRA)."""
+        from ..models.export import EXPORT_KEY, export_info
+
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if self.policy is not None:
+            checkpoint[EXPORT_KEY] = export_info(self, getattr(datamodule, "tokenizer", None))
+
+    def _load_quant_state(self, checkpoint: dict[str, Any]) -> None:
+        if self.quantization is not None and self.policy is not None:  # QLoRA: the 4-bit state is rebuilt, not loaded
+            take_quant_state(checkpoint["state_dict"], self)
+
+    def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` summed over the ranks (float32, on this module's device)."""
+        value = value.to(self.device, torch.float32)
+        if self._trainer is not None and self.trainer.world_size > 1:
+            value = self.trainer.strategy.reduce(value.clone(), reduce_op="sum")
+        return value
+
+    def configure_optimizers(self):
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        optimizer = self.optimizer_factory(params)
+        if self.lr_scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "step"}}

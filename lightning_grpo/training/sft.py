@@ -1,0 +1,158 @@
+"""SFTModule: supervised fine-tuning of the policy, the warm start before GRPO (docs/sft.md).
+
+The policy is built exactly as :class:`~lightning_grpo.training.module.GRPOModule` builds it
+(:class:`~lightning_grpo.training.policy.PolicyMixin`: model path / ``nn.Module`` / the built-in tiny
+model, dtype, LoRA, QLoRA, gradient checkpointing, optimizer), and a checkpoint stores the same export
+information, so ``lightning-grpo export runs/<sft run>`` writes the folder a GRPO recipe takes as
+``model.model``.
+
+The loss is the token mean of the cross-entropy over the assistant tokens (``loss_mask``, from
+:class:`~lightning_grpo.data.sft.SFTDataModule`) of a training step's batch, over all ranks::
+
+    loss = - sum_{b, t} mask[b, t] * log p(x[b, t] | x[b, <t]) / sum_{b, t} mask[b, t]
+
+With ``accumulate_grad_batches`` > 1 each micro-batch is such a token mean and Lightning averages them
+(TRL's per-device mean, not one token mean over the optimizer step). The token log-probs come from the
+same forward layouts as GRPO's (:mod:`lightning_grpo.training.packing`): a batch is a
+:class:`~lightning_grpo.core.batch.RolloutBatch` whose "prompt" is its first token and whose
+"completion" is the rest, so ``packing`` (padding-free rows) and ``logprob_path="chunked_hidden"`` (the
+full logits never exist) apply unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor, nn
+
+from ..core.batch import RolloutBatch, position_ids
+from ..models.lora import LoraSettings
+from ..models.quantization import QuantizationSettings
+from .metrics import total_grad_norm
+from .forward import layout_token_logprobs
+from .packing import PackingMode
+from .policy import PolicyMixin
+
+
+class SFTModule(PolicyMixin, L.LightningModule):
+    """Supervised fine-tuning on assistant tokens, with GRPOModule's policy building.
+
+    Args:
+        model: a Hugging Face model directory / hub name, an ``nn.Module``, a checkpoint / run folder
+            (:mod:`lightning_grpo.models.checkpoint_source`), or None (the built-in tiny model).
+        lora: LoRA settings, or None for full fine-tuning.
+        quantization: QLoRA: the base model's linear layers in 4 bits (needs ``lora`` and a model path).
+        dtype: dtype to load a model path in.
+        logprob_path: "chunked_hidden" (decoder, then the LM head in chunks) or "logits" (the model's forward).
+        logprob_chunk_size: rows of the LM head computed at once.
+        packing: padding-free packed rows ("auto": when they save at least a quarter; "on" / "off").
+        gradient_checkpointing: recompute activations in backward.
+        optimizer / lr_scheduler: LightningCLI-style callables.
+    """
+
+    def __init__(
+        self,
+        model: str | nn.Module | None = None,
+        lora: LoraSettings | None = None,
+        quantization: QuantizationSettings | None = None,
+        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+        logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
+        logprob_chunk_size: int = 1024,
+        packing: PackingMode = "auto",
+        gradient_checkpointing: bool = False,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["model", "optimizer", "lr_scheduler"])
+        if packing not in ("auto", "on", "off"):
+            raise ValueError(f"SFTModule packing must be 'auto', 'on' or 'off', got {packing!r}")
+        self._init_policy(model, lora, quantization, optimizer, lr_scheduler)
+        self._val_sums: Tensor | None = None  # [4] loss sum, tokens, right tokens, right rows / rows (see validation)
+
+    def configure_model(self) -> None:
+        if self.device_mesh is not None:
+            raise NotImplementedError("SFTModule does not shard with FSDP2 (ModelParallelStrategy): use strategy ddp or one device")
+        self._build_policy()
+
+    # ----------------------------------------------------------------------------- loss
+    @staticmethod
+    def as_rollout_batch(batch: dict[str, Tensor]) -> RolloutBatch:
+        """The batch as GRPO's forward layouts take it: "prompt" = the first token, "completion" = the rest."""
+        ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]  # [B, L] each
+        targets = mask[:, 1:].float()  # [B, L-1] the tokens that enter the loss
+        zeros = torch.zeros_like(targets)
+        return RolloutBatch(ids, attention, targets, zeros[:, 0], zeros, prompt_length=1, group_size=1, temperature=1.0)
+
+    def token_logprobs(self, batch: RolloutBatch) -> Tensor:
+        """[B, L-1] log-probs of tokens 1.. of each row, packed or padded as ``packing`` says."""
+        return layout_token_logprobs(self.policy, batch, logprob_path=self.hparams.logprob_path, packing=self.hparams.packing,
+                                     prefix_sharing="off", chunk_size=self.hparams.logprob_chunk_size).logp
+
+    def sft_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(the loss this rank contributes, the assistant tokens of all ranks): the ranks' losses sum to
+        the token-mean cross-entropy over every rank's assistant tokens."""
+        rollout = self.as_rollout_batch(batch)
+        logp = self.token_logprobs(rollout)  # [B, L-1]
+        tokens = self._global_sum(rollout.completion_mask.sum())
+        return -(logp * rollout.completion_mask).sum() / tokens.clamp(min=1), tokens
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss, tokens = self.sft_loss(batch)
+        world = self.trainer.world_size
+        logged = self._global_sum(loss.detach()) if world > 1 else loss.detach()
+        self.log_dict({"train/loss": logged, "train/tokens": tokens}, batch_size=len(batch["input_ids"]), on_step=True, on_epoch=False)
+        self.log("loss", logged, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        return loss * world  # DDP averages the ranks' gradients: undo it, the loss is normalised globally
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.log("train/grad_norm", float(total_grad_norm(self.policy.parameters())), batch_size=1, on_step=True, on_epoch=False)
+
+    # ----------------------------------------------------------------------- validation
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        """Summed over the validation set: the loss and greedy accuracies on the assistant tokens."""
+        ids, mask = batch["input_ids"], batch["loss_mask"][:, 1:].bool()  # [B, L], [B, L-1]
+        targets = ids[:, 1:][mask]  # [N] the assistant tokens
+        nll, right = [], []
+        for logits, chunk in self._assistant_logits(batch, mask):  # [n, V] predicting targets[chunk]
+            logits = logits.float()
+            nll.append(-torch.log_softmax(logits, -1).gather(-1, targets[chunk, None]).squeeze(-1))  # [n]
+            right.append(logits.argmax(-1) == targets[chunk])  # [n]
+        nll, right = torch.cat(nll), torch.cat(right)  # [N] each
+        wrong_rows = torch.zeros(len(ids), device=ids.device).index_add_(0, mask.nonzero()[:, 0], (~right).float())  # [B]
+        rows_right = (wrong_rows == 0).float().sum()  # every assistant token of the row right
+        sums = torch.stack([nll.sum(), nll.new_tensor(len(nll)), right.float().sum(), rows_right, nll.new_tensor(len(ids))])
+        self._val_sums = sums if self._val_sums is None else self._val_sums + sums
+
+    def _assistant_logits(self, batch: dict[str, Tensor], mask: Tensor):
+        """``(logits [n, V], slice)`` of the assistant tokens, a chunk at a time: the decoder once, then the LM
+        head on the assistant positions only (``logprob_path="logits"``, or a model without a decoder / LM
+        head: the model's own logits)."""
+        model, attention = self.policy, batch["attention_mask"]
+        kwargs = dict(input_ids=batch["input_ids"], attention_mask=attention, position_ids=position_ids(attention))
+        chunked = self.hparams.logprob_path == "chunked_hidden"
+        if not (chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
+            yield model(**kwargs).logits[:, :-1][mask], slice(None)  # [N, V]
+            return
+        hidden = model.get_decoder()(**kwargs, use_cache=False).last_hidden_state[:, :-1][mask]  # [N, H]
+        head, size = model.get_output_embeddings(), self.hparams.logprob_chunk_size
+        for start in range(0, len(hidden), size):
+            yield head(hidden[start : start + size]), slice(start, start + size)
+
+    def on_validation_epoch_end(self) -> None:
+        if self._val_sums is None:
+            return
+        loss, tokens, right, rows_right, rows = self._global_sum(self._val_sums).tolist()
+        self._val_sums = None
+        metrics = {"val/loss": loss / max(tokens, 1), "val/token_accuracy": right / max(tokens, 1), "val/accuracy": rows_right / max(rows, 1)}
+        self.log_dict(metrics, batch_size=1, on_step=False, on_epoch=True)
+
+    # -------------------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._save_export_info(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._load_quant_state(checkpoint)
