@@ -54,8 +54,12 @@ def ragged_batch(rows: int, vocab: int, min_len: int, max_len: int, seed: int):
 
 
 def timed(fn) -> float:
+    """Seconds of ``fn()``, the device's queued work included (CUDA)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
     start = time.perf_counter()
     fn()
+    sync()
     return time.perf_counter() - start
 
 

@@ -24,13 +24,12 @@ import argparse
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_packing import log_uniform_lengths  # noqa: E402
+from bench_packing import log_uniform_lengths, timed  # noqa: E402
 from bench_step import SIZES, versions, write_section  # noqa: E402
 
 SECTION = "## Shared-prefix forwards: long prompts"
@@ -57,16 +56,6 @@ def grouped_batch(prompt: int, group: int, rows: int, vocab: int, seed: int, max
         prompt_length=prompt, group_size=group, temperature=1.0,
     )  # fmt: skip
     return batch, sum(comp) / len(comp)
-
-
-def timed(fn) -> float:
-    """Seconds of ``fn()``, the device's queued work included."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - start
 
 
 def measure(policy, batch, rounds: int, autocast=None) -> tuple[dict, dict]:

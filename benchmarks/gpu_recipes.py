@@ -30,6 +30,7 @@ its memory back while the trainer trains). Budget on the recipe's card = trainer
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import subprocess
@@ -113,7 +114,7 @@ class Probe(L.Callback):
 
 def derived_config(recipe: dict, model_dir: Path, data_file: Path, steps: int, out: Path, smoke: bool = False) -> dict:
     """The recipe with the changes the module docstring lists (and ``SMOKE``'s)."""
-    cfg = json.loads(json.dumps(recipe))
+    cfg = copy.deepcopy(recipe)
     trainer = cfg["trainer"]
     if smoke:
         trainer.update(SMOKE["trainer"])

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .checkpoints import ExportError, _is_distributed_checkpoint, find_checkpoint
+from .checkpoints import ExportError, is_distributed_checkpoint, find_checkpoint
 
 
 def is_checkpoint_source(path: Path) -> bool:
@@ -22,7 +22,7 @@ def is_checkpoint_source(path: Path) -> bool:
         return True
     if not path.is_dir() or (path / "config.json").is_file():
         return False
-    return (path / "checkpoints").is_dir() or any(path.glob("version_*")) or _is_distributed_checkpoint(path)
+    return (path / "checkpoints").is_dir() or any(path.glob("version_*")) or is_distributed_checkpoint(path)
 
 
 def model_folder_of(source: str | None) -> str | None:

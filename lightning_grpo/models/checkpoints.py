@@ -33,7 +33,7 @@ def locate_checkpoint(source: str | Path) -> tuple[Path, list[Path]]:
     path = Path(source)
     if not path.exists():
         raise ExportError(f"{path}: no such file or folder (expected a checkpoint or a run directory)")
-    if path.is_file() or _is_distributed_checkpoint(path):
+    if path.is_file() or is_distributed_checkpoint(path):
         if path.is_file() and not _is_torch_file(path):
             raise ExportError(f"{path} is not a Lightning checkpoint (expected a .ckpt file written by Trainer / ModelCheckpoint)")
         return path, []
@@ -61,7 +61,7 @@ def _checkpoint_in(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _is_distributed_checkpoint(path: Path) -> bool:
+def is_distributed_checkpoint(path: Path) -> bool:
     return path.is_dir() and (path / ".metadata").is_file()
 
 
