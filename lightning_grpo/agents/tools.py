@@ -19,11 +19,15 @@ from typing import Any, Callable
 from ..data.reward_set import CallExpired, call_with_timeout
 from .environment import Environment, Messages, Step, Turn
 
-#: transformers' response template for Qwen2 models (``transformers/cli/serving/utils.py``), thinking dropped.
+#: transformers' response template for Qwen2 / Qwen3 models (``transformers/cli/serving/utils.py``), with a
+#: ``<think>`` block parsed into ``reasoning_content`` (the key Qwen3's chat template renders back), so the answer an
+#: environment scores is the content after it: Qwen3's template trains a final answer as
+#: ``<think>\n\n</think>\n\n7<|im_end|>``.
 HERMES_RESPONSE_TEMPLATE: dict[str, Any] = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_start|>assistant\n",
     "fields": {
+        "reasoning_content": {"open": "<think>", "close": "</think>", "content": "text"},
         "tool_calls": {
             "open_pattern": r"\s*<tool_call>",
             "close": "</tool_call>",

@@ -52,14 +52,18 @@ def test_tool_schema_in_the_qwen3_system_block(qwen_tokenizer):
     assert text == TOOLS_BLOCK.format(schema=json.dumps(schema)) + user
 
 
-@pytest.mark.parametrize("before", ["", "Let me compute.\n", "<think>\nmultiply\n</think>\n\n"])
-def test_qwen3_tool_call_parses_and_runs(qwen_tokenizer, before):
-    """Sampled ids of a Qwen3-format call (the markers are single tokens) -> name, arguments, the result."""
+@pytest.mark.parametrize(
+    "before, content, thinking",
+    [("", "", None), ("Let me compute.\n", "Let me compute.", None), ("<think>\nmultiply\n</think>\n\n", "", "multiply")],
+)
+def test_qwen3_tool_call_parses_and_runs(qwen_tokenizer, before, content, thinking):
+    """Sampled ids of a Qwen3-format call (the markers are single tokens) -> name, arguments, the result; a
+    <think> block goes to ``thinking``, not into the content."""
     ids = ids_of(qwen_tokenizer, before + CALL)
     assert ids.count(TOOL_CALL) == 1 and ids[-1] == TOOL_CALL_END
     text = qwen_tokenizer.decode(ids, skip_special_tokens=False)
     message, error = parse_tool_calls(qwen_tokenizer, text)
-    assert error is None and message["content"] == before.strip()
+    assert error is None and message["content"] == content and message.get("reasoning_content") == thinking
     assert message["tool_calls"] == [{"type": "function", "function": {"name": "calculate", "arguments": {"expression": "(3 + 4) * 12"}}}]
     env = CalculatorEnv()
     env.tokenizer = qwen_tokenizer
@@ -151,3 +155,16 @@ def test_real_bpe_drift_trains_the_sampled_ids(qwen_tokenizer):
     assert tensors.rollout_logprobs[0, :n].tolist() == pytest.approx(out.logprobs[0][:n])
     env, answer = len(ids_of(tok, response("84"))), len(ids_of(tok, "84<|im_end|>"))
     assert tensors.completion_mask[0].tolist() == [1.0] * n + [0.0] * env + [1.0] * answer
+
+
+def test_qwen3_answer_after_an_empty_think_block_is_scored(qwen_tokenizer):
+    """Qwen3's template trains a final answer as ``<think>\\n\\n</think>\\n\\n7<|im_end|>`` (an SFT transcript's last
+    turn): the environment scores the content after the block, so such an answer is right."""
+    from lightning_grpo.agents.secret_digit import SecretDigitEnv
+
+    env = SecretDigitEnv(question="secret")
+    env.tokenizer = qwen_tokenizer
+    env.reset({}, seed=3)
+    ids = ids_of(qwen_tokenizer, f"<think>\n\n</think>\n\n{env.secret}<|im_end|>")
+    step = env.step(Turn(ids=ids, text=qwen_tokenizer.decode(ids, skip_special_tokens=False), index=1, finished=True))
+    assert step.done and step.reward == 1.0 and step.assistant["content"] == env.secret
