@@ -49,6 +49,14 @@ def test_loss_by_hand(tiny_model_path):
     torch.testing.assert_close(loss, torch.stack(nll).mean(), rtol=1e-6, atol=1e-6)
 
 
+def test_lm_head_starts_at_the_first_assistant_token():
+    """The tokens before the batch's first assistant token (a shared system prompt) are context only: the
+    LM head runs on the rest (with a 151k vocabulary the head is most of the step)."""
+    rollout = SFTModule.as_rollout_batch(_batch())
+    assert rollout.prompt_length == 3 and rollout.completion_mask.shape == (3, 6)
+    assert rollout.completion_mask.sum() == 8 and (rollout.input_ids[:, :3] != 0).all()  # no padding in the context
+
+
 @pytest.mark.parametrize("logprob_path", ["chunked_hidden", "logits"])
 def test_packing_equals_padded(tiny_model_path, logprob_path):
     """One packed row (block-diagonal attention from restarting positions) gives the padded loss and gradients."""

@@ -81,14 +81,19 @@ class SFTModule(PolicyMixin, L.LightningModule):
     # ----------------------------------------------------------------------------- loss
     @staticmethod
     def as_rollout_batch(batch: dict[str, Tensor]) -> RolloutBatch:
-        """The batch as GRPO's forward layouts take it: "prompt" = the first token, "completion" = the rest."""
+        """The batch as GRPO's forward layouts take it: "prompt" = the tokens before the batch's first
+        assistant token (none of them is padding: rows are right-padded and each is longer than its first
+        assistant token), "completion" = the rest, so the LM head never runs on a shared system prompt (with a
+        151k-token vocabulary it is most of the step)."""
         ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]  # [B, L] each
-        targets = mask[:, 1:].float()  # [B, L-1] the tokens that enter the loss
+        hit = mask[:, 1:].any(0).nonzero()
+        start = 1 + int(hit[0]) if len(hit) else 1  # the first position any row trains on (>= 1: token 0 has no context)
+        targets = mask[:, start:].float()  # [B, L-start] the tokens that enter the loss
         zeros = torch.zeros_like(targets)
-        return RolloutBatch(ids, attention, targets, zeros[:, 0], zeros, prompt_length=1, group_size=1, temperature=1.0)
+        return RolloutBatch(ids, attention, targets, zeros[:, 0], zeros, prompt_length=start, group_size=1, temperature=1.0)
 
     def token_logprobs(self, batch: RolloutBatch) -> Tensor:
-        """[B, L-1] log-probs of tokens 1.. of each row, packed or padded as ``packing`` says."""
+        """[B, Lc] log-probs of the completion tokens of each row, packed or padded as ``packing`` says."""
         return layout_token_logprobs(self.policy, batch, logprob_path=self.hparams.logprob_path, packing=self.hparams.packing,
                                      prefix_sharing="off", chunk_size=self.hparams.logprob_chunk_size).logp
 
