@@ -105,9 +105,11 @@ def test_chunked_logprobs_match_full_logits(tiny_model_path):
     logits = policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos).logits
     logp_all = torch.log_softmax(logits[:, 2:-1].float() / 0.7, dim=-1)  # [B, Lc, V]
     expected = logp_all.gather(-1, batch.input_ids[:, 3:, None]).squeeze(-1)
-    torch.testing.assert_close(out.logp, expected, atol=1e-5, rtol=0)
+    sampled = batch.attention_mask[:, 3:] > 0  # the LM head runs on sampled tokens only: 0 on padding
+    assert not sampled.all()
+    torch.testing.assert_close(out.logp, torch.where(sampled, expected, 0.0), atol=1e-5, rtol=0)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
-    torch.testing.assert_close(out.entropy, entropy, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.entropy, torch.where(sampled, entropy, 0.0), atol=1e-5, rtol=0)
 
 
 def test_micro_step_schedule():

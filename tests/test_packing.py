@@ -147,3 +147,26 @@ def test_packing_on_needs_a_packing_aware_model():
     assert choose_plan(Plain(), batch, "auto") is None
     with pytest.raises(ValueError, match="packing must be 'auto', 'on' or 'off'"):
         GRPOModule(packing="yes")
+
+
+@pytest.mark.parametrize("packing", ["off", "on"])
+@pytest.mark.parametrize("path", ["chunked_hidden", "logits"])
+def test_environment_tokens_skip_the_lm_head(tiny_model_path, monkeypatch, packing, path):
+    """Multi-turn rows: environment tokens (turn_ids -1) are context, so their log-probs are 0 and the chunked
+    path runs the LM head on the sampled tokens only; the sampled tokens' log-probs are unchanged."""
+    import lightning_grpo.training.packing as packing_module
+
+    policy = _policy(tiny_model_path, "sdpa")
+    batch = _ragged_batch(policy.config.vocab_size)
+    real = batch.attention_mask[:, batch.prompt_length :] > 0  # [B, Lc]
+    batch.turn_ids = torch.where(real, 0, -1)
+    full = GRPOModule(model=policy, packing="off", logprob_path="logits").token_logprobs(policy, batch).logp
+    batch.turn_ids[0, 2:6] = -1  # a tool response inside row 0's completion
+    batch.turn_ids[4, 1] = -1
+    rows, head = [], packing_module.logprobs_from_hidden
+    monkeypatch.setattr(packing_module, "logprobs_from_hidden", lambda hidden, *a, **k: rows.append(len(hidden)) or head(hidden, *a, **k))
+    out = GRPOModule(model=policy, packing=packing, logprob_path=path).token_logprobs(policy, batch, compute_entropy=True)
+    sampled = batch.turn_ids >= 0
+    assert (out.logp[~sampled] == 0).all() and (out.entropy[~sampled] == 0).all()
+    torch.testing.assert_close(out.logp[sampled], full[sampled], atol=1e-5, rtol=0)
+    assert rows == ([int(sampled.sum())] if path == "chunked_hidden" else [])  # not every real token

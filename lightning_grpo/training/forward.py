@@ -15,7 +15,7 @@ from torch import nn
 from ..core import TokenLogProbs
 from ..core.batch import RolloutBatch
 from ..models.fsdp import run_as_forward
-from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs
+from .packing import PackingMode, packed_token_logprobs, padded_token_logprobs, sampled_positions
 from .prefix import PrefixSharingMode, choose_layout
 
 __all__ = ["layout_token_logprobs"]
@@ -26,7 +26,8 @@ def layout_token_logprobs(model: nn.Module, batch: RolloutBatch, *, logprob_path
                           compute_entropy: bool = False) -> TokenLogProbs:  # fmt: skip
     """Log-probs (and entropy) [B, Lc] of the completion tokens at the sampling temperature, through
     the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), with a
-    shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say."""
+    shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say. Every path gives 0 where no
+    token was sampled (padding, environment tokens): the chunked path never runs the LM head there."""
     chunked = logprob_path == "chunked_hidden"
     chunked = chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")
     plan = choose_layout(model, batch, packing, prefix_sharing)
@@ -34,4 +35,6 @@ def layout_token_logprobs(model: nn.Module, batch: RolloutBatch, *, logprob_path
     kwargs = dict(chunked=chunked, compute_entropy=compute_entropy, chunk_size=chunk_size)
     if chunked:  # decoder and LM head called directly: run them as a root forward for FSDP2
         return run_as_forward(model, fn, model, batch, **kwargs)
-    return fn(model, batch, **kwargs)
+    out = fn(model, batch, **kwargs)
+    keep = sampled_positions(batch)  # [B, Lc]
+    return TokenLogProbs(out.logp.where(keep, 0.0), out.entropy.where(keep, 0.0) if compute_entropy else None)

@@ -160,6 +160,19 @@ def choose_plan(model: nn.Module, batch: RolloutBatch, mode: PackingMode) -> Pac
     return plan if mode == "on" or plan.share <= AUTO_MAX_SHARE else None
 
 
+def sampled_positions(batch: RolloutBatch) -> Tensor:
+    """[B, Lc] bool: the completion positions that hold a sampled token, i.e. not padding and, in multi-turn
+    episodes, not an environment token (``turn_ids`` -1). The LM head runs on these only: every loss, guard and
+    metric reads sampled tokens, and a tool response can be most of an episode."""
+    keep = batch.attention_mask[:, batch.prompt_length :] > 0  # [B, Lc]
+    return keep & (batch.turn_ids >= 0) if batch.turn_ids is not None else keep
+
+
+def _scatter(keep: Tensor, values: Tensor) -> Tensor:
+    """``values`` [N] of the True positions of ``keep`` back in ``keep``'s shape, 0 elsewhere (differentiable)."""
+    return values.new_zeros(keep.shape).index_put((keep,), values)
+
+
 def padded_token_logprobs(
     model: nn.Module, batch: RolloutBatch, *, chunked: bool, compute_entropy: bool, chunk_size: int
 ) -> TokenLogProbs:
@@ -171,11 +184,13 @@ def padded_token_logprobs(
     if chunked:
         out = model.get_decoder()(input_ids=ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False)
         head = model.get_output_embeddings()
-        return logprobs_from_hidden(
-            out.last_hidden_state[:, lp - 1 : -1],  # [B, Lc, H] states that predict the completion
-            head.weight, ids[:, lp:], bias=head.bias, temperature=batch.temperature,
+        keep = sampled_positions(batch)  # [B, Lc] the head skips padding and environment tokens
+        res = logprobs_from_hidden(
+            out.last_hidden_state[:, lp - 1 : -1][keep],  # [N, H] states that predict the sampled tokens
+            head.weight, ids[:, lp:][keep], bias=head.bias, temperature=batch.temperature,
             compute_entropy=compute_entropy, chunk_size=chunk_size,
         )  # fmt: skip
+        return TokenLogProbs(_scatter(keep, res.logp), _scatter(keep, res.entropy) if compute_entropy else None)
     logits = padded_completion_logits(model, batch)  # [B, Lc, V]
     return logprobs_from_logits(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
 
@@ -203,11 +218,13 @@ def packed_token_logprobs(
     if chunked:
         hidden = model.get_decoder()(**kwargs).last_hidden_state  # [R, W, H]
         head = model.get_output_embeddings()
-        out = logprobs_from_hidden(
-            hidden.reshape(-1, hidden.shape[-1])[pred],  # [Nc, H]
-            head.weight, targets, bias=head.bias, temperature=batch.temperature,
+        keep = plan.completion_tokens(sampled_positions(batch))  # [Nc] the head skips environment tokens
+        res = logprobs_from_hidden(
+            hidden.reshape(-1, hidden.shape[-1])[pred[keep]],  # [N, H]
+            head.weight, targets[keep], bias=head.bias, temperature=batch.temperature,
             compute_entropy=compute_entropy, chunk_size=chunk_size,
         )  # fmt: skip
+        out = TokenLogProbs(_scatter(keep, res.logp), _scatter(keep, res.entropy) if compute_entropy else None)  # [Nc]
     else:
         logits = model(**kwargs).logits  # [R, W, V]
         logits = logits.reshape(-1, logits.shape[-1])[pred]  # [Nc, V]

@@ -90,7 +90,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         start = 1 + int(hit[0]) if len(hit) else 1  # the first position any row trains on (>= 1: token 0 has no context)
         targets = mask[:, start:].float()  # [B, L-start] the tokens that enter the loss
         zeros = torch.zeros_like(targets)
-        return RolloutBatch(ids, attention, targets, zeros[:, 0], zeros, prompt_length=start, group_size=1, temperature=1.0)
+        turns = torch.where(targets > 0, 0, -1)  # [B, L-start] other turns (a tool result) are context: no LM head
+        return RolloutBatch(ids, attention, targets, zeros[:, 0], zeros, prompt_length=start, group_size=1, temperature=1.0,
+                            turn_ids=turns)  # fmt: skip
 
     def token_logprobs(self, batch: RolloutBatch) -> Tensor:
         """[B, Lc] log-probs of the completion tokens of each row, packed or padded as ``packing`` says."""
