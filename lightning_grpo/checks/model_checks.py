@@ -83,9 +83,9 @@ def _meta_policy(module: Any) -> Any:
 
     source = getattr(module, "model_source", None)
     if source is None:
-        from ..models.tiny import tiny_model_dir
+        from ..models.tiny import DEFAULT_BUILTIN, builtin_model_path
 
-        source = str(tiny_model_dir())
+        source = builtin_model_path(DEFAULT_BUILTIN)  # the built-in tiny model of the run's seed
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(Path(source).expanduser()))
 
@@ -94,9 +94,9 @@ def model_config(module: Any) -> dict[str, Any] | None:
     """The policy's config.json as a dict when it is on disk (None for a hub id or a built module)."""
     source = getattr(module, "model_source", None)
     if source is None and getattr(module, "policy", None) is None:
-        from ..models.tiny import tiny_model_dir
+        from ..models.tiny import DEFAULT_BUILTIN, builtin_model_path
 
-        source = str(tiny_model_dir())
+        source = builtin_model_path(DEFAULT_BUILTIN)  # the built-in tiny model of the run's seed
     if not isinstance(source, str):
         return None
     file = Path(source).expanduser() / "config.json"

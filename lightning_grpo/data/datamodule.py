@@ -26,7 +26,7 @@ from lightning_grpo.core.batch import steps_per_batch
 from lightning_grpo.data.records import RecordFormat, RecordMap, apply_record_map, check_tokenizer, resolve_record_map
 from lightning_grpo.data.schedule import generation_indices, permutation, refill_indices
 from lightning_grpo.data.sources import DataSource, DigitTaskSource, FileSplit, LocalSource, RowsSplit
-from lightning_grpo.models.tiny import builtin_model_path
+from lightning_grpo.models.tiny import builtin_tokenizer_path
 
 Rows = tuple[list[dict[str, Any]], str]  # (rows, how errors name them)
 
@@ -129,7 +129,7 @@ class PromptDataModule(L.LightningDataModule):
         self.save_hyperparameters(ignore=objects)  # what a YAML cannot hold; the CLI saves its own config
         self.source = source if source is not None else _builtin_source(locals())
         self.record_map = resolve_record_map(record_map)
-        self.tokenizer_path = builtin_model_path(tokenizer_path)  # "tiny:tools" -> a built-in tiny model
+        self.tokenizer_path = builtin_tokenizer_path(tokenizer_path)  # "tiny:tools" -> a built-in tiny model (any seed)
         self.format = RecordFormat(prompt_column, answer_column, use_chat_template, system_prompt, max_prompt_length, on_long_prompt)
         self.val_fraction, self.seed, self.shuffle = val_fraction, seed, shuffle
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size

@@ -3,6 +3,11 @@
 The quickstart and the tests never download weights: :func:`tiny_model_dir` trains a
 character-level tokenizer with the ``tokenizers`` library and saves a randomly initialised
 Qwen2 model next to it, once per configuration, under the user's cache directory.
+
+``model.model: tiny:<variant>`` (or ``null``, the ``chars`` variant) is the built-in model
+(:func:`builtin_model_path`): its initial weights come from the run's seed (``seed_everything``),
+so each seed of a seed table starts from its own initialisation; ``tiny:<variant>@<seed>`` pins them.
+Seed 0 keeps the folder and weights the built-in model had before the seed was used.
 """
 
 from __future__ import annotations
@@ -207,15 +212,46 @@ def tiny_model_dir(config: TinyModelConfig | None = None, cache_dir: str | os.Pa
     return target
 
 
-#: ``model.model`` / ``data.tokenizer_path`` values naming a built-in tiny model: ``"tiny:chars"``, ``"tiny:tools"``.
+#: ``model.model`` / ``data.tokenizer_path`` values naming a built-in tiny model: ``"tiny:chars"``, ``"tiny:tools"``,
+#: optionally with a pinned initialisation seed: ``"tiny:chars@3"``.
 BUILTIN_PREFIX = "tiny:"
+#: The built-in model that ``model.model: null`` stands for.
+DEFAULT_BUILTIN = "tiny:chars"
 
 
-def builtin_model_path(source: str | None) -> str | None:
-    """The directory of a built-in tiny model named ``"tiny:<tokenizer variant>"`` (built on first use);
-    any other value unchanged."""
+def run_seed() -> int:
+    """The run's seed: the value ``lightning.seed_everything`` stored in ``$PL_GLOBAL_SEED`` (LightningCLI's
+    ``seed_everything``, set before any class is built, and inherited by DDP ranks and subprocesses), else 0."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+def parse_builtin(source: str, field: str = "model.model") -> tuple[str, int | None]:
+    """``"tiny:<variant>[@<seed>]"`` -> (variant, pinned seed or None); one error naming ``field`` otherwise."""
+    variant, at, seed = source[len(BUILTIN_PREFIX) :].partition("@")
+    if variant not in VARIANT_ALPHABETS or (at and not seed.isdigit()):
+        raise ValueError(
+            f"{field}: {source!r} is not a built-in tiny model; expected 'tiny:<variant>' or 'tiny:<variant>@<seed>' "
+            f"with variant one of {sorted(VARIANT_ALPHABETS)} and seed a non-negative integer (e.g. 'tiny:chars@3')"
+        )
+    return variant, int(seed) if at else None
+
+
+def builtin_model_path(source: str | None, field: str = "model.model") -> str | None:
+    """The directory of a built-in tiny model named ``"tiny:<tokenizer variant>[@<seed>]"`` (built on first use);
+    any other value unchanged. Its initial weights come from the pinned seed, else from the run's seed
+    (:func:`run_seed`): each seed of a seed table starts from its own initialisation, seed 0 from the same
+    weights (and directory) as before the seed was used."""
     if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
-        return str(tiny_model_dir(TinyModelConfig(tokenizer=source[len(BUILTIN_PREFIX) :])))
+        variant, seed = parse_builtin(source, field)
+        return str(tiny_model_dir(TinyModelConfig(tokenizer=variant, seed=run_seed() if seed is None else seed)))
+    return source
+
+
+def builtin_tokenizer_path(source: str | None, field: str = "data.tokenizer_path") -> str | None:
+    """As :func:`builtin_model_path` for a tokenizer: the tokenizer does not depend on the seed, so a built-in
+    name always gives the seed-0 directory (any ``@<seed>`` is checked and ignored)."""
+    if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
+        return str(tiny_model_dir(TinyModelConfig(tokenizer=parse_builtin(source, field)[0])))
     return source
 
 

@@ -57,9 +57,9 @@ def _model_dir(module, tokenizer) -> str:
     elif path is None and module.policy is not None:
         path = _save_for_engine(module.policy, tokenizer)
     elif path is None:
-        from ..models.tiny import tiny_model_dir
+        from ..models.tiny import DEFAULT_BUILTIN, builtin_model_path
 
-        path = str(tiny_model_dir())
+        path = builtin_model_path(DEFAULT_BUILTIN)  # the built-in tiny model of the run's seed
     return str(path)
 
 

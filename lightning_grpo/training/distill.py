@@ -11,7 +11,7 @@ tokens of the completion mask count, so in multi-turn episodes the environment's
 asynchronous pipeline (the batch is prepared on the trainer when it is used).
 
 Teachers (``DistillSettings.teacher``): a model directory or hub name (``tiny:chars`` for a built-in
-tiny model), an ``nn.Module``, ``"base"`` (with LoRA: the policy with its adapter switched off) or
+tiny model, initialised from the run's seed; ``tiny:chars@3`` pinned), an ``nn.Module``, ``"base"`` (with LoRA: the policy with its adapter switched off) or
 ``"adapter:<dir>"`` (with LoRA: a peft adapter loaded next to the policy's own), or a mapping
 name -> teacher, one per task: ``teacher_key`` names the record column that picks each row's
 teacher (verl ``teacher_key``). A teacher loaded from a path may run in another ``dtype``. Before
@@ -176,7 +176,7 @@ class Distiller:
 
         from ..models.tiny import builtin_model_path
 
-        source = builtin_model_path(spec)
+        source = builtin_model_path(spec, where)  # "tiny:chars": the run seed's initialisation, "tiny:chars@3" pinned
         first = Path(source).parts[0] if Path(source).parts else ""
         if not Path(source).is_dir() and (source.startswith((".", "/", "~")) or source.count("/") != 1 or Path(first).is_dir()):
             raise ValueError(f"{where} {spec!r}: no model directory there (SavePretrained writes one; a hub name is 'org/name')")
@@ -307,9 +307,9 @@ def check_teacher(where: str, spec: TeacherSpec, teacher: nn.Module, tokenizer: 
     if isinstance(spec, str) and spec != "base" and not spec.startswith("adapter:"):
         from transformers import AutoTokenizer
 
-        from ..models.tiny import builtin_model_path
+        from ..models.tiny import builtin_tokenizer_path
 
-        theirs = AutoTokenizer.from_pretrained(builtin_model_path(spec))
+        theirs = AutoTokenizer.from_pretrained(builtin_tokenizer_path(spec, where))
         ours_vocab, their_vocab = tokenizer.get_vocab(), theirs.get_vocab()
         differ = sorted(t for t in set(ours_vocab) | set(their_vocab) if ours_vocab.get(t) != their_vocab.get(t))
         if differ or theirs.eos_token_id != tokenizer.eos_token_id:

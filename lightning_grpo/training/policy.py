@@ -27,24 +27,43 @@ class PolicyMixin:
 
     lora: LoraSettings | None
     quantization: QuantizationSettings | None
-    model_source: str | None
     policy: nn.Module | None
 
     def _init_policy(self, model: str | nn.Module | None, lora: LoraSettings | dict | None,
                      quantization: QuantizationSettings | None, optimizer: Any, lr_scheduler: Any) -> None:  # fmt: skip
         """Keep the settings; nothing is loaded before ``configure_model``."""
         from ..models.checkpoint_source import model_folder_of
-        from ..models.tiny import builtin_model_path  # "tiny:tools" -> the built-in tiny model's directory
+        from ..models.tiny import BUILTIN_PREFIX, DEFAULT_BUILTIN, parse_builtin
 
         if isinstance(lora, dict):  # LightningCLI / hparams hand the settings over as a dict
             lora = LoraSettings(**lora)
         self.lora = lora
         self.quantization = check_quantization(quantization, lora is not None, model)
+        builtin = model is None or (isinstance(model, str) and model.startswith(BUILTIN_PREFIX))
+        #: "tiny:tools" / "tiny:tools@3" (``model: null`` is "tiny:chars"): resolved by :attr:`model_source`
+        self._builtin_model = (model or DEFAULT_BUILTIN) if builtin else None
+        if builtin:
+            parse_builtin(self._builtin_model, "model.model")  # a malformed name fails here, before any work
         # a checkpoint or run folder (an SFT run): exported once into a model folder next to it
-        self.model_source = model_folder_of(builtin_model_path(model)) if isinstance(model, str) or model is None else None
+        self._model_source = model_folder_of(model) if isinstance(model, str) and not builtin else None
         self.policy = model if isinstance(model, nn.Module) else None
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
+
+    @property
+    def model_source(self) -> str | None:
+        """The policy's model folder or hub id (None for an ``nn.Module``). A built-in tiny model's folder is that of
+        the run's seed (:func:`~lightning_grpo.models.tiny.builtin_model_path`), resolved when read (LightningCLI's
+        ``seed_everything`` comes before the module is built, a script's before ``fit``) and fixed once loaded."""
+        if self._model_source is None and self._builtin_model is not None:
+            from ..models.tiny import builtin_model_path
+
+            return builtin_model_path(self._builtin_model)
+        return self._model_source
+
+    @model_source.setter
+    def model_source(self, value: str | None) -> None:
+        self._model_source = value
 
     def _build_policy(self) -> None:
         """Load (or wrap) the policy once, enable gradient checkpointing, and put it in train mode."""
@@ -57,10 +76,7 @@ class PolicyMixin:
         self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
 
     def _load_policy(self) -> nn.Module:
-        if self.model_source is None:
-            from ..models.tiny import tiny_model_dir
-
-            self.model_source = str(tiny_model_dir())
+        self._model_source = self.model_source  # the run seed's folder of a built-in model, fixed from now on
         device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
         return load_policy(self.model_source, self.hparams.dtype, self.lora, self.quantization, device)
 

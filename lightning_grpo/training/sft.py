@@ -42,7 +42,8 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     Args:
         model: a Hugging Face model directory / hub name, an ``nn.Module``, a checkpoint / run folder
-            (:mod:`lightning_grpo.models.checkpoint_source`), or None (the built-in tiny model).
+            (:mod:`lightning_grpo.models.checkpoint_source`), or None / ``"tiny:<variant>[@<seed>]"`` (the built-in
+            tiny model, initialised from the run's seed unless pinned).
         lora: LoRA settings, or None for full fine-tuning.
         quantization: QLoRA: the base model's linear layers in 4 bits (needs ``lora`` and a model path).
         dtype: dtype to load a model path in.
