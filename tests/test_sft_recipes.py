@@ -1,4 +1,4 @@
-"""The SFT recipes (``recipes/sft_*.yaml``, run with ``lightning-grpo sft fit``): they parse as written,
+"""The SFT recipes (``recipes/sft_*.yaml``, ``recipes/*_sft.yaml``, run with ``lightning-grpo sft fit``): they parse as written,
 name the GRPO stage that follows, build, fail on bad input with one line and nothing written, and learn."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SFT_RECIPES = sorted((ROOT / "recipes").glob("sft_*.yaml"))
+SFT_RECIPES = sorted([*(ROOT / "recipes").glob("sft_*.yaml"), *(ROOT / "recipes").glob("*_sft.yaml")])
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def tiny_cache(tiny_model_path, monkeypatch):
 
 
 def test_there_is_an_sft_recipe():
-    assert [p.name for p in SFT_RECIPES] == ["sft_quickstart.yaml"]
+    assert [p.name for p in SFT_RECIPES] == ["qwen3_tool_sft.yaml", "sft_quickstart.yaml"]
 
 
 @pytest.mark.parametrize("path", SFT_RECIPES, ids=lambda p: p.stem)

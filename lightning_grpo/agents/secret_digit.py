@@ -22,8 +22,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from ..data.sources import DataSource
 from .environment import ENVIRONMENTS, Messages, Turn
-from .tools import ToolEnvironment
+from .tools import ToolEnvironment, tool_schema
 
 
 @ENVIRONMENTS.register("secret_digit")
@@ -56,3 +57,40 @@ class SecretDigitEnv(ToolEnvironment):
 
     def answer(self, message: dict[str, Any], turn: Turn) -> float:
         return 1.0 if (message.get("content") or "")[:1] == self.secret else 0.0
+
+
+class SecretDigitTranscripts(DataSource):
+    """Supervised transcripts of the secret-digit task for ``SFTDataModule`` (the warm start before GRPO): the
+    user asks ``question``, the assistant calls ``secret_digit()``, the tool answers a digit and the assistant
+    repeats it. Rows hold ``messages`` and ``tools`` (the schema :class:`SecretDigitEnv` offers), so the chat
+    template renders them exactly as the environment's episodes are rendered; the secrets are drawn from
+    ``seed`` (training) and ``seed + 1`` (validation)."""
+
+    def __init__(self, question: str = "secret", num_train: int = 2000, num_val: int = 100, seed: int = 0) -> None:
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"SecretDigitTranscripts.question must be a non-empty string, got {question!r}")
+        for name, n in (("num_train", num_train), ("num_val", num_val)):
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"SecretDigitTranscripts.{name} must be a positive integer, got {n!r}")
+        self.question, self.num_train, self.num_val, self.seed = question, num_train, num_val, seed
+
+    def _rows(self, n: int, seed: int) -> list[dict[str, Any]]:
+        tools = [tool_schema(fn) for fn in SecretDigitEnv(question=self.question).tools]
+        call = {"type": "function", "function": {"name": "secret_digit", "arguments": {}}}
+        rng = random.Random(seed)
+        rows = []
+        for _ in range(n):
+            digit = str(rng.randrange(10))
+            messages = [{"role": "user", "content": self.question}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                        {"role": "tool", "content": digit}, {"role": "assistant", "content": digit}]  # fmt: skip
+            rows.append({"messages": messages, "tools": tools, "answer": digit})
+        return rows
+
+    def train_rows(self) -> list[dict[str, Any]]:
+        return self._rows(self.num_train, self.seed)
+
+    def val_rows(self) -> list[dict[str, Any]]:
+        return self._rows(self.num_val, self.seed + 1)
+
+    def describe(self, split: str) -> str:
+        return f"the secret-digit transcripts' {'training' if split == 'train' else 'validation'} split"

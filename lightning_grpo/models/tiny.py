@@ -19,6 +19,8 @@ import string
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .cache import default_cache_dir, save_once
+
 #: Special tokens first so their ids are fixed: pad = 0, eos = 1.
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>", "<|im_start|>", "<|im_end|>"]
 #: Digits, '=', lowercase letters, a space and a little punctuation: every character is one token.
@@ -55,6 +57,9 @@ TEXT_ALPHABET = list(string.ascii_uppercase) + [c for c in string.punctuation if
 TEXT_WORDS = ["Spell this word backward (example: sun -> nus): "]
 #: Tokenizer variant -> the characters it adds to :data:`ALPHABET`.
 VARIANT_ALPHABETS = {"chars": [], "tools": TOOLS_ALPHABET, "text": TEXT_ALPHABET}
+#: Names after ``tiny:``: the character-level variants, and ``qwen3`` (a tiny Qwen3 on the real Qwen3 tokenizer,
+#: :mod:`lightning_grpo.models.tiny_qwen3`).
+BUILTIN_VARIANTS = [*VARIANT_ALPHABETS, "qwen3"]
 #: Whole strings that the ``tools`` variant spells as one token each, as a real BPE vocabulary spells
 #: frequent strings: the chat roles, the Hermes markers, and the complete call of the built-in secret-digit tool, so
 #: that a random 88K-parameter model can sample a well-formed call (lightning_grpo.agents.secret_digit).
@@ -99,14 +104,6 @@ class TinyModelConfig:
             fields["words"] = TEXT_WORDS
         blob = json.dumps(fields, sort_keys=True) + "|v2"
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def default_cache_dir() -> Path:
-    """``$LIGHTNING_GRPO_CACHE``, else ``$XDG_CACHE_HOME/lightning_grpo``, else ``~/.cache/lightning_grpo``."""
-    if os.environ.get("LIGHTNING_GRPO_CACHE"):
-        return Path(os.environ["LIGHTNING_GRPO_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "lightning_grpo"
 
 
 def build_char_tokenizer(variant: str = "chars"):
@@ -193,23 +190,12 @@ def tiny_model_dir(config: TinyModelConfig | None = None, cache_dir: str | os.Pa
     """
     config = config or TinyModelConfig()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"tiny-qwen2-{config.key()}"
-    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{target.name}-{os.getpid()}"
-    tokenizer = build_char_tokenizer(config.tokenizer)
-    model = build_tiny_model(config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    try:
-        os.replace(tmp, target)
-    except OSError:  # another process won the race: keep its copy
-        import shutil
 
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    def build():
+        tokenizer = build_char_tokenizer(config.tokenizer)
+        return build_tiny_model(config, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id), tokenizer
+
+    return save_once(root / f"tiny-qwen2-{config.key()}", build)
 
 
 #: ``model.model`` / ``data.tokenizer_path`` values naming a built-in tiny model: ``"tiny:chars"``, ``"tiny:tools"``,
@@ -228,10 +214,10 @@ def run_seed() -> int:
 def parse_builtin(source: str, field: str = "model.model") -> tuple[str, int | None]:
     """``"tiny:<variant>[@<seed>]"`` -> (variant, pinned seed or None); one error naming ``field`` otherwise."""
     variant, at, seed = source[len(BUILTIN_PREFIX) :].partition("@")
-    if variant not in VARIANT_ALPHABETS or (at and not seed.isdigit()):
+    if variant not in BUILTIN_VARIANTS or (at and not seed.isdigit()):
         raise ValueError(
             f"{field}: {source!r} is not a built-in tiny model; expected 'tiny:<variant>' or 'tiny:<variant>@<seed>' "
-            f"with variant one of {sorted(VARIANT_ALPHABETS)} and seed a non-negative integer (e.g. 'tiny:chars@3')"
+            f"with variant one of {sorted(BUILTIN_VARIANTS)} and seed a non-negative integer (e.g. 'tiny:chars@3')"
         )
     return variant, int(seed) if at else None
 
@@ -243,15 +229,23 @@ def builtin_model_path(source: str | None, field: str = "model.model") -> str | 
     weights (and directory) as before the seed was used."""
     if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
         variant, seed = parse_builtin(source, field)
-        return str(tiny_model_dir(TinyModelConfig(tokenizer=variant, seed=run_seed() if seed is None else seed)))
+        return str(_builtin_dir(variant, run_seed() if seed is None else seed))
     return source
+
+
+def _builtin_dir(variant: str, seed: int) -> Path:
+    if variant == "qwen3":  # the real Qwen3 tokenizer (models/tiny_qwen3.py)
+        from .tiny_qwen3 import TinyQwen3Config, tiny_qwen3_dir
+
+        return tiny_qwen3_dir(TinyQwen3Config(seed=seed))
+    return tiny_model_dir(TinyModelConfig(tokenizer=variant, seed=seed))
 
 
 def builtin_tokenizer_path(source: str | None, field: str = "data.tokenizer_path") -> str | None:
     """As :func:`builtin_model_path` for a tokenizer: the tokenizer does not depend on the seed, so a built-in
     name always gives the seed-0 directory (any ``@<seed>`` is checked and ignored)."""
     if isinstance(source, str) and source.startswith(BUILTIN_PREFIX):
-        return str(tiny_model_dir(TinyModelConfig(tokenizer=parse_builtin(source, field)[0])))
+        return str(_builtin_dir(parse_builtin(source, field)[0], 0))
     return source
 
 

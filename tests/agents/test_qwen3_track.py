@@ -1,0 +1,87 @@
+"""The Qwen3 tool track's pieces (recipes/qwen3_tool_*.yaml): the built-in ``tiny:qwen3`` model on the real Qwen3
+tokenizer, and SFT transcripts that teach exactly the tokens a secret-digit episode samples."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from safetensors.torch import load_file
+
+from lightning_grpo.agents.chat import ChatRenderer
+from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
+from lightning_grpo.agents.secret_digit import SecretDigitEnv, SecretDigitTranscripts
+from lightning_grpo.data.sft_format import assistant_mask
+from lightning_grpo.rollout.base import SamplingConfig
+
+from .helpers import ScriptedEngine
+
+QUESTION = "What is the secret digit? Call the tool to find out, then reply with the digit only."
+IM_END, TOOL_CALL_END = 151645, 151658
+
+
+@pytest.fixture(scope="module")
+def qwen3_dirs(tmp_path_factory, qwen_tokenizer):
+    from lightning_grpo.models.tiny_qwen3 import TinyQwen3Config, tiny_qwen3_dir
+
+    root = tmp_path_factory.mktemp("qwen3")
+    return [tiny_qwen3_dir(TinyQwen3Config(seed=s), cache_dir=root) for s in (0, 1)]
+
+
+def test_tiny_qwen3_is_a_qwen3_on_the_real_tokenizer(qwen3_dirs, qwen_tokenizer, monkeypatch):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from lightning_grpo.models.tiny import builtin_model_path, builtin_tokenizer_path
+
+    config = AutoConfig.from_pretrained(qwen3_dirs[0])
+    assert config.model_type == "qwen3" and config.tie_word_embeddings and config.vocab_size >= len(qwen_tokenizer)
+    tok = AutoTokenizer.from_pretrained(qwen3_dirs[0])
+    assert len(tok) == 151669 and tok.chat_template == qwen_tokenizer.chat_template
+    a, b = (load_file(f"{d}/model.safetensors") for d in qwen3_dirs)
+    assert not a["model.embed_tokens.weight"].equal(b["model.embed_tokens.weight"])  # the seed sets the init
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(qwen3_dirs[0].parent))
+    monkeypatch.setenv("PL_GLOBAL_SEED", "1")
+    assert builtin_model_path("tiny:qwen3") == str(qwen3_dirs[1]) and builtin_model_path("tiny:qwen3@0") == str(qwen3_dirs[0])
+    assert builtin_tokenizer_path("tiny:qwen3") == str(qwen3_dirs[0])
+
+
+def test_transcripts_teach_the_tokens_an_episode_samples(qwen_tokenizer):
+    """An episode whose model says exactly what a transcript's assistant turns say reproduces that transcript's
+    token ids; the SFT loss covers the sampled tokens (the call, the answer) and nothing the environment wrote."""
+    tok = qwen_tokenizer
+
+    def say(call, row, prompt):  # turn 0: the transcript's call; turn 1: the answer after Qwen3's empty think block
+        if call == 0:
+            return tok('<tool_call>\n{"name": "secret_digit", "arguments": {}}\n</tool_call>', add_special_tokens=False)["input_ids"]
+        digit = re.findall(r"<tool_response>\n(\d)\n</tool_response>", tok.decode(prompt))[-1]
+        return tok(f"<think>\n\n</think>\n\n{digit}<|im_end|>", add_special_tokens=False)["input_ids"]
+
+    env = SecretDigitEnv(question=QUESTION)
+    sampling = SamplingConfig(n=1, max_new_tokens=32, stop_token_ids=[IM_END, TOOL_CALL_END])
+    out = run_episodes(ScriptedEngine(say, eos_id=IM_END), lambda: SecretDigitEnv(question=QUESTION), tok,
+                       ChatRenderer(tok, env.tools), [{"prompt": "x"}] * 3, sampling, seed=5,
+                       limits=EpisodeLimits(max_turns=2), reset_seed="episode")  # fmt: skip
+    source = SecretDigitTranscripts(question=QUESTION, num_train=1)
+    for row, episode in enumerate(out.episodes):
+        assert episode.reward == 1.0
+        secret = episode.messages[-2]["content"]
+        transcript = source._rows(1, 0)[0]
+        transcript["messages"][2]["content"] = transcript["messages"][3]["content"] = secret
+        ids, mask = assistant_mask(transcript["messages"], tok, "row", transcript["tools"])
+        sequence = out.prompt_ids[row] + out.completion_ids[row]
+        assert ids[: len(sequence)] == sequence and tok.decode(ids[len(sequence) :]) == "\n"
+        sampled = [0] * len(out.prompt_ids[row]) + [int(t >= 0) for t in out.turn_ids[row]]
+        # the mask adds one token: the <|im_end|> that closes the call turn (the episode stops at </tool_call>)
+        extra = [i for i, (m, s) in enumerate(zip(mask, sampled)) if m != s]
+        assert len(extra) == 1 and sequence[extra[0]] == IM_END and sequence[extra[0] - 1] == TOOL_CALL_END
+
+
+def test_transcripts_split_and_bad_input():
+    source = SecretDigitTranscripts(question=QUESTION, num_train=50, num_val=20, seed=3)
+    train, val = source.train_rows(), source.val_rows()
+    assert (len(train), len(val)) == (50, 20) and train != source._rows(50, 4)
+    assert {r["answer"] for r in train} == set("0123456789") and all(r["messages"][3]["content"] == r["answer"] for r in train)
+    with pytest.raises(ValueError, match="SecretDigitTranscripts.num_train must be a positive integer, got 0"):
+        SecretDigitTranscripts(num_train=0)
+    with pytest.raises(ValueError, match="SecretDigitTranscripts.question must be a non-empty string"):
+        SecretDigitTranscripts(question=" ")
