@@ -1,0 +1,107 @@
+"""Run the two-stage Qwen3 tool track (recipes/qwen3_tool_sft.yaml, then recipes/qwen3_tool_grpo.yaml from its run
+folder) for several seeds, each seed its own initialisation of tiny:qwen3, and measure what each stage gives.
+
+Per seed: SFT steps until its early stop and the dev transcripts' greedy accuracy there; held-out greedy episode
+accuracy (50 episodes, each with its own secret) at GRPO step 0 (the warm start) and at the end; the wall time of
+each stage. Writes a markdown table between the ``<!-- qwen3-tool-results -->`` markers of docs/recipes.md with
+``--write``.
+
+    python benchmarks/qwen3_seeds.py --seeds 0 1 2 --jobs 2 --write
+
+With ``--jobs N`` up to N seeds go at once, each pinned to its own CPU core with one thread, so each wall time is
+that of a run alone on one core. Extra arguments after ``--`` go to the GRPO stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from quickstart_seeds import write_between_markers
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = {"sft": ("sft", "fit", "-c", "recipes/qwen3_tool_sft.yaml"), "grpo": ("fit", "-c", "recipes/qwen3_tool_grpo.yaml")}
+MARKER = "<!-- qwen3-tool-results -->"
+
+
+def _stage(name: str, seed: int, save: Path, extra: list[str], core: int | None) -> float:
+    """Run one stage into ``save`` (its runs/ folder), pinned to ``core``; its wall seconds (cached in ``save``)."""
+    done = save / f"{name}_wall_seconds.txt"
+    if done.is_file():
+        return float(done.read_text())
+    cmd = [sys.executable, "-m", "lightning_grpo", *STAGES[name], "--seed_everything", str(seed),
+           "--trainer.logger.init_args.save_dir", str(save / "runs"), "--trainer.enable_progress_bar", "false", *extra]  # fmt: skip
+    env = dict(os.environ)
+    if core is not None:
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        cmd = ["taskset", "-c", str(core), *cmd]
+    start = time.perf_counter()
+    with open(save / f"{name}.log", "w") as log:
+        subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    done.write_text(f"{time.perf_counter() - start}\n")
+    return float(done.read_text())
+
+
+def _rows(metrics: Path, key: str) -> list[tuple[int, float]]:
+    return [(int(r["step"]), float(r[key])) for r in csv.DictReader(metrics.open()) if r.get(key)]
+
+
+def run(seed: int, out: Path, extra: list[str], core: int | None) -> dict:
+    save = out / f"seed{seed}"
+    save.mkdir(parents=True, exist_ok=True)
+    sft_s = _stage("sft", seed, save, [], core)
+    sft_run = save / "runs" / "qwen3_tool_sft"
+    grpo_s = _stage("grpo", seed, save, ["--model.model", str(sft_run), *extra], core)
+    sft_acc = _rows(next(sft_run.glob("version_*/metrics.csv")), "val/accuracy")
+    held_out = _rows(next((save / "runs" / "qwen3_tool_grpo").glob("version_*/metrics.csv")), "val/greedy_accuracy")
+    return {"seed": seed, "sft_steps": sft_acc[-1][0] + 1, "sft_dev": sft_acc[-1][1], "sft_s": sft_s, "grpo_s": grpo_s,
+            "start": held_out[0][1], "end": held_out[-1][1], "best": max(v for _, v in held_out), "curve": held_out}  # fmt: skip
+
+
+def table(results: list[dict]) -> str:
+    lines = ["| seed (= init) | SFT steps | SFT dev accuracy at stop | held-out, GRPO step 0 | held-out, end (best) | "
+             "SFT + GRPO wall time, min | held-out curve (step: accuracy) |",
+             "|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    for r in results:
+        curve = ", ".join(f"{s}: {v:.2f}" for s, v in r["curve"])
+        lines.append(f"| {r['seed']} | {r['sft_steps']} | {r['sft_dev']:.2f} | {r['start']:.2f} | {r['end']:.2f} ({r['best']:.2f}) "
+                     f"| {r['sft_s'] / 60:.1f} + {r['grpo_s'] / 60:.1f} | {curve} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "qwen3-tool-seeds")
+    parser.add_argument("--write", action="store_true", help=f"write the table into docs/recipes.md ({MARKER})")
+    args, extra = parser.parse_known_args()
+    extra = [a for a in extra if a != "--"]
+    cores = sorted(os.sched_getaffinity(0))
+    if not 1 <= args.jobs <= len(cores):
+        raise SystemExit(f"--jobs must be between 1 and the {len(cores)} usable CPU cores, got {args.jobs}")
+    free = list(cores[: args.jobs]) if args.jobs > 1 else [None]
+
+    def one(seed: int) -> dict:
+        core = free.pop()
+        try:
+            return run(seed, args.out, extra, core)
+        finally:
+            free.append(core)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(one, args.seeds))
+    text = table(results)
+    print(text)
+    if args.write:
+        write_between_markers(ROOT / "docs" / "recipes.md", MARKER, text)
+
+
+if __name__ == "__main__":
+    main()
