@@ -28,11 +28,11 @@ def test_sft_then_grpo_from_its_run_folder(tmp_path, monkeypatch, qwen_tokenizer
     monkeypatch.chdir(tmp_path)  # stage 2 reads runs/qwen3_tool_sft as written, relative to the working directory
     monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(tmp_path / "cache"))
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2"]
-    main(["sft", "fit", "-c", str(SFT), *quiet, "--data.source.init_args.num_train", "64", "--data.source.init_args.num_val", "8",
-          "--data.batch_size", "8"])  # fmt: skip
+    main(["sft", "fit", "-c", str(SFT), *quiet, "--data.source.init_args.num_train", "16", "--data.source.init_args.num_val", "4",
+          "--data.batch_size", "4"])  # fmt: skip
     assert (tmp_path / "runs/qwen3_tool_sft/version_0/checkpoints/last.ckpt").is_file()
     main(["fit", "-c", str(GRPO), *quiet, "--rollout.init_args.engine", "hf", "--rollout.init_args.vllm_args", "null",
-          "--data.batch_size", "2", "--trainer.log_every_n_steps", "1"])  # fmt: skip
+          "--data.batch_size", "1", "--rollout.init_args.sampling.n", "4", "--trainer.log_every_n_steps", "1"])  # fmt: skip
     assert (tmp_path / "runs/qwen3_tool_sft/version_0/checkpoints/last_model/config.json").is_file()  # exported once
     with open(tmp_path / "runs/qwen3_tool_grpo/version_0/metrics.csv") as handle:
         rows = [r for r in csv.DictReader(handle) if r.get("train/loss")]

@@ -64,15 +64,28 @@ class SecretDigitTranscripts(DataSource):
     user asks ``question``, the assistant calls ``secret_digit()``, the tool answers a digit and the assistant
     repeats it. Rows hold ``messages`` and ``tools`` (the schema :class:`SecretDigitEnv` offers), so the chat
     template renders them exactly as the environment's episodes are rendered; the secrets are drawn from
-    ``seed`` (training) and ``seed + 1`` (validation)."""
+    ``seed`` (training) and ``seed + 1`` (validation).
 
-    def __init__(self, question: str = "secret", num_train: int = 2000, num_val: int = 100, seed: int = 0) -> None:
+    A weak demonstrator, for a partial warm start that SFT can train to convergence (a sharp call format, the
+    answer partly right): when the secret is one of ``weak_digits`` it answers the next digit instead, with
+    probability ``slip``. ``weak_digits="456789", slip=0.7``: greedy answers right on 0-3 (0.4 of the secrets),
+    sampled answers right 0.4 + 0.6 x 0.3 = 0.58 of the time, so GRPO has both a signal and the rest to learn.
+    ``answer`` holds the true secret.
+    """
+
+    def __init__(self, question: str = "secret", num_train: int = 2000, num_val: int = 100, seed: int = 0,
+                 weak_digits: str = "", slip: float = 0.0) -> None:  # fmt: skip
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"SecretDigitTranscripts.question must be a non-empty string, got {question!r}")
         for name, n in (("num_train", num_train), ("num_val", num_val)):
             if not isinstance(n, int) or n < 1:
                 raise ValueError(f"SecretDigitTranscripts.{name} must be a positive integer, got {n!r}")
+        if not isinstance(weak_digits, str) or not set(weak_digits) <= set("0123456789"):
+            raise ValueError(f"SecretDigitTranscripts.weak_digits must be a string of digits, got {weak_digits!r}")
+        if not 0.0 <= slip <= 1.0:
+            raise ValueError(f"SecretDigitTranscripts.slip must be a probability in [0, 1], got {slip!r}")
         self.question, self.num_train, self.num_val, self.seed = question, num_train, num_val, seed
+        self.weak_digits, self.slip = weak_digits, slip
 
     def _rows(self, n: int, seed: int) -> list[dict[str, Any]]:
         tools = [tool_schema(fn) for fn in SecretDigitEnv(question=self.question).tools]
@@ -81,8 +94,9 @@ class SecretDigitTranscripts(DataSource):
         rows = []
         for _ in range(n):
             digit = str(rng.randrange(10))
+            said = str((int(digit) + 1) % 10) if digit in self.weak_digits and rng.random() < self.slip else digit
             messages = [{"role": "user", "content": self.question}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                        {"role": "tool", "content": digit}, {"role": "assistant", "content": digit}]  # fmt: skip
+                        {"role": "tool", "content": digit}, {"role": "assistant", "content": said}]  # fmt: skip
             rows.append({"messages": messages, "tools": tools, "answer": digit})
         return rows
 

@@ -81,6 +81,16 @@ def test_transcripts_split_and_bad_input():
     train, val = source.train_rows(), source.val_rows()
     assert (len(train), len(val)) == (50, 20) and train != source._rows(50, 4)
     assert {r["answer"] for r in train} == set("0123456789") and all(r["messages"][3]["content"] == r["answer"] for r in train)
+    weak = SecretDigitTranscripts(num_train=2000, weak_digits="456789", slip=0.7).train_rows()
+    said = [(r["answer"], r["messages"][3]["content"]) for r in weak]
+    assert all(s == a for a, s in said if a in "0123")  # always right on the strong digits
+    slips = [s != a for a, s in said if a in "456789"]
+    assert all(s == str((int(a) + 1) % 10) for a, s in said if s != a)  # a slip says the next digit
+    assert abs(sum(slips) / len(slips) - 0.7) < 0.04
+    with pytest.raises(ValueError, match="SecretDigitTranscripts.slip must be a probability in"):
+        SecretDigitTranscripts(slip=1.5)
+    with pytest.raises(ValueError, match="SecretDigitTranscripts.weak_digits must be a string of digits"):
+        SecretDigitTranscripts(weak_digits="4a")
     with pytest.raises(ValueError, match="SecretDigitTranscripts.num_train must be a positive integer, got 0"):
         SecretDigitTranscripts(num_train=0)
     with pytest.raises(ValueError, match="SecretDigitTranscripts.question must be a non-empty string"):
