@@ -87,16 +87,20 @@ the mean length in tokens (EOS included) of the sampled completions with reward 
 
 **Measured**: `seq_mean_token_mean` has the longer wrong answers in the last tenth on {longer} of
 {n} seeds, and over the whole run on {longer_run} of {n}. In both arms and on every seed the
-wrong answers get *shorter*, from about 19 tokens (the random policy rarely samples EOS) to 2
+wrong answers get *shorter*, from about 19 tokens (the random policy rarely samples EOS) toward 2
 (one character and EOS): the only answers random sampling finds right are the shortest (`0`,
-right on the 10% of prompts ending in 0), so the positive advantages pull both arms to the
-one-character answer `0` (entropy 0.04-0.16 at the end, held-out greedy accuracy 0.10 = the
-share of held-out prompts ending in 0). The plot shows that collapse coming later with
-`seq_mean_token_sum_norm` on every seed, most on seed 0, whose wrong answers over the whole run
-are longer with it (12.3 vs 6.0 tokens), the opposite of the claim; seeds 1 and 2 differ by
-less than 0.5 token. Neither arm learns the rule in 400 steps, so the regime the paper
-describes (a policy that learns while its wrong answers lengthen) is not reached here.
-**Verdict: not reproduced** (no arm's wrong answers grow; no consistent difference).
+right on the 10% of prompts ending in 0), so the positive advantages pull the policy to the
+one-character answer `0` (held-out greedy accuracy 0.10 = the share of held-out prompts ending in
+0). With `seq_mean_token_mean` that collapse is complete on every seed by step 260-310 (entropy
+0.04-0.09 at the end). With `seq_mean_token_sum_norm` it comes later on every seed: at step 310-360
+on seeds 0 and 1 (entropy 0.16 and 0.40 at the end), and not within the 400 steps on seed 2, whose
+wrong answers are still 9.4 tokens long in the last tenth (entropy 3.2, reward 0, held-out 0.08). So
+the constant normaliser keeps the wrong answers *longer* over the whole run on every seed, the
+opposite of the claim. Each seed has its own initialisation of the tiny model (`seed_everything`).
+Neither arm learns the rule in 400 steps, so the regime the paper describes (a policy that learns
+while its wrong answers lengthen) is not reached here.
+**Verdict: not reproduced** (no arm's wrong answers grow; the per-sequence normaliser shortens
+them sooner, not later).
 
 ![dr grpo](claims/dr_grpo.png)
 """

@@ -62,10 +62,11 @@ window=5)`; 1000 steps, held-out greedy accuracy on 50 prompts never trained on.
 
 **Measured**: the controlled run ends with higher held-out accuracy on {wins} of {n} seeds.
 Entropy is logged every 10 steps; "steps with entropy < floor" counts logged values (the
-controller reacts after the entropy has fallen below the floor, around steps 150-250, then
-holds it between about 1.4 and 1.9 with an entropy bonus of 0.05-0.07). The floor 0.5 was
-chosen before these runs (one trial on the HF engine, seed 0). **Verdict: reproduced** (issue
-acceptance: 2 of 3 seeds).
+controller reacts after the entropy has fallen below the floor, at steps 110-230 here, then keeps
+it above the floor at all but 1 to 4 later logged steps, 1.2-2.0 over the last tenth, with an
+entropy bonus of 0.055-0.10 at the end). Each seed has its own initialisation of the tiny model
+(`seed_everything`). The floor 0.5 was chosen before these runs (one trial on the HF engine, seed 0).
+**Verdict: reproduced** (issue acceptance: 2 of 3 seeds).
 
 ![entropy control](claims/entropy_control.png)
 """
