@@ -68,8 +68,9 @@ class SecretDigitTranscripts(DataSource):
 
     A weak demonstrator, for a partial warm start that SFT can train to convergence (a sharp call format, the
     answer partly right): when the secret is one of ``weak_digits`` it answers the next digit instead, with
-    probability ``slip``. ``weak_digits="456789", slip=0.7``: greedy answers right on 0-3 (0.4 of the secrets),
-    sampled answers right 0.4 + 0.6 x 0.3 = 0.58 of the time, so GRPO has both a signal and the rest to learn.
+    probability ``slip``. ``weak_digits="456789", slip=0.85`` (recipes/qwen3_tool_sft.yaml): a model that fits the
+    transcripts answers greedily right on 0-3 (0.4 of the secrets) and, sampling, right 0.4 + 0.6 x 0.15 = 0.49 of
+    the time, so GRPO has both a signal and the rest to learn.
     ``answer`` holds the true secret.
     """
 
