@@ -114,22 +114,28 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def run_seeds(seeds: list[int], out: Path, extra: list[str], recipe: Path, reuse: bool = False, jobs: int = 1) -> list[dict]:
-    """:func:`run` for every seed, up to ``jobs`` at once, each pinned to its own core (``jobs`` > 1)."""
+def map_on_cores(fn, seeds: list[int], jobs: int = 1) -> list:
+    """``fn(seed, core)`` for every seed, up to ``jobs`` at once, each holding its own CPU core while it runs
+    (``core`` None when ``jobs`` is 1: no pinning)."""
     cores = sorted(os.sched_getaffinity(0))
     if not 1 <= jobs <= len(cores):
         raise SystemExit(f"--jobs must be between 1 and the {len(cores)} usable CPU cores, got {jobs}")
     free = list(cores[:jobs]) if jobs > 1 else [None]
 
-    def one(seed: int) -> dict:
+    def one(seed: int):
         core = free.pop()  # each worker thread holds one core while its run lasts
         try:
-            return run(seed, out, extra, recipe, reuse, core)
+            return fn(seed, core)
         finally:
             free.append(core)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         return list(pool.map(one, seeds))
+
+
+def run_seeds(seeds: list[int], out: Path, extra: list[str], recipe: Path, reuse: bool = False, jobs: int = 1) -> list[dict]:
+    """:func:`run` for every seed, up to ``jobs`` at once, each pinned to its own core (``jobs`` > 1)."""
+    return map_on_cores(lambda seed, core: run(seed, out, extra, recipe, reuse, core), seeds, jobs)
 
 
 def write_between_markers(target: Path, marker: str, text: str) -> None:

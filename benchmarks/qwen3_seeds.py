@@ -20,10 +20,9 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from quickstart_seeds import write_between_markers
+from quickstart_seeds import map_on_cores, write_between_markers
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = {"sft": ("sft", "fit", "-c", "recipes/qwen3_tool_sft.yaml"), "grpo": ("fit", "-c", "recipes/qwen3_tool_grpo.yaml")}
@@ -83,20 +82,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"write the table into docs/recipes.md ({MARKER})")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
-    cores = sorted(os.sched_getaffinity(0))
-    if not 1 <= args.jobs <= len(cores):
-        raise SystemExit(f"--jobs must be between 1 and the {len(cores)} usable CPU cores, got {args.jobs}")
-    free = list(cores[: args.jobs]) if args.jobs > 1 else [None]
-
-    def one(seed: int) -> dict:
-        core = free.pop()
-        try:
-            return run(seed, args.out, extra, core)
-        finally:
-            free.append(core)
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(one, args.seeds))
+    results = map_on_cores(lambda seed, core: run(seed, args.out, extra, core), args.seeds, args.jobs)
     text = table(results)
     print(text)
     if args.write:

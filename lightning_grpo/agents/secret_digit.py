@@ -90,7 +90,7 @@ class SecretDigitTranscripts(DataSource):
 
     def _rows(self, n: int, seed: int) -> list[dict[str, Any]]:
         tools = [tool_schema(fn) for fn in SecretDigitEnv(question=self.question).tools]
-        call = {"type": "function", "function": {"name": "secret_digit", "arguments": {}}}
+        call = {"type": "function", "function": {"name": tools[0]["function"]["name"], "arguments": {}}}
         rng = random.Random(seed)
         rows = []
         for _ in range(n):

@@ -44,7 +44,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         model: a Hugging Face model directory / hub name for ``AutoModelForCausalLM``, or an
             already-built ``nn.Module`` (drop-in use), or a checkpoint / run folder (an SFT run: exported
             once next to it, :mod:`lightning_grpo.models.checkpoint_source`). None or ``"tiny:<variant>"``
-            (chars, tools, text): the built-in tiny model, initialised from the run's seed (``seed_everything``;
+            (chars, tools, text; qwen3 on the real Qwen3 tokenizer): the built-in tiny model, initialised from the run's seed (``seed_everything``;
             ``"tiny:chars@3"`` pins the initialisation to seed 3).
         loss: the composed objective (:class:`~lightning_grpo.core.GRPOLoss`); default GRPO
             with PPO clipping and token-mean aggregation, beta 0.
