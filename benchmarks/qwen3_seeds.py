@@ -1,12 +1,13 @@
-"""Run the two-stage Qwen3 tool track (recipes/qwen3_tool_sft.yaml, then recipes/qwen3_tool_grpo.yaml from its run
-folder) for several seeds, each seed its own initialisation of tiny:qwen3, and measure what each stage gives.
+"""Run a two-stage Qwen3 track (recipes/qwen3_<track>_sft.yaml, then recipes/qwen3_<track>_grpo.yaml from its run
+folder; ``--track tool`` or ``text``) for several seeds, each seed its own initialisation of tiny:qwen3, and measure
+what each stage gives.
 
-Per seed: SFT steps until its early stop and the dev transcripts' greedy accuracy there; held-out greedy episode
-accuracy (50 episodes, each with its own secret) at GRPO step 0 (the warm start) and at the end; the wall time of
-each stage. Writes a markdown table between the ``<!-- qwen3-tool-results -->`` markers of docs/recipes.md with
-``--write``.
+Per seed: SFT steps and the SFT dev accuracy (greedy, against the demonstrations) at its last check; GRPO's held-out
+greedy accuracy (tool: 50 episodes, each with its own secret; text: the task's 100 validation rows) at GRPO step 0
+(the warm start) and at the end; the wall time of each stage. Writes a markdown table between the
+``<!-- qwen3-<track>-results -->`` markers of docs/recipes.md with ``--write``.
 
-    python benchmarks/qwen3_seeds.py --seeds 0 1 2 --jobs 2 --write
+    python benchmarks/qwen3_seeds.py --track tool --seeds 0 1 2 --jobs 2 --write
 
 With ``--jobs N`` up to N seeds go at once, each pinned to its own CPU core with one thread, so each wall time is
 that of a run alone on one core. Extra arguments after ``--`` go to the GRPO stage.
@@ -25,16 +26,23 @@ from pathlib import Path
 from quickstart_seeds import map_on_cores, write_between_markers
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = {"sft": ("sft", "fit", "-c", "recipes/qwen3_tool_sft.yaml"), "grpo": ("fit", "-c", "recipes/qwen3_tool_grpo.yaml")}
-MARKER = "<!-- qwen3-tool-results -->"
+TRACKS = ("tool", "text")
 
 
-def _stage(name: str, seed: int, save: Path, extra: list[str], core: int | None) -> float:
+def stages(track: str) -> dict[str, tuple[str, ...]]:
+    return {"sft": ("sft", "fit", "-c", f"recipes/qwen3_{track}_sft.yaml"), "grpo": ("fit", "-c", f"recipes/qwen3_{track}_grpo.yaml")}
+
+
+def marker(track: str) -> str:
+    return f"<!-- qwen3-{track}-results -->"
+
+
+def _stage(track: str, name: str, seed: int, save: Path, extra: list[str], core: int | None) -> float:
     """Run one stage into ``save`` (its runs/ folder), pinned to ``core``; its wall seconds (cached in ``save``)."""
     done = save / f"{name}_wall_seconds.txt"
     if done.is_file():
         return float(done.read_text())
-    cmd = [sys.executable, "-m", "lightning_grpo", *STAGES[name], "--seed_everything", str(seed),
+    cmd = [sys.executable, "-m", "lightning_grpo", *stages(track)[name], "--seed_everything", str(seed),
            "--trainer.logger.init_args.save_dir", str(save / "runs"), "--trainer.enable_progress_bar", "false", *extra]  # fmt: skip
     env = dict(os.environ)
     if core is not None:
@@ -51,14 +59,14 @@ def _rows(metrics: Path, key: str) -> list[tuple[int, float]]:
     return [(int(r["step"]), float(r[key])) for r in csv.DictReader(metrics.open()) if r.get(key)]
 
 
-def run(seed: int, out: Path, extra: list[str], core: int | None) -> dict:
+def run(track: str, seed: int, out: Path, extra: list[str], core: int | None) -> dict:
     save = out / f"seed{seed}"
     save.mkdir(parents=True, exist_ok=True)
-    sft_s = _stage("sft", seed, save, [], core)
-    sft_run = save / "runs" / "qwen3_tool_sft"
-    grpo_s = _stage("grpo", seed, save, ["--model.model", str(sft_run), *extra], core)
+    sft_s = _stage(track, "sft", seed, save, [], core)
+    sft_run = save / "runs" / f"qwen3_{track}_sft"
+    grpo_s = _stage(track, "grpo", seed, save, ["--model.model", str(sft_run), *extra], core)
     sft_acc = _rows(next(sft_run.glob("version_*/metrics.csv")), "val/accuracy")
-    held_out = _rows(next((save / "runs" / "qwen3_tool_grpo").glob("version_*/metrics.csv")), "val/greedy_accuracy")
+    held_out = _rows(next((save / "runs" / f"qwen3_{track}_grpo").glob("version_*/metrics.csv")), "val/greedy_accuracy")
     return {"seed": seed, "sft_steps": sft_acc[-1][0] + 1, "sft_dev": sft_acc[-1][1], "sft_s": sft_s, "grpo_s": grpo_s,
             "start": held_out[0][1], "end": held_out[-1][1], "best": max(v for _, v in held_out), "curve": held_out}  # fmt: skip
 
@@ -76,17 +84,19 @@ def table(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--track", choices=TRACKS, default="tool")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "qwen3-tool-seeds")
-    parser.add_argument("--write", action="store_true", help=f"write the table into docs/recipes.md ({MARKER})")
+    parser.add_argument("--out", type=Path, default=None, help="default: runs/qwen3-<track>-seeds")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/recipes.md (qwen3-<track>-results)")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
-    results = map_on_cores(lambda seed, core: run(seed, args.out, extra, core), args.seeds, args.jobs)
+    out = args.out or ROOT / "runs" / f"qwen3-{args.track}-seeds"
+    results = map_on_cores(lambda seed, core: run(args.track, seed, out, extra, core), args.seeds, args.jobs)
     text = table(results)
     print(text)
     if args.write:
-        write_between_markers(ROOT / "docs" / "recipes.md", MARKER, text)
+        write_between_markers(ROOT / "docs" / "recipes.md", marker(args.track), text)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def tiny_cache(tiny_model_path, monkeypatch):
 
 
 def test_there_is_an_sft_recipe():
-    assert [p.name for p in SFT_RECIPES] == ["qwen3_tool_sft.yaml", "sft_quickstart.yaml"]
+    assert [p.name for p in SFT_RECIPES] == ["qwen3_text_sft.yaml", "qwen3_tool_sft.yaml", "sft_quickstart.yaml"]
 
 
 @pytest.mark.parametrize("path", SFT_RECIPES, ids=lambda p: p.stem)

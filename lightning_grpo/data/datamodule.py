@@ -23,7 +23,9 @@ import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_grpo.core.batch import steps_per_batch
-from lightning_grpo.data.records import RecordFormat, RecordMap, apply_record_map, check_tokenizer, resolve_record_map
+from lightning_grpo.data.records import (
+    RecordFormat, RecordMap, apply_record_map, check_template_kwargs, check_tokenizer, resolve_record_map,
+)  # fmt: skip
 from lightning_grpo.data.schedule import generation_indices, permutation, refill_indices
 from lightning_grpo.data.sources import DataSource, DigitTaskSource, FileSplit, LocalSource, RowsSplit
 from lightning_grpo.models.tiny import builtin_tokenizer_path
@@ -95,6 +97,9 @@ class PromptDataModule(L.LightningDataModule):
         task_num_train: Training prompts of the built-in digit task.
         task_num_val: Validation prompts of the built-in digit task.
         cache_dir: Cache folder of ``datasets.load_dataset``; ``None`` for its default.
+        chat_template_kwargs: Extra keyword arguments of the chat template (needs ``use_chat_template``),
+            e.g. ``{enable_thinking: false}`` for Qwen3, whose prompt then ends in an empty ``<think>`` block
+            (TRL's ``chat_template_kwargs``).
     """
 
     def __init__(
@@ -122,6 +127,7 @@ class PromptDataModule(L.LightningDataModule):
         task_num_train: int = 300,
         task_num_val: int = 50,
         cache_dir: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         _check_options(dict(locals()))
         super().__init__()
@@ -130,7 +136,8 @@ class PromptDataModule(L.LightningDataModule):
         self.source = source if source is not None else _builtin_source(locals())
         self.record_map = resolve_record_map(record_map)
         self.tokenizer_path = builtin_tokenizer_path(tokenizer_path)  # "tiny:tools" -> a built-in tiny model (any seed)
-        self.format = RecordFormat(prompt_column, answer_column, use_chat_template, system_prompt, max_prompt_length, on_long_prompt)
+        self.format = RecordFormat(prompt_column, answer_column, use_chat_template, system_prompt, max_prompt_length, on_long_prompt,
+                                   chat_template_kwargs)  # fmt: skip
         self.val_fraction, self.seed, self.shuffle = val_fraction, seed, shuffle
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
         #: The tokenizer; loaded from ``tokenizer_path`` in :meth:`setup` unless assigned before.
@@ -315,6 +322,7 @@ def _check_options(h: dict[str, Any]) -> None:
             )
     if h["system_prompt"] is not None and not h["use_chat_template"]:
         raise ValueError("system_prompt needs use_chat_template=True")
+    check_template_kwargs(h["chat_template_kwargs"], h["use_chat_template"])
     if h["on_long_prompt"] not in ("error", "truncate"):
         raise ValueError(f"on_long_prompt must be 'error' or 'truncate', got {h['on_long_prompt']!r}")
     for name in ("batch_size", "val_batch_size", "max_prompt_length"):

@@ -90,6 +90,16 @@ def check_tokenizer(tokenizer: Any, where: str, use_chat_template: bool) -> None
         )
 
 
+def check_template_kwargs(kwargs: Any, use_chat_template: bool) -> None:
+    """``chat_template_kwargs`` is None or a mapping of names, and only given with the chat template."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError(f"chat_template_kwargs must be a mapping of argument names to values, got {kwargs!r}")
+    if not use_chat_template:
+        raise ValueError("chat_template_kwargs needs use_chat_template=True")
+
+
 # ------------------------------------------------------------------------------- records
 @dataclass
 class RecordFormat:
@@ -101,6 +111,7 @@ class RecordFormat:
     system_prompt: str | None = None
     max_prompt_length: int | None = None
     on_long_prompt: Literal["error", "truncate"] = "error"
+    chat_template_kwargs: dict[str, Any] | None = None
     warned_truncation: bool = field(default=False, init=False)
 
     def check_columns(self, rows: list[dict[str, Any]], source: str) -> None:
@@ -133,7 +144,8 @@ class RecordFormat:
         messages = list(prompt) if chat else [{"role": "user", "content": prompt}]
         if self.system_prompt is not None and not (messages and messages[0].get("role") == "system"):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        kwargs = self.chat_template_kwargs or {}
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
 
     def build(self, rows: list[dict[str, Any]], source: str, tokenizer: Any) -> list[dict[str, Any]]:
         """Records of ``rows`` (see the module docstring), whose columns :meth:`check_columns` accepted."""

@@ -38,6 +38,9 @@ class SFTDataModule(PromptDataModule):
         batch_size: Examples per training step.
         val_batch_size: Examples per validation batch; defaults to ``batch_size``.
         max_length: Longest example in tokens (an error names a longer row); ``None`` for no limit.
+        chat_template_kwargs: Extra keyword arguments of the chat template, as ``PromptDataModule``'s (e.g.
+            ``{enable_thinking: false}``: Qwen3's generation prompt and last turn then share the empty
+            ``<think>`` block, which falls outside the loss).
     """
 
     def __init__(
@@ -66,15 +69,16 @@ class SFTDataModule(PromptDataModule):
         task_num_train: int = 300,
         task_num_val: int = 50,
         cache_dir: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
             source, train_files, val_files, train_dataset, val_dataset, record_map, tokenizer_path, prompt_column,
             answer_column, use_chat_template, system_prompt, val_fraction, batch_size, val_batch_size, max_length,
             seed=seed, shuffle=shuffle, task_seed=task_seed, task_rule=task_rule, task_num_train=task_num_train,
-            task_num_val=task_num_val, cache_dir=cache_dir,
+            task_num_val=task_num_val, cache_dir=cache_dir, chat_template_kwargs=chat_template_kwargs,
         )  # fmt: skip
         self.format = SFTFormat(prompt_column, answer_column, messages_column, tools_column, use_chat_template,
-                                system_prompt, max_length)  # fmt: skip
+                                system_prompt, max_length, chat_template_kwargs)  # fmt: skip
 
     def _loader(self, examples: list[dict[str, Any]], batch_size: int, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)

@@ -41,6 +41,7 @@ class SFTFormat:
     use_chat_template: bool = False
     system_prompt: str | None = None
     max_length: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def kind(self, rows: list[dict[str, Any]], source: str) -> str:
         """"messages" or "prompt_answer": which columns the rows hold (one clear error when neither)."""
@@ -70,9 +71,10 @@ class SFTFormat:
         for i, row in enumerate(rows):
             where = f"row {i} of {source}"
             if kind == "messages":
-                ids, mask = assistant_mask(row[self.messages_column], tokenizer, where, row.get(self.tools_column))
+                ids, mask = assistant_mask(row[self.messages_column], tokenizer, where, row.get(self.tools_column),
+                                           self.chat_template_kwargs)  # fmt: skip
             elif self.use_chat_template:
-                ids, mask = assistant_mask(self._as_messages(row, where), tokenizer, where)
+                ids, mask = assistant_mask(self._as_messages(row, where), tokenizer, where, None, self.chat_template_kwargs)
             else:
                 ids, mask = self._plain(row, tokenizer, where)
             if not any(mask):
@@ -106,26 +108,29 @@ def _text(value: Any, column: str, where: str) -> str:
     return value
 
 
-def render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool) -> list[int]:
+def render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool,
+               template_kwargs: dict[str, Any] | None = None) -> list[int]:  # fmt: skip
     """Token ids of the chat template's rendering (the template writes its own special tokens)."""
-    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt)
+    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=generation_prompt, **(template_kwargs or {}))  # fmt: skip
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def assistant_mask(messages: Any, tokenizer: Any, where: str, tools: Any = None) -> tuple[list[int], list[int]]:
+def assistant_mask(messages: Any, tokenizer: Any, where: str, tools: Any = None,
+                   template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], list[int]]:  # fmt: skip
     """(token ids of the whole transcript, 1 on its assistant turns' tokens); see the module docstring."""
     if not is_chat(messages) or not messages:
         raise ValueError(f"{where}: the transcript must be a non-empty list of chat messages, got {type(messages).__name__}")
     turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
     if not turns:
         raise ValueError(f"{where} has no assistant turn to train on (roles: {[m.get('role') for m in messages]})")
-    full = render_ids(tokenizer, messages, tools, False)
+    full = render_ids(tokenizer, messages, tools, False, template_kwargs)
     mask = [0] * len(full)
     for k in turns:
-        start = render_ids(tokenizer, messages[:k], tools, True)
+        start = render_ids(tokenizer, messages[:k], tools, True, template_kwargs)
         if full[: len(start)] != start:
             raise ValueError(_mismatch(where, k, "the conversation before it, with the generation prompt,"))
-        end = _turn_end(full, len(start), render_ids(tokenizer, messages[: k + 1], tools, False))
+        end = _turn_end(full, len(start), render_ids(tokenizer, messages[: k + 1], tools, False, template_kwargs))
         if end is None:
             raise ValueError(_mismatch(where, k, "the conversation up to it"))
         while end > len(start) and not tokenizer.decode(full[end - 1 : end]).strip():
