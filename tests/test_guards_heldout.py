@@ -26,12 +26,6 @@ RECIPE_GUARDS = {
 }
 
 
-def test_the_heldout_runs_are_not_the_design_runs():
-    design = {(run["recipe"], run["seed"], tuple(run["overrides"])) for run in DESIGN.values()}
-    assert len(HELDOUT) == 6
-    for name, run in HELDOUT.items():
-        assert run["set"] == "heldout" and run["overrides"] == [], name  # the seed's own initialisation
-        assert (run["recipe"], run["seed"], ()) not in design and run["seed"] != 0, name  # seed 0: the seed-0 init
 #: the alarms the runs recorded (alarms.jsonl), as (first, last) step spans per guard; no other guard fired
 IN_RUN = {
     "tool_quickstart_seed1": {},
@@ -50,6 +44,14 @@ REWARD_HACKING = {"tool_quickstart_seed1": [299, 699], "tool_quickstart_seed2": 
 #: steps with at least a quarter of the groups token-identical (IdenticalSamplesGuard's threshold)
 IDENTICAL_STEPS = {"tool_quickstart_seed1": 0, "tool_quickstart_seed2": 0, "tool_control_seed5": 58,
                    "quickstart_seed3": 764, "quickstart_seed4": 790, "quickstart_seed5": 767}  # fmt: skip
+
+
+def test_the_heldout_runs_are_not_the_design_runs():
+    design = {(run["recipe"], run["seed"], tuple(run["overrides"])) for run in DESIGN.values()}
+    assert len(HELDOUT) == 6
+    for name, run in HELDOUT.items():
+        assert run["set"] == "heldout" and run["overrides"] == [], name  # the seed's own initialisation
+        assert (run["recipe"], run["seed"], ()) not in design and run["seed"] != 0, name  # seed 0: the seed-0 init
 
 
 def _steps(spans):
