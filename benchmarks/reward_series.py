@@ -13,7 +13,7 @@ benchmarks/quickstart_seeds.py runs them, with ``--trainer.log_every_n_steps 1``
 - ``heldout`` (tests/fixtures/guard_series_heldout.json): runs no guard default was chosen on, each from
   its own seed's initialisation (the default: the model init follows ``seed_everything``). The tool
   quickstart, seeds 1 and 2 (seed 1 loses the tool call at step 299 and relearns it, seed 2's reward is
-  noisy); its control without the tool (reward at chance), seed 5; the quickstart, seeds 3-5.
+  noisy); its control without the tool (reward at chance), seeds 5 and 6; the quickstart, seeds 3-7.
 
 Per run: ``reward_mean`` at every step and, for replaying the guards offline, the other metrics in
 :data:`METRICS` (every step), the held-out ``val/reward_mean`` at each validation, and the steps at
@@ -42,8 +42,8 @@ SETS = {
     ]),
     "heldout": ("guard_series_heldout.json", [
         ("tool_quickstart", "tool_quickstart", [1, 2], []),
-        ("tool_control", "tool_quickstart_control", [5], []),
-        ("quickstart", "quickstart", [3, 4, 5], []),
+        ("tool_control", "tool_quickstart_control", [5, 6], []),
+        ("quickstart", "quickstart", [3, 4, 5, 6, 7], []),
     ]),
 }  # fmt: skip
 #: fixture key -> metrics.csv column, every step (the inputs of the step- and rollout-level guards)
@@ -111,7 +111,7 @@ def main() -> None:
             print(f"{name}: {len(rewards)} steps, reward {rewards[0]} -> {rewards[-1]}, alarms {series[name].get('alarms')}")
     fixture.parent.mkdir(parents=True, exist_ok=True)
     fixture.write_text(json.dumps(series, separators=(",", ":")) + "\n")
-    print(f"wrote {fixture.relative_to(ROOT)}")
+    print(f"wrote {fixture}")
 
 
 if __name__ == "__main__":

@@ -31,24 +31,31 @@ IN_RUN = {
     "tool_quickstart_seed1": {},
     "tool_quickstart_seed2": {"zero_reward_std": [(146, 172)]},
     "tool_control_seed5": {},
+    "tool_control_seed6": {},
     "quickstart_seed3": {"entropy": [(623, 623), (625, 625), (630, 630), (633, 634), (638, 639), (643, 643),
                                      (646, 648), (897, 897), (900, 907), (909, 910)]},
     "quickstart_seed4": {},
     "quickstart_seed5": {},
+    "quickstart_seed6": {},
+    "quickstart_seed7": {},
 }  # fmt: skip
 #: RewardDropGuard() replayed: tool seed 1 loses its tool call at step 299; the others keep their behaviour
 REWARD_DROP = {run: [] for run in IN_RUN} | {"tool_quickstart_seed1": [(312, 407)]}
 #: RewardHackingGuard() replayed (validations every 100 steps on the tool quickstart, 250 on the quickstart)
 REWARD_HACKING = {"tool_quickstart_seed1": [299, 699], "tool_quickstart_seed2": [799, 1799], "tool_control_seed5": [],
-                  "quickstart_seed3": [749], "quickstart_seed4": [749], "quickstart_seed5": [749]}  # fmt: skip
+                  "tool_control_seed6": []} | {f"quickstart_seed{seed}": [749] for seed in range(3, 8)}  # fmt: skip
 #: steps with at least a quarter of the groups token-identical (IdenticalSamplesGuard's threshold)
-IDENTICAL_STEPS = {"tool_quickstart_seed1": 0, "tool_quickstart_seed2": 0, "tool_control_seed5": 58,
-                   "quickstart_seed3": 764, "quickstart_seed4": 790, "quickstart_seed5": 767}  # fmt: skip
+IDENTICAL_STEPS = {"tool_quickstart_seed1": 0, "tool_quickstart_seed2": 0, "tool_control_seed5": 58, "tool_control_seed6": 0,
+                   "quickstart_seed3": 764, "quickstart_seed4": 790, "quickstart_seed5": 767, "quickstart_seed6": 796,
+                   "quickstart_seed7": 799}  # fmt: skip
+#: ZeroStdGuard() (the class default, max_reward None) where it differs from the recipes' ZeroStdGuard(max_reward=0.9)
+ZERO_STD_DEFAULT = {"quickstart_seed4": [(610, 616), (621, 634), (637, 659), (737, 737)],
+                    "quickstart_seed7": [(520, 532), (551, 551), (808, 855), (867, 872), (895, 944), (973, 983)]}  # fmt: skip
 
 
 def test_the_heldout_runs_are_not_the_design_runs():
     design = {(run["recipe"], run["seed"], tuple(run["overrides"])) for run in DESIGN.values()}
-    assert len(HELDOUT) == 6
+    assert len(HELDOUT) == 9
     for name, run in HELDOUT.items():
         assert run["set"] == "heldout" and run["overrides"] == [], name  # the seed's own initialisation
         assert (run["recipe"], run["seed"], ()) not in design and run["seed"] != 0, name  # seed 0: the seed-0 init
@@ -71,7 +78,7 @@ def test_the_recipe_guards_replayed_fire_where_they_fired_in_the_run(run):
 @pytest.mark.parametrize(("run", "steps"), IDENTICAL_STEPS.items())
 def test_identical_groups_of_a_confident_policy_did_not_trip_the_identical_samples_guard(run, steps):
     """IdenticalSamplesGuard needs each group's tokens and the sampler's log-probs, which are not logged: it is
-    checked in the runs. At up to 790 steps a quarter or more of the groups were token-identical (a confident
+    checked in the runs. At up to 799 of 1000 steps a quarter or more of the groups were token-identical (a confident
     policy: the quickstart's one-digit answer, the control's guess) and it never fired (IN_RUN: no alarm)."""
     assert sum(frac >= 0.25 for frac in HELDOUT[run]["frac_identical_groups"]) == steps
     assert "identical_samples" not in HELDOUT[run]["alarms"]
@@ -116,9 +123,10 @@ def test_length_guard_defaults_stay_quiet(run):
     assert replay(LengthGuard(), HELDOUT[run]) == []
 
 
-def test_zero_std_guard_without_the_recipes_max_reward_fires_on_a_learned_quickstart():
-    """The class default (max_reward None) on quickstart seed 4: its learned batches are all right (one reward
-    level, so not pass / fail) and count as groups without signal; the recipes' max_reward 0.9 keeps it quiet."""
-    assert replay(ZeroStdGuard(), HELDOUT["quickstart_seed4"]) == _steps([(610, 616), (621, 634), (637, 659), (737, 737)])
-    for run in set(IN_RUN) - {"quickstart_seed4"}:  # elsewhere the default fires where the recipe's guard did
-        assert replay(ZeroStdGuard(), HELDOUT[run]) == HELDOUT[run]["alarms"].get("zero_reward_std", []), run
+@pytest.mark.parametrize("run", sorted(IN_RUN))
+def test_zero_std_guard_without_the_recipes_max_reward_fires_on_learned_quickstarts(run):
+    """The class default (max_reward None) on quickstart seeds 4 and 7: their learned batches are all right (one
+    reward level, so not pass / fail) and count as groups without signal; the recipes' max_reward 0.9 keeps it
+    quiet. On the other runs the default fires where the recipe's guard did."""
+    expected = _steps(ZERO_STD_DEFAULT[run]) if run in ZERO_STD_DEFAULT else HELDOUT[run]["alarms"].get("zero_reward_std", [])
+    assert replay(ZeroStdGuard(), HELDOUT[run]) == expected
