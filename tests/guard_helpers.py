@@ -26,3 +26,32 @@ def drive(guard: Any, batches: list[dict[str, float]], group_size: int = 8, firs
         module.rollout_metrics = metrics
         guard.on_rollout_end(trainer, module, SimpleNamespace(group_size=group_size))
     return [a["step"] for a in guard.alarms]
+
+
+#: logged metrics a measured run (tests/fixtures/*.json) gives each guard hook: rollout-level, step-level
+ROLLOUT_METRICS = ("reward_mean", "frac_reward_zero_std", "frac_groups_all_lowest", "reward_levels", "completion_length_mean")
+STEP_METRICS = ("entropy", "mismatch_k3")
+
+
+def replay(guard: Any, run: dict[str, Any]) -> list[int]:
+    """Feed a guard a measured run's logged metrics in the order the run did (``on_rollout_end`` with the
+    step's rollout metrics, ``on_before_optimizer_step`` with its loss metrics, ``on_validation_end`` at the
+    run's validations after step 0, which the rollout callback logs without one); the steps it fired at."""
+    module = FakeModule()
+    module.step_metrics = SimpleNamespace(compute=lambda: step_metrics)
+    trainer = SimpleNamespace(global_step=0, global_rank=0, world_size=1, callbacks=[], loggers=[], log_dir=None,
+                              sanity_checking=False, callback_metrics={})  # fmt: skip
+    module.trainer = trainer
+    validations = {step: value for step, value in run.get("val_reward_mean", []) if step > 0}
+    batch = SimpleNamespace(group_size=8)
+    for step in range(len(run["reward_mean"])):
+        trainer.global_step = step
+        module.rollout_metrics = {key: run[key][step] for key in ROLLOUT_METRICS if key in run}
+        step_metrics = {key: run[key][step] for key in STEP_METRICS if key in run}
+        if hasattr(guard, "on_rollout_end"):
+            guard.on_rollout_end(trainer, module, batch)
+        guard.on_before_optimizer_step(trainer, module, None)
+        if step in validations:
+            trainer.callback_metrics = {"val/reward_mean": validations[step]}
+            guard.on_validation_end(trainer, module)
+    return [a["step"] for a in guard.alarms]
