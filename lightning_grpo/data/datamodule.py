@@ -330,8 +330,9 @@ def _check_options(h: dict[str, Any]) -> None:
         raise ValueError("give val_files or val_dataset, not both")
     if h["test_files"] is not None and h["test_dataset"] is not None:
         raise ValueError("give test_files or test_dataset, not both")
-    if (has_val or has_test) and not has_train:
-        raise ValueError("val_files/val_dataset and test_files/test_dataset need train_files or train_dataset (the digit task has its own splits)")
+    for split, given in (("val", has_val), ("test", has_test)):
+        if given and not has_train:
+            raise ValueError(f"{split}_files/{split}_dataset need train_files or train_dataset (the digit task has its own splits)")
     if h["val_fraction"] is not None:
         if not 0 < h["val_fraction"] < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {h['val_fraction']}")
