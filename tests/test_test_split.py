@@ -81,3 +81,92 @@ def test_test_stage_reports_the_test_split_of_a_checkpoint(tmp_path, tiny_model_
     assert sorted(metrics) == ["test/greedy_accuracy"]
     assert metrics["test/greedy_accuracy"] == pytest.approx(expected, abs=1e-6)
     assert expected != on_dev and expected != _greedy_accuracy(tiny_model_path, test), (expected, on_dev)
+
+
+class _Recorder:
+    """An environment that records the reset seed of every episode it opens."""
+
+    seeds: list[int] = []
+
+    def reset(self, record, seed):
+        _Recorder.seeds.append(seed)
+        return None  # the record's own prompt
+
+
+def _reset_seeds(episode_seed: int, episodes: int) -> set[int]:
+    """The reset seeds of ``episodes`` episodes started with ``episode_seed`` (one per episode)."""
+    from lightning_grpo.agents.episodes import start_episodes
+
+    _Recorder.seeds = []
+    start_episodes(_Recorder, [{"prompt_ids": [1]}] * episodes, 1, episode_seed, None, None, reset_seed="episode")
+    return set(_Recorder.seeds)
+
+
+@pytest.mark.parametrize("run_seed", [0, 1, 2])
+def test_test_episodes_are_none_of_the_training_or_dev_episodes(run_seed):
+    """recipes/tool_quickstart.yaml's schedule: 2000 training generations of 8 records x 8 episodes, a dev check
+    of 50 episodes every 100 steps, 50 test episodes: the test episodes' reset seeds (which draw each secret)
+    are none of the training or dev episodes' (the secret itself has 10 values), and stay the same whatever
+    checkpoint (global step) is tested."""
+    from types import SimpleNamespace
+
+    from lightning_grpo.agents.callback import AgentRolloutCallback
+    from lightning_grpo.rollout.base import derive_seed
+
+    callback = AgentRolloutCallback(seed=run_seed, reset_seed="episode", allow_mixed_task_groups=True)
+
+    def module(step):
+        return SimpleNamespace(trainer=SimpleNamespace(global_rank=0, global_step=step))
+
+    rounds = callback.max_generation_rounds
+    train = set().union(*(_reset_seeds(derive_seed(run_seed, 0, g * rounds), 64) for g in range(2000)))
+    dev = set().union(*(_reset_seeds(callback.episode_seed(module(step), "val"), 50) for step in range(0, 2001, 100)))
+    test = _reset_seeds(callback.episode_seed(module(2000), "test"), 50)
+    assert len(train) > 2000 * 64 - 20 and len(dev) == 21 * 50 and len(test) == 50  # 31-bit seeds: a few training repeats
+    assert test & train == set() and test & dev == set()
+    assert _reset_seeds(callback.episode_seed(module(7), "test"), 50) == test  # the checkpoint's step has no say
+
+
+def test_data_module_test_split_from_files_and_rows(tmp_path, tiny_model_path):
+    """test_files / test_dataset become test_records (the test dataloader's), the training and dev records stay;
+    without a test split ``test_dataloader`` names the options that give one."""
+    from lightning_grpo import PromptDataModule
+
+    train, val, test = digit_splits(0, 16, 4, 6)
+    path = tmp_path / "test.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in test))
+    for given in ({"test_files": str(path)}, {"test_dataset": test}):
+        dm = PromptDataModule(train_dataset=train, val_dataset=val, tokenizer_path=str(tiny_model_path), batch_size=4, **given)
+        dm.setup()
+        assert [r["prompt"] for r in dm.test_records] == [r["prompt"] for r in test]
+        assert [r["prompt"] for r in dm.val_records] == [r["prompt"] for r in val]
+        assert [r["prompt"] for batch in dm.test_dataloader() for r in batch] == [r["prompt"] for r in test]
+    dm = PromptDataModule(train_dataset=train, tokenizer_path=str(tiny_model_path), batch_size=4)
+    dm.setup()
+    with pytest.raises(ValueError, match=r"lightning-grpo test needs a test split, and \(no test split\) has none: give data.test_files"):
+        dm.test_dataloader()
+    digits = PromptDataModule(tokenizer_path=str(tiny_model_path), task_num_test=0)
+    digits.setup()
+    with pytest.raises(ValueError, match=r"the digit task's test split has none"):
+        digits.test_dataloader()
+
+
+def test_sft_test_stage_is_validation_on_the_test_split(tiny_model_path):
+    """``SFTModule`` on the test split logs ``test/*`` equal to what validating on those rows logs as ``val/*``."""
+    import lightning as L
+
+    from lightning_grpo import SFTDataModule, SFTModule
+
+    train, val, test = digit_splits(0, 16, 8, 8)
+
+    def run(stage, **data):
+        dm = SFTDataModule(train_dataset=train, tokenizer_path=str(tiny_model_path), batch_size=4, **data)
+        trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+        getattr(trainer, stage)(SFTModule(model=str(tiny_model_path)), datamodule=dm)
+        return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+    tested = run("test", val_dataset=val, test_dataset=test)
+    on_test, on_dev = run("validate", val_dataset=test), run("validate", val_dataset=val)
+    assert sorted(tested) == ["test/accuracy", "test/loss", "test/token_accuracy"]
+    assert tested == {k.replace("val/", "test/"): v for k, v in on_test.items()}
+    assert tested["test/loss"] != on_dev["val/loss"]  # the two splits give different numbers
