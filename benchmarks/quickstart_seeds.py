@@ -2,10 +2,11 @@
 
 For each seed: wall time of the whole command and its CPU time (user + system seconds of the
 run's process: what it costs alone on one core; with ``--jobs`` each run has one thread), mean
-training reward of the first and last tenth of the steps, held-out greedy accuracy (prompts never
-trained on) at step 0 and at the end, and every guard's alarm count (steps at which it fired,
-from ``alarms.jsonl``).
-Writes a markdown table and a reward / accuracy curve (PNG).
+training reward of the first and last tenth of the steps, dev greedy accuracy (the validation
+prompts, checked during the run, where settings were chosen) at step 0 and at the end, the test
+greedy accuracy of the run's last checkpoint (``lightning-grpo test``: prompts no setting was chosen
+on, docs/tuning.md), and every guard's alarm count (steps at which it fired, from ``alarms.jsonl``).
+Writes a markdown table and a reward / dev accuracy curve (PNG).
 
     python benchmarks/quickstart_seeds.py --seeds 0 1 2 --write
     python benchmarks/quickstart_seeds.py --recipe recipes/quickstart_async.yaml --seeds 0 1 2 --write
@@ -41,6 +42,7 @@ def run(
     save = out / f"seed{seed}"
     wall_file, cpu_file = save / "wall_seconds.txt", save / "cpu_seconds.txt"
     if not (reuse and wall_file.is_file()):  # --reuse: a run of this seed finished earlier (seeds one per command)
+        forget_test(save)
         cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
                "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
         env = dict(os.environ)
@@ -56,7 +58,8 @@ def run(
         cpu_file.write_text(f"{usage.ru_utime + usage.ru_stime}\n")
     wall = float(wall_file.read_text())
     cpu = float(cpu_file.read_text()) if cpu_file.is_file() else None
-    metrics = next(save.glob("**/metrics.csv"))
+    metrics = newest(save.glob(f"{recipe.stem}/version_*/metrics.csv"))
+    test = test_split(recipe, seed, save, extra, core)
     rows = list(csv.DictReader(metrics.open()))
     reward = [(int(r["step"]), float(r["train/reward_mean"])) for r in rows if r.get("train/reward_mean")]
     acc = [(int(r["step"]), float(r["val/greedy_accuracy"])) for r in rows if r.get("val/greedy_accuracy")]
@@ -72,23 +75,61 @@ def run(
         "reward_last": sum(v for _, v in reward[-tenth:]) / tenth,
         "acc_start": acc[0][1],
         "acc_end": acc[-1][1],
+        "test": test["test/greedy_accuracy"],
         "reward_curve": reward,
         "acc_curve": acc,
     }
 
 
+def newest(paths) -> Path:
+    """The most recently written of ``paths`` (a run folder's latest version)."""
+    found = sorted(paths, key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError("no finished run found")
+    return found[-1]
+
+
+def forget_test(save: Path) -> None:
+    """Drop the test figures of an earlier run in ``save`` (a new run is about to replace its checkpoint)."""
+    import shutil
+
+    (save / "test_metrics.json").unlink(missing_ok=True)
+    shutil.rmtree(save / "test", ignore_errors=True)
+
+
+def test_split(recipe: Path, seed: int, save: Path, extra: list[str], core: int | None = None,
+               command: tuple[str, ...] = ("test",), name: str | None = None) -> dict[str, float]:
+    """``lightning-grpo test`` of the last checkpoint of the run ``save/<name>`` (default: the recipe's stem),
+    pinned to ``core`` with one thread: its ``test/*`` metrics, cached in ``save/test_metrics.json``."""
+    cached = save / "test_metrics.json"
+    if not cached.is_file():
+        checkpoint = newest(save.glob(f"{name or recipe.stem}/version_*/checkpoints/last.ckpt"))
+        cmd = [sys.executable, "-m", "lightning_grpo", *command, "-c", str(recipe), "--seed_everything", str(seed),
+               "--ckpt_path", str(checkpoint), "--trainer.logger.init_args.save_dir", str(save / "test"),
+               "--trainer.enable_progress_bar", "false", *extra]  # fmt: skip
+        env = dict(os.environ)
+        if core is not None:
+            env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+            cmd = ["taskset", "-c", str(core), *cmd]
+        with open(save / "test.log", "w") as log:
+            subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+        rows = list(csv.DictReader(next((save / "test").glob("**/metrics.csv")).open()))
+        cached.write_text(json.dumps({k: float(v) for r in rows for k, v in r.items() if k.startswith("test/") and v}))
+    return json.loads(cached.read_text())
+
+
 def table(results: list[dict]) -> str:
     lines = [
-        "| seed | wall time, s (CPU time) | reward, first tenth | reward, last tenth | gain | held-out greedy accuracy, step 0 -> end "
-        "| alarms (" + " / ".join(GUARDS) + ") |",
-        "|---:|---:|---:|---:|---:|---|---|",
+        "| seed | wall time, s (CPU time) | reward, first tenth | reward, last tenth | gain | dev greedy accuracy, step 0 -> end "
+        "| **test** greedy accuracy, end | alarms (" + " / ".join(GUARDS) + ") |",
+        "|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for r in results:
         alarms = " / ".join(str(r["alarms"][g]) for g in GUARDS)
         cpu = "" if r.get("cpu_s") is None else f" ({r['cpu_s']:.0f})"
         lines.append(
             f"| {r['seed']} | {r['wall_s']:.0f}{cpu} | {r['reward_first']:.3f} | {r['reward_last']:.3f} | "
-            f"{r['reward_last'] - r['reward_first']:+.3f} | {r['acc_start']:.2f} -> {r['acc_end']:.2f} | {alarms} |"
+            f"{r['reward_last'] - r['reward_first']:+.3f} | {r['acc_start']:.2f} -> {r['acc_end']:.2f} | **{r['test']:.2f}** | {alarms} |"
         )
     return "\n".join(lines)
 
@@ -106,7 +147,7 @@ def plot(results: list[dict], path: Path) -> None:
         steps, values = zip(*r["acc_curve"])
         axes[1].plot(steps, values, marker="o", label=f"seed {r['seed']}")
     axes[0].set(title="training reward (mean over the group samples)", xlabel="optimizer step", ylim=(0, 1.05))
-    axes[1].set(title="held-out greedy accuracy", xlabel="optimizer step", ylim=(0, 1.05))
+    axes[1].set(title="dev (validation) greedy accuracy", xlabel="optimizer step", ylim=(0, 1.05))
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend()

@@ -2,9 +2,11 @@
 folder; ``--track tool`` or ``text``) for several seeds, each seed its own initialisation of tiny:qwen3, and measure
 what each stage gives.
 
-Per seed: SFT steps and the SFT dev accuracy (greedy, against the demonstrations) at its last check; GRPO's held-out
-greedy accuracy (tool: 50 episodes, each with its own secret; text: the task's 100 validation rows) at GRPO step 0
-(the warm start) and at the end; the wall time of each stage. Writes a markdown table between the
+Per seed: SFT steps and the SFT dev accuracy (greedy, against the demonstrations) at its last check; GRPO's dev
+greedy accuracy (tool: 50 validation episodes per check, each with its own secret; text: the task's 100 validation
+prompts) at GRPO step 0 (the warm start) and at the end; the **test** greedy accuracy of the GRPO run's last
+checkpoint (``lightning-grpo test``: tool: 50 episodes from the test seed stream; text: the task's 100 test prompts;
+no setting was chosen on either, docs/tuning.md); the wall time of each stage. Writes a markdown table between the
 ``<!-- qwen3-<track>-results -->`` markers of docs/recipes.md with ``--write``.
 
     python benchmarks/qwen3_seeds.py --track tool --seeds 0 1 2 --jobs 2 --write
@@ -23,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from quickstart_seeds import map_on_cores, write_between_markers
+from quickstart_seeds import forget_test, map_on_cores, test_split, write_between_markers
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACKS = ("tool", "text")
@@ -42,6 +44,7 @@ def _stage(track: str, name: str, seed: int, save: Path, extra: list[str], core:
     done = save / f"{name}_wall_seconds.txt"
     if done.is_file():
         return float(done.read_text())
+    forget_test(save / "runs")  # a new run replaces the checkpoint the cached test figures came from
     cmd = [sys.executable, "-m", "lightning_grpo", *stages(track)[name], "--seed_everything", str(seed),
            "--trainer.logger.init_args.save_dir", str(save / "runs"), "--trainer.enable_progress_bar", "false", *extra]  # fmt: skip
     env = dict(os.environ)
@@ -64,21 +67,24 @@ def run(track: str, seed: int, out: Path, extra: list[str], core: int | None) ->
     save.mkdir(parents=True, exist_ok=True)
     sft_s = _stage(track, "sft", seed, save, [], core)
     sft_run = save / "runs" / f"qwen3_{track}_sft"
-    grpo_s = _stage(track, "grpo", seed, save, ["--model.model", str(sft_run), *extra], core)
+    grpo_args = ["--model.model", str(sft_run), *extra]
+    grpo_s = _stage(track, "grpo", seed, save, grpo_args, core)
     sft_acc = _rows(next(sft_run.glob("version_*/metrics.csv")), "val/accuracy")
     held_out = _rows(next((save / "runs" / f"qwen3_{track}_grpo").glob("version_*/metrics.csv")), "val/greedy_accuracy")
+    test = test_split(ROOT / stages(track)["grpo"][-1], seed, save / "runs", grpo_args, core)["test/greedy_accuracy"]
     return {"seed": seed, "sft_steps": sft_acc[-1][0] + 1, "sft_dev": sft_acc[-1][1], "sft_s": sft_s, "grpo_s": grpo_s,
-            "start": held_out[0][1], "end": held_out[-1][1], "best": max(v for _, v in held_out), "curve": held_out}  # fmt: skip
+            "start": held_out[0][1], "end": held_out[-1][1], "best": max(v for _, v in held_out), "curve": held_out,
+            "test": test}  # fmt: skip
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| seed (= init) | SFT steps | SFT dev accuracy at stop | held-out, GRPO step 0 | held-out, end (best) | "
-             "SFT + GRPO wall time, min | held-out curve (step: accuracy) |",
-             "|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines = ["| seed (= init) | SFT steps | SFT dev accuracy at stop | dev, GRPO step 0 | dev, end (best) | **test**, end | "
+             "SFT + GRPO wall time, min | dev curve (step: accuracy) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
     for r in results:
         curve = ", ".join(f"{s}: {v:.2f}" for s, v in r["curve"])
         lines.append(f"| {r['seed']} | {r['sft_steps']} | {r['sft_dev']:.2f} | {r['start']:.2f} | {r['end']:.2f} ({r['best']:.2f}) "
-                     f"| {r['sft_s'] / 60:.1f} + {r['grpo_s'] / 60:.1f} | {curve} |")  # fmt: skip
+                     f"| **{r['test']:.2f}** | {r['sft_s'] / 60:.1f} + {r['grpo_s'] / 60:.1f} | {curve} |")  # fmt: skip
     return "\n".join(lines)
 
 

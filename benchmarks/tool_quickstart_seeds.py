@@ -1,10 +1,12 @@
 """Run the tool quickstart (recipes/tool_quickstart.yaml) for several seeds, with the tool and
 without it (the control: ``environment_args.tools_enabled: false``), and measure what it learns.
 
-Per run: wall time of the whole command, held-out success (greedy episodes on the 50 held-out
-prompts, each with its own secret digit) at step 0 and at the end, held-out tool-call rate at the
-end, and the training reward of the first and last tenth of the steps. Writes a markdown table
-(README.md, between the tool-quickstart markers, with ``--write``).
+Per run: wall time of the whole command, dev success (greedy episodes on the 50 validation prompts,
+each with its own secret digit, checked during the run) at step 0 and at the end, the test success
+and tool-call rate of the run's last checkpoint (``lightning-grpo test``: 50 episodes from the test
+seed stream, which no setting was chosen on; docs/tuning.md), and the training reward of the first
+and last tenth of the steps. Writes a markdown table (README.md, between the tool-quickstart
+markers, with ``--write``).
 
     python benchmarks/tool_quickstart_seeds.py --seeds 0 1 2 --jobs 2 --write
 
@@ -24,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+from quickstart_seeds import forget_test, newest, test_split
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "tool_quickstart.yaml"
@@ -44,6 +47,7 @@ def recipe(out: Path, tools: bool) -> Path:
 
 def run(seed: int, out: Path, tools: bool, extra: list[str], core: int | None = None) -> dict:
     save = out / f"{'tools' if tools else 'control'}-seed{seed}"
+    forget_test(save)
     cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe(out, tools)),
            "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
     env = dict(os.environ)
@@ -53,7 +57,8 @@ def run(seed: int, out: Path, tools: bool, extra: list[str], core: int | None = 
     start = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
-    rows = list(csv.DictReader(next(save.glob("**/metrics.csv")).open()))
+    rows = list(csv.DictReader(newest(save.glob("tool_quickstart/version_*/metrics.csv")).open()))
+    test = test_split(recipe(out, tools), seed, save, extra, core, name="tool_quickstart")
     reward = [float(r["train/reward_mean"]) for r in rows if r.get("train/reward_mean")]
     val = [r for r in rows if r.get("val/greedy_accuracy")]
     tenth = max(1, len(reward) // 10)
@@ -66,19 +71,22 @@ def run(seed: int, out: Path, tools: bool, extra: list[str], core: int | None = 
         "success_start": float(val[0]["val/greedy_accuracy"]),
         "success_end": float(val[-1]["val/greedy_accuracy"]),
         "tool_rate_end": float(val[-1]["val/tool_call_rate"]),
+        "test": test["test/greedy_accuracy"],
+        "test_tool_rate": test["test/tool_call_rate"],
     }
 
 
 def table(results: list[dict]) -> str:
     lines = [
-        "| run | seed | wall time (s) | held-out success, step 0 -> end | held-out tool-call rate, end | train reward, first -> last tenth |",
-        "|---|---:|---:|---|---:|---|",
+        "| run | seed | wall time (s) | dev success, step 0 -> end | dev tool-call rate, end | **test** success, end "
+        "| test tool-call rate, end | train reward, first -> last tenth |",
+        "|---|---:|---:|---|---:|---:|---:|---|",
     ]
     for r in results:
         lines.append(
             f"| {'tool' if r['tools'] else 'control (no tool)'} | {r['seed']} | {r['wall_s']:.0f} | "
-            f"{r['success_start']:.2f} -> {r['success_end']:.2f} | {r['tool_rate_end']:.2f} | "
-            f"{r['reward_first']:.3f} -> {r['reward_last']:.3f} |"
+            f"{r['success_start']:.2f} -> {r['success_end']:.2f} | {r['tool_rate_end']:.2f} | **{r['test']:.2f}** | "
+            f"{r['test_tool_rate']:.2f} | {r['reward_first']:.3f} -> {r['reward_last']:.3f} |"
         )
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ import lightning as L
 from ..callbacks.rollout import RolloutCallback
 from ..callbacks.sampling import SampleResult, sample_groups
 from ..data.reward_set import RewardScores, RewardSpec
-from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed, request_seed
+from ..rollout.base import RolloutEngine, SamplingConfig, request_seed
 from . import rewards as _rewards  # noqa: F401  (registers env_reward, tool_call_made)
 from . import calculator as _calculator  # noqa: F401  (registers the built-in environments)
 from . import secret_digit as _secret_digit  # noqa: F401
@@ -73,7 +73,6 @@ class AgentRolloutCallback(RolloutCallback):
         self.stop_tokens = stop_tokens
         self.renderer: ChatRenderer | None = None
         self._tokenizer: Any = None
-        self._val_batch = 0  # index of the validation batch being evaluated (its episodes' seeds)
 
     # ------------------------------------------------------------------------ set-up
     def make_env(self) -> Any:
@@ -155,29 +154,29 @@ class AgentRolloutCallback(RolloutCallback):
         return result
 
     # ------------------------------------------------------------------- validation
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int,
-                                  dataloader_idx: int = 0) -> None:  # fmt: skip
-        self._val_batch = batch_idx
+    def episode_seed(self, module: L.LightningModule, split: str) -> int:
+        """The episodes' seed of the held-out batch being evaluated. Each dev (``val``) batch of a check gets its
+        own seed (environments draw per-episode values from it, e.g. the secret digit), so the held-out episodes of
+        one check are all different; a test batch's is :func:`~lightning_grpo.rollout.base.test_seed` (never a
+        training generation's, the same whatever checkpoint is tested)."""
+        check = self.eval_seed(module, split)
+        return (check if split == "test" else request_seed(check, self._eval_batch)) & 0x7FFFFFFF
 
-    def evaluate(self, module: L.LightningModule, records: list[dict]) -> dict[str, float]:
-        """Greedy episodes on held-out records: accuracy (first reward function), tool-call rate, turns.
-
-        Each validation batch gets its own seed (environments draw per-episode values from it, e.g. the
-        secret digit), so the held-out episodes of one check are all different."""
+    def evaluate(self, module: L.LightningModule, records: list[dict], split: str = "val") -> dict[str, float]:
+        """Greedy episodes on held-out records (``<split>/...``): accuracy (first reward function), tool-call
+        rate, turns."""
         trainer = module.trainer
         engine = self._ensure_engine(trainer, module)
         self.sync_weights(module)
-        check = derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step)
-        seed = request_seed(check, self._val_batch) & 0x7FFFFFFF
         greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
-        rollout = self.run(engine, trainer.datamodule.tokenizer, records, greedy, seed)
+        rollout = self.run(engine, trainer.datamodule.tokenizer, records, greedy, self.episode_seed(module, split))
         scores = self.score(rollout, records)
-        stats = episode_metrics(rollout.episodes, rollout.env_time, prefix="val/")
+        stats = episode_metrics(rollout.episodes, rollout.env_time, prefix=f"{split}/")
         return {
-            "val/greedy_accuracy": scores.rewards[:, 0].mean().item(),
-            "val/reward_mean": (scores.rewards @ scores.weights).mean().item(),
-            "val/tool_call_rate": stats["val/tool_call_rate"],
-            "val/turns_mean": stats["val/turns_mean"],
+            f"{split}/greedy_accuracy": scores.rewards[:, 0].mean().item(),
+            f"{split}/reward_mean": (scores.rewards @ scores.weights).mean().item(),
+            f"{split}/tool_call_rate": stats[f"{split}/tool_call_rate"],
+            f"{split}/turns_mean": stats[f"{split}/turns_mean"],
         }
 
 

@@ -34,22 +34,23 @@ def pass_at_k(correct: Tensor, n: int, k: int) -> Tensor:
 
 
 def evaluate_prompts(engine, reward_set, tokenizer, records, sampling: SamplingConfig, samples: int, seed: int,
-                     pass_k: list[int] | None = None, threshold: float = 1.0) -> dict[str, float]:  # fmt: skip
+                     pass_k: list[int] | None = None, threshold: float = 1.0, split: str = "val") -> dict[str, float]:  # fmt: skip
     """Greedy accuracy (mean of the first reward function under greedy decoding); with ``samples``
     = n > 0 also the mean total reward of n sampled completions per prompt (``val/reward_mean``),
-    ``val/mean@n`` (mean first reward) and ``val/pass@k`` for each k of ``pass_k`` (default: n)."""
+    ``val/mean@n`` (mean first reward) and ``val/pass@k`` for each k of ``pass_k`` (default: n).
+    ``split`` prefixes the names (``"test"``: ``test/greedy_accuracy``, ...)."""
     prompt_ids = [r["prompt_ids"] for r in records]
     greedy = engine.generate(prompt_ids, SamplingConfig(n=1, temperature=0.0, max_new_tokens=sampling.max_new_tokens), seed)
     scores = score_rollout(greedy, reward_set, tokenizer, records)
-    out = {"val/greedy_accuracy": scores.rewards[:, 0].mean().item()}
+    out = {"greedy_accuracy": scores.rewards[:, 0].mean().item()}
     if samples > 0:
         cfg = SamplingConfig(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
                              top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens)  # fmt: skip
         sampled = score_rollout(engine.generate(prompt_ids, cfg, seed), reward_set, tokenizer, records)
-        out["val/reward_mean"] = (sampled.rewards @ sampled.weights).mean().item()
+        out["reward_mean"] = (sampled.rewards @ sampled.weights).mean().item()
         first = sampled.rewards[:, 0].view(len(records), samples)  # [P, n]
-        out[f"val/mean@{samples}"] = first.mean().item()
+        out[f"mean@{samples}"] = first.mean().item()
         correct = (first >= threshold).sum(-1)  # [P]
         for k in pass_k or [samples]:
-            out[f"val/pass@{k}"] = pass_at_k(correct, samples, k).mean().item()
-    return out
+            out[f"pass@{k}"] = pass_at_k(correct, samples, k).mean().item()
+    return {f"{split}/{name}": value for name, value in out.items()}

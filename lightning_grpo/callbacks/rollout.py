@@ -28,7 +28,7 @@ from ..core.batch import RolloutBatch, steps_per_batch
 from ..core import SELECTIONS
 from ..data.reward_set import RewardSet, RewardSpec
 from .distributed import attach_rank_watch
-from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
+from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed, test_seed
 from ..checks.validation import check_fit_config
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
 from .async_setup import check_async_config, checkpoint_on_server_failure, install_async_correction
@@ -139,6 +139,7 @@ class RolloutCallback(Callback):
         self.async_correction = async_correction
         self._pipeline: AsyncRollout | None = None
         self.completion_log = CompletionLog(replace(log_completions or CompletionLogSettings()))
+        self._eval_batch = 0  # index of the validation / test batch being evaluated (test batches' seeds)
 
     # ------------------------------------------------------------------------ engine
     def _reward_column(self, name: str | None) -> int | None:
@@ -315,13 +316,33 @@ class RolloutCallback(Callback):
         )  # fmt: skip
 
     # -------------------------------------------------------------------- validation
-    def evaluate(self, module: L.LightningModule, records: list[dict]) -> dict[str, float]:
-        """Held-out metrics of a batch of prompt records (called by ``GRPOModule.validation_step``)."""
+    @override
+    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:  # fmt: skip
+        self._eval_batch = batch_idx
+
+    @override
+    def on_test_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int,
+                            dataloader_idx: int = 0) -> None:  # fmt: skip
+        self._eval_batch = batch_idx
+
+    def eval_seed(self, module: L.LightningModule, split: str) -> int:
+        """The seed of the held-out batch being evaluated: a dev (``val``) check draws from the run seed + 1 at
+        the optimizer step; a test batch from :func:`~lightning_grpo.rollout.base.test_seed` (never a
+        training generation's seed, and the same whatever checkpoint is tested)."""
+        rank = module.trainer.global_rank
+        if split == "test":
+            return test_seed(self.seed, rank, self._eval_batch)
+        return derive_seed(self.seed + 1, rank, module.trainer.global_step)
+
+    def evaluate(self, module: L.LightningModule, records: list[dict], split: str = "val") -> dict[str, float]:
+        """Held-out metrics (``<split>/...``) of a batch of prompt records (called by ``GRPOModule.validation_step``
+        with ``split="val"``, the dev split, and ``GRPOModule.test_step`` with ``"test"``)."""
         trainer = module.trainer
         engine = self._ensure_engine(trainer, module)
-        seed = derive_seed(self.seed + 1, trainer.global_rank, trainer.global_step)
+        seed = self.eval_seed(module, split)
         args = (engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, self.val_samples, seed,
-                self.val_pass_k, self.val_pass_threshold)  # fmt: skip
+                self.val_pass_k, self.val_pass_threshold, split)  # fmt: skip
         if self._pipeline is not None:  # the worker owns the servers: queue behind its work
             return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
         self.sync_weights(module)

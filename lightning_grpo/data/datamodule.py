@@ -57,9 +57,11 @@ class PromptDataModule(L.LightningDataModule):
 
     Sources, one of: ``source`` (a :class:`~lightning_grpo.data.sources.DataSource`, e.g.
     :class:`~lightning_grpo.data.sources.HubDataset`); ``train_files`` / ``train_dataset``
-    (validation from ``val_files`` / ``val_dataset``); when none is given, the built-in digit task
-    (:func:`~lightning_grpo.data.tasks.digit_task`). Without a validation split,
-    ``val_fraction`` splits the training rows; otherwise there is none. Guide: docs/data.md.
+    (validation from ``val_files`` / ``val_dataset``, test from ``test_files`` / ``test_dataset``);
+    when none is given, the built-in digit task (:func:`~lightning_grpo.data.tasks.digit_splits`).
+    Without a validation split, ``val_fraction`` splits the training rows; otherwise there is none.
+    The validation split is the dev split (checked during ``fit``, where settings are chosen); the
+    test split is read by ``lightning-grpo test`` only (docs/tuning.md). Guide: docs/data.md.
 
     Args:
         source: Where the rows come from (``class_path`` / ``init_args`` in a recipe); excludes
@@ -69,6 +71,9 @@ class PromptDataModule(L.LightningDataModule):
         val_files: Validation file(s), same formats.
         train_dataset: A ``datasets.Dataset`` or a list of dicts used instead of ``train_files``.
         val_dataset: A ``datasets.Dataset`` or a list of dicts used instead of ``val_files``.
+        test_files: Test file(s), same formats: the split ``lightning-grpo test`` reports, which no
+            setting should be chosen on.
+        test_dataset: A ``datasets.Dataset`` or a list of dicts used instead of ``test_files``.
         record_map: Import path (``"my_module.fn"`` or ``"my_module:fn"``; the current directory
             is importable from ``lightning-grpo``) or, from Python, the function itself: ``fn(row)
             -> row`` applied to every raw row of every split before the columns are checked (to
@@ -96,6 +101,8 @@ class PromptDataModule(L.LightningDataModule):
             ``"first_digit"``, or ``"count_to_last"`` with answers of 1-10 characters).
         task_num_train: Training prompts of the built-in digit task.
         task_num_val: Validation prompts of the built-in digit task.
+        task_num_test: Test prompts of the built-in digit task (none of them a training or
+            validation prompt; adding them changes neither of those splits); 0 for none.
         cache_dir: Cache folder of ``datasets.load_dataset``; ``None`` for its default.
         chat_template_kwargs: Extra keyword arguments of the chat template (needs ``use_chat_template``),
             e.g. ``{enable_thinking: false}`` for Qwen3, whose prompt then ends in an empty ``<think>`` block
@@ -109,6 +116,8 @@ class PromptDataModule(L.LightningDataModule):
         val_files: str | list[str] | None = None,
         train_dataset: Any = None,
         val_dataset: Any = None,
+        test_files: str | list[str] | None = None,
+        test_dataset: Any = None,
         record_map: str | RecordMap | None = None,
         tokenizer_path: str | None = None,
         prompt_column: str = "prompt",
@@ -126,12 +135,13 @@ class PromptDataModule(L.LightningDataModule):
         task_rule: str = "last_plus_one",
         task_num_train: int = 300,
         task_num_val: int = 50,
+        task_num_test: int = 50,
         cache_dir: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         _check_options(dict(locals()))
         super().__init__()
-        objects = ["source", "train_dataset", "val_dataset"] + (["record_map"] if callable(record_map) else [])
+        objects = ["source", "train_dataset", "val_dataset", "test_dataset"] + (["record_map"] if callable(record_map) else [])
         self.save_hyperparameters(ignore=objects)  # what a YAML cannot hold; the CLI saves its own config
         self.source = source if source is not None else _builtin_source(locals())
         self.record_map = resolve_record_map(record_map)
@@ -145,6 +155,7 @@ class PromptDataModule(L.LightningDataModule):
         #: Prepared records, filled by :meth:`setup`.
         self.train_records: list[dict[str, Any]] | None = None
         self.val_records: list[dict[str, Any]] = []
+        self.test_records: list[dict[str, Any]] = []
 
     @property
     def max_prompt_length(self) -> int | None:
@@ -164,9 +175,9 @@ class PromptDataModule(L.LightningDataModule):
         check_tokenizer(self.tokenizer, where, self.format.use_chat_template)
         return self.tokenizer
 
-    def _read(self, split: Literal["train", "val"]) -> Rows | None:
+    def _read(self, split: Literal["train", "val", "test"]) -> Rows | None:
         """The source's rows of ``split`` after the mapping hook (None: the source has no such split)."""
-        rows = self.source.train_rows() if split == "train" else self.source.val_rows()
+        rows = {"train": self.source.train_rows, "val": self.source.val_rows, "test": self.source.test_rows}[split]()
         if rows is None:
             return None
         name = self.source.describe(split)
@@ -215,11 +226,13 @@ class PromptDataModule(L.LightningDataModule):
             return
         tokenizer = self._load_tokenizer()
         train, val = self._splits()
-        self.format.check_columns(*train)
-        if val is not None:
-            self.format.check_columns(*val)
+        test = self._read("test")
+        for split in (train, val, test):
+            if split is not None:
+                self.format.check_columns(*split)
         train_records = self._train_records(train, tokenizer)
         self.val_records = self.format.build(*val, tokenizer) if val is not None else []
+        self.test_records = self.format.build(*test, tokenizer) if test is not None else []
         self.train_records = train_records
 
     def refresh_train(self) -> None:
@@ -238,10 +251,10 @@ class PromptDataModule(L.LightningDataModule):
         self.train_records = self._train_records(train, self._load_tokenizer())
 
     # ------------------------------------------------------------------------------- loaders
-    def _records(self, split: Literal["train", "val"]) -> list[dict[str, Any]]:
+    def _records(self, split: Literal["train", "val", "test"]) -> list[dict[str, Any]]:
         if self.train_records is None:
             raise RuntimeError("PromptDataModule.setup() must run before the data is used")
-        return self.train_records if split == "train" else self.val_records
+        return {"train": self.train_records, "val": self.val_records, "test": self.test_records}[split]
 
     def train_dataloader(self) -> DataLoader:
         """One tick per training step (see the module docstring); an epoch is one pass over the
@@ -264,6 +277,16 @@ class PromptDataModule(L.LightningDataModule):
             return []
         return DataLoader(records, batch_size=self.val_batch_size, shuffle=False, collate_fn=_identity)
 
+    def test_dataloader(self) -> DataLoader:
+        """The test split in batches of ``val_batch_size`` (``lightning-grpo test``); an error when there is none."""
+        records = self._records("test")
+        if not records:
+            raise ValueError(
+                f"lightning-grpo test needs a test split, and {self.source.describe('test')} has none: give data.test_files / "
+                "data.test_dataset, data.task_num_test (digit task) or the source's test split (e.g. test_split, test_size)"
+            )
+        return DataLoader(records, batch_size=self.val_batch_size, shuffle=False, collate_fn=_identity)
+
     def generation_prompts(
         self, generation: int, rank: int = 0, world_size: int = 1, round_: int = 0, max_rounds: int = 1
     ) -> list[dict[str, Any]]:
@@ -281,7 +304,7 @@ class PromptDataModule(L.LightningDataModule):
 def _builtin_source(h: dict[str, Any]) -> DataSource:
     """The source that the file / dataset / digit-task options (``h``) describe."""
     splits = []
-    for split in ("train", "val"):
+    for split in ("train", "val", "test"):
         files, data = h[f"{split}_files"], h[f"{split}_dataset"]
         if files is not None:
             splits.append(FileSplit(files, f"{split}_files", h["cache_dir"]))
@@ -289,19 +312,20 @@ def _builtin_source(h: dict[str, Any]) -> DataSource:
             splits.append(RowsSplit(data, f"{split}_dataset") if data is not None else None)
     if splits[0] is not None:
         return LocalSource(*splits)
-    return DigitTaskSource(h["task_seed"], h["task_rule"], h["task_num_train"], h["task_num_val"])
+    return DigitTaskSource(h["task_seed"], h["task_rule"], h["task_num_train"], h["task_num_val"], h["task_num_test"])
 
 
 def _check_options(h: dict[str, Any]) -> None:
     """Reject contradictory or out-of-range options of :class:`PromptDataModule` (``h``: its arguments)."""
     has_train = h["train_files"] is not None or h["train_dataset"] is not None
     has_val = h["val_files"] is not None or h["val_dataset"] is not None
+    has_test = h["test_files"] is not None or h["test_dataset"] is not None
     if h["source"] is not None:
-        given = [k for k in ("train_files", "val_files", "train_dataset", "val_dataset") if h[k] is not None]
+        given = [k for k in ("train_files", "val_files", "train_dataset", "val_dataset", "test_files", "test_dataset") if h[k] is not None]
         if given:
             raise ValueError(
                 f"data.source reads the rows, so data.{given[0]} cannot be given too: use either a source or "
-                "train_files / train_dataset (with val_files / val_dataset)"
+                "train_files / train_dataset (with val_files / val_dataset, test_files / test_dataset)"
             )
         if not isinstance(h["source"], DataSource):
             raise TypeError(
@@ -311,8 +335,11 @@ def _check_options(h: dict[str, Any]) -> None:
         raise ValueError("give train_files or train_dataset, not both")
     if h["val_files"] is not None and h["val_dataset"] is not None:
         raise ValueError("give val_files or val_dataset, not both")
-    if has_val and not has_train:
-        raise ValueError("val_files/val_dataset need train_files or train_dataset (the digit task has its own split)")
+    if h["test_files"] is not None and h["test_dataset"] is not None:
+        raise ValueError("give test_files or test_dataset, not both")
+    for split, given in (("val", has_val), ("test", has_test)):
+        if given and not has_train:
+            raise ValueError(f"{split}_files/{split}_dataset need train_files or train_dataset (the digit task has its own splits)")
     if h["val_fraction"] is not None:
         if not 0 < h["val_fraction"] < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {h['val_fraction']}")

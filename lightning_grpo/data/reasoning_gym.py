@@ -7,7 +7,8 @@ gives it). Here:
 
 * :class:`ReasoningGymSource` (a :class:`~lightning_grpo.data.sources.DataSource`): a weighted mix
   of tasks, each with its config or curriculum level; ``size`` training rows drawn with ``seed``,
-  ``val_size`` held-out rows drawn with ``val_seed`` (another seed) and never in the training rows;
+  ``val_size`` held-out (dev) rows drawn with ``val_seed`` (another seed) and never in the training rows;
+  ``test_size`` test rows drawn with ``test_seed``, never in the training or dev rows (docs/tuning.md);
   optionally reasoning-gym's answer-format system prompt;
 * the reward ``reasoning_gym``: extracts the answer from a completion (the stripped text, or the
   last ``<answer>...</answer>``) and returns the row's task's ``score_answer`` on it;
@@ -141,6 +142,9 @@ class ReasoningGymSource(DataSource):
         val_size: Held-out rows (split by weight too); 0 for none.
         val_seed: Seed of the held-out rows; must differ from ``seed`` (default ``seed + 1``). A drawn
             question that is also a training question of the same task is skipped.
+        test_size: Test rows (``lightning-grpo test``; split by weight too); 0 for none.
+        test_seed: Seed of the test rows; must differ from ``seed`` and ``val_seed`` (default
+            ``seed + 2``). A drawn question that is a training or held-out question of its task is skipped.
         system_prompt: ``None``: the prompt is the question text. Otherwise the prompt is chat
             messages, this system message then the question (needs ``data.use_chat_template``):
             a name in ``reasoning_gym.utils.SYSTEM_PROMPTS`` (``"default"`` asks for
@@ -155,6 +159,8 @@ class ReasoningGymSource(DataSource):
         val_size: int = 50,
         val_seed: int | None = None,
         system_prompt: str | None = None,
+        test_size: int = 0,
+        test_seed: int | None = None,
     ) -> None:
         rg = import_reasoning_gym()
         if not isinstance(tasks, (list, tuple)) or not tasks:
@@ -165,13 +171,16 @@ class ReasoningGymSource(DataSource):
             raise ValueError(f"data.source.tasks names a task twice: {names}; give each task once (one config, one weight)")
         for i, task in enumerate(self.tasks):
             _check_task(task, i)
-        for name, value, low in (("size", size, len(self.tasks)), ("val_size", val_size, 0)):
+        for name, value, low in (("size", size, len(self.tasks)), ("val_size", val_size, 0), ("test_size", test_size, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"data.source.{name} must be an integer >= {low} (one row per task at least), got {value!r}")
-        self.size, self.seed, self.val_size = size, seed, val_size
+        self.size, self.seed, self.val_size, self.test_size = size, seed, val_size, test_size
         self.val_seed = seed + 1 if val_seed is None else val_seed
         if self.val_seed == seed:
             raise ValueError(f"data.source.val_seed must differ from seed ({seed}): held-out rows are drawn with another seed")
+        self.test_seed = seed + 2 if test_seed is None else test_seed
+        if self.test_seed in (seed, self.val_seed):
+            raise ValueError(f"data.source.test_seed must differ from seed ({seed}) and val_seed ({self.val_seed}): test rows are drawn with a seed of their own")
         if system_prompt is not None:
             system_prompt = rg.utils.SYSTEM_PROMPTS.get(system_prompt, system_prompt)
         self.system_prompt = system_prompt
@@ -218,26 +227,39 @@ class ReasoningGymSource(DataSource):
         of its task (at the current levels); ``None`` when ``val_size`` is 0."""
         if self.val_size == 0:
             return None
-        seen = {(r["task"], r["question"]) for r in self.train_rows()}
+        return self._held_out("val", self.val_seed, self.val_size, self.train_rows())
+
+    def test_rows(self) -> list[dict[str, Any]] | None:
+        """``test_size`` rows drawn with ``test_seed``, none of whose questions is a training or held-out
+        (dev) question of its task (at the current levels); ``None`` when ``test_size`` is 0."""
+        if self.test_size == 0:
+            return None
+        return self._held_out("test", self.test_seed, self.test_size, self.train_rows() + (self.val_rows() or []))
+
+    def _held_out(self, split: str, seed: int, size: int, exclude: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``size`` rows of ``split`` drawn with ``seed`` (split over the tasks by weight), none of whose
+        questions is one of ``exclude``'s of the same task."""
+        seen = {(r["task"], r["question"]) for r in exclude}
         rows: list[dict[str, Any]] = []
-        for task, count in zip(self.tasks, _quotas(self.val_size, [t.weight for t in self.tasks])):
-            drawn = self._draw(task, _derive_seed(self.val_seed, "val", task.name, task.level), count * _VAL_DRAWS)
+        for task, count in zip(self.tasks, _quotas(size, [t.weight for t in self.tasks])):
+            drawn = self._draw(task, _derive_seed(seed, split, task.name, task.level), count * _VAL_DRAWS)
             fresh = [r for r in drawn if (task.name, r["question"]) not in seen]
             unique = list({r["question"]: r for r in fresh}.values())  # first draw of each question
             if len(unique) < count:
+                label, others = ("held-out", "training rows") if split == "val" else ("test", "training and held-out rows")
                 raise ValueError(
-                    f"data.source: task {task.name!r} gave only {len(unique)} distinct held-out questions outside its "
-                    f"training rows in {count * _VAL_DRAWS} draws, fewer than its share {count} of val_size="
-                    f"{self.val_size}: its question space is too small for that many (lower val_size or size, or "
+                    f"data.source: task {task.name!r} gave only {len(unique)} distinct {label} questions outside its "
+                    f"{others} in {count * _VAL_DRAWS} draws, fewer than its share {count} of {split}_size="
+                    f"{size}: its question space is too small for that many (lower {split}_size or size, or "
                     "widen the task's config / level)"
                 )
             rows += unique[:count]
-        random.Random(_derive_seed(self.val_seed, "val-order")).shuffle(rows)
+        random.Random(_derive_seed(seed, f"{split}-order")).shuffle(rows)
         return rows
 
     def describe(self, split: Split) -> str:
         names = ", ".join(t.name for t in self.tasks)
-        seed = self.seed if split == "train" else self.val_seed
+        seed = {"train": self.seed, "val": self.val_seed, "test": self.test_seed}[split]
         return f"ReasoningGymSource [{names}] split {split!r} (seed {seed})"
 
     # -------------------------------------------------------------------- curricula

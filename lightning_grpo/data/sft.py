@@ -25,7 +25,7 @@ class SFTDataModule(PromptDataModule):
     """Supervised examples, tokenized once with the policy's tokenizer (guide: docs/sft.md).
 
     Args:
-        source / train_files / val_files / train_dataset / val_dataset / record_map / tokenizer_path /
+        source / train_files / val_files / train_dataset / val_dataset / test_files / test_dataset / record_map / tokenizer_path /
             val_fraction / seed / shuffle / task_* / cache_dir: as in ``PromptDataModule``.
         prompt_column: Column of the prompt (text, or chat messages with ``use_chat_template``).
         answer_column: Column of the answer the policy is taught to give.
@@ -50,6 +50,8 @@ class SFTDataModule(PromptDataModule):
         val_files: str | list[str] | None = None,
         train_dataset: Any = None,
         val_dataset: Any = None,
+        test_files: str | list[str] | None = None,
+        test_dataset: Any = None,
         record_map: str | RecordMap | None = None,
         tokenizer_path: str | None = None,
         prompt_column: str = "prompt",
@@ -68,14 +70,15 @@ class SFTDataModule(PromptDataModule):
         task_rule: str = "last_plus_one",
         task_num_train: int = 300,
         task_num_val: int = 50,
+        task_num_test: int = 50,
         cache_dir: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
-            source, train_files, val_files, train_dataset, val_dataset, record_map, tokenizer_path, prompt_column,
-            answer_column, use_chat_template, system_prompt, val_fraction, batch_size, val_batch_size, max_length,
-            seed=seed, shuffle=shuffle, task_seed=task_seed, task_rule=task_rule, task_num_train=task_num_train,
-            task_num_val=task_num_val, cache_dir=cache_dir, chat_template_kwargs=chat_template_kwargs,
+            source, train_files, val_files, train_dataset, val_dataset, test_files, test_dataset, record_map, tokenizer_path,
+            prompt_column, answer_column, use_chat_template, system_prompt, val_fraction, batch_size, val_batch_size,
+            max_length, seed=seed, shuffle=shuffle, task_seed=task_seed, task_rule=task_rule, task_num_train=task_num_train,
+            task_num_val=task_num_val, task_num_test=task_num_test, cache_dir=cache_dir, chat_template_kwargs=chat_template_kwargs,
         )  # fmt: skip
         self.format = SFTFormat(prompt_column, answer_column, messages_column, tools_column, use_chat_template,
                                 system_prompt, max_length, chat_template_kwargs)  # fmt: skip
@@ -92,6 +95,10 @@ class SFTDataModule(PromptDataModule):
     def val_dataloader(self) -> DataLoader | list:
         examples = self._records("val")
         return self._loader(examples, self.val_batch_size, False) if examples else []
+
+    def test_dataloader(self) -> DataLoader:
+        super().test_dataloader()  # an error when there is no test split
+        return self._loader(self._records("test"), self.val_batch_size, False)
 
 
 def collate(rows: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:

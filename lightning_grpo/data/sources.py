@@ -16,12 +16,15 @@ In a recipe::
     data:
       source:
         class_path: lightning_grpo.data.sources.HubDataset
-        init_args: {path: ./my_dataset_folder, train_split: train, val_split: test}
+        init_args: {path: ./my_dataset_folder, train_split: train, val_split: validation, test_split: test}
 
 The contract for a new source (e.g. a procedural task generator):
 
 * :meth:`DataSource.train_rows` returns the training rows; :meth:`DataSource.val_rows` the
-  validation rows or ``None`` (then ``data.val_fraction`` may split the training rows).
+  validation (dev) rows or ``None`` (then ``data.val_fraction`` may split the training rows);
+  :meth:`DataSource.test_rows` the test rows or ``None`` (read by ``lightning-grpo test`` only:
+  the split no setting is chosen on, docs/tuning.md). Test rows must be none of the training or
+  validation rows.
   Both must return the **same rows on every rank** (seed any randomness, never read a clock):
   every rank prepares its own copy and the prompt schedule indexes into it.
 * :meth:`DataSource.describe` names a split in error messages (``"HubDataset ./data split 'train'"``).
@@ -44,7 +47,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-Split = Literal["train", "val"]
+Split = Literal["train", "val", "test"]
 
 #: File suffix -> ``datasets`` builder name.
 SUPPORTED_EXTENSIONS: dict[str, str] = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -59,6 +62,10 @@ class DataSource(ABC):
 
     def val_rows(self) -> list[dict[str, Any]] | None:
         """The validation rows, or ``None`` when this source has no validation split."""
+        return None
+
+    def test_rows(self) -> list[dict[str, Any]] | None:
+        """The test rows (``lightning-grpo test``), or ``None`` when this source has no test split."""
         return None
 
     def describe(self, split: Split) -> str:
@@ -167,44 +174,56 @@ class RowsSplit:
 
 
 class LocalSource(DataSource):
-    """``data.train_files`` or ``data.train_dataset``, with ``data.val_files`` or ``data.val_dataset``:
-    each split a :class:`FileSplit` or a :class:`RowsSplit` (the data module builds it)."""
+    """``data.train_files`` or ``data.train_dataset``, with ``data.val_files`` / ``data.val_dataset`` and
+    ``data.test_files`` / ``data.test_dataset``: each split a :class:`FileSplit` or a :class:`RowsSplit`
+    (the data module builds it)."""
 
-    def __init__(self, train: FileSplit | RowsSplit, val: FileSplit | RowsSplit | None = None) -> None:
-        self.train, self.val = train, val
+    def __init__(self, train: FileSplit | RowsSplit, val: FileSplit | RowsSplit | None = None,
+                 test: FileSplit | RowsSplit | None = None) -> None:  # fmt: skip
+        self.parts = {"train": train, "val": val, "test": test}
 
     def train_rows(self) -> list[dict[str, Any]]:
-        return self.train.rows()
+        return self.parts["train"].rows()
 
     def val_rows(self) -> list[dict[str, Any]] | None:
-        return self.val.rows() if self.val is not None else None
+        return self.parts["val"].rows() if self.parts["val"] is not None else None
+
+    def test_rows(self) -> list[dict[str, Any]] | None:
+        return self.parts["test"].rows() if self.parts["test"] is not None else None
 
     def describe(self, split: Split) -> str:
-        part = self.train if split == "train" else self.val
+        part = self.parts[split]
         return part.name if part is not None else f"(no {split} split)"
 
 
 class DigitTaskSource(DataSource):
-    """The built-in digit task (:func:`~lightning_grpo.data.tasks.digit_task`), generated from a seed."""
+    """The built-in digit task (:func:`~lightning_grpo.data.tasks.digit_splits`), generated from a seed;
+    the test prompts are none of the training or validation prompts."""
 
-    def __init__(self, seed: int = 0, rule: str = "last_plus_one", num_train: int = 300, num_val: int = 50) -> None:
+    def __init__(self, seed: int = 0, rule: str = "last_plus_one", num_train: int = 300, num_val: int = 50,
+                 num_test: int = 50) -> None:  # fmt: skip
         from .tasks import DIGIT_RULES
 
         DIGIT_RULES.get(rule)  # an unknown rule fails here, naming the valid ones
-        self.task = {"seed": seed, "rule": rule, "num_train": num_train, "num_val": num_val}
+        self.task = {"seed": seed, "rule": rule, "num_train": num_train, "num_val": num_val, "num_test": num_test}
+
+    def _split(self, index: int) -> list[dict[str, Any]]:
+        from .tasks import digit_splits
+
+        return digit_splits(**self.task)[index]
 
     def train_rows(self) -> list[dict[str, Any]]:
-        from .tasks import digit_task
-
-        return digit_task(**self.task)[0]
+        return self._split(0)
 
     def val_rows(self) -> list[dict[str, Any]] | None:
-        from .tasks import digit_task
+        return self._split(1)
 
-        return digit_task(**self.task)[1]
+    def test_rows(self) -> list[dict[str, Any]] | None:
+        return self._split(2) if self.task["num_test"] else None
 
     def describe(self, split: Split) -> str:
-        return "the digit task's training split" if split == "train" else "the digit task's validation split"
+        return {"train": "the digit task's training split", "val": "the digit task's validation split",
+                "test": "the digit task's test split"}[split]  # fmt: skip
 
 
 # -------------------------------------------------------------------------------- datasets
@@ -229,8 +248,9 @@ class HubDataset(DataSource):
             ``Dataset`` is the split ``"train"``).
         name: The dataset's configuration (``"main"`` for gsm8k); ``None`` for its default.
         train_split: Split the training prompts come from.
-        val_split: Split the validation prompts come from; ``None`` for none (then
+        val_split: Split the validation (dev) prompts come from; ``None`` for none (then
             ``data.val_fraction`` may split the training rows).
+        test_split: Split the test prompts come from (``lightning-grpo test`` only); ``None`` for none.
         revision: Git revision of a hub dataset (branch, tag or commit).
         data_files: Files of each split, as ``datasets.load_dataset`` takes them (a path, a list,
             or ``{split: path(s)}``); relative to ``path`` when it is a folder.
@@ -243,6 +263,7 @@ class HubDataset(DataSource):
         name: str | None = None,
         train_split: str = "train",
         val_split: str | None = None,
+        test_split: str | None = None,
         revision: str | None = None,
         data_files: str | list[str] | dict[str, str | list[str]] | None = None,
         cache_dir: str | None = None,
@@ -265,7 +286,9 @@ class HubDataset(DataSource):
                 )
         self.path, self.name, self.revision, self.data_files, self.cache_dir = path, name, revision, data_files, cache_dir
         self._load_path = str(local) if local.exists() else path  # "~/data" expanded for datasets
-        self.train_split, self.val_split = train_split, val_split
+        self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
+        if test_split is not None and test_split in (train_split, val_split):
+            raise ValueError(f"data.source.test_split {test_split!r} is also the train or val split: the test split must be a split of its own")
         self._saved_splits: dict[str, Any] | None = None
 
     def train_rows(self) -> list[dict[str, Any]]:
@@ -274,8 +297,11 @@ class HubDataset(DataSource):
     def val_rows(self) -> list[dict[str, Any]] | None:
         return self._split_rows(self.val_split, "val_split") if self.val_split is not None else None
 
+    def test_rows(self) -> list[dict[str, Any]] | None:
+        return self._split_rows(self.test_split, "test_split") if self.test_split is not None else None
+
     def describe(self, split: Split) -> str:
-        name = self.train_split if split == "train" else self.val_split
+        name = {"train": self.train_split, "val": self.val_split, "test": self.test_split}[split]
         config = f" ({self.name})" if self.name else ""
         return f"HubDataset {self.path}{config} split {name!r}"
 

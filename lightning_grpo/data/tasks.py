@@ -5,8 +5,8 @@ the answer is one digit computed from the prompt by a named rule (default ``(las
 so ``"4821="`` -> ``"2"``). A tiny random model learns it in about 1000 GRPO steps on a CPU
 (see ``docs`` / the quickstart), which makes it the smoke test of the whole pipeline.
 
-The split is generated deterministically from a seed, the validation prompts never occur in
-the training set, and every answer is equally frequent in both splits (to within one prompt), so
+The splits are generated deterministically from a seed, the validation and test prompts never occur
+in the training set or in each other, and every answer is equally frequent in both splits (to within one prompt), so
 guessing a digit scores 0.1 on average. The rule ``count_to_last`` has multi-character answers of
 one to ten characters (``"4823="`` -> ``"0123"``), for claims about completion length.
 """
@@ -81,11 +81,24 @@ def digit_task(
         ``(train, val)``: each a shuffled list of records whose answers are balanced over the
         rule's ten answers (each appears ``n // 10`` or ``n // 10 + 1`` times).
     """
+    train, val, _ = digit_splits(seed, num_train, num_val, 0, rule)
+    return train, val
+
+
+def digit_splits(
+    seed: int = 0,
+    num_train: int = 300,
+    num_val: int = 50,
+    num_test: int = 0,
+    rule: str = "last_plus_one",
+) -> tuple[list[dict[str, str]], list[dict[str, str]], list[dict[str, str]]]:
+    """``(train, val, test)`` of the digit task: train and val exactly as :func:`digit_task` draws them,
+    and ``num_test`` test records (balanced the same way) from the prompts neither of them holds, with
+    their own random stream (so adding a test split changes no training or validation prompt)."""
     rule_fn: DigitRule = DIGIT_RULES.get(rule)
-    if not isinstance(num_train, int) or num_train < 1:
-        raise ValueError(f"digit_task: num_train must be an integer >= 1, got {num_train!r}")
-    if not isinstance(num_val, int) or num_val < 0:
-        raise ValueError(f"digit_task: num_val must be an integer >= 0, got {num_val!r}")
+    for name, value, low in (("num_train", num_train, 1), ("num_val", num_val, 0), ("num_test", num_test, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"digit_task: {name} must be an integer >= {low}, got {value!r}")
     rng = random.Random(seed)
     # Every possible prompt, grouped by its answer, each group in a seeded random order.
     by_answer: dict[str, list[str]] = {}
@@ -97,17 +110,21 @@ def digit_task(
         rng.shuffle(group)
     answers = list(by_answer)
     val_quota, train_quota = _quotas(num_val, answers, rng), _quotas(num_train, answers, rng)
-    train: list[dict[str, str]] = []
-    val: list[dict[str, str]] = []
+    test_rng = random.Random(f"digit-task-test/{seed}")  # its own stream: train and val stay as they were
+    test_quota = _quotas(num_test, answers, test_rng)
+    splits: tuple[list[dict[str, str]], ...] = ([], [], [])  # train, val, test
     for answer, group in by_answer.items():
-        need = val_quota[answer] + train_quota[answer]
-        if need > len(group):
+        ends = [val_quota[answer], val_quota[answer] + train_quota[answer]]
+        ends.append(ends[1] + test_quota[answer])  # group = [val | train | test | unused]
+        if ends[2] > len(group):
             raise ValueError(
                 f"digit_task: rule {rule!r} has only {len(group)} distinct prompts with answer "
-                f"{answer}, but num_train={num_train} and num_val={num_val} need {need}"
+                f"{answer}, but num_train={num_train}, num_val={num_val} and num_test={num_test} need {ends[2]}"
             )
-        val += [{"prompt": d + "=", "answer": answer} for d in group[: val_quota[answer]]]
-        train += [{"prompt": d + "=", "answer": answer} for d in group[val_quota[answer] : need]]
+        for split, (start, end) in zip((1, 0, 2), ((0, ends[0]), (ends[0], ends[1]), (ends[1], ends[2]))):
+            splits[split].extend({"prompt": d + "=", "answer": answer} for d in group[start:end])
+    train, val, test = splits
     rng.shuffle(train)
     rng.shuffle(val)
-    return train, val
+    test_rng.shuffle(test)
+    return train, val, test

@@ -249,6 +249,18 @@ def derive_seed(run_seed: int, rank: int, step: int) -> int:
     return _mix31((packed + offset) & _MASK31)
 
 
+#: The largest step whose derive_seed is distinct from every other (rank, step) of its run seed.
+_TOP_STEP = (1 << (31 - _RANK_BITS)) - 1
+
+
+def test_seed(run_seed: int, rank: int, index: int) -> int:
+    """The seed of test batch ``index`` on ``rank`` (``lightning-grpo test``): :func:`derive_seed` of the run
+    seed at steps counted down from the top of its distinct range, so never the seed of a training generation
+    of the run (those count up from 0; they would meet after about 2M generations), and the same test batches
+    whatever checkpoint is tested."""
+    return derive_seed(run_seed, rank, _TOP_STEP - index)
+
+
 def request_seed(seed: int, index: int) -> int:
     """A 62-bit seed for request ``index`` of a rollout seeded with ``seed`` (scrambled, so requests
     of neighbouring seeds do not share random streams)."""

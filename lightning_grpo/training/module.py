@@ -122,7 +122,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.reference: nn.Module | None = None
         self.rollout_batch: RolloutBatch | None = None
         self.rollout_metrics: dict[str, float] = {}
-        #: ``(module, records) -> metrics`` for held-out prompts; RolloutCallback sets it.
+        #: ``(module, records, split) -> metrics`` for held-out prompts ("val" / "test"); RolloutCallback sets it.
         self.evaluator = None
         #: The loss metrics of the current optimizer step, over all its micro-batches and ranks.
         self.step_metrics = StepMetrics()
@@ -282,11 +282,19 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         return loss * accumulate * self.trainer.world_size
 
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
-        """Greedy accuracy and mean sampled reward on held-out prompts (through the evaluator
+        """Greedy accuracy and mean sampled reward on the dev prompts (``val/*``, through the evaluator
         that RolloutCallback installs, since it owns the rollout engine)."""
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
+        """The same metrics on the test split (``test/*``; ``lightning-grpo test --ckpt_path ...``)."""
+        self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: list[dict[str, Any]], split: str) -> None:
         if self.evaluator is None:
-            raise RuntimeError("validation needs lightning_grpo.RolloutCallback in the Trainer's callbacks")
-        metrics = self.evaluator(self, batch)
+            stage = "validation" if split == "val" else "test"
+            raise RuntimeError(f"{stage} needs lightning_grpo.RolloutCallback in the Trainer's callbacks")
+        metrics = self.evaluator(self, batch, split)
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True)
 
     def _is_weight_sums(self, full: RolloutBatch, rows: Tensor) -> Tensor:

@@ -151,12 +151,22 @@ class SFTModule(PolicyMixin, L.LightningModule):
             yield head(hidden[start : start + size]), slice(start, start + size)
 
     def on_validation_epoch_end(self) -> None:
+        self._log_sums("val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        """The validation metrics on the test split (``test/*``; ``lightning-grpo sft test --ckpt_path ...``)."""
+        self.validation_step(batch, batch_idx)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_sums("test")
+
+    def _log_sums(self, split: str) -> None:
         if self._val_sums is None:
             return
         loss, tokens, right, rows_right, rows = self._global_sum(self._val_sums).tolist()
         self._val_sums = None
-        metrics = {"val/loss": loss / max(tokens, 1), "val/token_accuracy": right / max(tokens, 1), "val/accuracy": rows_right / max(rows, 1)}
-        self.log_dict(metrics, batch_size=1, on_step=False, on_epoch=True)
+        metrics = {"loss": loss / max(tokens, 1), "token_accuracy": right / max(tokens, 1), "accuracy": rows_right / max(rows, 1)}
+        self.log_dict({f"{split}/{k}": v for k, v in metrics.items()}, batch_size=1, on_step=False, on_epoch=True)
 
     # -------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

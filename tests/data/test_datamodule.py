@@ -230,6 +230,10 @@ def test_option_conflicts():
         PromptDataModule(train_dataset=ROWS, val_dataset=ROWS, val_fraction=0.5)
     with pytest.raises(ValueError, match=r"val_files/val_dataset need train_files or train_dataset"):
         PromptDataModule(val_dataset=ROWS)
+    with pytest.raises(ValueError, match=r"test_files/test_dataset need train_files or train_dataset"):
+        PromptDataModule(test_dataset=ROWS)
+    with pytest.raises(ValueError, match=r"give test_files or test_dataset, not both"):
+        PromptDataModule(train_dataset=ROWS, test_dataset=ROWS, test_files="x.jsonl")
     with pytest.raises(ValueError, match=r"unknown digit task rule 'sum'"):
         PromptDataModule(task_rule="sum")
     with pytest.raises(ValueError, match=r"batch_size must be a positive integer, got 0"):

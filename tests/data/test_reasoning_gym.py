@@ -223,3 +223,18 @@ SECTION = "reasoning-gym tasks"
 def test_docs_section_runs_and_parses(sandbox):  # noqa: F811
     data_docs.test_python_examples_run(SECTION, sandbox)
     data_docs.test_yaml_examples_parse(SECTION, sandbox)
+
+
+def test_test_rows_are_none_of_the_training_or_held_out_questions():
+    """spell_backward's 3-letter words (about 1060): 2000 training rows cover most of them, so the test draw must
+    skip training and held-out words; it leaves the training and held-out rows as they were."""
+    source = ReasoningGymSource(tasks=[{"name": "spell_backward", "level": 0}], size=2000, val_size=50, test_size=50)
+    plain = ReasoningGymSource(tasks=[{"name": "spell_backward", "level": 0}], size=2000, val_size=50)
+    train, val, test = source.train_rows(), source.val_rows(), source.test_rows()
+    assert (train, val) == (plain.train_rows(), plain.val_rows()) and plain.test_rows() is None
+    questions = [r["question"] for r in test]
+    assert len(set(questions)) == 50 and source.test_seed == 2
+    assert not set(questions) & {r["question"] for r in train + val}
+    assert source.describe("test") == "ReasoningGymSource [spell_backward] split 'test' (seed 2)"
+    with pytest.raises(ValueError, match=r"data.source.test_seed must differ from seed \(0\) and val_seed \(1\)"):
+        mix(test_size=2, test_seed=1)
