@@ -1,0 +1,68 @@
+"""benchmarks/trl_tables.py: bench_trl.py --write puts its tables between the shape's markers of a
+page, from the results dict alone (no TRL needed), and names the page and marker when they are missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def trl_tables(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import trl_tables
+
+    return trl_tables
+
+
+def results(prompt_tokens: int = 0) -> dict:
+    return {
+        "command": "PYTHONPATH=/tmp/trl-pkgs python benchmarks/bench_trl.py --rounds 2",
+        "machine": "Test CPU, 2 cores",
+        "note": "The other core was busy.",
+        "rounds": 2, "steps": 12, "skip": 3,
+        "shape": {"prompt_tokens": prompt_tokens, "max_new": 64, "prompts": 8, "lr": 1e-4},
+        "step_medians": {"trl-hf": [4.0, 5.0], "trl-vllm": [2.0, None], "ours-vllm": [1.5, 2.5]},
+        "cpu_medians": {"trl-hf": [3.9, 4.9], "trl-vllm": [1.9, None], "ours-vllm": [1.4, 2.4]},
+        "phase_medians": {
+            "trl-hf": [{"rollout": 1.6, "rest": 2.4}, {"rollout": 1.8, "rest": 3.2}],
+            "trl-vllm": [{"rollout": 0.9, "rest": 1.1, "sync": 0.031}, None],
+            "ours-vllm": [{"rollout": 0.9, "rest": 0.6, "sync": 0.015, "generate": 0.8, "forward": 0.2, "backward": 0.4}] * 2,
+        },
+        "sync_checks": [{"tensors": 11, "stale_tensor_gap": 0.05, "synced_tensor_gap": 0.0, "stale_logprob_gap": 1.7,
+                         "synced_logprob_gap": 0.004, "engine_dtype": "torch.bfloat16"}],
+    }  # fmt: skip
+
+
+def test_write_replaces_only_the_shape_block(trl_tables, tmp_path):
+    page = tmp_path / "benchmarks.md"
+    step, long = trl_tables.MARKERS["digit"], trl_tables.MARKERS["long"]
+    page.write_text(f"intro\n{step}\nold step table\n{step}\nmiddle\n{long}\nold long table\n{long}\nend\n")
+    trl_tables.write_tables(results(), page)
+    text = page.read_text()
+    block = text.split(step)[1]
+    assert "old step table" not in text and "old long table" in text
+    assert text.startswith("intro\n") and "\nmiddle\n" in text and text.endswith("end\n")
+    rows = {line.split(" | ")[0]: line for line in block.splitlines() if line.startswith("| ")}
+    # ours-vllm over TRL vLLM colocate: only round 1 has both (1.5 / 2.0); over TRL HF: 1.5/4, 2.5/5
+    assert rows["| ours, vLLM engine"].endswith("| 0.44 (0.38-0.50) | 0.75 | 0.42 (0.36-0.49) | 0.74 |")
+    assert "| TRL `GRPOTrainer`, vLLM colocate (shim) | 2.00 | 2.00, failed |" in block
+    assert "/ TRL HF generate | / TRL vLLM colocate (shim) |" in block
+    assert "| weight push (inside the rollout) | 0 | 0.031 | 0.015 |" in block
+    assert "The other core was busy." in block and "torch.bfloat16" in block
+    trl_tables.write_tables(results(), page)
+    assert page.read_text() == text  # writing again gives the same page
+
+    trl_tables.write_tables(results(prompt_tokens=512), page)
+    assert "old long table" not in page.read_text() and page.read_text().split(step)[1] == block
+
+
+def test_missing_markers_name_the_page_and_marker(trl_tables, tmp_path):
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"only one {trl_tables.MARKERS['long']}\n")
+    with pytest.raises(SystemExit, match=r"benchmarks\.md needs two <!-- trl-long-results --> markers"):
+        trl_tables.write_tables(results(prompt_tokens=512), page)
+    assert page.read_text() == f"only one {trl_tables.MARKERS['long']}\n"
