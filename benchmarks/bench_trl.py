@@ -147,21 +147,22 @@ def shape_args(shape: argparse.Namespace) -> list[str]:
 
 def measure(args: argparse.Namespace, out: Path) -> dict:
     """Run ``args.runs`` ``args.rounds`` times, interleaved; the results dict trl_tables.py reads."""
-    results = {"step_medians": {n: [] for n in args.runs}, "cpu_medians": {n: [] for n in args.runs},
-               "phase_medians": {n: [] for n in args.runs}, "sync_checks": []}  # fmt: skip
+    keys = ("step_medians", "cpu_medians", "phase_medians", "lengths")
+    results: dict = {**{key: {n: [] for n in args.runs} for key in keys}, "sync_checks": []}
     for r in range(args.rounds):
         for name in args.runs:
             try:
                 result = run(name, args.steps, out, args)
             except RuntimeError as err:
                 print(f"round {r} {name}: FAILED\n{err}", flush=True)
-                for key in ("step_medians", "cpu_medians", "phase_medians"):
+                for key in keys:
                     results[key][name].append(None)
                 continue
             kept = result["phases"][args.skip - 1 :]
             results["step_medians"][name].append(statistics.median(result["steps"][args.skip - 1 :]))
             results["cpu_medians"][name].append(statistics.median(result["cpu"][args.skip - 1 :]))
             results["phase_medians"][name].append({k: statistics.median(p[k] for p in kept) for k in kept[0]})
+            results["lengths"][name].append(result["length"])  # mean completion tokens over the run
             if result.get("sync_check"):
                 results["sync_checks"].append(result["sync_check"])
             print(f"round {r} {name}: median step {results['step_medians'][name][-1]:.3f} s, "
@@ -220,7 +221,10 @@ def main() -> None:
         results = json.loads(Path(args.from_json).read_text())
     else:
         results = measure(args, out)
-        command = shlex.join(a for a in sys.argv[1:] if a != "--write")
+        argv = sys.argv[1:]
+        if "--note" in argv:  # the note goes under the tables on its own
+            del argv[argv.index("--note") : argv.index("--note") + 2]
+        command = shlex.join(a for a in argv if a != "--write")
         results.update(command=f"PYTHONPATH=/tmp/trl-pkgs python benchmarks/bench_trl.py {command}", machine=machine(),
                        note=args.note, rounds=args.rounds, steps=args.steps, skip=args.skip,
                        shape={"prompt_tokens": args.prompt_tokens, "max_new": args.max_new, "prompts": args.prompts,

@@ -3,7 +3,8 @@
 ``results`` is what ``bench_trl.py`` saves as JSON: ``command``, ``machine``, ``note``, ``shape``
 (``prompt_tokens``, ...), ``rounds``, ``steps``, ``skip``, and per run name (``trl-hf``, ``trl-vllm``,
 ``ours-hf``, ``ours-vllm``, ``ours-hf-nopack``) the per-round medians: ``step_medians``,
-``cpu_medians`` (lists of seconds, None where a round failed), ``phase_medians`` (lists of dicts);
+``cpu_medians`` (lists of seconds, None where a round failed), ``phase_medians`` (lists of dicts),
+``lengths`` (mean completion tokens per round);
 ``sync_checks``: trl_vllm_shim.check_synced's dict for each TRL vLLM run.
 """
 
@@ -45,6 +46,8 @@ def marker(results: dict) -> str:
 def seconds(value: float | None) -> str:
     if value is None:
         return "-"
+    if value == 0:
+        return "0"
     return f"{value:.2f}" if value >= 1 else f"{value:.3f}"
 
 
@@ -66,17 +69,19 @@ def ratio_cell(results: dict, name: str, trl: str, key: str = "step_medians") ->
 def step_table(results: dict) -> list[str]:
     trls = [t for t in TRL_PATHS if t in results["step_medians"]]
     lines = [
-        "| run | step (s), median of rounds | per round | CPU s / step | "
+        "| run | mean completion (tokens) | step (s), median of rounds | per round | CPU s / step | "
         + " | ".join(f"/ TRL {TRL_PATHS[t]}" for t in trls) + " | "
         + " | ".join(f"CPU / TRL {TRL_PATHS[t]}" for t in trls) + " |",
-        "|---|---:|---|---:|" + "---:|" * 2 * len(trls),
+        "|---|---:|---:|---|---:|" + "---:|" * 2 * len(trls),
     ]  # fmt: skip
     for name, values in results["step_medians"].items():
         kept, cpu = _kept(values), _kept(results["cpu_medians"].get(name, []))
         step = seconds(statistics.median(kept)) if kept else "failed"
         rounds = ", ".join(seconds(v) if v is not None else "failed" for v in values)
         cells = [ratio_cell(results, name, t, key) for key in ("step_medians", "cpu_medians") for t in trls]
-        row = [LABELS.get(name, name), step, rounds, seconds(statistics.median(cpu)) if cpu else "-", *cells]
+        lengths = _kept(results.get("lengths", {}).get(name, []))
+        length = f"{statistics.mean(lengths):.1f}" if lengths else "-"
+        row = [LABELS.get(name, name), length, step, rounds, seconds(statistics.median(cpu)) if cpu else "-", *cells]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 

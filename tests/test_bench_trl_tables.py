@@ -27,6 +27,7 @@ def results(prompt_tokens: int = 0) -> dict:
         "shape": {"prompt_tokens": prompt_tokens, "max_new": 64, "prompts": 8, "lr": 1e-4},
         "step_medians": {"trl-hf": [4.0, 5.0], "trl-vllm": [2.0, None], "ours-vllm": [1.5, 2.5]},
         "cpu_medians": {"trl-hf": [3.9, 4.9], "trl-vllm": [1.9, None], "ours-vllm": [1.4, 2.4]},
+        "lengths": {"trl-hf": [36.0, 35.0], "trl-vllm": [29.3, None], "ours-vllm": [44.4, 44.8]},
         "phase_medians": {
             "trl-hf": [{"rollout": 1.6, "rest": 2.4}, {"rollout": 1.8, "rest": 3.2}],
             "trl-vllm": [{"rollout": 0.9, "rest": 1.1, "sync": 0.031}, None],
@@ -49,7 +50,7 @@ def test_write_replaces_only_the_shape_block(trl_tables, tmp_path):
     rows = {line.split(" | ")[0]: line for line in block.splitlines() if line.startswith("| ")}
     # ours-vllm over TRL vLLM colocate: only round 1 has both (1.5 / 2.0); over TRL HF: 1.5/4, 2.5/5
     assert rows["| ours, vLLM engine"].endswith("| 0.44 (0.38-0.50) | 0.75 | 0.42 (0.36-0.49) | 0.74 |")
-    assert "| TRL `GRPOTrainer`, vLLM colocate (shim) | 2.00 | 2.00, failed |" in block
+    assert "| TRL `GRPOTrainer`, vLLM colocate (shim) | 29.3 | 2.00 | 2.00, failed |" in block
     assert "/ TRL HF generate | / TRL vLLM colocate (shim) |" in block
     assert "| weight push (inside the rollout) | 0 | 0.031 | 0.015 |" in block
     assert "The other core was busy." in block and "torch.bfloat16" in block
