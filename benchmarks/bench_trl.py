@@ -145,10 +145,11 @@ def shape_args(shape: argparse.Namespace) -> list[str]:
             "--lr", str(shape.lr)]  # fmt: skip
 
 
-def measure(args: argparse.Namespace, out: Path) -> dict:
-    """Run ``args.runs`` ``args.rounds`` times, interleaved; the results dict trl_tables.py reads."""
+def measure(args: argparse.Namespace, out: Path, results: dict, saved: Path) -> None:
+    """Run ``args.runs`` ``args.rounds`` times, interleaved, into ``results`` (what trl_tables.py reads),
+    saved as JSON to ``saved`` after every run."""
     keys = ("step_medians", "cpu_medians", "phase_medians", "lengths")
-    results: dict = {**{key: {n: [] for n in args.runs} for key in keys}, "sync_checks": []}
+    results.update({key: {n: [] for n in args.runs} for key in keys}, sync_checks=[])
     for r in range(args.rounds):
         for name in args.runs:
             try:
@@ -157,6 +158,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict:
                 print(f"round {r} {name}: FAILED\n{err}", flush=True)
                 for key in keys:
                     results[key][name].append(None)
+                saved.write_text(json.dumps(results, indent=1))
                 continue
             kept = result["phases"][args.skip - 1 :]
             results["step_medians"][name].append(statistics.median(result["steps"][args.skip - 1 :]))
@@ -165,9 +167,21 @@ def measure(args: argparse.Namespace, out: Path) -> dict:
             results["lengths"][name].append(result["length"])  # mean completion tokens over the run
             if result.get("sync_check"):
                 results["sync_checks"].append(result["sync_check"])
+            saved.write_text(json.dumps(results, indent=1))
             print(f"round {r} {name}: median step {results['step_medians'][name][-1]:.3f} s, "
                   f"completion length {result['length']}, sync check {result.get('sync_check')}", flush=True)  # fmt: skip
-    return results
+
+
+def describe(args: argparse.Namespace) -> dict:
+    """The results' head: the command (without --write and --note), machine, note and shape."""
+    argv = sys.argv[1:]
+    if "--note" in argv:  # the note goes under the tables on its own
+        del argv[argv.index("--note") : argv.index("--note") + 2]
+    command = shlex.join(a for a in argv if a != "--write")
+    return dict(command=f"PYTHONPATH=/tmp/trl-pkgs python benchmarks/bench_trl.py {command}", machine=machine(),
+                note=args.note, rounds=args.rounds, steps=args.steps, skip=args.skip,
+                shape={"prompt_tokens": args.prompt_tokens, "max_new": args.max_new, "prompts": args.prompts,
+                       "lr": args.lr})  # fmt: skip
 
 
 def machine() -> str:
@@ -220,17 +234,9 @@ def main() -> None:
     if args.from_json:
         results = json.loads(Path(args.from_json).read_text())
     else:
-        results = measure(args, out)
-        argv = sys.argv[1:]
-        if "--note" in argv:  # the note goes under the tables on its own
-            del argv[argv.index("--note") : argv.index("--note") + 2]
-        command = shlex.join(a for a in argv if a != "--write")
-        results.update(command=f"PYTHONPATH=/tmp/trl-pkgs python benchmarks/bench_trl.py {command}", machine=machine(),
-                       note=args.note, rounds=args.rounds, steps=args.steps, skip=args.skip,
-                       shape={"prompt_tokens": args.prompt_tokens, "max_new": args.max_new, "prompts": args.prompts,
-                              "lr": args.lr})  # fmt: skip
+        results = describe(args)
         saved = out / f"results-{marker(results).strip('<!- >')}.json"
-        saved.write_text(json.dumps(results, indent=1))
+        measure(args, out, results, saved)
         print(f"results: {saved}")
     print(tables(results))
     if args.write:
