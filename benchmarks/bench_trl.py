@@ -100,18 +100,23 @@ def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> N
 
     trainer._generate_and_score_completions = timed
     trainer.train()
-    steps_s = [b[0] - a[0] for a, b in zip(ends, ends[1:])]
-    cpu = [b[1] - a[1] for a, b in zip(ends, ends[1:])]
-    phases = [{"rollout": g, "rest": t - g} for g, t in zip(rollout[1:], steps_s)]
-    if vllm:  # TRL syncs at the start of every step's rollout (step 0's too)
-        phases = [{**p, "sync": s} for p, s in zip(phases, syncs[1:])]
+    check = None
+    if vllm:
         from trl_vllm_shim import check_synced
 
         check = check_synced(trainer.vllm_generation, trainer.model, rows[0]["prompt_ids"])
-    else:
-        check = None
-    print("RESULT " + json.dumps({"steps": steps_s, "cpu": cpu, "phases": phases, "sync_check": check,
+    print("RESULT " + json.dumps({**trl_steps(ends, rollout, syncs if vllm else None), "sync_check": check,
                                   "length": statistics.mean(lengths) if lengths else None}))  # fmt: skip
+
+
+def trl_steps(ends: list[tuple[float, float]], rollout: list[float], syncs: list[float] | None) -> dict:
+    """Per-step wall and CPU seconds from the step ends' (perf_counter, process_time), and the phases."""
+    steps_s = [b[0] - a[0] for a, b in zip(ends, ends[1:])]
+    cpu = [b[1] - a[1] for a, b in zip(ends, ends[1:])]
+    phases = [{"rollout": g, "rest": t - g} for g, t in zip(rollout[1:], steps_s)]
+    if syncs is not None:  # TRL syncs at the start of every step's rollout (step 0's too)
+        phases = [{**p, "sync": s} for p, s in zip(phases, syncs[1:])]
+    return {"steps": steps_s, "cpu": cpu, "phases": phases}
 
 
 def ours(engine: str, steps: int, packing: str, shape: argparse.Namespace) -> dict:
