@@ -92,7 +92,7 @@ def profiler(L, callback, now=time.perf_counter):
             start = now()
             if self.t:
                 self._close(module, start)
-            self.t = {"start": start}
+            self.t = {"start": start, "cpu_start": time.process_time()}
 
         def on_train_end(self, trainer, module):
             self._close(module, now())
@@ -107,6 +107,7 @@ def profiler(L, callback, now=time.perf_counter):
             row["wall"] = end - t["start"]
             row["length"] = module.rollout_metrics.get("completion_length_mean", 0.0)
             row["other"] = row["wall"] - sum(v for k, v in row.items() if k not in ("wall", "length"))
+            row["cpu"] = time.process_time() - t["cpu_start"]  # this process's CPU seconds, all threads
             self.rows.append(row)
 
     return Profile()
