@@ -12,7 +12,8 @@ else of TRL changes: its ``LLM(...)`` arguments, sampling, scoring and training 
 
 :func:`check_synced` makes sure the push really moves the engine: vLLM's sampled-token log-probs
 against the policy's recomputed ones, before a sync (stale: the engine holds the previous
-step's weights) and after it (must agree to float32 noise).
+step's weights) and after it (must shrink at least ``STALE_OVER_SYNCED`` times: TRL's engine runs in
+bfloat16, so the synced gap is that precision's, not zero).
 """
 
 from __future__ import annotations
