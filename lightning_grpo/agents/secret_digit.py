@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from ..data.demonstrator import check_weak_demonstrator, demonstrate
 from ..data.sources import DataSource
 from .environment import ENVIRONMENTS, Messages, Turn
 from .tools import ToolEnvironment, tool_schema
@@ -81,10 +82,7 @@ class SecretDigitTranscripts(DataSource):
         for name, n in (("num_train", num_train), ("num_val", num_val)):
             if not isinstance(n, int) or n < 1:
                 raise ValueError(f"SecretDigitTranscripts.{name} must be a positive integer, got {n!r}")
-        if not isinstance(weak_digits, str) or not set(weak_digits) <= set("0123456789"):
-            raise ValueError(f"SecretDigitTranscripts.weak_digits must be a string of digits, got {weak_digits!r}")
-        if not 0.0 <= slip <= 1.0:
-            raise ValueError(f"SecretDigitTranscripts.slip must be a probability in [0, 1], got {slip!r}")
+        check_weak_demonstrator("SecretDigitTranscripts", weak_digits, slip)
         self.question, self.num_train, self.num_val, self.seed = question, num_train, num_val, seed
         self.weak_digits, self.slip = weak_digits, slip
 
@@ -95,7 +93,7 @@ class SecretDigitTranscripts(DataSource):
         rows = []
         for _ in range(n):
             digit = str(rng.randrange(10))
-            said = str((int(digit) + 1) % 10) if digit in self.weak_digits and rng.random() < self.slip else digit
+            said = demonstrate(digit, self.weak_digits, self.slip, rng)
             messages = [{"role": "user", "content": self.question}, {"role": "assistant", "content": "", "tool_calls": [call]},
                         {"role": "tool", "content": digit}, {"role": "assistant", "content": said}]  # fmt: skip
             rows.append({"messages": messages, "tools": tools, "answer": digit})

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from .demonstrator import check_weak_demonstrator, demonstrate
 from .sources import DataSource
 
 NAMES = ("Maya", "Liam", "Sara", "Omar", "Nina", "Jack", "Lena", "Zoe", "Emma", "Ivy",
@@ -52,10 +53,7 @@ class CountingWordProblems(DataSource):
                 raise ValueError(f"CountingWordProblems.{name} must be a positive integer, got {n!r}")
         if num_train + num_val + num_test > MAX_ROWS:
             raise ValueError(f"CountingWordProblems: num_train + num_val + num_test is {num_train + num_val + num_test}, at most {MAX_ROWS}")
-        if not isinstance(weak_digits, str) or not set(weak_digits) <= set("0123456789"):
-            raise ValueError(f"CountingWordProblems.weak_digits must be a string of digits, got {weak_digits!r}")
-        if not isinstance(slip, (int, float)) or not 0.0 <= slip <= 1.0:
-            raise ValueError(f"CountingWordProblems.slip must be a probability in [0, 1], got {slip!r}")
+        check_weak_demonstrator("CountingWordProblems", weak_digits, slip)
         self.sizes = {"train": num_train, "val": num_val, "test": num_test}
         self.seed, self.weak_digits, self.slip = seed, weak_digits, float(slip)
         self._splits: dict[str, list[dict[str, Any]]] | None = None
@@ -67,7 +65,7 @@ class CountingWordProblems(DataSource):
         opening = rng.choice(OPENINGS).format(name=name, things=things)
         prompt = f"{opening} {QUESTION.format(count=count, word=word)}"
         answer = str(count + step)
-        said = str((int(answer) + 1) % 10) if answer in self.weak_digits and rng.random() < self.slip else answer
+        said = demonstrate(answer, self.weak_digits, self.slip, rng)
         return {"prompt": prompt, "answer": answer, "change": change, "demonstration": said}
 
     def _draw(self) -> dict[str, list[dict[str, Any]]]:
