@@ -49,6 +49,22 @@ def test_loss_by_hand(tiny_model_path):
     torch.testing.assert_close(loss, torch.stack(nll).mean(), rtol=1e-6, atol=1e-6)
 
 
+def test_weighted_loss_by_hand(tiny_model_path):
+    """Weights in loss_mask (last_turn_weight): the weighted mean of the same per-token -log p, and the
+    logged token count still counts tokens."""
+    module = _module(tiny_model_path, packing="off")
+    batch = _batch()
+    weights = batch["loss_mask"].clone()  # [3, 9]
+    weights[1, 8], weights[2, 3] = 5.0, 2.5
+    nll = -module.token_logprobs(SFTModule.as_rollout_batch(batch)).detach()  # [3, 6] unweighted per-token -log p
+    mask = SFTModule.as_rollout_batch({**batch, "loss_mask": weights}).completion_mask  # [3, 6]
+    loss, tokens = module.sft_loss({**batch, "loss_mask": weights})
+    assert tokens == 8 and mask.sum() == 6 + 5.0 + 2.5
+    torch.testing.assert_close(loss, (nll * mask).sum() / 13.5, rtol=1e-6, atol=1e-6)
+    plain, _ = module.sft_loss(batch)
+    assert not torch.allclose(loss, plain)
+
+
 def test_lm_head_starts_at_the_first_assistant_token():
     """The tokens before the batch's first assistant token (a shared system prompt) are context only: the
     LM head runs on the rest (with a 151k vocabulary the head is most of the step)."""

@@ -42,6 +42,32 @@ def test_qwen3_transcript_masks_exactly_the_assistant_turns(qwen_tokenizer):
         assert text in unmasked
 
 
+def test_last_turn_weight_weighs_the_final_answer_only(qwen_tokenizer):
+    """last_turn_weight=4: the final answer's tokens weigh 4, the tool call's 1, the rest 0; the tokens that
+    enter the loss are those of the default mask."""
+    ids, plain = assistant_mask(TRANSCRIPT, qwen_tokenizer, "row 0", TOOLS)
+    same, weights = assistant_mask(TRANSCRIPT, qwen_tokenizer, "row 0", TOOLS, None, 4.0)
+    assert same == ids and [w > 0 for w in weights] == [bool(m) for m in plain]
+    runs = [(w, qwen_tokenizer.decode(run)) for w, run in _runs(ids, weights)]
+    assert runs == [(1, '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'),
+                    (4.0, "<think>\n\n</think>\n\n2 + 3 = 5.<|im_end|>")]  # fmt: skip
+    (example,) = SFTFormat(use_chat_template=True, last_turn_weight=4.0).build([{"messages": TRANSCRIPT, "tools": TOOLS}], "d", qwen_tokenizer)
+    assert example["loss_mask"] == weights
+    assert collate([example], pad_id=0)["loss_mask"][0].tolist() == weights
+
+
+def _runs(ids, weights) -> list[tuple[float, list[int]]]:
+    """(weight, token ids) of each run of equally weighted tokens with weight > 0, in order."""
+    groups = itertools.groupby(zip(ids, weights), key=lambda x: x[1])
+    return [(w, [i for i, _ in group]) for w, group in groups if w > 0]
+
+
+@pytest.mark.parametrize("weight", [0, -1.0, float("inf"), float("nan"), "2", True])
+def test_bad_last_turn_weight_is_named(weight):
+    with pytest.raises(ValueError, match=r"last_turn_weight must be a finite number > 0 .*got"):
+        SFTFormat(last_turn_weight=weight)
+
+
 def test_prompt_answer_through_the_chat_template(qwen_tokenizer):
     fmt = SFTFormat(use_chat_template=True, system_prompt="Be brief.")
     (example,) = fmt.build([{"prompt": "2 + 3?", "answer": "5"}], "train_dataset", qwen_tokenizer)

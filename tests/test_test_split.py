@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 
 import pytest
 import torch
@@ -81,6 +82,14 @@ def test_test_stage_reports_the_test_split_of_a_checkpoint(tmp_path, tiny_model_
     assert sorted(metrics) == ["test/greedy_accuracy"]
     assert metrics["test/greedy_accuracy"] == pytest.approx(expected, abs=1e-6)
     assert expected != on_dev and expected != _greedy_accuracy(tiny_model_path, test), (expected, on_dev)
+    # --ckpt_path last: the newest checkpoint of the logger's run folder, as fit resolves it
+    newest = tmp_path / "runs" / "test" / "version_0" / "checkpoints" / "last.ckpt"
+    newest.parent.mkdir(parents=True)
+    shutil.copy(tmp_path / "teacher.ckpt", newest)
+    args[args.index("--ckpt_path") + 1] = "last"
+    again = cli(args)
+    assert again.config["test"]["ckpt_path"] == str(newest)
+    assert float(again.trainer.callback_metrics["test/greedy_accuracy"]) == pytest.approx(expected, abs=1e-6)
 
 
 class _Recorder:

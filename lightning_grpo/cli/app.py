@@ -183,6 +183,14 @@ class GRPOCLI(LightningCLI):
             raise mark(err)
 
 
+    def before_validate(self) -> None:
+        """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint)."""
+        self._resolve_last_checkpoint()
+
+    def before_test(self) -> None:
+        """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint)."""
+        self._resolve_last_checkpoint()
+
     def _recipes(self) -> list[str]:
         """The config files given with ``-c`` (their headers may say how to make what the run needs)."""
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
@@ -193,7 +201,8 @@ class GRPOCLI(LightningCLI):
         in the logger's run folder (``runs/<name>``), written into the saved config.yaml too.
         Lightning alone looks in the new version's own (empty) folder. None found: an error (Lightning
         would warn and train from scratch, which a resume should not do silently), unless a
-        ModelCheckpoint's own ``dirpath`` holds a ``last*.ckpt`` (then Lightning resolves it)."""
+        ModelCheckpoint's own ``dirpath`` holds a ``last*.ckpt`` (then Lightning resolves it). ``validate`` /
+        ``test`` resolve it the same way (Lightning alone would read the untrained model)."""
         from ..models.export import ExportError, find_checkpoint
 
         config, config_init = self.config[self.subcommand], self.config_init[self.subcommand]
@@ -207,12 +216,16 @@ class GRPOCLI(LightningCLI):
         except ExportError:
             if self._checkpoint_dirpath_has_last():
                 return
+            hint = "drop --ckpt_path to start a fresh run" if self.subcommand == "fit" else "pass the checkpoint's path"
             raise mark(FileNotFoundError(
-                f"--ckpt_path last: no checkpoint to resume in {root} (searched version_*/checkpoints/*.ckpt); "
-                "drop --ckpt_path to start a fresh run"
+                f"--ckpt_path last: no checkpoint to {self._ckpt_verb()} in {root} (searched version_*/checkpoints/*.ckpt); {hint}"
             )) from None
         config["ckpt_path"] = config_init["ckpt_path"] = found
-        rank_zero_info(f"--ckpt_path last: resuming from {found}")
+        doing = {"fit": "resuming from", "validate": "validating", "test": "testing"}.get(str(self.subcommand), "loading")
+        rank_zero_info(f"--ckpt_path last: {doing} {found}")
+
+    def _ckpt_verb(self) -> str:
+        return {"fit": "resume", "validate": "validate", "test": "test"}.get(str(self.subcommand), "load")
 
     def _checkpoint_dirpath_has_last(self) -> bool:
         from lightning.pytorch.callbacks import ModelCheckpoint

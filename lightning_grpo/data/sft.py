@@ -5,7 +5,8 @@ The rows come from the same sources as :class:`~lightning_grpo.data.datamodule.P
 (files, a ``datasets`` dataset, a ``DataSource``, or the built-in digit task, whose ``answer`` column is
 the right answer) through the same mapping hook, tokenizer loading and validation split; they become
 examples with an assistant-only loss mask (:mod:`lightning_grpo.data.sft_format`). A batch is
-``{"input_ids", "attention_mask", "loss_mask"}``, each ``[B, L]``, padded on the right.
+``{"input_ids", "attention_mask", "loss_mask"}``, each ``[B, L]``, padded on the right (``loss_mask``: each
+token's loss weight, 0 off the assistant turns).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class SFTDataModule(PromptDataModule):
         chat_template_kwargs: Extra keyword arguments of the chat template, as ``PromptDataModule``'s (e.g.
             ``{enable_thinking: false}``: Qwen3's generation prompt and last turn then share the empty
             ``<think>`` block, which falls outside the loss).
+        last_turn_weight: Loss weight of the last assistant turn's tokens (the other assistant tokens weigh 1;
+            the loss is the weighted token mean): above 1, a transcript's final answer counts for more than
+            the tool-call text before it (ms-swift's ``loss_scale``). Default 1: every assistant token alike.
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class SFTDataModule(PromptDataModule):
         task_num_test: int = 50,
         cache_dir: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        last_turn_weight: float = 1.0,
     ) -> None:
         super().__init__(
             source, train_files, val_files, train_dataset, val_dataset, test_files, test_dataset, record_map, tokenizer_path,
@@ -81,7 +86,7 @@ class SFTDataModule(PromptDataModule):
             task_num_val=task_num_val, task_num_test=task_num_test, cache_dir=cache_dir, chat_template_kwargs=chat_template_kwargs,
         )  # fmt: skip
         self.format = SFTFormat(prompt_column, answer_column, messages_column, tools_column, use_chat_template,
-                                system_prompt, max_length, chat_template_kwargs)  # fmt: skip
+                                system_prompt, max_length, chat_template_kwargs, last_turn_weight)  # fmt: skip
 
     def _loader(self, examples: list[dict[str, Any]], batch_size: int, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)

@@ -17,6 +17,11 @@ ids; a turn rendered with extra tokens only while it is the last one (Qwen3's em
 matched by its remaining tokens. Any other difference is an error naming the row. The mask covers the
 turn's content, tool-call text and closing token (``<|im_end|>``), not the generation prompt
 (``<|im_start|>assistant\\n``) nor whitespace after the closing token.
+
+``last_turn_weight`` (default 1) is the loss weight of the last assistant turn's tokens, the others
+weighing 1: the loss is the weighted token mean, so a transcript whose final answer is one token among
+twenty of tool-call text can have that answer count (ms-swift's ``loss_scale``; ``last_turn_weight``
+large approaches LLaMA-Factory's ``mask_history``, which trains on the last turn alone).
 """
 
 from __future__ import annotations
@@ -42,6 +47,12 @@ class SFTFormat:
     system_prompt: str | None = None
     max_length: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    last_turn_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        weight = self.last_turn_weight
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 or weight == float("inf"):
+            raise ValueError(f"last_turn_weight must be a finite number > 0 (the last assistant turn's loss weight), got {weight!r}")
 
     def kind(self, rows: list[dict[str, Any]], source: str) -> str:
         """"messages" or "prompt_answer": which columns the rows hold (one clear error when neither)."""
@@ -72,9 +83,10 @@ class SFTFormat:
             where = f"row {i} of {source}"
             if kind == "messages":
                 ids, mask = assistant_mask(row[self.messages_column], tokenizer, where, row.get(self.tools_column),
-                                           self.chat_template_kwargs)  # fmt: skip
+                                           self.chat_template_kwargs, self.last_turn_weight)  # fmt: skip
             elif self.use_chat_template:
-                ids, mask = assistant_mask(self._as_messages(row, where), tokenizer, where, None, self.chat_template_kwargs)
+                ids, mask = assistant_mask(self._as_messages(row, where), tokenizer, where, None, self.chat_template_kwargs,
+                                           self.last_turn_weight)  # fmt: skip
             else:
                 ids, mask = self._plain(row, tokenizer, where)
             if not any(mask):
@@ -116,9 +128,10 @@ def render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, gener
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def assistant_mask(messages: Any, tokenizer: Any, where: str, tools: Any = None,
-                   template_kwargs: dict[str, Any] | None = None) -> tuple[list[int], list[int]]:  # fmt: skip
-    """(token ids of the whole transcript, 1 on its assistant turns' tokens); see the module docstring."""
+def assistant_mask(messages: Any, tokenizer: Any, where: str, tools: Any = None, template_kwargs: dict[str, Any] | None = None,
+                   last_turn_weight: float = 1.0) -> tuple[list[int], list[float]]:  # fmt: skip
+    """(token ids of the whole transcript, the loss weight of each token: 1 on its assistant turns' tokens,
+    ``last_turn_weight`` on the last assistant turn's, 0 elsewhere); see the module docstring."""
     if not is_chat(messages) or not messages:
         raise ValueError(f"{where}: the transcript must be a non-empty list of chat messages, got {type(messages).__name__}")
     turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
@@ -135,7 +148,8 @@ def assistant_mask(messages: Any, tokenizer: Any, where: str, tools: Any = None,
             raise ValueError(_mismatch(where, k, "the conversation up to it"))
         while end > len(start) and not tokenizer.decode(full[end - 1 : end]).strip():
             end -= 1  # whitespace after the closing token is never sampled
-        mask[len(start) : end] = [1] * (end - len(start))
+        weight = last_turn_weight if k == turns[-1] else 1
+        mask[len(start) : end] = [weight] * (end - len(start))
     return full, mask
 
 

@@ -11,6 +11,9 @@ The loss is the token mean of the cross-entropy over the assistant tokens (``los
 
     loss = - sum_{b, t} mask[b, t] * log p(x[b, t] | x[b, <t]) / sum_{b, t} mask[b, t]
 
+(``mask`` is 1 on assistant tokens unless ``SFTDataModule(last_turn_weight=w)`` gives the last assistant
+turn's tokens weight ``w``: then a weighted token mean.)
+
 With ``accumulate_grad_batches`` > 1 each micro-batch is such a token mean and Lightning averages them
 (TRL's per-device mean, not one token mean over the optimizer step). The token log-probs come from the
 same forward layouts as GRPO's (:mod:`lightning_grpo.training.packing`): a batch is a
@@ -102,11 +105,12 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     def sft_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """(the loss this rank contributes, the assistant tokens of all ranks): the ranks' losses sum to
-        the token-mean cross-entropy over every rank's assistant tokens."""
+        the (weighted) token-mean cross-entropy over every rank's assistant tokens."""
         rollout = self.as_rollout_batch(batch)
         logp = self.token_logprobs(rollout)  # [B, L-1]
-        tokens = self._global_sum(rollout.completion_mask.sum())
-        return -(logp * rollout.completion_mask).sum() / tokens.clamp(min=1), tokens
+        weights = rollout.completion_mask  # [B, L-1] each token's loss weight (1 on assistant tokens by default)
+        totals = self._global_sum(torch.stack([weights.sum(), (weights > 0).sum().to(weights.dtype)]))  # [2] weight, tokens
+        return -(logp * weights).sum() / totals[0].clamp(min=1e-8), totals[1]
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss, tokens = self.sft_loss(batch)
