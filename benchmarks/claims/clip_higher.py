@@ -26,21 +26,22 @@ def configs() -> dict[str, dict]:
 def main() -> None:
     a = args(__doc__)
     runs = {arm: {s: run(cfg, s, a.out / "clip_higher" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
-    rows = ["| seed | arm | entropy, last tenth | clip_frac_high (run mean) | held-out greedy accuracy, end |", "|---:|---|---:|---:|---:|"]
+    rows = ["| seed | arm | entropy, last tenth | clip_frac_high (run mean) | dev greedy accuracy, end | "
+            "**test** greedy accuracy, end |", "|---:|---|---:|---:|---:|---:|"]
     wins = 0
     for s in a.seeds:
         for arm in runs:
             cols = runs[arm][s]
             high = cols.get("train/clip_frac_high", [])
             rows.append(f"| {s} | {arm} | {tail_mean(cols['train/entropy']):.3f} | {sum(v for _, v in high) / max(1, len(high)):.2%} | "
-                        f"{final(cols['val/greedy_accuracy']):.2f} |")  # fmt: skip
-        wins += final(runs["eps_0.28"][s]["val/greedy_accuracy"]) > final(runs["eps_0.2"][s]["val/greedy_accuracy"])
+                        f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")  # fmt: skip
+        wins += final(runs["eps_0.28"][s]["test/greedy_accuracy"]) > final(runs["eps_0.2"][s]["test/greedy_accuracy"])
     table = "\n".join(rows)
     print(table)
-    print(f"eps_high 0.28 ends higher on {wins}/{len(a.seeds)} seeds")
+    print(f"eps_high 0.28 ends higher (test) on {wins}/{len(a.seeds)} seeds")
     if a.write:
         plot(runs, [("train/entropy", "token entropy"), ("train/reward_mean", "training reward"),
-                    ("val/greedy_accuracy", "held-out greedy accuracy")], PLOTS / "clip_higher.png")  # fmt: skip
+                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "clip_higher.png")  # fmt: skip
         write_section("clip_higher", SECTION.format(table=table, wins=wins, n=len(a.seeds)))
 
 

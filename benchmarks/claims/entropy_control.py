@@ -27,8 +27,8 @@ def configs() -> dict[str, dict]:
 def main() -> None:
     a = args(__doc__)
     runs = {arm: {s: run(cfg, s, a.out / "entropy_control" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
-    rows = ["| seed | arm | entropy, last tenth | steps after 100 with entropy < floor | entropy_coef at the end | held-out greedy accuracy, end |",
-            "|---:|---|---:|---:|---:|---:|"]  # fmt: skip
+    rows = ["| seed | arm | entropy, last tenth | steps after 100 with entropy < floor | entropy_coef at the end | dev greedy accuracy, end | "
+            "**test** greedy accuracy, end |", "|---:|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     wins = 0
     for s in a.seeds:
         for arm in runs:
@@ -38,14 +38,14 @@ def main() -> None:
             after = sum(step >= 100 for step, _ in ent)
             coef = final(cols.get("entropy_control/entropy_coef", []))
             rows.append(f"| {s} | {arm} | {tail_mean(ent):.3f} | {below}/{after} | {'-' if coef != coef else f'{coef:.3f}'} | "
-                        f"{final(cols['val/greedy_accuracy']):.2f} |")  # fmt: skip
-        wins += final(runs["controlled"][s]["val/greedy_accuracy"]) > final(runs["plain"][s]["val/greedy_accuracy"])
+                        f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")  # fmt: skip
+        wins += final(runs["controlled"][s]["test/greedy_accuracy"]) > final(runs["plain"][s]["test/greedy_accuracy"])
     table = "\n".join(rows)
     print(table)
-    print(f"controlled ends higher on {wins}/{len(a.seeds)} seeds")
+    print(f"controlled ends higher (test) on {wins}/{len(a.seeds)} seeds")
     if a.write:
         plot(runs, [("train/entropy", "token entropy"), ("train/reward_mean", "training reward"),
-                    ("val/greedy_accuracy", "held-out greedy accuracy")], PLOTS / "entropy_control.png")  # fmt: skip
+                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "entropy_control.png")  # fmt: skip
         write_section("entropy_control", SECTION.format(table=table, wins=wins, n=len(a.seeds), floor=FLOOR))
 
 
