@@ -28,7 +28,7 @@ def main() -> None:
     runs = {arm: {s: run(cfg, s, a.out / "clip_higher" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
     rows = ["| seed | arm | entropy, last tenth | clip_frac_high (run mean) | dev greedy accuracy, end | "
             "**test** greedy accuracy, end |", "|---:|---|---:|---:|---:|---:|"]
-    wins = 0
+    wins = dev_wins = 0
     for s in a.seeds:
         for arm in runs:
             cols = runs[arm][s]
@@ -36,13 +36,14 @@ def main() -> None:
             rows.append(f"| {s} | {arm} | {tail_mean(cols['train/entropy']):.3f} | {sum(v for _, v in high) / max(1, len(high)):.2%} | "
                         f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")  # fmt: skip
         wins += final(runs["eps_0.28"][s]["test/greedy_accuracy"]) > final(runs["eps_0.2"][s]["test/greedy_accuracy"])
+        dev_wins += final(runs["eps_0.28"][s]["val/greedy_accuracy"]) > final(runs["eps_0.2"][s]["val/greedy_accuracy"])
     table = "\n".join(rows)
     print(table)
-    print(f"eps_high 0.28 ends higher (test) on {wins}/{len(a.seeds)} seeds")
+    print(f"eps_high 0.28 ends higher on {wins}/{len(a.seeds)} seeds (test), {dev_wins} (dev)")
     if a.write:
         plot(runs, [("train/entropy", "token entropy"), ("train/reward_mean", "training reward"),
                     ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "clip_higher.png")  # fmt: skip
-        write_section("clip_higher", SECTION.format(table=table, wins=wins, n=len(a.seeds)))
+        write_section("clip_higher", SECTION.format(table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds)))
 
 
 SECTION = """

@@ -49,12 +49,13 @@ def main() -> None:
             rows.append(f"| {s} | {arm} | {sum(v for _, v in zero) / len(zero):.2f} | {samples_at(cols, end):,.0f} | "
                         f"{acc.get(249, float('nan')):.2f} / {acc.get(499, float('nan')):.2f} / {acc[end]:.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")  # fmt: skip
     wins = sum(final(runs["dynamic"][s]["test/greedy_accuracy"]) >= final(runs["plain"][s]["test/greedy_accuracy"]) for s in a.seeds)
+    dev_wins = sum(final(runs["dynamic"][s]["val/greedy_accuracy"]) >= final(runs["plain"][s]["val/greedy_accuracy"]) for s in a.seeds)
     table = "\n".join(rows)
     print(table)
-    print(f"dynamic ends at least as high (test) on {wins}/{len(a.seeds)} seeds")
+    print(f"dynamic ends at least as high on {wins}/{len(a.seeds)} seeds (test), {dev_wins} (dev)")
     if a.write:
         _plot(runs, PLOTS / "dynamic_sampling.png")
-        write_section("dynamic_sampling", SECTION.format(table=table, wins=wins, n=len(a.seeds)))
+        write_section("dynamic_sampling", SECTION.format(table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds)))
 
 
 def _plot(runs, path) -> None:
