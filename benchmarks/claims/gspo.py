@@ -55,18 +55,22 @@ SECTION = """
 **Claim** (GSPO paper; seed 000 section 02): a sequence-level ratio clips far more tokens than
 the token-level clip (the paper: about 15% vs 0.1%) yet learns at least as well, because
 token-level ratios accumulate noise. **Setup**: the quickstart with `num_iterations: 4`;
-`token` = ppo, eps 0.2, token_mean; `gspo` = gspo, eps 3e-4 / 4e-4, seq_mean_token_mean.
+`token` = ppo, eps 0.2, token_mean; `gspo` = gspo, eps 3e-4 / 4e-4, seq_mean_token_mean. Held-out:
+**test** = greedy accuracy of each run's last checkpoint on the 50 test prompts (none trained on or
+used for any choice), the verdict's figure; dev = the 50 validation prompts.
 `python benchmarks/claims/gspo.py --write`.
 
 {table}
 
-**Measured**: GSPO ends at least as high as the token-level loss on {wins} of {n} seeds, with
+**Measured**: GSPO ends at least as high as the token-level loss on the test split on {wins} of {n}
+seeds (dev: {dev_wins} of {n}; each run's dev and test figures are equal here), with
 {low:.0f} to {high:.0f} times as many tokens clipped. Our token-level clip fraction (2-3%) is higher than
 the paper's 0.1%: four passes over a batch at lr 1e-3 move the ratios far on this tiny model.
 On seed 0 both arms learn less in 1000 steps (250 generations) than the quickstart with one pass
-(held-out 0.90). Each seed has its own initialisation of the tiny model (`seed_everything`); on
+(test and dev 0.90, README). Each seed has its own initialisation of the tiny model (`seed_everything`); on
 seed 2 GSPO ends at 0.20 against the token-level loss's 0.50. **Verdict: reproduced on 2 of 3
-seeds** (more clipping on every seed, at least as good held-out accuracy on seeds 0 and 1).
+seeds** (more clipping on every seed, at least as good test accuracy on seeds 0 and 1; the dev split
+agrees).
 
 ![gspo](claims/gspo.png)
 """
