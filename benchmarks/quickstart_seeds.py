@@ -101,12 +101,21 @@ def test_split(recipe: Path, seed: int, save: Path, extra: list[str], core: int 
                command: tuple[str, ...] = ("test",), name: str | None = None) -> dict[str, float]:
     """``lightning-grpo test`` of the last checkpoint of the run ``save/<name>`` (default: the recipe's stem),
     pinned to ``core`` with one thread: its ``test/*`` metrics, cached in ``save/test_metrics.json``."""
+    if (save / "test_metrics.json").is_file():
+        return test_checkpoint(recipe, Path(), save, extra, core, command)
+    checkpoint = newest(save.glob(f"{name or recipe.stem}/version_*/checkpoints/last.ckpt"))
+    return test_checkpoint(recipe, checkpoint, save, ["--seed_everything", str(seed), *extra], core, command)
+
+
+def test_checkpoint(config: Path, checkpoint: Path, save: Path, extra: list[str], core: int | None = None,
+                    command: tuple[str, ...] = ("test",)) -> dict[str, float]:
+    """``lightning-grpo test -c config --ckpt_path checkpoint`` logging under ``save/test`` (pinned to
+    ``core`` with one thread when given): its ``test/*`` metrics, cached in ``save/test_metrics.json``
+    (``forget_test`` drops the cache when the run is redone)."""
     cached = save / "test_metrics.json"
     if not cached.is_file():
-        checkpoint = newest(save.glob(f"{name or recipe.stem}/version_*/checkpoints/last.ckpt"))
-        cmd = [sys.executable, "-m", "lightning_grpo", *command, "-c", str(recipe), "--seed_everything", str(seed),
-               "--ckpt_path", str(checkpoint), "--trainer.logger.init_args.save_dir", str(save / "test"),
-               "--trainer.enable_progress_bar", "false", *extra]  # fmt: skip
+        cmd = [sys.executable, "-m", "lightning_grpo", *command, "-c", str(config), "--ckpt_path", str(checkpoint),
+               "--trainer.logger.init_args.save_dir", str(save / "test"), "--trainer.enable_progress_bar", "false", *extra]  # fmt: skip
         env = dict(os.environ)
         if core is not None:
             env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")

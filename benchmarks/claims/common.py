@@ -3,7 +3,9 @@ logged metrics back, plot curves side by side and write a section of docs/claims
 
 Each run is ``python -m lightning_grpo fit -c <recipe>`` in a subprocess (the recipe is
 recipes/quickstart.yaml with the claim's overrides merged in, written next to the run), so a
-claim measures exactly what a user of the CLI gets.
+claim measures exactly what a user of the CLI gets. After training, ``lightning-grpo test`` of the
+run's last checkpoint gives the held-out figure (``test/greedy_accuracy``: the test split, prompts no
+setting was chosen on); ``val/greedy_accuracy`` is the dev split (the validation prompts).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 CLAIMS_MD = ROOT / "docs" / "claims.md"
 PLOTS = ROOT / "docs" / "claims"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from quickstart_seeds import forget_test, test_checkpoint  # noqa: E402
 
 
 def merge(base: dict, overrides: dict) -> dict:
@@ -41,14 +45,16 @@ def callbacks_with(config: dict, *extra: dict) -> list[dict]:
 
 
 def run(config: dict, seed: int, out: Path) -> dict[str, list[tuple[int, float]]]:
-    """Train ``config`` with ``seed`` under ``out`` (skipped when its metrics exist); returns
-    every logged column as ``[(step, value), ...]`` plus ``wall_s``."""
+    """Train ``config`` with ``seed`` under ``out`` (skipped when its metrics exist), then test its last
+    checkpoint (cached in ``out/test_metrics.json``); returns every logged column as ``[(step, value), ...]``,
+    ``test/greedy_accuracy`` as ``[(last step, value)]`` and ``wall_s``."""
     out.mkdir(parents=True, exist_ok=True)
     metrics = out / "metrics.csv"
+    path = out / "config.yaml"
     if not metrics.exists():
+        forget_test(out)  # a new run replaces the checkpoint the cached test figures came from
         config = merge(config, {"seed_everything": seed, "trainer": {"logger": {
             "class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(out), "name": "", "version": ""}}}})  # fmt: skip
-        path = out / "config.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "lightning_grpo", "fit", "-c", str(path)], cwd=ROOT,
@@ -56,7 +62,10 @@ def run(config: dict, seed: int, out: Path) -> dict[str, list[tuple[int, float]]
         if proc.returncode != 0:
             raise RuntimeError(f"run {out} failed:\n{proc.stderr[-4000:]}")
         (out / "wall_s.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
-    return read(metrics)
+    columns = read(metrics)
+    test = test_checkpoint(path, out / "checkpoints" / "last.ckpt", out, [])["test/greedy_accuracy"]
+    columns["test/greedy_accuracy"] = [(max(step for c in columns.values() for step, _ in c), test)]
+    return columns
 
 
 def read(metrics: Path) -> dict[str, list[tuple[int, float]]]:
