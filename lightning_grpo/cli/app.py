@@ -109,6 +109,15 @@ def _plain_model_option(parser: LightningArgumentParser) -> None:
                 parser._option_string_actions.pop(option, None)
 
 
+#: Per subcommand that resolves ``--ckpt_path last``: (what the checkpoint is for, the log's words, the hint
+#: when there is none).
+_LAST_CHECKPOINT_WORDS = {
+    "fit": ("resume", "resuming from", "drop --ckpt_path to start a fresh run"),
+    "validate": ("validate", "validating", "pass the checkpoint's path"),
+    "test": ("test", "testing", "pass the checkpoint's path"),
+}
+
+
 class GRPOCLI(LightningCLI):
     """LightningCLI with the package's module and data module, and the rollout section."""
 
@@ -216,16 +225,12 @@ class GRPOCLI(LightningCLI):
         except ExportError:
             if self._checkpoint_dirpath_has_last():
                 return
-            hint = "drop --ckpt_path to start a fresh run" if self.subcommand == "fit" else "pass the checkpoint's path"
+            verb, _, hint = _LAST_CHECKPOINT_WORDS[str(self.subcommand)]
             raise mark(FileNotFoundError(
-                f"--ckpt_path last: no checkpoint to {self._ckpt_verb()} in {root} (searched version_*/checkpoints/*.ckpt); {hint}"
+                f"--ckpt_path last: no checkpoint to {verb} in {root} (searched version_*/checkpoints/*.ckpt); {hint}"
             )) from None
         config["ckpt_path"] = config_init["ckpt_path"] = found
-        doing = {"fit": "resuming from", "validate": "validating", "test": "testing"}.get(str(self.subcommand), "loading")
-        rank_zero_info(f"--ckpt_path last: {doing} {found}")
-
-    def _ckpt_verb(self) -> str:
-        return {"fit": "resume", "validate": "validate", "test": "test"}.get(str(self.subcommand), "load")
+        rank_zero_info(f"--ckpt_path last: {_LAST_CHECKPOINT_WORDS[str(self.subcommand)][1]} {found}")
 
     def _checkpoint_dirpath_has_last(self) -> bool:
         from lightning.pytorch.callbacks import ModelCheckpoint
