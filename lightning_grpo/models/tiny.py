@@ -57,9 +57,10 @@ TEXT_ALPHABET = list(string.ascii_uppercase) + [c for c in string.punctuation if
 TEXT_WORDS = ["Spell this word backward (example: sun -> nus): "]
 #: Tokenizer variant -> the characters it adds to :data:`ALPHABET`.
 VARIANT_ALPHABETS = {"chars": [], "tools": TOOLS_ALPHABET, "text": TEXT_ALPHABET}
-#: Names after ``tiny:``: the character-level variants, and ``qwen3`` (a tiny Qwen3 on the real Qwen3 tokenizer,
-#: :mod:`lightning_grpo.models.tiny_qwen3`).
-BUILTIN_VARIANTS = [*VARIANT_ALPHABETS, "qwen3"]
+#: Names after ``tiny:``: the character-level variants, and ``qwen3`` / ``qwen3-untied`` (a tiny Qwen3 on the real
+#: Qwen3 tokenizer, its LM head tied to the embedding or its own: :mod:`lightning_grpo.models.tiny_qwen3`).
+QWEN3_VARIANTS = {"qwen3": {}, "qwen3-untied": {"tie_word_embeddings": False, "embedding_std": 1.0}}  # -> TinyQwen3Config
+BUILTIN_VARIANTS = [*VARIANT_ALPHABETS, *QWEN3_VARIANTS]
 #: Whole strings that the ``tools`` variant spells as one token each, as a real BPE vocabulary spells
 #: frequent strings: the chat roles, the Hermes markers, and the complete call of the built-in secret-digit tool, so
 #: that a random 88K-parameter model can sample a well-formed call (lightning_grpo.agents.secret_digit).
@@ -234,10 +235,10 @@ def builtin_model_path(source: str | None, field: str = "model.model") -> str | 
 
 
 def _builtin_dir(variant: str, seed: int) -> Path:
-    if variant == "qwen3":  # the real Qwen3 tokenizer (models/tiny_qwen3.py)
+    if variant in QWEN3_VARIANTS:  # the real Qwen3 tokenizer (models/tiny_qwen3.py)
         from .tiny_qwen3 import TinyQwen3Config, tiny_qwen3_dir
 
-        return tiny_qwen3_dir(TinyQwen3Config(seed=seed))
+        return tiny_qwen3_dir(TinyQwen3Config(**QWEN3_VARIANTS[variant], seed=seed))
     return tiny_model_dir(TinyModelConfig(tokenizer=variant, seed=seed))
 
 

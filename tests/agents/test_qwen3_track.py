@@ -45,6 +45,31 @@ def test_tiny_qwen3_is_a_qwen3_on_the_real_tokenizer(qwen3_dirs, qwen_tokenizer,
     assert builtin_tokenizer_path("tiny:qwen3") == str(qwen3_dirs[0])
 
 
+def test_untied_variant_has_its_own_head_and_a_unit_embedding(tmp_path, qwen_tokenizer, monkeypatch):
+    """``tiny:qwen3-untied`` (the tool track's model): the seed's body, an LM head of its own, and the input embedding
+    the same draw as the tied model's, rescaled to std 1; the tied model keeps its folder."""
+    from transformers import AutoConfig
+
+    from lightning_grpo.models.tiny import builtin_model_path
+    from lightning_grpo.models.tiny_qwen3 import TinyQwen3Config
+
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(tmp_path))
+    tied, untied = builtin_model_path("tiny:qwen3@2"), builtin_model_path("tiny:qwen3-untied@2")
+    assert tied != untied and tied.endswith(f"tiny-qwen3-{TinyQwen3Config(seed=2).key()}")
+    assert TinyQwen3Config().key() == "7a444227003e"  # the key (folder) the seed-0 tied model had before the new fields
+    assert not AutoConfig.from_pretrained(untied).tie_word_embeddings
+    a, b = load_file(f"{tied}/model.safetensors"), load_file(f"{untied}/model.safetensors")
+    assert "lm_head.weight" in b and "lm_head.weight" not in a
+    embed = b["model.embed_tokens.weight"]
+    assert embed.std().item() == pytest.approx(1.0, abs=0.01) and b["lm_head.weight"].std().item() == pytest.approx(0.02, abs=1e-3)
+    assert embed.allclose(a["model.embed_tokens.weight"] * 50, atol=1e-5)  # the tied draw, x 1.0 / 0.02
+    assert a["model.layers.0.self_attn.q_proj.weight"].equal(b["model.layers.0.self_attn.q_proj.weight"])
+    with pytest.raises(ValueError, match="embedding_std must be None or a number > 0 with tie_word_embeddings=False"):
+        TinyQwen3Config(embedding_std=1.0)
+    with pytest.raises(ValueError, match="got 0 with tie_word_embeddings=False"):
+        TinyQwen3Config(tie_word_embeddings=False, embedding_std=0)
+
+
 def test_transcripts_teach_the_tokens_an_episode_samples(qwen_tokenizer):
     """An episode whose model says exactly what a transcript's assistant turns say reproduces that transcript's
     token ids; the SFT loss covers the sampled tokens (the call, the answer) and nothing the environment wrote."""
