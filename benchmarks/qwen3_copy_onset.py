@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_grpo.agents.secret_digit import SecretDigitTranscripts
-from lightning_grpo.data.sft_format import assistant_mask
+from lightning_grpo.data.sft_format import INPUT_IDS, LOSS_MASK, SFTFormat
 from lightning_grpo.models.tiny_qwen3 import TinyQwen3Config, build_tiny_qwen3, load_qwen3_tokenizer
 
 QUESTION = "What is the secret digit? Call the tool to find out, then reply with the digit only."
@@ -28,8 +28,8 @@ QUESTION = "What is the secret digit? Call the tool to find out, then reply with
 
 def encode(rows: list[dict], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, L] token ids and loss weights (every transcript renders to the same length)."""
-    pairs = [assistant_mask(r["messages"], tokenizer, "transcript", r["tools"]) for r in rows]
-    return torch.tensor([p[0] for p in pairs]), torch.tensor([p[1] for p in pairs], dtype=torch.float)
+    examples = SFTFormat(use_chat_template=True).build(rows, "the transcripts", tokenizer)  # as SFTDataModule builds them
+    return torch.tensor([e[INPUT_IDS] for e in examples]), torch.tensor([e[LOSS_MASK] for e in examples], dtype=torch.float)
 
 
 def check(model, ids: torch.Tensor, answers: list[str], demos: list[str], digit_ids: torch.Tensor) -> tuple[float, float]:
