@@ -4,7 +4,8 @@ Forward + backward of ``loss = logp.sum()`` w.r.t. hidden [B, T, H] and the LM h
 [V, H] (float32, CPU), for
 
 - naive:   ``torch.log_softmax(hidden @ W.T, -1).gather(-1, ids)`` (materialises [B*T, V]),
-- chunked: ``lightning_grpo.core.logprobs.logprobs_from_hidden(..., chunk_size=c)``.
+- chunked: ``lightning_grpo.core.logprobs.logprobs_from_hidden(..., chunk_size=c)``,
+- saved:   the same with ``save_probs=True`` (forward keeps the softmax [B*T, V] for backward).
 
 Each (path, chunk size) runs in a fresh subprocess so peaks do not mix. Inputs are allocated
 and a small warm-up run is done before the baseline; peak = the RSS high-water mark during
@@ -64,7 +65,7 @@ def run_path(path: str, chunk_size: int, hidden, weight, ids):
     if path == "naive":
         logp = naive_logp(hidden, weight, ids)
     else:
-        logp = logprobs_from_hidden(hidden, weight, ids, chunk_size=chunk_size).logp
+        logp = logprobs_from_hidden(hidden, weight, ids, chunk_size=chunk_size, save_probs=path == "saved").logp
     logp.sum().backward()
     return logp.detach()
 
@@ -141,12 +142,12 @@ def measure(args, path: str, chunk_size: int) -> dict:
 
 
 # --------------------------------------------------------------------------- equality check
-def check_equal(args, chunk_size: int) -> dict:
-    """Max abs diff of logp, grad hidden, grad weight between the paths (same inputs)."""
+def check_equal(args, chunk_size: int, path: str = "chunked") -> dict:
+    """Max abs diff of logp, grad hidden, grad weight between naive and ``path`` (same inputs)."""
     hidden, weight, ids = make_inputs(args.B, args.T, args.H, args.V)
     ref = run_path("naive", 0, hidden, weight, ids)
     ref_gh, ref_gw = hidden.grad.clone(), weight.grad.clone()
-    out = run_path("chunked", chunk_size, hidden, weight, ids)
+    out = run_path(path, chunk_size, hidden, weight, ids)
     return {
         "logp": (out - ref).abs().max().item(),
         "grad_hidden": (hidden.grad - ref_gh).abs().max().item(),
@@ -168,7 +169,7 @@ def machine() -> dict:
             "python": platform.python_version()}
 
 
-def table(args, rows: list[dict], diff: dict, command: str, load: tuple) -> str:
+def table(args, rows: list[dict], diffs: dict[str, dict], command: str, load: tuple) -> str:
     m = machine()
     naive = next(r for r in rows if r["path"] == "naive")
     lines = [
@@ -177,7 +178,8 @@ def table(args, rows: list[dict], diff: dict, command: str, load: tuple) -> str:
         f"and W (float32, CPU): B={args.B}, T={args.T}, H={args.H}, V={args.V} "
         f"(the full logits are {args.B * args.T * args.V * 4 / 2**30:.2f} GiB).",
         "naive = `torch.log_softmax(hidden @ W.T, -1).gather(-1, ids)`; chunked = "
-        "`logprobs_from_hidden(hidden, W, ids, chunk_size=c)`.",
+        "`logprobs_from_hidden(hidden, W, ids, chunk_size=c)`; saved = the same with `save_probs=True` "
+        "(`logprob_save_probs` of the modules: the softmax kept for backward, no recompute there).",
         "Each row runs in a fresh subprocess; peak = RSS high-water mark during the first "
         f"forward+backward minus the RSS just before it (inputs allocated, warm-up done; "
         f"method: {naive['method']}, checked against a 1 ms VmRSS sampler). "
@@ -198,21 +200,24 @@ def table(args, rows: list[dict], diff: dict, command: str, load: tuple) -> str:
             f"{r['peak_mib'] / naive['peak_mib']:.3f} | {r['min_s']:.2f} | "
             f"{r['min_s'] / naive['min_s']:.2f} | {r['median_s']:.2f} |"
         )
-    lines += [
-        "",
-        f"Equality (same inputs, chunk_size={args.check_chunk_size}, full size): max abs diff "
-        f"logp {diff['logp']:.2e} (|logp| up to {diff['max_abs_logp']:.1f}), grad hidden "
-        f"{diff['grad_hidden']:.2e}, grad W {diff['grad_weight']:.2e} "
-        f"(|grad W| up to {diff['max_abs_grad_weight']:.2e}).",
-    ]
-    target = all(r["peak_mib"] <= 0.5 * naive["peak_mib"] for r in rows if r["path"] != "naive")
+    lines.append("")
+    for path, diff in diffs.items():
+        lines.append(
+            f"Equality, {path} vs naive (same inputs, chunk_size={args.check_chunk_size}, full size): max abs diff "
+            f"logp {diff['logp']:.2e} (|logp| up to {diff['max_abs_logp']:.1f}), grad hidden "
+            f"{diff['grad_hidden']:.2e}, grad W {diff['grad_weight']:.2e} "
+            f"(|grad W| up to {diff['max_abs_grad_weight']:.2e})."
+        )
+    target = all(r["peak_mib"] <= 0.5 * naive["peak_mib"] for r in rows if r["path"] == "chunked")
     lines.append(f"Target chunked peak <= 0.5 x naive: {'met' if target else 'NOT met'}.")
     lines.append(
         "The library default is chunk_size=1024: one [chunk_size, V] float32 buffer is "
         f"{1024 * args.V * 4 / 2**20:.0f} MiB here; the chunked path does 4 matmuls of "
         "[B*T, H] x [H, V] size against naive's 3, so with the same matmul speed expect "
         "about 1.3x the time; smaller chunks save little memory (allocator caching "
-        "dominates below ~32 MiB per buffer) and larger ones cost memory linearly."
+        "dominates below ~32 MiB per buffer) and larger ones cost memory linearly. saved does 3 matmuls "
+        "and one exp per logit, and keeps the [B*T, V] softmax: naive's memory (the opt-in for small "
+        "models whose LM head dominates the step, recipes/qwen3_tool_*.yaml)."
     )
     return "\n".join(lines) + "\n"
 
@@ -237,6 +242,7 @@ def main() -> None:
     p.add_argument("--V", type=int, default=32000)
     p.add_argument("--chunk-sizes", default="256,1024,4096", help="comma-separated")
     p.add_argument("--check-chunk-size", type=int, default=1024)
+    p.add_argument("--saved", action="store_true", help="also measure save_probs=True at --check-chunk-size")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--write", action="store_true", help="write the table to docs/benchmarks.md")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -248,9 +254,10 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     rows = [measure(args, "naive", 0)]
     rows += [measure(args, "chunked", int(c)) for c in args.chunk_sizes.split(",")]
-    diff = check_equal(args, args.check_chunk_size)
+    rows += [measure(args, "saved", args.check_chunk_size)] if args.saved else []
+    diffs = {path: check_equal(args, args.check_chunk_size, path) for path in ("chunked", "saved")[: 1 + args.saved]}
     command = "python benchmarks/bench_logprobs.py " + " ".join(sys.argv[1:])
-    text = table(args, rows, diff, command.strip(), (load_before, os.getloadavg()[0]))
+    text = table(args, rows, diffs, command.strip(), (load_before, os.getloadavg()[0]))
     print(text)
     print(json.dumps(rows, indent=1), file=sys.stderr)
     if args.write:

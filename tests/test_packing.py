@@ -8,7 +8,7 @@ from torch import nn
 
 from lightning_grpo import GRPOLoss, GRPOModule
 from lightning_grpo.core.batch import RolloutBatch
-from lightning_grpo.training.packing import PackPlan, choose_plan
+from lightning_grpo.training.packing import PackPlan, choose_plan, sampled_positions
 
 # ---------------------------------------------------------------------------------- the plan
 
@@ -82,8 +82,8 @@ def _policy(path, attn: str):
     return AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn).train()
 
 
-def _logprobs_and_grads(policy, batch, packing: str, path: str):
-    module = GRPOModule(model=policy, packing=packing, logprob_path=path)
+def _logprobs_and_grads(policy, batch, packing: str, path: str, save_probs: bool = False):
+    module = GRPOModule(model=policy, packing=packing, logprob_path=path, logprob_save_probs=save_probs)
     policy.zero_grad()
     out = module.token_logprobs(policy, batch, compute_entropy=True)
     real = batch.attention_mask[:, batch.prompt_length :].float()
@@ -106,6 +106,26 @@ def test_packed_logprobs_and_gradients_equal_padded(tiny_model_path, path, attn)
     for name, g in grads_pad.items():
         assert g.abs().max() > 0, name
         torch.testing.assert_close(grads_pack[name], g, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("packing", ["off", "on"])
+def test_saved_softmax_gives_the_recomputed_logprobs_and_gradients(tiny_model_path, packing):
+    """logprob_save_probs=True (backward reuses the forward's softmax) = the recomputing path, entropy term included."""
+    policy = _policy(tiny_model_path, "sdpa")
+    batch = _ragged_batch(policy.config.vocab_size)
+    sizes = {}
+    for save in (False, True):
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+            sizes[save] = _logprobs_and_grads(policy, batch, packing, "chunked_hidden", save_probs=save)
+        scored = int(sampled_positions(batch).sum())  # the tokens the LM head scores
+        assert ((scored, policy.config.vocab_size) in saved) is save  # the softmax is kept only when asked
+    (logp, ent, grads), (logp_s, ent_s, grads_s) = sizes[False], sizes[True]
+    torch.testing.assert_close(logp_s, logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_s, ent, atol=1e-5, rtol=0)
+    for name, g in grads.items():
+        assert g.abs().max() > 0, name
+        torch.testing.assert_close(grads_s[name], g, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_reference_and_old_logprobs_equal_padded(tiny_model_path):

@@ -73,13 +73,14 @@ def test_lm_head_starts_at_the_first_assistant_token():
     assert rollout.completion_mask.sum() == 8 and (rollout.input_ids[:, :3] != 0).all()  # no padding in the context
 
 
-@pytest.mark.parametrize("logprob_path", ["chunked_hidden", "logits"])
-def test_packing_equals_padded(tiny_model_path, logprob_path):
-    """One packed row (block-diagonal attention from restarting positions) gives the padded loss and gradients."""
+@pytest.mark.parametrize("logprob_path, save_probs", [("chunked_hidden", False), ("chunked_hidden", True), ("logits", False)])
+def test_packing_equals_padded(tiny_model_path, logprob_path, save_probs):
+    """One packed row (block-diagonal attention from restarting positions) gives the padded loss and gradients
+    (packed with the saved softmax: the padded, recomputing path's)."""
     results = []
     for packing in ("off", "on"):
         torch.manual_seed(0)
-        module = _module(tiny_model_path, packing=packing, logprob_path=logprob_path)
+        module = _module(tiny_model_path, packing=packing, logprob_path=logprob_path, logprob_save_probs=save_probs and packing == "on")
         plan = choose_plan(module.policy, module.as_rollout_batch(_batch()), packing)
         assert (plan.rows, plan.width) == (2, 9) if packing == "on" else plan is None
         loss, _ = module.sft_loss(_batch())

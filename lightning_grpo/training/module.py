@@ -66,6 +66,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             exist; run as a root forward under FSDP2) or "logits" (the model's own forward,
             completion logits only; for DeepSpeed ZeRO-3, which gathers parameters there).
         logprob_chunk_size: rows of the LM head computed at once (memory vs speed).
+        logprob_save_probs: "chunked_hidden" keeps the softmax of the tokens it scores ([N, V] float32) for
+            backward instead of recomputing their logits there: faster (one LM-head matmul and one exp per
+            token less), N * V * 4 bytes more memory. Same numbers; for small models / batches (recipes/qwen3_tool_*.yaml).
         packing / prefix_sharing: exact cheaper layouts of the policy, reference, old and teacher
             forwards (docs/performance.md): padding-free packed rows (``lightning_grpo.training.packing``);
             each prompt computed once per micro-batch, its keys / values shared by its group's
@@ -96,6 +99,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
         logprob_chunk_size: int = 1024,
+        logprob_save_probs: bool = False,
         packing: PackingMode = "auto",
         prefix_sharing: PrefixSharingMode = "auto",
         gradient_checkpointing: bool = False,
@@ -183,7 +187,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (:mod:`.forward`)."""
         return layout_token_logprobs(model, batch, logprob_path=self.hparams.logprob_path, packing=self.hparams.packing,
                                      prefix_sharing=self.hparams.prefix_sharing,
-                                     chunk_size=self.hparams.logprob_chunk_size, compute_entropy=compute_entropy)
+                                     chunk_size=self.hparams.logprob_chunk_size, compute_entropy=compute_entropy,
+                                     save_probs=self.hparams.logprob_save_probs)
 
     @torch.no_grad()
     def forward_logprobs(self, model: nn.Module, batch: RolloutBatch, rows_per_pass: int) -> Tensor:

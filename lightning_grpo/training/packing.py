@@ -174,7 +174,8 @@ def _scatter(keep: Tensor, values: Tensor) -> Tensor:
 
 
 def padded_token_logprobs(
-    model: nn.Module, batch: RolloutBatch, *, chunked: bool, compute_entropy: bool, chunk_size: int
+    model: nn.Module, batch: RolloutBatch, *, chunked: bool, compute_entropy: bool, chunk_size: int,
+    save_probs: bool = False,
 ) -> TokenLogProbs:
     """Completion log-probs (and entropy) of ``batch`` from the padded ``[B, L]`` forward, ``[B, Lc]``.
     ``chunked``: decoder, then the LM head in chunks (the [B, Lc, V] logits never exist); else the
@@ -188,7 +189,7 @@ def padded_token_logprobs(
         res = logprobs_from_hidden(
             out.last_hidden_state[:, lp - 1 : -1][keep],  # [N, H] states that predict the sampled tokens
             head.weight, ids[:, lp:][keep], bias=head.bias, temperature=batch.temperature,
-            compute_entropy=compute_entropy, chunk_size=chunk_size,
+            compute_entropy=compute_entropy, chunk_size=chunk_size, save_probs=save_probs,
         )  # fmt: skip
         return TokenLogProbs(_scatter(keep, res.logp), _scatter(keep, res.entropy) if compute_entropy else None)
     logits = padded_completion_logits(model, batch)  # [B, Lc, V]
@@ -206,7 +207,8 @@ def padded_completion_logits(model: nn.Module, batch: RolloutBatch) -> Tensor:
 
 
 def packed_token_logprobs(
-    model: nn.Module, batch: RolloutBatch, *, plan: PackPlan, chunked: bool, compute_entropy: bool, chunk_size: int
+    model: nn.Module, batch: RolloutBatch, *, plan: PackPlan, chunked: bool, compute_entropy: bool, chunk_size: int,
+    save_probs: bool = False,
 ) -> TokenLogProbs:
     """Completion log-probs (and entropy) of ``batch`` from one packed forward, in the padded
     ``[B, Lc]`` layout (0 on padding). ``chunked``: decoder, then the LM head in chunks on the real
@@ -222,7 +224,7 @@ def packed_token_logprobs(
         res = logprobs_from_hidden(
             hidden.reshape(-1, hidden.shape[-1])[pred[keep]],  # [N, H]
             head.weight, targets[keep], bias=head.bias, temperature=batch.temperature,
-            compute_entropy=compute_entropy, chunk_size=chunk_size,
+            compute_entropy=compute_entropy, chunk_size=chunk_size, save_probs=save_probs,
         )  # fmt: skip
         out = TokenLogProbs(_scatter(keep, res.logp), _scatter(keep, res.entropy) if compute_entropy else None)  # [Nc]
     else:

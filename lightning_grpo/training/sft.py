@@ -52,6 +52,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         dtype: dtype to load a model path in.
         logprob_path: "chunked_hidden" (decoder, then the LM head in chunks) or "logits" (the model's forward).
         logprob_chunk_size: rows of the LM head computed at once.
+        logprob_save_probs: "chunked_hidden" keeps the softmax of the tokens it scores ([N, V] float32) for
+            backward instead of recomputing their logits there: faster (one LM-head matmul and one exp per
+            token less), N * V * 4 bytes more memory. Same numbers; for small models / batches (recipes/qwen3_tool_*.yaml).
         packing: padding-free packed rows ("auto": when they save at least a quarter; "on" / "off").
         gradient_checkpointing: recompute activations in backward.
         optimizer / lr_scheduler: LightningCLI-style callables.
@@ -65,6 +68,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         dtype: Literal["float32", "bfloat16", "float16"] = "float32",
         logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
         logprob_chunk_size: int = 1024,
+        logprob_save_probs: bool = False,
         packing: PackingMode = "auto",
         gradient_checkpointing: bool = False,
         optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -101,7 +105,8 @@ class SFTModule(PolicyMixin, L.LightningModule):
     def token_logprobs(self, batch: RolloutBatch) -> Tensor:
         """[B, Lc] log-probs of the completion tokens of each row, packed or padded as ``packing`` says."""
         return layout_token_logprobs(self.policy, batch, logprob_path=self.hparams.logprob_path, packing=self.hparams.packing,
-                                     prefix_sharing="off", chunk_size=self.hparams.logprob_chunk_size).logp
+                                     prefix_sharing="off", chunk_size=self.hparams.logprob_chunk_size,
+                                     save_probs=self.hparams.logprob_save_probs).logp
 
     def sft_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """(the loss this rank contributes, the assistant tokens of all ranks): the ranks' losses sum to

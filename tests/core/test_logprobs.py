@@ -103,11 +103,12 @@ def _loss_and_grads(out, c_logp, c_ent, params):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("use_bias", [False, True])
 @pytest.mark.parametrize("compute_entropy", [False, True])
-def test_chunked_matches_logits_path(chunk_size, temperature, use_bias, compute_entropy):
+@pytest.mark.parametrize("save_probs", [False, True])
+def test_chunked_matches_logits_path(chunk_size, temperature, use_bias, compute_entropy, save_probs):
     hidden, weight, bias, ids, c_logp, c_ent = _random_case(bias=use_bias)
     params = [t.requires_grad_() for t in (hidden, weight, bias) if t is not None]
     kw = dict(temperature=temperature, compute_entropy=compute_entropy)
-    out = logprobs_from_hidden(hidden, weight, ids, bias=bias, chunk_size=chunk_size, **kw)
+    out = logprobs_from_hidden(hidden, weight, ids, bias=bias, chunk_size=chunk_size, save_probs=save_probs, **kw)
     logits = hidden @ weight.T + (bias if bias is not None else 0.0)  # [B, T, V]
     ref = logprobs_from_logits(logits, ids, **kw)
     assert out.logp.dtype == torch.float32 and out.logp.shape == ids.shape
@@ -163,11 +164,61 @@ def test_saves_no_full_logits():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=5)
     n = 4 * 6
-    assert sorted(saved) == sorted([hidden.numel(), weight.numel(), bias.numel(), n, n, n])
+    assert sorted(saved) == sorted([hidden.numel(), weight.numel(), bias.numel(), n, n, n, 0])  # 0: no saved softmax
     assert max(saved) < n * 50
 
 
-def test_gradcheck_float64():
+def _saved_sizes(fn) -> list[int]:
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return saved
+
+
+def test_save_probs_keeps_the_softmax_only_when_a_gradient_is_taken():
+    """save_probs: forward keeps the [B*T, V] softmax for backward (the same numbers as recomputing, above);
+    without a gradient to take (no_grad, or no input that requires one) it keeps nothing more."""
+    hidden, weight, bias, ids, _, _ = _random_case(B=4, T=6, H=3, V=50)
+    call = lambda: logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=5, save_probs=True)
+    assert _saved_sizes(call) == [] and call().logp.grad_fn is None  # nothing requires a gradient
+    hidden.requires_grad_()
+    with torch.no_grad():
+        assert _saved_sizes(call) == []
+    n = 4 * 6
+    assert sorted(_saved_sizes(call)) == sorted([hidden.numel(), weight.numel(), bias.numel(), n, n, n, n * 50])
+    probs = logprobs_from_logits(hidden.detach() @ weight.T + bias, ids).logp.exp()  # [B, T] p of the sampled tokens
+    assert_close(call().logp.exp(), probs, atol=1e-6, rtol=0)
+
+
+def test_save_probs_with_extreme_and_masked_logits_stays_finite():
+    """Saved softmax entries that underflow to 0 (logit -1000, or -inf through the bias) add nothing to the
+    entropy or its gradient."""
+    for hidden, weight, bias, y in [(torch.tensor([[1000.0, -1000.0, 0.0]]), torch.eye(3), None, 1),
+                                    (torch.zeros(1, 1), torch.zeros(3, 1), torch.tensor([0.0, float("-inf"), 1.0]), 2)]:
+        leaf = hidden if bias is None else bias
+        leaf.requires_grad_()
+        ids = torch.tensor([y])
+        out = logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, save_probs=True)
+        logits = (hidden @ weight.T if bias is None else bias[None]).detach().requires_grad_()  # [1, 3]
+        ref = logprobs_from_logits(logits, ids, compute_entropy=True)
+        assert_close(out.logp, ref.logp, atol=1e-4, rtol=0)
+        assert_close(out.entropy, ref.entropy, atol=1e-6, rtol=0)
+        (out.logp.sum() + out.entropy.sum()).backward()
+        assert torch.isfinite(leaf.grad).all()
+    e = math.e  # the -inf row: p = (1, 0, e) / (1 + e), y = 2: d logp / dz = onehot - p; dH / dz = -p (log p + H)
+    p = torch.tensor([1 / (1 + e), 0.0, e / (1 + e)])
+    h = -(p[0] * p[0].log() + p[2] * p[2].log())
+    expected = torch.tensor([0.0, 0.0, 1.0]) - p - p * (p.clamp(min=1e-30).log() + h)
+    assert_close(bias.grad, expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("save_probs", [False, True])
+def test_gradcheck_float64(save_probs):
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
@@ -176,7 +227,7 @@ def test_gradcheck_float64():
 
     def fn(h, w, b):
         out = logprobs_from_hidden(h, w, ids, bias=b, temperature=0.7, compute_entropy=True,
-                                   chunk_size=4)
+                                   chunk_size=4, save_probs=save_probs)
         return out.logp, out.entropy
 
     assert torch.autograd.gradcheck(fn, (hidden, weight, bias), eps=1e-6, atol=1e-7)
