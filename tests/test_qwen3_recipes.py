@@ -37,6 +37,11 @@ def test_the_stages_name_each_other_and_pose_the_same_task(track):
         assert sft["data"]["answer_column"] == "demonstration" and "answer_column" not in grpo["data"]
         assert sft["data"]["chat_template_kwargs"] == grpo["data"]["chat_template_kwargs"] == {"enable_thinking": False}
 
+    for stage in (sft, grpo):  # a schedule that spans a number of steps spans the stage's steps
+        schedule = (stage["model"].get("lr_scheduler") or {}).get("init_args", {})
+        assert schedule.get("T_max", stage["trainer"]["max_steps"]) == stage["trainer"]["max_steps"]
+        assert schedule.get("total_iters", 0) < stage["trainer"]["max_steps"]  # a warm-up ends within the run
+
 
 #: per track: SFT options for a small run, GRPO options for the HF engine and a small step
 SMALL = {
