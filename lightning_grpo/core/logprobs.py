@@ -186,7 +186,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
 def _softmax_into(z: Tensor, out: Tensor, ent: Tensor | None) -> Tensor:
     """softmax(z) written into ``out`` (and the entropy into ``ent``), one exp per entry; returns
     logsumexp(z). z [C, V] (overwritten: z - max), out [C, V], ent [C] | None -> [C]."""
-    top = z.amax(-1, keepdim=True).clamp(min=torch.finfo(z.dtype).min)  # [C, 1] finite even for an all -inf row
+    top = z.amax(-1, keepdim=True)  # [C, 1] (a row has a finite logit: the sampled token was sampled)
     shifted = z.sub_(top)  # [C, V] <= 0
     torch.exp(shifted, out=out)
     total = out.sum(-1, keepdim=True)  # [C, 1] >= 1
@@ -276,8 +276,8 @@ def logprobs_from_hidden(
         chunk_size: rows per chunk (of B*T); any positive int, need not divide B*T.
         save_probs: keep the softmax [N, V] from forward for backward instead of recomputing
             each chunk's logits there (only when a gradient is taken): one LM-head matmul and one
-            exp per row less (on one CPU core, N = 800 rows of a 151k vocabulary: 1.0 s instead of
-            1.7 s forward + backward), N * V floats more memory. Same numbers either way.
+            exp per row less (on one CPU core, N = 800 rows of a 151k vocabulary: 1.45 s instead of
+            1.91 s forward + backward, docs/performance.md), N * V floats more memory. Same numbers either way.
 
     Returns:
         ``TokenLogProbs(logp [B, T], entropy [B, T] | None)``, float32 (float64 for float64).
