@@ -83,7 +83,12 @@ def test_packing_equals_padded(tiny_model_path, logprob_path, save_probs):
         module = _module(tiny_model_path, packing=packing, logprob_path=logprob_path, logprob_save_probs=save_probs and packing == "on")
         plan = choose_plan(module.policy, module.as_rollout_batch(_batch()), packing)
         assert (plan.rows, plan.width) == (2, 9) if packing == "on" else plan is None
-        loss, _ = module.sft_loss(_batch())
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+            loss, _ = module.sft_loss(_batch())
+        vocab = module.policy.config.vocab_size
+        if logprob_path == "chunked_hidden":  # the [N, V] softmax is kept only when asked (the logits path keeps logits)
+            assert any(len(shape) == 2 and shape[-1] == vocab for shape in saved) == (save_probs and packing == "on")
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in module.policy.named_parameters()}))
     (padded, padded_grads), (packed, packed_grads) = results
