@@ -216,8 +216,8 @@ def table(args, rows: list[dict], diffs: dict[str, dict], command: str, load: tu
         "[B*T, H] x [H, V] size against naive's 3, so with the same matmul speed expect "
         "about 1.3x the time; smaller chunks save little memory (allocator caching "
         "dominates below ~32 MiB per buffer) and larger ones cost memory linearly. saved does 3 matmuls "
-        "and one exp per logit, and keeps the [B*T, V] softmax: naive's memory (the opt-in for small "
-        "models whose LM head dominates the step, recipes/qwen3_tool_*.yaml)."
+        "and one exp per logit, and keeps one [B*T, V] float32 softmax (naive keeps the logits and their "
+        "log_softmax: two): the opt-in for small models whose LM head dominates the step, recipes/qwen3_tool_*.yaml."
     )
     return "\n".join(lines) + "\n"
 
