@@ -113,14 +113,14 @@ def test_saved_softmax_gives_the_recomputed_logprobs_and_gradients(tiny_model_pa
     """logprob_save_probs=True (backward reuses the forward's softmax) = the recomputing path, entropy term included."""
     policy = _policy(tiny_model_path, "sdpa")
     batch = _ragged_batch(policy.config.vocab_size)
-    sizes = {}
+    results = {}
     for save in (False, True):
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
-            sizes[save] = _logprobs_and_grads(policy, batch, packing, "chunked_hidden", save_probs=save)
+            results[save] = _logprobs_and_grads(policy, batch, packing, "chunked_hidden", save_probs=save)
         scored = int(sampled_positions(batch).sum())  # the tokens the LM head scores
         assert ((scored, policy.config.vocab_size) in saved) is save  # the softmax is kept only when asked
-    (logp, ent, grads), (logp_s, ent_s, grads_s) = sizes[False], sizes[True]
+    (logp, ent, grads), (logp_s, ent_s, grads_s) = results[False], results[True]
     torch.testing.assert_close(logp_s, logp, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent_s, ent, atol=1e-5, rtol=0)
     for name, g in grads.items():

@@ -151,23 +151,6 @@ def test_partial_requires_grad(trainable):
     assert other.grad is None
 
 
-def test_saves_no_full_logits():
-    """Forward keeps only the inputs and two floats per row, never a [B*T, V] tensor."""
-    hidden, weight, bias, ids, _, _ = _random_case(B=4, T=6, H=3, V=50)
-    hidden.requires_grad_()
-    saved = []
-
-    def pack(t):
-        saved.append(t.numel())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=5)
-    n = 4 * 6
-    assert sorted(saved) == sorted([hidden.numel(), weight.numel(), bias.numel(), n, n, n, 0])  # 0: no saved softmax
-    assert max(saved) < n * 50
-
-
 def _saved_sizes(fn) -> list[int]:
     saved = []
 
@@ -180,17 +163,33 @@ def _saved_sizes(fn) -> list[int]:
     return saved
 
 
-def test_save_probs_keeps_the_softmax_only_when_a_gradient_is_taken():
+def test_saves_no_full_logits():
+    """Forward keeps only the inputs and two floats per row, never a [B*T, V] tensor."""
+    hidden, weight, bias, ids, _, _ = _random_case(B=4, T=6, H=3, V=50)
+    hidden.requires_grad_()
+    saved = _saved_sizes(lambda: logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=5))
+    n = 4 * 6
+    assert sorted(saved) == sorted([hidden.numel(), weight.numel(), bias.numel(), n, n, n, 0])  # 0: no saved softmax
+    assert max(saved) < n * 50
+
+
+def test_save_probs_keeps_the_softmax_only_when_a_gradient_is_taken(monkeypatch):
     """save_probs: forward keeps the [B*T, V] softmax for backward (the same numbers as recomputing, above);
-    without a gradient to take (no_grad, or no input that requires one) it keeps nothing more."""
+    without a gradient to take (no_grad, or no input that requires one) it builds no softmax at all."""
+    from lightning_grpo.core import logprobs as module
+
+    built = []
+    monkeypatch.setattr(module, "_softmax_into", lambda z, out, ent, real=module._softmax_into: built.append(out.shape) or real(z, out, ent))
     hidden, weight, bias, ids, _, _ = _random_case(B=4, T=6, H=3, V=50)
     call = lambda: logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=5, save_probs=True)
-    assert _saved_sizes(call) == [] and call().logp.grad_fn is None  # nothing requires a gradient
+    assert call().logp.grad_fn is None and built == []  # nothing requires a gradient
     hidden.requires_grad_()
     with torch.no_grad():
-        assert _saved_sizes(call) == []
+        call()
+    assert built == []
     n = 4 * 6
     assert sorted(_saved_sizes(call)) == sorted([hidden.numel(), weight.numel(), bias.numel(), n, n, n, n * 50])
+    assert len(built) == 5  # 24 rows in chunks of 5
     probs = logprobs_from_logits(hidden.detach() @ weight.T + bias, ids).logp.exp()  # [B, T] p of the sampled tokens
     assert_close(call().logp.exp(), probs, atol=1e-6, rtol=0)
 
