@@ -7,7 +7,7 @@ greedy answer's agreement with the demonstrator (``acc_demo``; the copy is learn
 plateau, 0.13-0.17) and with the true secret (``acc_truth``) on the 100 validation transcripts, and the mean pairwise
 cosine of the ten digits' input embeddings (``cos``). docs/recipes.md (the tool track) lists what it measured.
 
-    python benchmarks/qwen3_copy_onset.py --seed 7 --steps 150 --untied --embedding-std 1.0 --beta2 0.95
+    python benchmarks/qwen3_copy_onset.py --seed 7 --steps 150 --untied --embedding-std 1.0 --beta2 0.95 --heads 8
 """
 
 from __future__ import annotations
@@ -49,17 +49,20 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--beta2", type=float, default=0.999)
     parser.add_argument("--untied", action="store_true", help="an LM head of its own (tiny:qwen3-untied's)")
+    parser.add_argument("--heads", type=int, default=2, help="attention heads (= key-value heads) of head_dim 32 (8: tiny:qwen3-untied-8h's)")
+    parser.add_argument("--weak-digits", default="3456789", help="the demonstrator's weak secrets (the recipe's; before: 456789)")
     parser.add_argument("--embedding-std", type=float, default=None, help="the input embedding's init std (needs --untied)")
     args = parser.parse_args()
 
     tokenizer = load_qwen3_tokenizer()
-    source = SecretDigitTranscripts(question=QUESTION, num_train=2000, num_val=100, weak_digits="456789", slip=0.85)
+    source = SecretDigitTranscripts(question=QUESTION, num_train=2000, num_val=100, weak_digits=args.weak_digits, slip=0.85)
     train_ids, train_mask = encode(source.train_rows(), tokenizer)  # [2000, L] each
     val_rows = source.val_rows()
     val_ids, _ = encode(val_rows, tokenizer)  # [100, L]
     answers, demos = [r["answer"] for r in val_rows], [r["messages"][-1]["content"] for r in val_rows]
     digit_ids = torch.tensor([tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
-    config = TinyQwen3Config(tie_word_embeddings=not args.untied, embedding_std=args.embedding_std, seed=args.seed)
+    config = TinyQwen3Config(tie_word_embeddings=not args.untied, embedding_std=args.embedding_std, seed=args.seed,
+                             num_attention_heads=args.heads, num_key_value_heads=args.heads)
     model = build_tiny_qwen3(config, tokenizer)
     torch.manual_seed(1000 + args.seed)
     random.seed(args.seed)

