@@ -124,7 +124,7 @@ def _module(model_dir: str, aggregation: str) -> GRPOModule:
 def _fit(
     module: GRPOModule, batch: RolloutBatch, devices: int, accumulate: int, metrics: dict | None = None, callbacks=None
 ) -> dict[str, torch.Tensor]:
-    module.rollout_batch = batch
+    module.use_rollout(batch)
     trainer = _trainer(devices, accumulate, callbacks)
     # an IterableDataset: Lightning adds no DistributedSampler, every rank sees every tick
     trainer.fit(module, train_dataloaders=DataLoader(GenerationTicks(1, accumulate), batch_size=None))

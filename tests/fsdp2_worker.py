@@ -60,7 +60,7 @@ def _sharding(module) -> dict:
 def run_update(model_dir: str, out: Path) -> None:
     module = _module(model_dir, "token_mean")
     rank = int(os.environ.get("LOCAL_RANK", 0))
-    module.rollout_batch = rollout_half(rank, module.policy.config.vocab_size)
+    module.use_rollout(rollout_half(rank, module.policy.config.vocab_size))
     trainer = _trainer(1, [])
     trainer.fit(module, train_dataloaders=DataLoader(GenerationTicks(1, 1), batch_size=None))
     result = {"rank": trainer.global_rank, "world": trainer.world_size, "step": trainer.global_step, **_sharding(module)}
@@ -81,7 +81,7 @@ def run_prefix(model_dir: str, out: Path) -> None:
         module = GRPOModule(model=policy, loss=GRPOLoss(), prefix_sharing=sharing, optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
         batch = rollout_half(rank, policy.config.vocab_size)
         batch.input_ids[:, : batch.prompt_length] = batch.input_ids[0, : batch.prompt_length]  # [B, Lp] one prompt
-        module.rollout_batch = batch
+        module.use_rollout(batch)
         trainer = _trainer(1, [])
         trainer.fit(module, train_dataloaders=DataLoader(GenerationTicks(1, 1), batch_size=None))
         rank = trainer.global_rank

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from lightning_grpo.callbacks.curriculum import CurriculumCallback, CurriculumSource
+from lightning_grpo.callbacks.rollout import RolloutCallback
 
 
 class LevelSource:
@@ -64,9 +65,20 @@ class Logger:
         self.rows.append((step, metrics))
 
 
+class Rollout(RolloutCallback):
+    """The rollout callback's evaluator, answered by the stand-in module (no engine)."""
+
+    def __init__(self) -> None:  # no engine, no settings
+        pass
+
+    def evaluate(self, module, records, split="val"):
+        return module.evaluator(module, records)
+
+
 def trainer(dm, step=0):
     broadcast = SimpleNamespace(broadcast=lambda obj, src=0: obj)
-    return SimpleNamespace(datamodule=dm, global_step=step, global_rank=0, strategy=broadcast, loggers=[Logger()])
+    return SimpleNamespace(datamodule=dm, global_step=step, global_rank=0, strategy=broadcast, loggers=[Logger()],
+                           callbacks=[Rollout()])  # fmt: skip
 
 
 def run_steps(callback, tr, module, steps):

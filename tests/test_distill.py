@@ -50,7 +50,7 @@ def _module(path, distillation, **kwargs):
 def _prepared(module, records=None, rewards=REWARDS):
     batch = _rollout_batch(module.policy.config.vocab_size)
     batch.rollout_logp = _direct_logp(module.policy, batch) * batch.completion_mask  # the student sampled them
-    module.rollout_batch = module.prepare_rollout_batch(batch, rewards, torch.ones(1), rows_per_pass=3, records=records)
+    module.use_rollout(module.prepare_rollout_batch(batch, rewards, torch.ones(1), rows_per_pass=3, records=records))
     return module.rollout_batch
 
 

@@ -24,7 +24,7 @@ def _prepared(path, loss: GRPOLoss, **module_args):
     drift[0, 1], drift[3, 0], drift[6] = 2.0, -2.0, 0.9
     batch.rollout_logp = (old + drift) * batch.completion_mask
     rewards = torch.tensor([[1.0], [0.0], [0.0], [1.0], [1.0], [1.0], [0.0], [0.0]])
-    module.rollout_batch = module.prepare_rollout_batch(batch, rewards, torch.ones(1), rows_per_pass=8)
+    module.use_rollout(module.prepare_rollout_batch(batch, rewards, torch.ones(1), rows_per_pass=8))
     return module, module.rollout_batch, old
 
 

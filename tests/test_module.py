@@ -51,7 +51,7 @@ def _one_update(path, accumulate: int, aggregation: str, metrics: dict | None = 
         loss=GRPOLoss(aggregation=aggregation, aggregation_args=agg_args),
         optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
     )
-    module.rollout_batch = _rollout_batch(policy.config.vocab_size)
+    module.use_rollout(_rollout_batch(policy.config.vocab_size))
     trainer = L.Trainer(
         max_steps=1,
         accumulate_grad_batches=accumulate,

@@ -23,6 +23,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from .lookup import find_callback
+
 log = logging.getLogger("lightning_grpo.curriculum")
 
 
@@ -109,11 +111,14 @@ class CurriculumCallback(Callback):
     def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         """Evaluate every curriculum task, raise those at or above the threshold; returns the accuracies."""
         source = self._source(trainer)
+        from .rollout import RolloutCallback
+
+        rollout = find_callback(trainer, RolloutCallback, needed_by=self)
         accuracy: dict[str, float] = {}
         for task in source.curriculum_tasks():
             records = [r for r in trainer.datamodule.train_records if r.get(self.task_column) == task][: self.eval_prompts]
             if records:
-                accuracy[task] = float(pl_module.evaluator(pl_module, records)["val/greedy_accuracy"])
+                accuracy[task] = float(rollout.evaluate(pl_module, records)["val/greedy_accuracy"])
         # every rank moves together: rank 0's verdict
         raise_tasks = trainer.strategy.broadcast(
             [t for t, acc in accuracy.items() if acc >= self.threshold and source.level(t) < source.max_level(t)], src=0

@@ -5,7 +5,7 @@ Per generation (at the first training step it feeds):
 
     push weights if the policy changed -> prompts for (step, rank) -> engine.generate -> rewards
     -> [GFPO: keep k of G'] -> [dynamic sampling: drop equal-reward groups, refill] ->
-    [overlong filter] -> module.prepare_rollout_batch -> module.rollout_batch
+    [overlong filter] -> module.prepare_rollout_batch -> module.use_rollout
     -> on_rollout_end(trainer, module, batch) of every callback that has it (the guards)
 
 Every phase is timed (``time/generate``, ``time/reward``, ``time/prepare``, ``time/sync``,
@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from ..core.batch import RolloutBatch, steps_per_batch
+from ..core.batch import BatchGeometry, RolloutBatch
 from ..core import SELECTIONS
 from ..data.reward_set import RewardSet, RewardSpec
 from .distributed import attach_rank_watch
@@ -140,6 +140,8 @@ class RolloutCallback(Callback):
         self._pipeline: AsyncRollout | None = None
         self.completion_log = CompletionLog(replace(log_completions or CompletionLogSettings()))
         self._eval_batch = 0  # index of the validation / test batch being evaluated (test batches' seeds)
+        #: The run's batch geometry (:class:`~lightning_grpo.core.batch.BatchGeometry`), built in :meth:`setup`.
+        self.geometry: BatchGeometry | None = None
 
     # ------------------------------------------------------------------------ engine
     def _reward_column(self, name: str | None) -> int | None:
@@ -185,11 +187,13 @@ class RolloutCallback(Callback):
             raise RuntimeError(
                 "RolloutCallback needs a lightning_grpo PromptDataModule: trainer.fit(module, datamodule=...)"
             )
-        pl_module.evaluator = self.evaluate
+        pl_module.use_evaluator(self.evaluate)
         attach_rank_watch(trainer)  # DDP: a rank that dies, hangs or gets SIGTERM ends every rank
         if self.seed is None:
             self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         check_fit_config(trainer, pl_module, self)
+        self.geometry = pl_module.batch_geometry(dm.batch_size, self.selector.out_group_size)
+        dm.set_geometry(self.geometry)
         if self.max_staleness > 0:
             install_async_correction(pl_module, self.async_correction)
 
@@ -238,8 +242,8 @@ class RolloutCallback(Callback):
 
     def _next_batch(self, trainer: L.Trainer, module: L.LightningModule) -> tuple[SampleResult, dict[str, float]]:
         """The generation batch for this step: sampled now (synchronous) or by the pipeline."""
-        per_gen = steps_per_batch(module.hparams.num_iterations, module.hparams.steps_per_generation, 1)
-        generation = trainer.global_step // per_gen
+        per_gen = self.geometry.optimizer_steps
+        generation = self.geometry.generation(trainer.global_step)
         if self.max_staleness == 0:
             sync = self.sync_weights(module)
             result = self._sample(trainer, generation)
@@ -295,17 +299,17 @@ class RolloutCallback(Callback):
             temperature=self.sampling.temperature,
             turn_ids=tensors.turn_ids,
         ).to(module.device)
-        module.rollout_batch = module.prepare_rollout_batch(
+        batch = module.prepare_rollout_batch(
             batch, result.rewards.to(module.device), result.weights.to(module.device), self.forward_rows, records=result.records
         )
         times["time/prepare"] = time.perf_counter() - start
-        module.rollout_metrics = {**result.metrics, **self.reward_set.totals(), **times}
+        module.use_rollout(batch, {**result.metrics, **self.reward_set.totals(), **times})
         self.generations += 1
         self.completion_log.new_batch(trainer, module, result, self.reward_set.names)
         for callback in trainer.callbacks:  # guards inspect the fresh batch before it trains
             hook = getattr(callback, "on_rollout_end", None)
             if hook is not None:
-                hook(trainer, module, module.rollout_batch)
+                hook(trainer, module, batch)
 
     def _sample_groups(self, trainer: L.Trainer, engine: RolloutEngine, prompts_for, seed_for) -> SampleResult:
         """One generation batch of kept groups (subclasses sample multi-turn episodes here)."""

@@ -76,9 +76,57 @@ def micro_step(num_rows: int, step: int, steps_per_generation: int, accumulate: 
     return MicroStep(step // (accumulate * steps_per_generation), mini, micro)
 
 
-def steps_per_batch(num_iterations: int, steps_per_generation: int, accumulate: int) -> int:
-    """Training steps (``training_step`` calls) fed by one generation batch."""
-    return num_iterations * steps_per_generation * accumulate
+@dataclass(frozen=True)
+class BatchGeometry:
+    """How one generation batch becomes optimizer steps: the one place these numbers are derived.
+
+    Its inputs have one home each: ``prompts`` is ``data.batch_size`` (per rank), ``group_size`` the
+    completions per prompt that train (``rollout.sampling.n``, or ``rollout.selection.gfpo_keep``),
+    ``num_iterations`` and ``steps_per_generation`` are ``model.algorithm``'s and ``accumulate`` is the
+    Trainer's ``accumulate_grad_batches``. ``RolloutCallback`` builds it once per fit and hands it to the
+    data module and the module.
+
+    Worked example: 8 prompts x 8 completions = 64 rows per generation; ``steps_per_generation=2``
+    splits them into 2 mini-batches of 32 (one optimizer step each); ``accumulate=2`` splits each into 2
+    micro-batches of 16 (one ``training_step`` each); ``num_iterations=2`` passes twice. One generation
+    then feeds 2 x 2 = 4 optimizer steps and 4 x 2 = 8 training steps, and generation g starts at
+    optimizer step 4 g.
+    """
+
+    prompts: int = 1
+    group_size: int = 1
+    num_iterations: int = 1
+    steps_per_generation: int = 1
+    accumulate: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "group_size", "num_iterations", "steps_per_generation", "accumulate"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"BatchGeometry.{name} must be an integer >= 1, got {value!r}")
+
+    @property
+    def rows(self) -> int:
+        """Completions that train per generation and rank (prompts x group_size)."""
+        return self.prompts * self.group_size
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps one generation batch feeds (num_iterations x steps_per_generation)."""
+        return self.num_iterations * self.steps_per_generation
+
+    @property
+    def training_steps(self) -> int:
+        """``training_step`` calls one generation batch feeds (optimizer_steps x accumulate)."""
+        return self.optimizer_steps * self.accumulate
+
+    def generation(self, global_step: int) -> int:
+        """The generation batch that optimizer step ``global_step`` trains on."""
+        return global_step // self.optimizer_steps
+
+    def micro_step(self, num_rows: int, step: int) -> MicroStep:
+        """Rows of training step ``step`` (0-based within the generation) of a batch of ``num_rows``."""
+        return micro_step(num_rows, step, self.steps_per_generation, self.accumulate)
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:

@@ -22,7 +22,7 @@ from typing import Any, Iterator, Literal
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_grpo.core.batch import steps_per_batch
+from lightning_grpo.core.batch import BatchGeometry
 from lightning_grpo.data.records import (
     RecordFormat, RecordMap, apply_record_map, check_template_kwargs, check_tokenizer, resolve_record_map,
 )  # fmt: skip
@@ -150,6 +150,7 @@ class PromptDataModule(L.LightningDataModule):
                                    chat_template_kwargs)  # fmt: skip
         self.val_fraction, self.seed, self.shuffle = val_fraction, seed, shuffle
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
+        self._geometry = BatchGeometry(prompts=batch_size)  # one training step per generation until set_geometry
         #: The tokenizer; loaded from ``tokenizer_path`` in :meth:`setup` unless assigned before.
         self.tokenizer: Any = None
         #: Prepared records, filled by :meth:`setup`.
@@ -256,20 +257,18 @@ class PromptDataModule(L.LightningDataModule):
             raise RuntimeError("PromptDataModule.setup() must run before the data is used")
         return {"train": self.train_records, "val": self.val_records, "test": self.test_records}[split]
 
+    def set_geometry(self, geometry: BatchGeometry) -> None:
+        """Use the run's batch geometry (RolloutCallback hands it over before training): each generation
+        batch feeds ``geometry.training_steps`` ticks."""
+        self._geometry = geometry
+
     def train_dataloader(self) -> DataLoader:
         """One tick per training step (see the module docstring); an epoch is one pass over the
         training prompts by all ranks together."""
         records = self._records("train")
-        trainer = self.trainer
-        module = trainer.lightning_module if trainer is not None else None
-        world = trainer.world_size if trainer is not None else 1
-        per_generation = steps_per_batch(
-            getattr(module.hparams, "num_iterations", 1) if module is not None else 1,
-            getattr(module.hparams, "steps_per_generation", 1) if module is not None else 1,
-            trainer.accumulate_grad_batches if trainer is not None else 1,
-        )
+        world = self.trainer.world_size if self.trainer is not None else 1
         generations = max(1, len(records) // (self.batch_size * world))
-        return DataLoader(GenerationTicks(generations, per_generation), batch_size=None)
+        return DataLoader(GenerationTicks(generations, self._geometry.training_steps), batch_size=None)
 
     def val_dataloader(self) -> DataLoader | list:
         records = self._records("val")

@@ -6,16 +6,16 @@ Data flow of one generation batch (``RolloutCallback`` drives the first half):
     old / ref log-probs) -> training_step x R (loss on a micro-batch) -> optimizer step
     -> weight push into the engine
 
-``training_step`` reads the current :class:`~lightning_grpo.core.batch.RolloutBatch` from
-``self.rollout_batch`` (set by the callback, or by you when you drive rollouts yourself) and
-the micro-step index from the dataloader batch (``batch["micro"]``).
+``training_step`` trains on the :class:`~lightning_grpo.core.batch.RolloutBatch` handed over by
+:meth:`GRPOModule.use_rollout` (the callback calls it, or you do when you drive rollouts yourself) and
+reads the micro-step index from the dataloader batch (``batch["micro"]``).
 """
 
 from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import lightning as L
 import torch
@@ -23,7 +23,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
 from ..core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
-from ..core.batch import RolloutBatch, micro_step
+from ..core.batch import BatchGeometry, RolloutBatch
 from ..core.guards import NonFiniteError
 from ..core.kl import kl_penalty_in_reward
 from ..models.fsdp import fsdp_units, shard_policy
@@ -35,6 +35,9 @@ from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
 from .packing import PackingMode
 from .prefix import PrefixSharingMode
 from .policy import PolicyMixin
+
+#: ``(module, records, split) -> {"<split>/<metric>": value}``: held-out metrics of a batch of prompt records.
+Evaluator = Callable[[Any, list, str], dict]
 
 
 class GRPOModule(PolicyMixin, L.LightningModule):
@@ -124,10 +127,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
         self._init_policy(model, lora, quantization, optimizer, lr_scheduler)  # lightning_grpo.training.policy
         self.reference: nn.Module | None = None
-        self.rollout_batch: RolloutBatch | None = None
-        self.rollout_metrics: dict[str, float] = {}
-        #: ``(module, records, split) -> metrics`` for held-out prompts ("val" / "test"); RolloutCallback sets it.
-        self.evaluator = None
+        self._rollout_batch: RolloutBatch | None = None
+        self._rollout_metrics: dict[str, float] = {}
+        self._evaluator: Evaluator | None = None
         #: The loss metrics of the current optimizer step, over all its micro-batches and ranks.
         self.step_metrics = StepMetrics()
         #: Optimizer steps skipped so far (guards; see :meth:`skip_optimizer_step`).
@@ -179,6 +181,38 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                     "(a vLLM engine built before the fit does). Build rollout engines inside the fit "
                     "(RolloutCallback builds its engine lazily) or after Lightning set up the process group."
                 )
+
+    # ------------------------------------------------------------------------ hand-overs
+    def use_rollout(self, batch: RolloutBatch, metrics: dict[str, float] | None = None) -> None:
+        """Train the next ``training_step`` calls on ``batch`` (prepared by :meth:`prepare_rollout_batch`);
+        ``metrics`` (rollout statistics, timings) are logged with the optimizer step's."""
+        self._rollout_batch = batch
+        self._rollout_metrics = dict(metrics or {})
+
+    @property
+    def rollout_batch(self) -> RolloutBatch | None:
+        """The generation batch being trained on (None before the first :meth:`use_rollout`)."""
+        return self._rollout_batch
+
+    @property
+    def rollout_metrics(self) -> dict[str, float]:
+        """The statistics of that batch's rollout (rewards, lengths, timings), as handed over."""
+        return self._rollout_metrics
+
+    def use_evaluator(self, evaluator: Evaluator | None) -> None:
+        """Score held-out prompts with ``evaluator(module, records, split) -> metrics`` in
+        ``validation_step`` / ``test_step`` (RolloutCallback passes its own: it owns the engine)."""
+        self._evaluator = evaluator
+
+    def batch_geometry(self, prompts: int, group_size: int) -> BatchGeometry:
+        """The run's batch geometry: ``prompts`` x ``group_size`` rows per generation and rank, this
+        module's ``num_iterations`` / ``steps_per_generation`` and the Trainer's ``accumulate_grad_batches``."""
+        return BatchGeometry(prompts=prompts, group_size=group_size, num_iterations=self.hparams.num_iterations,
+                             steps_per_generation=self.hparams.steps_per_generation,
+                             accumulate=self.trainer.accumulate_grad_batches)  # fmt: skip
+
+    def _geometry_of(self, batch: RolloutBatch) -> BatchGeometry:
+        return self.batch_geometry(max(1, len(batch) // batch.group_size), batch.group_size)
 
     # ------------------------------------------------------------------------- log-probs
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
@@ -243,14 +277,14 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     # ------------------------------------------------------------------------- training
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        if self.rollout_batch is None:
+        full = self._rollout_batch
+        if full is None:
             raise RuntimeError(
                 "GRPOModule.training_step found no rollouts: add lightning_grpo.RolloutCallback to the "
-                "Trainer's callbacks, or set module.rollout_batch yourself before each step"
+                "Trainer's callbacks, or call module.use_rollout(batch) yourself before each generation's steps"
             )
         accumulate = self.trainer.accumulate_grad_batches
-        step = micro_step(len(self.rollout_batch), int(batch["micro"]), self.hparams.steps_per_generation, accumulate)
-        full = self.rollout_batch
+        step = self._geometry_of(full).micro_step(len(full), int(batch["micro"]))
         micro = full.select(step.micro)
         # one all-reduce for the global normalisers of the mini-batch (tokens, sequences, IS-weight mean)
         kept = full.completion_mask if full.keep_mask is None else full.completion_mask * full.keep_mask
@@ -296,10 +330,12 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self._evaluate(batch, "test")
 
     def _evaluate(self, batch: list[dict[str, Any]], split: str) -> None:
-        if self.evaluator is None:
+        if self._evaluator is None:
             stage = "validation" if split == "val" else "test"
-            raise RuntimeError(f"{stage} needs lightning_grpo.RolloutCallback in the Trainer's callbacks")
-        metrics = self.evaluator(self, batch, split)
+            raise RuntimeError(
+                f"{stage} needs lightning_grpo.RolloutCallback in the Trainer's callbacks (or module.use_evaluator(fn))"
+            )
+        metrics = self._evaluator(self, batch, split)
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True)
 
     def _is_weight_sums(self, full: RolloutBatch, rows: Tensor) -> Tensor:
@@ -314,8 +350,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                               global_sum=lambda value: self._global_sum(value), precision=lambda: self.precision_context(),
                               tokenizer=lambda: self.trainer.datamodule.tokenizer,
                               device=lambda: self.device, step=lambda: self.trainer.global_step, dtype=self.hparams.dtype,
-                              micro_step=lambda rows, i: micro_step(rows, i, self.hparams.steps_per_generation,
-                                                                    self.trainer.accumulate_grad_batches))  # fmt: skip
+                              micro_step=lambda rows, i: self._geometry_of(self._rollout_batch).micro_step(rows, i))  # fmt: skip
 
     # -------------------------------------------------------------- optimizer step, guards
     def skip_optimizer_step(self, reason: str) -> None:
@@ -349,7 +384,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self._grad_norm = None
 
     def _log_step(self, metrics: dict[str, float]) -> None:
-        rollout = reduce_rollout_metrics(self.rollout_metrics) if self.trainer.world_size > 1 else self.rollout_metrics
+        rollout = reduce_rollout_metrics(self._rollout_metrics) if self.trainer.world_size > 1 else self._rollout_metrics
         logged = {f"train/{k}": float(v) for k, v in {**metrics, **rollout}.items()}
         self.log_dict(logged, batch_size=1, on_step=True, on_epoch=False)
         bar = {"reward": float(rollout.get("reward_mean", float("nan")))}
