@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import _compat
-
 __version__ = "0.1.0.dev0"
 
 _LAZY = {
@@ -42,8 +40,6 @@ _LAZY = {
 }
 
 __all__ = ["__version__", *_LAZY]
-
-_compat.install()  # the module paths before the layered folders, with a warning (lightning_grpo/_compat.py)
 
 
 def __getattr__(name: str) -> Any:

@@ -31,7 +31,7 @@ LAYERS: dict[str, set[str]] = {
     "cli": {"core", "models", "data", "rollout", "training", "checks", "callbacks", "agents", "integrations"},
 }
 #: The package root holds no module of its own besides these.
-ROOT_FILES = {"__init__.py", "__main__.py", "_compat.py"}
+ROOT_FILES = {"__init__.py", "__main__.py"}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -145,7 +145,7 @@ def test_each_folder_imports_only_the_layers_below_it():
         source = _folder(module)
         for target in sorted(targets):
             dest = _folder(target)
-            if source is None:  # the root: __init__, __main__, _compat
+            if source is None:  # the root: __init__, __main__
                 continue
             if dest is not None and dest != source and dest not in LAYERS[source]:
                 wrong.append(f"{module} imports {target} ({source}/ may import {sorted(LAYERS[source])})")
@@ -187,124 +187,3 @@ def test_the_readme_layout_lists_the_folders_there_are():
     assert sorted(listed) == real, f"README Layout lists {sorted(listed)}, lightning_grpo/ has {real}"
     assert len(listed) == len(set(listed))
     assert listed == list(LAYERS), "the README lists the folders in the layer order of tests/test_layout.py"
-
-
-OLD_PATHS = """
-import json, warnings
-warnings.simplefilter("error")  # anything but the deprecation below fails
-from lightning_grpo._compat import MOVED, LightningGRPODeprecationWarning
-import importlib
-seen = {}
-for old, new in MOVED.items():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(old)
-    seen[old] = [module is importlib.import_module(new),
-                 [(w.category.__name__, str(w.message)) for w in caught if issubclass(w.category, DeprecationWarning)]]
-import lightning_grpo.prefix
-print(json.dumps({"seen": seen, "attr": lightning_grpo.prefix.__name__}))
-"""
-
-
-def test_old_module_paths_import_with_a_warning():
-    import json
-
-    done = subprocess.run([sys.executable, "-c", OLD_PATHS], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    from lightning_grpo._compat import MOVED
-
-    assert set(out["seen"]) == set(MOVED)
-    for old, (same, warned) in out["seen"].items():
-        assert same, f"{old} is not the module {MOVED[old]}"
-        assert warned == [["LightningGRPODeprecationWarning",
-                           f"{old} moved to {MOVED[old]}; the old path is removed in the next release"]]
-    assert out["attr"] == "lightning_grpo.training.prefix"
-
-
-def test_the_deprecation_warning_is_shown_by_default(tmp_path):
-    """Also when the old import is in a user's module, not in ``__main__`` (where Python shows plain
-    DeprecationWarnings anyway)."""
-    (tmp_path / "my_recipe_helpers.py").write_text("import lightning_grpo.tiny\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", "import my_recipe_helpers"], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "LightningGRPODeprecationWarning: lightning_grpo.tiny moved to lightning_grpo.models.tiny" in done.stderr
-    assert "my_recipe_helpers.py:1" in done.stderr  # the warning names the line with the old import
-
-
-OLD_RECIPE = """\
-trainer:
-  callbacks:
-    - class_path: lightning_grpo.distributed.RankWatch
-      init_args:
-        grace: 7.0
-"""
-
-BUILD = """
-import json, sys, warnings
-from lightning_grpo.cli import build_cli
-from lightning_grpo.callbacks.distributed import RankWatch
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    cli = build_cli(["-c", sys.argv[1], "--trainer.logger=false"], run=False)
-print(json.dumps({"grace": [c.grace for c in cli.trainer.callbacks if isinstance(c, RankWatch)],
-                  "warned": [str(w.message) for w in caught if "moved to" in str(w.message)]}))
-"""
-
-
-def test_an_old_recipe_class_path_still_loads(tmp_path):
-    """jsonargparse imports a recipe's class_path with importlib: the old path parses (``--print_config``)
-    and builds the class at its new place, with the warning."""
-    import json
-
-    recipe = tmp_path / "old.yaml"
-    recipe.write_text(OLD_RECIPE)
-    done = subprocess.run(
-        [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe), "--print_config"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "lightning_grpo.distributed moved to lightning_grpo.callbacks.distributed" in done.stderr
-    assert "grace: 7.0" in done.stdout
-    done = subprocess.run([sys.executable, "-c", BUILD, str(recipe)], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out == {"grace": [7.0], "warned": [
-        "lightning_grpo.distributed moved to lightning_grpo.callbacks.distributed; the old path is removed in the next release"]}
-
-
-def test_no_file_of_ours_uses_an_old_path():
-    """Only _compat.py names the old module paths (and CHANGELOG.md, which is history)."""
-    from lightning_grpo._compat import MOVED
-
-    pattern = re.compile("|".join(rf"{re.escape(old)}\b|{re.escape(old.replace('.', '/'))}\.py" for old in MOVED))
-    files = [ROOT / "README.md", *(p for d in ("lightning_grpo", "tests", "benchmarks", "docs", "recipes", ".ci", "scripts")
-                                   for p in sorted((ROOT / d).rglob("*")) if p.is_file())]
-    hits = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in files
-            if p.suffix in (".py", ".md", ".yaml", ".sh", "") and p.name not in ("_compat.py", "test_layout.py")
-            for m in pattern.finditer(p.read_text(errors="replace"))]
-    assert hits == []
-
-
-def test_a_checkpoint_pickled_before_the_move_still_loads_safely(tmp_path):
-    """Python-API hyper_parameters pickle the settings classes by their dotted name; a checkpoint
-    written before the move names ``lightning_grpo.lora.LoraSettings``, which export's
-    ``torch.load(weights_only=True)`` must still accept."""
-    import torch
-
-    from lightning_grpo.models.checkpoints import _safe_load
-    from lightning_grpo.models.lora import LoraSettings
-    from lightning_grpo.models.quantization import QuantizationSettings
-
-    new = tmp_path / "new.ckpt"
-    torch.save({"hyper_parameters": {"lora": LoraSettings(r=4), "quantization": QuantizationSettings()}}, new,
-               _use_new_zipfile_serialization=False)
-    data = new.read_bytes()
-    assert b"lightning_grpo.models.lora" in data  # protocol 2: module names as plain text lines
-    old = tmp_path / "old.ckpt"
-    old.write_bytes(data.replace(b"lightning_grpo.models.lora", b"lightning_grpo.lora")
-                    .replace(b"lightning_grpo.models.quantization", b"lightning_grpo.quantization"))
-    loaded = _safe_load(old)["hyper_parameters"]
-    assert loaded["lora"] == LoraSettings(r=4) and loaded["quantization"] == QuantizationSettings()

@@ -105,7 +105,6 @@ def _safe_globals() -> list[Any]:
 
     allowed: list[Any] = [LoraSettings, QuantizationSettings, pathlib.PosixPath, pathlib.PurePosixPath,
                           pathlib.WindowsPath, pathlib.PureWindowsPath]  # fmt: skip
-    allowed += [(cls, name) for cls in (LoraSettings, QuantizationSettings) for name in _old_names(cls)]
     try:
         from transformers.utils.quantization_config import QuantizationMethod
 
@@ -113,14 +112,6 @@ def _safe_globals() -> list[Any]:
     except ImportError:  # pragma: no cover - transformers is a dependency
         pass
     return allowed
-
-
-def _old_names(cls: type) -> list[str]:
-    """The dotted names ``cls`` had before the layered folders (lightning_grpo/_compat.py): a checkpoint
-    written then pickles them (LoraSettings under its old module path)."""
-    from .._compat import MOVED
-
-    return [f"{old}.{cls.__qualname__}" for old, new in MOVED.items() if new == cls.__module__]
 
 
 def _safe_load(path: Path) -> Any:
