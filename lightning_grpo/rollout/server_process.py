@@ -10,7 +10,8 @@ A :class:`ServerProcess` runs vLLM's own API server module (what ``vllm serve`` 
 - ``--logprobs-mode processed_logprobs``: log-probs after temperature, as the trainer computes them.
 
 The child's stdout and stderr go to ``<log_dir>/vllm-server-<port>.log``. The server finds the
-plugin through the ``vllm.general_plugins`` entry point of the installed package; the launcher
+plugin through the ``vllm.general_plugins`` entry point of the installed package, which acts only
+where ``LIGHTNING_GRPO_VLLM_PLUGIN=1`` (set here, :mod:`lightning_grpo.vllm_entry`); the launcher
 also puts a small generated ``.dist-info`` on the child's ``PYTHONPATH`` that points at the
 ``lightning_grpo`` being run, so a source checkout that is not the installed copy works too.
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import lightning_grpo
+from lightning_grpo.vllm_entry import ENV as PLUGIN_ENV
 
 #: Name of the generated distribution that carries the plugin entry point for child servers.
 _PLUGIN_DIST = "lightning_grpo_server_plugin-0.dist-info"
@@ -56,7 +58,7 @@ def plugin_path(directory: Path) -> Path:
     dist = directory / _PLUGIN_DIST
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lightning-grpo-server-plugin\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\nlightning_grpo = lightning_grpo.rollout.vllm_plugin:register\n")
+    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\nlightning_grpo = lightning_grpo.vllm_entry:register\n")
     return directory
 
 
@@ -125,6 +127,7 @@ class ServerProcess:
             **os.environ,
             "PYTHONPATH": os.pathsep.join(p for p in paths if p),
             "VLLM_SERVER_DEV_MODE": "1",
+            PLUGIN_ENV: "1",  # our vLLM plugin registers its weight transfer backends in this server
             "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
             "TORCHDYNAMO_DISABLE": "1",
             "VLLM_LOGGING_LEVEL": os.environ.get("LIGHTNING_GRPO_SERVER_LOG_LEVEL", "INFO"),

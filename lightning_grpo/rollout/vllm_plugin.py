@@ -1,10 +1,10 @@
 """vLLM general plugin: registers the ``lightning_grpo_shm`` and ``lightning_grpo_tcp`` weight transfer backends.
 
 vLLM loads every entry point of the group ``vllm.general_plugins`` in each of its processes (API
-server, engine core, workers). This package declares one in ``pyproject.toml``
-(``lightning_grpo = "lightning_grpo.rollout.vllm_plugin:register"``), so a server started with
+server, engine core, workers). This package declares one (:mod:`lightning_grpo.vllm_entry`), which
+calls :func:`register` only where ``LIGHTNING_GRPO_VLLM_PLUGIN=1``, so a server started with
 
-    vllm serve MODEL --weight-transfer-config '{"backend": "lightning_grpo_shm"}'
+    LIGHTNING_GRPO_VLLM_PLUGIN=1 vllm serve MODEL --weight-transfer-config '{"backend": "lightning_grpo_shm"}'
 
 in an environment where lightning-grpo is installed accepts weights through vLLM's RL endpoints
 (``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``) from a trainer on the
