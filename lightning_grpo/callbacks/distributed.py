@@ -5,7 +5,8 @@
 * :func:`warn_if_oversubscribed`: more CPU processes than cores, said in one line before work starts.
 * :func:`set_collective_timeout`: how long a collective waits for a rank (``--distributed_timeout``).
 * :class:`RankWatch`: under DDP, a rank that dies, hangs or gets SIGTERM ends every rank, and the
-  output names the rank. :class:`~lightning_grpo.RolloutCallback` adds it to every multi-process fit.
+  output names the rank. ``lightning-grpo fit`` attaches it (with ``handle_signals=True``); in your
+  own script add ``RankWatch()`` to the Trainer's callbacks if you want it.
 
 What RankWatch does, per rank (a thread that polls every second, so it works while the main
 thread waits inside a collective):
@@ -17,10 +18,12 @@ thread waits inside a collective):
 * a collective that times out: the rank that saw it records it in the rendezvous store, waits
   ``grace`` seconds for the others to record theirs, and names each rank that did not as
   ``lightning-grpo: rank R stopped answering``; the launcher then kills the ranks still running.
-* SIGTERM (and SIGINT): forwarded by the launcher to the other ranks at once (through a wake-up
-  pipe, so also while the main thread is blocked), the run stops with an error (status 143), and a
-  rank still running ``grace`` seconds later is killed. Lightning's own SIGTERM handler broadcasts
-  inside the handler, which met a pending all-reduce and hung both ranks.
+* SIGTERM (and SIGINT), only with ``handle_signals=True``: forwarded by the launcher to the other
+  ranks at once (through a wake-up pipe, so also while the main thread is blocked), the run stops
+  with an error (status 143), and a rank still running ``grace`` seconds later is killed. Lightning's
+  own SIGTERM handler broadcasts inside the handler, which can meet a pending all-reduce and hang
+  both ranks. Without it your signal handlers are left as they are; with it the previous SIGTERM
+  handler and wake-up fd are restored when the fit ends.
 """
 
 from __future__ import annotations
@@ -91,12 +94,6 @@ def collective_timeout(trainer: Any) -> float | None:
     return timeout.total_seconds() if timeout is not None else None
 
 
-def attach_rank_watch(trainer: Any) -> None:
-    """Add a :class:`RankWatch` to a multi-process trainer that has none (call from ``setup``)."""
-    if trainer.world_size > 1 and not any(isinstance(c, RankWatch) for c in trainer.callbacks):
-        trainer.callbacks.append(RankWatch())
-
-
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
     log.debug(message)
@@ -119,10 +116,13 @@ def _is_timeout(err: BaseException) -> bool:
 class RankWatch(Callback):
     """Ends every rank of a multi-process fit when one dies, hangs or gets SIGTERM, naming it (see
     the module docstring). ``grace``: seconds the run gets to stop by itself before what is left is
-    killed; ``poll``: how often the rank processes are checked."""
+    killed; ``poll``: how often the rank processes are checked; ``handle_signals``: replace the SIGTERM
+    handler and set a signal wake-up fd for the fit, so that SIGTERM / SIGINT stop every rank (off: your
+    handlers are left alone)."""
 
-    def __init__(self, grace: float = 5.0, poll: float = 1.0) -> None:
-        self.grace, self.poll = grace, poll
+    def __init__(self, grace: float = 5.0, poll: float = 1.0, handle_signals: bool = False) -> None:
+        self.grace, self.poll, self.handle_signals = grace, poll, handle_signals
+        self._previous_sigterm: Any = None
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._procs: dict[int, Any] = {}  # global rank -> Popen of the ranks this process launched
@@ -143,7 +143,8 @@ class RankWatch(Callback):
         self._procs = {first + i: proc for i, proc in enumerate(procs)}
         self._parent = os.getppid() if trainer.local_rank > 0 and os.getppid() != 1 else None
         self._store, self._done = _default_store(), threading.Event()
-        self._install_signal_handling()
+        if self.handle_signals:
+            self._install_signal_handling()
         threading.Thread(target=self._watch, name="lightning-grpo-rank-watch", daemon=True).start()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
@@ -154,10 +155,15 @@ class RankWatch(Callback):
 
     def _stop(self) -> None:
         self._done.set()
-        if self._pipe is not None and threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._pipe is not None:
             signal.set_wakeup_fd(-1)
             os.close(self._pipe[1])  # the reader sees the end of the pipe and closes its side
             self._pipe = None
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
 
     # ---------------------------------------------------------------------------- failures
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
@@ -254,7 +260,7 @@ class RankWatch(Callback):
         blocked in a collective: forward SIGTERM to the launched ranks, end this one after ``grace``."""
         if threading.current_thread() is not threading.main_thread():
             return
-        signal.signal(signal.SIGTERM, _exit_on_signal)
+        self._previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_signal)
         read, write = os.pipe()
         os.set_blocking(write, False)
         previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)

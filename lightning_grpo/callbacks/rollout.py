@@ -27,7 +27,6 @@ from typing_extensions import override
 from ..core.batch import BatchGeometry, RolloutBatch
 from ..core import SELECTIONS
 from ..data.reward_set import RewardSet, RewardSpec
-from .distributed import attach_rank_watch
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed, test_seed
 from ..checks.validation import check_fit_config
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
@@ -188,7 +187,6 @@ class RolloutCallback(Callback):
                 "RolloutCallback needs a lightning_grpo PromptDataModule: trainer.fit(module, datamodule=...)"
             )
         pl_module.use_evaluator(self.evaluate)
-        attach_rank_watch(trainer)  # DDP: a rank that dies, hangs or gets SIGTERM ends every rank
         if self.seed is None:
             self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         check_fit_config(trainer, pl_module, self)

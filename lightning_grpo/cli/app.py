@@ -22,7 +22,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from jsonargparse.typing import PositiveFloat
 from lightning.pytorch.utilities import rank_zero_info
 
-from ..callbacks.distributed import DEFAULT_TIMEOUT_S, set_collective_timeout, warn_if_oversubscribed
+from ..callbacks.distributed import DEFAULT_TIMEOUT_S, RankWatch, set_collective_timeout, warn_if_oversubscribed
 from .errors import condense, mark, print_and_exit
 
 ROLLOUT_KEY = "rollout"
@@ -153,7 +153,8 @@ class GRPOCLI(LightningCLI):
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         """The rollout callback runs before the guards (it samples the batch they inspect), as it
-        did when recipes listed it first in ``trainer.callbacks``; the progress bar counts steps."""
+        did when recipes listed it first in ``trainer.callbacks``; the progress bar counts steps; a
+        :class:`~lightning_grpo.callbacks.distributed.RankWatch` (signals handled) unless one is listed."""
         from lightning.pytorch.callbacks import ProgressBar
 
         from ..callbacks.rollout import RolloutCallback
@@ -167,6 +168,8 @@ class GRPOCLI(LightningCLI):
                 f"{len(rollouts)} rollout callbacks ({', '.join(type(c).__name__ for c in rollouts)}): the rollout "
                 "callback has its own section: move it from trainer.callbacks to 'rollout:' (class_path / init_args)"
             )
+        if not any(isinstance(c, RankWatch) for c in config["callbacks"]):  # DDP: a lost rank ends every rank
+            config["callbacks"].append(RankWatch(handle_signals=True))
         if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in config["callbacks"]):
             from ..callbacks.progress import StepProgressBar
 
