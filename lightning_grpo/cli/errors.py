@@ -22,6 +22,8 @@ import re
 import sys
 from typing import Any, NoReturn
 
+from .renames import renamed_key_message
+
 _STRUCTURE = (
     "Does not validate against any of the Union subtypes",
     "Subtypes:",
@@ -88,10 +90,21 @@ def _suggest(name: str, options: list[str]) -> str:
 
 
 def condense(message: str, parser: Any = None, config: Any = None) -> str:
-    """The one line that says which option is wrong and why (see the module docstring).
+    """The one line that says which option is wrong and why (see the module docstring); an option
+    that was renamed when the settings were grouped (:mod:`.renames`) is answered with its new key.
 
     ``parser``: the parser that failed (suggests group options); ``config``: the parsed config (finds
     the key of a ``class_path`` when the message names none, as instantiation errors do)."""
+    line = _condense(message, parser, config)
+    key, sep, text = line.partition(": ")
+    if sep and ("not an option" in text or text.startswith("unrecognized arguments")):
+        renamed = renamed_key_message(key)
+        if renamed is not None:
+            return renamed
+    return line
+
+
+def _condense(message: str, parser: Any = None, config: Any = None) -> str:
     keys: list[str] = []
     class_path = None
     leaves: list[str] = []

@@ -31,14 +31,20 @@ RENAMED.update(ROLLOUT_RENAMES)
 RENAMED.update(DATA_RENAMES)
 
 
+def _plain(key: str) -> str:
+    """``model.loss.init_args.beta`` -> ``model.loss.beta``: a recipe may or may not spell ``init_args``."""
+    return ".".join(part for part in key.split(".") if part != "init_args")
+
+
 def renamed_key_message(key: str) -> str | None:
     """One line for an old ``key`` (``"rollout.vllm_args.max_model_len"``), or None when it was not renamed.
 
-    A key under a renamed parent is answered through the parent (``rollout.vllm_args.dtype`` ->
-    ``rollout.vllm_args`` was replaced by ...)."""
-    parts = key.split(".")
+    A key under a renamed parent is answered through the parent (``rollout.vllm_args.dtype``: the
+    line names ``rollout.vllm_args`` and what replaced it)."""
+    table = {_plain(old): new for old, new in RENAMED.items()}
+    parts = _plain(key).split(".")
     for end in range(len(parts), 0, -1):
         old = ".".join(parts[:end])
-        if old in RENAMED:
-            return f"{key}: '{old}' was renamed in lightning-grpo 0.1.0: use {RENAMED[old]}"
+        if old in table:
+            return f"{old} was renamed in lightning-grpo 0.1.0: use {table[old]}"
     return None
