@@ -9,7 +9,6 @@ from .registry import (
     ADVANTAGES,
     AGGREGATIONS,
     CORRECTIONS,
-    GUARDS,
     KL_CONTROLLERS,
     KL_ESTIMATORS,
     LOGPROBS,
@@ -18,7 +17,6 @@ from .registry import (
     REJECTIONS,
     REWARD_AGGREGATIONS,
     SELECTIONS,
-    SHAPING,
     TOKEN_MASKS,
     TOKEN_TERMS,
     Registry,
@@ -87,7 +85,6 @@ from .shaping import (
     gfpo_advantages,
     gfpo_length_selection,
     gfpo_reward_per_token_selection,
-    overlong_mask,
     soft_overlong_punishment,
 )
 from .terms import entropy_bonus, llds, scale_negative_advantages, top_entropy_mask

@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .registry import GUARDS
 
 #: Default clamp of a log-ratio before ``exp`` (verl: ``torch.clamp(log_ratio, -20, 20)``).
 LOG_RATIO_LIMIT: float = 20.0
@@ -26,7 +25,6 @@ class NonFiniteError(ValueError):
     """A tensor holds NaN or inf on valid (mask = 1) tokens."""
 
 
-@GUARDS.register("clamp_log_ratio")
 def clamp_log_ratio(x: Tensor, limit: float = LOG_RATIO_LIMIT) -> Tensor:
     """Clamp a log-ratio elementwise: ``clamp(x, -limit, limit)``.
 
@@ -44,7 +42,6 @@ def clamp_log_ratio(x: Tensor, limit: float = LOG_RATIO_LIMIT) -> Tensor:
     return x.clamp(min=-limit, max=limit)
 
 
-@GUARDS.register("check_finite")
 def check_finite(name: str, tensor: Tensor, mask: Tensor | None = None, *, max_rows: int = 8) -> None:
     """Raise ``NonFiniteError`` if ``tensor`` is NaN/inf where ``mask`` is 1.
 

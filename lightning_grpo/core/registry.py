@@ -68,10 +68,8 @@ CORRECTIONS: Registry = Registry("rollout correction")
 REJECTIONS: Registry = Registry("rollout rejection criterion")
 TOKEN_TERMS: Registry = Registry("token loss term")
 TOKEN_MASKS: Registry = Registry("token mask")
-SHAPING: Registry = Registry("reward shaping")
 SELECTIONS: Registry = Registry("sample selection")
 LOGPROBS: Registry = Registry("log-prob path")
-GUARDS: Registry = Registry("numerical guard")
 
 #: Every registry by the name used in docs and error messages.
 REGISTRIES: dict[str, Registry] = {
@@ -85,8 +83,6 @@ REGISTRIES: dict[str, Registry] = {
     "rejection": REJECTIONS,
     "token_term": TOKEN_TERMS,
     "token_mask": TOKEN_MASKS,
-    "shaping": SHAPING,
     "selection": SELECTIONS,
     "logprob": LOGPROBS,
-    "guard": GUARDS,
 }

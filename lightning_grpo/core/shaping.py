@@ -1,9 +1,7 @@
 """Reward shaping and sample selection: DAPO's overlong handling and dynamic sampling, GFPO.
 
-Shaping (``SHAPING``):
-    overlong_mask            keep_i = 1 if completion i ended with EOS else 0 (DAPO overlong
-                             filtering: truncated completions drop out of the loss).
-    soft_overlong            DAPO soft overlong punishment R_len(|y|), added to the reward:
+Shaping (the ``soft_overlong`` reward; DAPO's overlong filter is ``rollout.selection.overlong_filter``):
+    soft_overlong_punishment DAPO soft overlong punishment R_len(|y|), added to the reward:
                                  0                          if |y| <= L_max - L_cache
                                  ((L_max - L_cache) - |y|) / L_cache   if L_max - L_cache < |y| <= L_max
                                  -1                         if |y| > L_max
@@ -27,25 +25,12 @@ import torch
 from torch import Tensor
 
 from .groups import as_groups
-from .registry import ADVANTAGES, SELECTIONS, SHAPING
+from .registry import ADVANTAGES, SELECTIONS
 
 
 # ----------------------------------------------------------------------------------------------
 # shaping
 # ----------------------------------------------------------------------------------------------
-@SHAPING.register("overlong_mask")
-def overlong_mask(ended_with_eos: Tensor) -> Tensor:
-    """DAPO overlong filtering: keep_i = 1.0 if completion i ended with EOS, else 0.0. [B] -> [B]
-
-    Multiply the result into the loss mask (``mask * keep[:, None]``) so that completions
-    truncated at the length limit contribute no loss.
-    """
-    if ended_with_eos.dim() != 1:
-        raise ValueError(f"ended_with_eos must be 1-D [B], got shape {tuple(ended_with_eos.shape)}")
-    return ended_with_eos.to(torch.bool).to(torch.float32)
-
-
-@SHAPING.register("soft_overlong")
 def soft_overlong_punishment(lengths: Tensor, max_length: int, cache_length: int) -> Tensor:
     """DAPO soft overlong punishment, to be added to the rewards. [B] -> [B] float32 in [-1, 0]
 

@@ -1,4 +1,4 @@
-"""Overlong mask, soft overlong punishment, dynamic sampling and GFPO selection/advantages."""
+"""Soft overlong punishment, dynamic sampling and GFPO selection/advantages."""
 
 from __future__ import annotations
 
@@ -8,13 +8,12 @@ import pytest
 import torch
 
 from lightning_grpo.core.advantages import grpo_advantages
-from lightning_grpo.core.registry import ADVANTAGES, SELECTIONS, SHAPING
+from lightning_grpo.core.registry import ADVANTAGES, SELECTIONS
 from lightning_grpo.core.shaping import (
     dynamic_sampling_filter,
     gfpo_advantages,
     gfpo_length_selection,
     gfpo_reward_per_token_selection,
-    overlong_mask,
     soft_overlong_punishment,
 )
 
@@ -26,27 +25,18 @@ def b(values):
 
 
 def test_registered_names():
-    assert set(SHAPING.names()) >= {"overlong_mask", "soft_overlong"}
     assert set(SELECTIONS.names()) >= {"dynamic_sampling", "gfpo_length", "gfpo_reward_per_token"}
-    assert SHAPING.get("soft_overlong") is soft_overlong_punishment
     assert SELECTIONS.get("gfpo_length") is gfpo_length_selection
 
 
 # ----------------------------------------------------------------------------------------------
 # overlong
 # ----------------------------------------------------------------------------------------------
-def test_overlong_mask():
-    close(SHAPING.get("overlong_mask")(b([True, False, True])), [1.0, 0.0, 1.0])
-    close(overlong_mask(torch.tensor([0, 1])), [0.0, 1.0])
-    with pytest.raises(ValueError, match="1-D"):
-        overlong_mask(b([[True]]))
-
-
 def test_soft_overlong_boundaries():
     # L_max = 20, L_cache = 4 -> free up to 16; band (16 - L) / 4 for 16 < L <= 20; -1 beyond
     lengths = torch.tensor([0, 15, 16, 17, 18, 19, 20, 21, 100])
     expected = [0.0, 0.0, 0.0, (16 - 17) / 4, (16 - 18) / 4, (16 - 19) / 4, (16 - 20) / 4, -1.0, -1.0]
-    close(SHAPING.get("soft_overlong")(lengths, 20, 4), expected)
+    close(soft_overlong_punishment(lengths, 20, 4), expected)
 
 
 def test_soft_overlong_dapo_values():
