@@ -37,7 +37,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import replace
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -94,11 +94,12 @@ class GRPOLoss:
         _check_type("kl", kl, KLSettings)
         _check_type("off_policy", off_policy, OffPolicySettings)
         _check_type("terms", terms, LossTerms)
-        self._kl, self._kl_fn = kl, KL_ESTIMATORS.get(kl.estimator)
+        self._kl, self._kl_fn = kl, _in_field("kl.estimator", KL_ESTIMATORS.get, kl.estimator)
         self._off_policy = off_policy
-        self._correction_fn = CORRECTIONS.get(off_policy.correction) if off_policy.correction is not None else None
+        correction, rejection = off_policy.correction, off_policy.rejection
+        self._correction_fn = _in_field("off_policy.correction", CORRECTIONS.get, correction) if correction is not None else None
         self._correction_args = dict(off_policy.correction_args or {})
-        self._rejection = check_rejection(off_policy.rejection) if off_policy.rejection is not None else None
+        self._rejection = _in_field("off_policy.rejection", check_rejection, rejection) if rejection is not None else None
         self._terms = terms
         self._off_policy_mask = TOKEN_MASKS.get("off_policy_sequence")
         self._top_entropy_mask = TOKEN_MASKS.get("top_entropy")
@@ -360,3 +361,11 @@ def _check_loss_args(policy_loss: str, fn, args: dict[str, Any]) -> None:
 def _check_type(field: str, value: Any, expected: type) -> None:
     if not isinstance(value, expected):
         raise TypeError(f"GRPOLoss {field} must be a {expected.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _in_field(field: str, build: Callable[[Any], Any], value: Any) -> Any:
+    """``build(value)``, a ValueError prefixed with the settings field (``off_policy.correction: unknown ...``)."""
+    try:
+        return build(value)
+    except ValueError as err:
+        raise ValueError(f"{field}: {err}") from None

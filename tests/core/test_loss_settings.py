@@ -86,10 +86,14 @@ def test_knobs_move_the_loss_not_the_settings_object():
         (lambda: KLSettings(beta=float("nan")), r"kl.beta must be a finite number >= 0"),
         (lambda: LossTerms(top_entropy_quantile=1.0), r"terms.top_entropy_quantile must be in \[0, 1\) .* got 1.0"),
         (lambda: OffPolicySettings(bypass=True, correction="mis_seq"), r"off_policy.correction must be None, got 'mis_seq'"),
-        (lambda: GRPOLoss(kl=KLSettings(estimator="k9")), r"unknown KL estimator 'k9'"),
-        (lambda: GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k9": 1.0})), r"token_k9"),
+        (lambda: GRPOLoss(kl=KLSettings(estimator="k9")), r"^kl.estimator: unknown KL estimator 'k9'; valid names: k1"),
+        (lambda: GRPOLoss(off_policy=OffPolicySettings(correction="tis")), r"^off_policy.correction: unknown rollout correction 'tis'"),
+        (lambda: GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k9": 1.0})),
+         r"^off_policy.rejection: unknown rollout rejection criterion 'token_k9'"),
+        (lambda: GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k1": -1.0})),
+         r"^off_policy.rejection: rejection 'token_k1': a threshold must be a number > 0, got -1.0"),
     ],
-    ids=["beta", "beta_nan", "top_entropy_quantile", "bypass_correction", "estimator", "rejection"],
+    ids=["beta", "beta_nan", "top_entropy_quantile", "bypass_correction", "estimator", "correction", "rejection", "threshold"],
 )
 def test_bad_settings_name_the_field(build, message):
     with pytest.raises(ValueError, match=message):
