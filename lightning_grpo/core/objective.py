@@ -98,7 +98,6 @@ class GRPOLoss:
         self._off_policy = off_policy
         correction, rejection = off_policy.correction, off_policy.rejection
         self._correction_fn = _in_field("off_policy.correction", CORRECTIONS.get, correction) if correction is not None else None
-        self._correction_args = dict(off_policy.correction_args or {})
         self._rejection = _in_field("off_policy.rejection", check_rejection, rejection) if rejection is not None else None
         self._terms = terms
         self._off_policy_mask = TOKEN_MASKS.get("off_policy_sequence")
@@ -137,7 +136,7 @@ class GRPOLoss:
         """Whether old log-probs are the engine's (bypass mode): no trainer pass computes them."""
         return self._off_policy.bypass
 
-    def parts(self) -> dict[str, Any]:
+    def parts(self) -> dict[str, Callable[..., Any]]:
         """The functions composed, keyed by the ``model.loss.init_args`` field that configures each
         (a failing call is reported under that field)."""
         parts = {"policy_loss_args": self.policy_loss_fn, "aggregation_args": self.aggregate_fn, "kl.estimator": self._kl_fn}
@@ -177,7 +176,6 @@ class GRPOLoss:
         if name is not None and self.bypass:
             raise ValueError(f"GRPOLoss off_policy.bypass=True: the ratio already is pi / pi_roll, no correction can be added (got {name!r})")
         self._correction_fn = CORRECTIONS.get(name) if name is not None else None
-        self._correction_args = dict(args or {})
         self._off_policy = replace(self._off_policy, correction=name, correction_args=dict(args) if args else None)
 
     def _check_knob(self, name: str) -> None:
@@ -233,7 +231,7 @@ class GRPOLoss:
         ``is_weight_mean``. old_logp, rollout_logp, mask [B, T]."""
         if not self.normalizes_is_weights:
             return torch.zeros(2, device=mask.device)
-        corr = self._correction_fn(old_logp, rollout_logp, mask, **self._correction_args)
+        corr = self._correction_fn(old_logp, rollout_logp, mask, **(self._off_policy.correction_args or {}))
         return is_weight_sums(corr.weight, mask, self._correction_fn)
 
     def __call__(
@@ -311,7 +309,7 @@ class GRPOLoss:
         loss with a ``sequence_is_weight`` (geo_mean: verl's geometric mean over the row's tokens)."""
         if self._correction_fn is None:
             return torch.ones_like(mask)
-        corr = self._correction_fn(old, rollout_logp, mask, **self._correction_args)
+        corr = self._correction_fn(old, rollout_logp, mask, **(self._off_policy.correction_args or {}))
         weight = corr.weight
         metrics.update(corr.metrics)
         if self._off_policy.is_batch_normalize:
