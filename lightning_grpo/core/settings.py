@@ -35,7 +35,8 @@ class KLSettings:
     beta: float = 0.0
     """KL coefficient, >= 0; 0 disables the term and the reference model (GRPO: 0.04)."""
     estimator: str = "k3"
-    """Name in ``KL_ESTIMATORS``: k1, k2, k3, low_var_kl, k3_unbiased, or a ``+`` variant (k3+, ...)."""
+    """Name in ``KL_ESTIMATORS``: k1, k2, k3, low_var_kl, k3_unbiased, or a straight-through ``+``
+    variant (k1+, k3+, low_var_kl+)."""
 
     def __post_init__(self) -> None:
         if not (self.beta >= 0 and math.isfinite(self.beta)):
