@@ -166,7 +166,7 @@ def run_update(model_dir: str, out: Path) -> None:
     module = _module(model_dir, "token_mean")
     controller = EntropyController(floor=100.0 if rank == 0 else 0.0, window=1)
     _fit(module, rollout_half(rank, module.policy.config.vocab_size), WORLD, 1, callbacks=[controller])
-    metrics[("entropy_control", 1)] = {"entropy_coef": module.loss_fn.entropy_coef, "moves": controller.moves}
+    metrics[("entropy_control", 1)] = {"entropy_coef": module.loss_fn.terms.entropy_coef, "moves": controller.moves}
     # Control: per-rank counts (no all-reduce), as a module without the global normaliser would do.
     module = _module(model_dir, "token_mean")
     module._global_sum = lambda value: value.to(module.device, torch.float32)

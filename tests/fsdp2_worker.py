@@ -91,7 +91,7 @@ def run_prefix(model_dir: str, out: Path) -> None:
 
 
 def run_e2e(model_dir: str, out: Path, steps: int) -> None:
-    from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo import GRPOLoss, GRPOModule, KLSettings, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
 
     checks: list[dict] = []
 
@@ -105,7 +105,7 @@ def run_e2e(model_dir: str, out: Path, steps: int) -> None:
 
     L.seed_everything(0, workers=True)
     dm = PromptDataModule(tokenizer_path=model_dir, batch_size=4, task_num_train=64, task_num_val=8)
-    module = GRPOModule(model=model_dir, loss=GRPOLoss(beta=0.04), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    module = GRPOModule(model=model_dir, loss=GRPOLoss(kl=KLSettings(beta=0.04)), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     rollout = RolloutCallback(
         engine="vllm", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=6),
         rewards=[RewardSpec(digit_fraction)], seed=7, vllm_args={"kv_cache_memory_bytes": 32 * 1024**2},

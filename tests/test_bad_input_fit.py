@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, PromptDataModule, RolloutCallback, SamplingConfig
+from lightning_grpo import GRPOLoss, GRPOModule, KLSettings, LoraSettings, PromptDataModule, RolloutCallback, SamplingConfig
 from lightning_grpo.core import ADVANTAGES
 
 from tests.bad_input_helpers import fit_error, hf_callback, tiny_cache  # noqa: F401
@@ -179,8 +179,8 @@ def test_reference_adapter_without_lora():
 
 
 def test_kl_beta_with_reference_none():
-    fit_error(ValueError, r"model.loss.init_args.beta=0.04 puts a KL to the reference model in the loss, but model.reference='none'",
-              module=GRPOModule(loss=GRPOLoss(beta=0.04), reference="none"))  # fmt: skip
+    fit_error(ValueError, r"model.loss.init_args.kl.beta=0.04 puts a KL to the reference model in the loss, but model.reference='none'",
+              module=GRPOModule(loss=GRPOLoss(kl=KLSettings(beta=0.04)), reference="none"))  # fmt: skip
 
 
 def test_kl_in_reward_with_reference_none():

@@ -43,7 +43,7 @@ def test_moves_are_one_step_per_window_and_bounded():
     # window 2: the first decision after 2 steps; after a move the window starts afresh
     values = _drive(controller, FakeModule(loss), [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0, 3.0, 3.0])
     assert values == [0.0, 0.01, 0.01, 0.02, 0.02, 0.02, 0.02, 0.02, 0.02, 0.01, 0.01, 0.0, 0.0, 0.0]
-    assert controller.moves == 4 and loss.entropy_coef == 0.0
+    assert controller.moves == 4 and loss.terms.entropy_coef == 0.0
 
 
 def test_eps_high_never_goes_below_its_configured_value_and_ratios_move_by_a_factor():
@@ -64,10 +64,11 @@ def test_one_decision_for_all_ranks_is_rank_zeros():
     trainer = SimpleNamespace(world_size=2, strategy=SimpleNamespace(broadcast=lambda obj, src: -1 if obj == 1 else obj))
     controller.setup(trainer, module, "fit")
     controller.on_train_start(trainer, module)
-    controller.value = loss.entropy_coef = 0.01
+    loss.set_knob("entropy_coef", 0.01)
+    controller.value = 0.01
     module.entropy = 0.1  # this rank would raise the knob; rank 0 says lower it
     controller.on_before_optimizer_step(trainer, module, None)
-    assert loss.entropy_coef == pytest.approx(0.005)
+    assert loss.terms.entropy_coef == pytest.approx(0.005)
     assert module.logged == {"entropy_control/entropy_coef": pytest.approx(0.005), "entropy_control/direction": -1.0}
 
 
@@ -125,14 +126,14 @@ def test_a_collapsing_run_gets_its_entropy_back(tiny_model_path):
     _fit(module, [controller, trace], steps=45)
     assert min(trace.entropy) < 0.5  # it did collapse
     assert min(trace.entropy[-3:]) > 0.5, trace.entropy  # and came back
-    assert 0 < module.loss_fn.entropy_coef <= 0.1 and controller.moves >= 2
+    assert 0 < module.loss_fn.terms.entropy_coef <= 0.1 and controller.moves >= 2
 
 
 def test_the_knob_value_survives_a_checkpoint(tiny_model_path, tmp_path):
     module = GRPOModule(model=_policy(tiny_model_path))
     trainer = _fit(module, [EntropyController(floor=100.0, window=1)], steps=2)  # below the floor: +0.005 per step
-    assert module.loss_fn.entropy_coef == pytest.approx(0.01)
+    assert module.loss_fn.terms.entropy_coef == pytest.approx(0.01)
     trainer.save_checkpoint(tmp_path / "run.ckpt")
     resumed, controller = GRPOModule(model=_policy(tiny_model_path)), EntropyController(floor=100.0, window=1)
     _fit(resumed, [controller], steps=3, ckpt_path=tmp_path / "run.ckpt")
-    assert resumed.loss_fn.entropy_coef == pytest.approx(0.015) and controller.moves == 3
+    assert resumed.loss_fn.terms.entropy_coef == pytest.approx(0.015) and controller.moves == 3

@@ -7,7 +7,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import GRPOLoss, GRPOModule
+from lightning_grpo import GRPOLoss, GRPOModule, OffPolicySettings
 
 from .test_module import _policy, _rollout_batch, _ticks
 
@@ -36,7 +36,7 @@ def _fit_once(module, accumulate: int) -> dict[str, torch.Tensor]:
 
 
 def test_rejected_tokens_leave_the_global_normaliser(tiny_model_path):
-    loss = GRPOLoss(rejection={"token_k1": 2.0, "seq_mean_k1": [0.5, 2.0]})
+    loss = GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k1": 2.0, "seq_mean_k1": [0.5, 2.0]}))
     module, batch, old = _prepared(tiny_model_path, loss)
     expected_keep = batch.completion_mask.clone()
     expected_keep[0, 1] = expected_keep[3, 0] = 0
@@ -55,14 +55,14 @@ def test_rejected_tokens_leave_the_global_normaliser(tiny_model_path):
         torch.testing.assert_close(one[name], ref_after[name], atol=2e-6, rtol=0, msg=name)
     assert max((one[n] - before[n]).abs().max().item() for n in one) > 1e-3
     for k in (2, 4):  # gradient accumulation: every micro-batch normalises by the kept tokens of the mini-batch
-        split_module, _, _ = _prepared(tiny_model_path, GRPOLoss(rejection={"token_k1": 2.0, "seq_mean_k1": [0.5, 2.0]}))
+        split_module, _, _ = _prepared(tiny_model_path, GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k1": 2.0, "seq_mean_k1": [0.5, 2.0]})))
         split = _fit_once(split_module, k)
         for name in one:
             torch.testing.assert_close(split[name], one[name], atol=2e-6, rtol=0, msg=f"{name} (k={k})")
 
 
 def test_bypass_mode_skips_the_old_logprob_pass(tiny_model_path, monkeypatch):
-    module, batch, _ = _prepared(tiny_model_path, GRPOLoss(bypass=True), steps_per_generation=2)
+    module, batch, _ = _prepared(tiny_model_path, GRPOLoss(off_policy=OffPolicySettings(bypass=True)), steps_per_generation=2)
     assert batch.old_logp is None and batch.keep_mask is None
     calls = []
     monkeypatch.setattr(module, "_logprobs_no_grad", lambda *a, **k: calls.append(a))
@@ -95,7 +95,7 @@ def test_is_batch_normalisation_does_not_depend_on_the_micro_batch_size(tiny_mod
     args = {"cap": 10.0} if correction.startswith("tis") else {"low": 0.1, "high": 5.0}  # in-band weights 0.14, 0.41
 
     def make():
-        return GRPOLoss(correction=correction, correction_args=args, is_batch_normalize=True)
+        return GRPOLoss(off_policy=OffPolicySettings(correction=correction, correction_args=args, is_batch_normalize=True))
 
     module, batch, _ = _prepared(tiny_model_path, make())
     assert batch.old_logp is not None  # computed once, so the statistic needs no extra forward

@@ -77,7 +77,7 @@ def test_mismatch_fix_switches_on_tis_in_the_loss(tiny_model_path):
                               rewards=[RewardSpec("prefix_match")], seed=3)  # fmt: skip
     rollout.use_engine(HFEngine(copy.deepcopy(policy), EOS, PAD))
     guard = MismatchGuard(max_k3=1e-3, action="fix")
-    assert module.loss_fn.correction_fn is None
+    assert module.loss_fn.correction is None
     trainer = _fit(module, rollout, [guard], steps=6)
     actions = [a["action"] for a in guard.alarms]
     assert actions[0] == "fix" and set(actions[1:]) <= {"warn"}

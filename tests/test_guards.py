@@ -327,7 +327,7 @@ def test_zero_std_alarm_stays_quiet_once_the_task_is_learned(tiny_model_path):
 def test_entropy_explosion_alarm_fires_when_entropy_rises(tiny_model_path):
     """Collapse the policy first (lr 1e-2), then push its entropy up hard (entropy bonus 1.0): the
     rise over the window and the ceiling both trip the explosion alarm."""
-    from lightning_grpo import GRPOLoss
+    from lightning_grpo import GRPOLoss, LossTerms
 
     policy = _policy(tiny_model_path)
     sampling = SamplingConfig(n=8, temperature=1.0, max_new_tokens=2)
@@ -338,13 +338,13 @@ def test_entropy_explosion_alarm_fires_when_entropy_rises(tiny_model_path):
     collapse = GRPOModule(model=policy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.0))
     _fit(collapse, [rollout()], steps=50, batch_size=8)
     rise, ceiling = EntropyGuard(rise_factor=5.0, window=20), EntropyGuard(ceiling=2.0)
-    explode = GRPOModule(model=policy, loss=GRPOLoss(entropy_coef=1.0),
+    explode = GRPOModule(model=policy, loss=GRPOLoss(terms=LossTerms(entropy_coef=1.0)),
                          optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.0))  # fmt: skip
     _fit(explode, [rollout(), rise, ceiling], steps=40, batch_size=8)
     assert rise.alarms and ceiling.alarms, "entropy explosion not detected"
     first = rise.alarms[0]["message"]
     assert first.startswith("entropy explosion: rose ") and "x in 20 steps" in first
-    assert "add a KL term (loss.init_args.beta)" in first
+    assert "add a KL term (loss.init_args.kl.beta)" in first
     assert ceiling.alarms[0]["message"].startswith("entropy explosion: ") and "above ceiling 2" in ceiling.alarms[0]["message"]
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_grpo import GRPOLoss, GRPOModule
+from lightning_grpo import GRPOLoss, GRPOModule, KLSettings
 from lightning_grpo.core.batch import RolloutBatch
 from lightning_grpo.training.packing import PackPlan, choose_plan, sampled_positions
 
@@ -133,7 +133,7 @@ def test_reference_and_old_logprobs_equal_padded(tiny_model_path):
     out = {}
     for packing in ("off", "on"):
         policy = _policy(tiny_model_path, "sdpa")
-        module = GRPOModule(model=policy, packing=packing, num_iterations=2, loss=GRPOLoss(beta=0.04))
+        module = GRPOModule(model=policy, packing=packing, num_iterations=2, loss=GRPOLoss(kl=KLSettings(beta=0.04)))
         module.configure_model()
         batch = _ragged_batch(policy.config.vocab_size)
         rewards = torch.arange(8.0)[:, None]

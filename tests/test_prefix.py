@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_grpo import GRPOLoss, GRPOModule
+from lightning_grpo import GRPOLoss, GRPOModule, KLSettings
 from lightning_grpo.core.batch import RolloutBatch
 from lightning_grpo.training.prefix import SharedPrefixPlan, choose_layout
 
@@ -191,7 +191,7 @@ def test_reference_old_and_teacher_logprobs_equal_padded(tiny_model_path):
     out = {}
     for sharing in ("off", "on"):
         policy = _policy(tiny_model_path, "sdpa")
-        module = GRPOModule(model=policy, prefix_sharing=sharing, num_iterations=2, loss=GRPOLoss(beta=0.04),
+        module = GRPOModule(model=policy, prefix_sharing=sharing, num_iterations=2, loss=GRPOLoss(kl=KLSettings(beta=0.04)),
                             distillation=DistillSettings(teacher=teacher, use_task_rewards=True))  # fmt: skip
         module.configure_model()
         batch = _grouped_batch(policy.config.vocab_size)

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("bitsandbytes")  # the qlora extra, part of dev (CI installs it)
 
-from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, QuantizationSettings, RolloutCallback, RewardSpec, SamplingConfig  # noqa: E402
+from lightning_grpo import GRPOLoss, GRPOModule, KLSettings, LoraSettings, QuantizationSettings, RolloutCallback, RewardSpec, SamplingConfig  # noqa: E402
 from lightning_grpo.callbacks.weight_push import PolicyPush  # noqa: E402
 from lightning_grpo.models.quantization import keep_float_kernels, load_quantized  # noqa: E402
 from lightning_grpo.models.weights import policy_weights_for_engine  # noqa: E402
@@ -167,7 +167,7 @@ def test_qlora_training_keeps_engine_and_policy_together(vllm_engine, tiny_model
     from tests.test_training import _fit
 
     module = GRPOModule(
-        model=str(tiny_model_path), loss=GRPOLoss(beta=0.04), lora=LoraSettings(r=4, alpha=8),
+        model=str(tiny_model_path), loss=GRPOLoss(kl=KLSettings(beta=0.04)), lora=LoraSettings(r=4, alpha=8),
         quantization=QuantizationSettings(), optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2),
     )  # fmt: skip
     callback = RolloutCallback(

@@ -196,7 +196,7 @@ def test_recipe_instantiates(path, tmp_path, tiny_cache):
     assert isinstance(cli.datamodule, PromptDataModule)
     assert sum(isinstance(c, RolloutCallback) for c in cli.trainer.callbacks) == 1
     expected_reference = "none"
-    if _loss_args(cfg).get("beta", 0.0) > 0:
+    if (_loss_args(cfg).get("kl") or {}).get("beta", 0.0) > 0:
         expected_reference = "adapter" if cfg["model"].get("lora") is not None else "copy"
     assert cli.model.reference_mode == expected_reference
     cli.datamodule.setup("fit")  # tokenizer, data, columns
@@ -315,7 +315,7 @@ def _check_algorithm_metrics(cfg: dict[str, Any], module, metrics: dict[str, flo
         assert 0 <= metrics["train/clip_cov_frac"] <= 1
     if policy_loss == "kl_cov":
         assert 0 < metrics["train/kl_cov_frac"] <= 1  # at least one token is always chosen
-    if loss.get("beta", 0.0) > 0:
+    if (loss.get("kl") or {}).get("beta", 0.0) > 0:
         assert math.isfinite(metrics["train/kl"]) and metrics["train/kl"] >= 0
         if model.get("lora") is not None:
             assert module.reference is None  # the adapter-disabled policy is the reference
@@ -326,7 +326,7 @@ def _check_algorithm_metrics(cfg: dict[str, Any], module, metrics: dict[str, flo
     if policy_loss == "sapo":
         assert 0 < metrics["train/gate_weight_mean"] <= 1
     batch = module.rollout_batch
-    if loss.get("bypass"):  # old = the engine's log-probs: no trainer pass
+    if (loss.get("off_policy") or {}).get("bypass"):  # old = the engine's log-probs: no trainer pass
         assert batch.old_logp is None and "train/mismatch_k3" not in metrics
     elif model.get("steps_per_generation", 1) > 1 or model.get("num_iterations", 1) > 1:
         assert batch.old_logp is not None
@@ -343,7 +343,7 @@ def _check_algorithm_metrics(cfg: dict[str, Any], module, metrics: dict[str, flo
         # the baseline is one of the group's rewards: in every group some advantage is exactly 0
         groups = batch.advantages.view(-1, batch.group_size)
         assert bool((groups == 0).any(dim=1).all()), groups
-    for name in loss.get("rejection") or {}:
+    for name in (loss.get("off_policy") or {}).get("rejection") or {}:
         assert 0 <= metrics[f"train/rejection/{name}_masked_frac"] <= 1
     if model.get("distillation") is not None:  # token advantages from the teacher
         assert batch.teacher_logp is not None and batch.advantages.shape == batch.completion_mask.shape

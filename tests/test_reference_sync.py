@@ -6,13 +6,13 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, ReferenceSync, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import GRPOLoss, GRPOModule, KLSettings, PromptDataModule, ReferenceSync, RewardSpec, RolloutCallback, SamplingConfig
 
 
 def _module(path):
     from transformers import AutoModelForCausalLM
 
-    return GRPOModule(model=AutoModelForCausalLM.from_pretrained(path), loss=GRPOLoss(beta=0.1),
+    return GRPOModule(model=AutoModelForCausalLM.from_pretrained(path), loss=GRPOLoss(kl=KLSettings(beta=0.1)),
                       optimizer=lambda p: torch.optim.SGD(p, lr=0.1))  # fmt: skip
 
 

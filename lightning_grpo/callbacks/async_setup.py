@@ -32,11 +32,11 @@ def check_async_config(engine: str, max_staleness: int, async_correction: str | 
 
 def install_async_correction(module: L.LightningModule, name: str | None) -> None:
     """Asynchronous batches are sampled by older weights: unless the loss already corrects for the
-    behaviour policy (``correction`` or ``off_policy_delta``), use ``name`` (e.g. ``tis_token``)."""
+    behaviour policy (``off_policy.correction`` or ``off_policy.sequence_mask_delta``), use ``name`` (e.g. ``tis_token``)."""
     loss = getattr(module, "loss_fn", None)
     if name is None or loss is None or loss.needs_rollout_logprobs:
         return
-    loss.correction_fn, loss.correction_args = CORRECTIONS.get(name), {}
+    loss.set_correction(name)
     rank_zero_info(f"RolloutCallback: asynchronous rollouts, off-policy correction {name!r} on (async_correction)")
 
 

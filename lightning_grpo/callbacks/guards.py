@@ -260,8 +260,8 @@ class EntropyGuard(Guard):
     name = "entropy"
     SETTINGS = ("floor", "ceiling", "collapse_factor", "rise_factor", "window", "max_reward")
     COLLAPSE_KNOBS = ("raise the upper clip (loss.init_args.policy_loss_args.eps_high, DAPO Clip-Higher: 0.28), use "
-                      "policy_loss clip_cov or kl_cov, advantage qae, or loss.init_args.entropy_coef > 0; lower the lr")  # fmt: skip
-    EXPLOSION_KNOBS = ("lower the lr, tighten eps_high, add a KL term (loss.init_args.beta), use clip_cov / kl_cov, "
+                      "policy_loss clip_cov or kl_cov, advantage qae, or loss.init_args.terms.entropy_coef > 0; lower the lr")  # fmt: skip
+    EXPLOSION_KNOBS = ("lower the lr, tighten eps_high, add a KL term (loss.init_args.kl.beta), use clip_cov / kl_cov, "
                        "and check the train-inference mismatch (MismatchGuard)")  # fmt: skip
 
     def __init__(

@@ -15,7 +15,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ..core.batch import RolloutBatch
-from ..core import CORRECTIONS
+from ..core import CORRECTIONS, GRPOLoss
 from .guards import Action, Guard, log
 from .lookup import find_callback
 from .rollout import RolloutCallback
@@ -234,14 +234,14 @@ class MismatchGuard(Guard):
             return
         message = (
             f"rollout and trainer log-probs disagree ({', '.join(found)}): correct for it "
-            "(loss.init_args.correction: tis_token / mis_token / mis_seq, or off_policy_delta), sample in float32 / "
-            "fp16 rather than bf16, and check that weights reach the engine (rollout.weight_sync)"
+            "(loss.init_args.off_policy.correction: tis_token / mis_token / mis_seq, or off_policy.sequence_mask_delta), "
+            "sample in float32 / fp16 rather than bf16, and check that weights reach the engine (rollout.weight_sync)"
         )
         self.fire(trainer, pl_module, message)
 
     def remedy(self, trainer: L.Trainer, module: L.LightningModule) -> str | None:
         loss = getattr(module, "loss_fn", None)
-        if loss is None or not hasattr(loss, "set_correction") or loss.correction_fn is not None or getattr(loss, "bypass", False):
+        if not isinstance(loss, GRPOLoss) or loss.correction is not None or loss.bypass:
             return None  # a correction is already on: nothing further to switch on
         loss.set_correction(self.correction, self.correction_args)
         self.applied = True
@@ -249,7 +249,7 @@ class MismatchGuard(Guard):
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.applied and pl_module.loss_fn.correction_fn is None:  # resumed after a fix
+        if self.applied and pl_module.loss_fn.correction is None:  # resumed after a fix
             pl_module.loss_fn.set_correction(self.correction, self.correction_args)
 
     @override

@@ -27,20 +27,19 @@ def check_loss(module: Any) -> None:
         raise ValueError(f"{_loss_field(loss, err)}: {err}") from err
 
 
-#: Which ``model.loss.init_args`` field a failing piece of the loss is configured by.
-_LOSS_PARTS = (("policy_loss_fn", "policy_loss_args"), ("aggregate_fn", "aggregation_args"),
-               ("correction_fn", "correction_args"), ("kl_fn", "kl_estimator"))  # fmt: skip
-
-
 def _loss_field(loss: Any, err: BaseException) -> str:
     """``model.loss.init_args.<field>`` of the part that raised ``err`` (its function called with
-    a keyword it lacks, or raising inside), else ``model.loss``."""
+    a keyword it lacks, or raising inside; ``GRPOLoss.parts``), else ``model.loss``."""
     import traceback
 
+    from ..core.objective import GRPOLoss
+
+    if not isinstance(loss, GRPOLoss):
+        return "model.loss"
     frames = {frame.name for frame in traceback.extract_tb(err.__traceback__)[1:]}
-    for attr, field in _LOSS_PARTS:
-        name = getattr(getattr(loss, attr, None), "__name__", None)
-        if name is not None and (name in frames or str(err).startswith(f"{name}()")):
+    for field, fn in loss.parts().items():
+        name = fn.__name__
+        if name in frames or str(err).startswith(f"{name}()"):
             return f"model.loss.init_args.{field}"
     return "model.loss"
 

@@ -223,8 +223,8 @@ def check_reference(module: Any) -> None:
     beta = getattr(getattr(module, "loss_fn", None), "beta", 0.0)
     if beta:
         raise ValueError(
-            f"model.loss.init_args.beta={beta} puts a KL to the reference model in the loss, but "
-            "model.reference='none': set model.reference: auto (or beta: 0)"
+            f"model.loss.init_args.kl.beta={beta} puts a KL to the reference model in the loss, but "
+            "model.reference='none': set model.reference: auto (or kl.beta: 0)"
         )
     coef = hparams.get("kl_in_reward_coef", 0.0)
     if coef:

@@ -15,6 +15,18 @@ MODULE_RENAMES: dict[str, str] = {
 
 # ---------------------------------------------------------------- model.loss.* (GRPOLoss)
 LOSS_RENAMES: dict[str, str] = {
+    "model.loss.init_args.beta": "model.loss.init_args.kl.beta",
+    "model.loss.init_args.kl_estimator": "model.loss.init_args.kl.estimator",
+    "model.loss.init_args.correction": "model.loss.init_args.off_policy.correction",
+    "model.loss.init_args.correction_args": "model.loss.init_args.off_policy.correction_args",
+    "model.loss.init_args.is_batch_normalize": "model.loss.init_args.off_policy.is_batch_normalize",
+    "model.loss.init_args.rejection": "model.loss.init_args.off_policy.rejection",
+    "model.loss.init_args.bypass": "model.loss.init_args.off_policy.bypass",
+    "model.loss.init_args.off_policy_delta": "model.loss.init_args.off_policy.sequence_mask_delta",
+    "model.loss.init_args.entropy_coef": "model.loss.init_args.terms.entropy_coef",
+    "model.loss.init_args.llds_coef": "model.loss.init_args.terms.llds_coef",
+    "model.loss.init_args.negative_advantage_scale": "model.loss.init_args.terms.negative_advantage_scale",
+    "model.loss.init_args.top_entropy_quantile": "model.loss.init_args.terms.top_entropy_quantile",
 }
 
 # ---------------------------------------------------------------- rollout.* (RolloutCallback)

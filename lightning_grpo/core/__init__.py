@@ -88,6 +88,7 @@ from .shaping import (
     soft_overlong_punishment,
 )
 from .terms import entropy_bonus, llds, scale_negative_advantages, top_entropy_mask
+from .settings import KLSettings, LossTerms, OffPolicySettings
 from .objective import GRPOLoss, LossOutput
 
 __all__ = [name for name in dir() if not name.startswith("_")]

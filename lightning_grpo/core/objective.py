@@ -2,29 +2,32 @@
 
 Per token, for the completion tokens that survive the masks:
 
-    L_t = w_t * policy_loss_t(logp, old, A)          # w_t: rollout correction weight (TIS / MIS), else 1
-          + beta * KL_t(logp, ref)                     # KL as a loss term (beta = 0: no reference)
-          - entropy_coef * H_t                         # entropy bonus
-          + llds_coef * LLDS_t                         # likelihood-preserving regulariser (per turn)
+    L_t = w_t * policy_loss_t(logp, old, A)          # w_t: off_policy.correction weight (TIS / MIS), else 1
+          + kl.beta * KL_t(logp, ref)                  # KL as a loss term (beta = 0: no reference)
+          - terms.entropy_coef * H_t                   # entropy bonus
+          + terms.llds_coef * LLDS_t                   # likelihood-preserving regulariser (per turn)
     loss = aggregate(L, loss_mask)                     # token-mean, seq-mean-token-mean, ...
 
-    loss_mask = mask * rejection mask (verl rollout_rs, Geo-RS, outlier veto)
-                     * off-policy sequence mask * top-entropy mask
+    loss_mask = mask * off_policy.rejection mask (verl rollout_rs, Geo-RS, outlier veto)
+                     * off-policy sequence mask (off_policy.sequence_mask_delta)
+                     * top-entropy mask (terms.top_entropy_quantile)
 
 MIS (IcePop) gives a token outside its band weight 0 and leaves it in loss_mask, as verl and TRL
 (so it counts in the normalisers); rejection removes tokens from loss_mask. With
-``is_batch_normalize`` the weights are divided by their mean over the valid tokens (zeros
+``off_policy.is_batch_normalize`` the weights are divided by their mean over the valid tokens (zeros
 included) of the whole optimizer-step batch when the trainer passes ``is_weight_mean`` (the
 ratio of :meth:`GRPOLoss.is_weight_sums` summed over micro-batches and ranks), else of the batch
 given. A loss with a ``sequence_is_weight`` (geo_mean) turns the token weights into one weight per
 row (verl: their geometric mean).
 
-Bypass mode (``bypass=True``, verl ``bypass_mode``, AReaL's decoupled loss): old := roll, the
+Bypass mode (``off_policy.bypass=True``, verl ``bypass_mode``, AReaL's decoupled loss): old := roll, the
 engine's log-probs, so no trainer pass computes old log-probs; the policy loss's ratio is then
 pi / pi_roll (PPO-clip form: no extra IS weight) or, with ``policy_loss="reinforce"``, the
 truncated IS weight of the REINFORCE form. Rejection then compares sg[logp] with roll, as verl.
 
-Advantages may first have their negative part scaled (``negative_advantage_scale``).
+Advantages may first have their negative part scaled (``terms.negative_advantage_scale``).
+The settings groups (:class:`KLSettings`, :class:`OffPolicySettings`, :class:`LossTerms`) live in
+``lightning_grpo.core.settings``.
 Every variant is looked up by name in a registry when the objective is built, so an unknown
 name fails before any work; nothing here branches on a name.
 """
@@ -33,7 +36,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, NamedTuple
+from dataclasses import replace
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -42,7 +46,8 @@ from .guards import check_finite
 from .corrections import is_weight_sums, mismatch_metrics, normalize_is_weight
 from .logprobs import masked_mean
 from .registry import AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, TOKEN_MASKS, TOKEN_TERMS
-from .rejection import Threshold, check_rejection, rejection_mask
+from .rejection import check_rejection, rejection_mask
+from .settings import KLSettings, LossTerms, OffPolicySettings
 from .terms import scale_negative_advantages
 
 
@@ -62,25 +67,12 @@ class GRPOLoss:
             token_mean. A loss that requires one (``geo_mean``) refuses any other.
         aggregation_args: keyword arguments of the aggregation (``{"max_length": 512}`` for
             "seq_mean_token_sum_norm").
-        beta: KL coefficient; 0 disables the KL term and the reference model.
-        kl_estimator: name in ``KL_ESTIMATORS`` ("k1", "k2", "k3", "low_var_kl", "k3_unbiased").
-        correction: name in ``CORRECTIONS`` ("tis_token", "mis_seq", ...) or None: corrects
-            for the gap between the trainer's and the rollout engine's log-probs.
-        correction_args: keyword arguments of the correction (``{"cap": 2.0}``).
-        is_batch_normalize: divide the correction's weights by their mean (verl
-            ``rollout_is_batch_normalize``): over the valid tokens for token-level, the non-empty
-            rows for sequence-level corrections, zero weights included; of the whole optimizer-step
-            batch when the caller passes ``is_weight_mean``, else of the batch given.
-        rejection: rollout rejection criteria (``REJECTIONS``) and their thresholds, all applied
-            (verl ``rollout_rs`` / ``rollout_rs_threshold``), e.g. ``{"token_k1": [0.5, 2.0],
-            "seq_mean_k3": 0.01, "outlier_veto": null}``; None = off.
-        bypass: old := the engine's log-probs (no trainer pass for them); see the module docstring.
-        off_policy_delta: DeepSeek-V3.2 off-policy sequence mask threshold, or None.
-        top_entropy_quantile: train only on tokens whose entropy is at or above this quantile
-            of the batch's valid tokens (0.8 keeps the top 20%), or None.
-        entropy_coef: weight of the entropy bonus (needs ``entropy``).
-        negative_advantage_scale: multiplies negative advantages (1.0 = unchanged).
-        llds_coef: weight of the LLDS regulariser (0 = off).
+        kl: the KL-to-reference term (:class:`KLSettings`: ``beta``, ``estimator``).
+        off_policy: the train / inference gap (:class:`OffPolicySettings`: ``correction``,
+            ``correction_args``, ``is_batch_normalize``, ``rejection``, ``bypass``,
+            ``sequence_mask_delta``); see the module docstring.
+        terms: the extra per-token terms (:class:`LossTerms`: ``entropy_coef``, ``llds_coef``,
+            ``negative_advantage_scale``, ``top_entropy_quantile``).
     """
 
     def __init__(
@@ -89,18 +81,9 @@ class GRPOLoss:
         policy_loss_args: dict[str, Any] | None = None,
         aggregation: str | None = None,
         aggregation_args: dict[str, Any] | None = None,
-        beta: float = 0.0,
-        kl_estimator: str = "k3",
-        correction: str | None = None,
-        correction_args: dict[str, Any] | None = None,
-        off_policy_delta: float | None = None,
-        top_entropy_quantile: float | None = None,
-        entropy_coef: float = 0.0,
-        negative_advantage_scale: float = 1.0,
-        llds_coef: float = 0.0,
-        is_batch_normalize: bool = False,
-        rejection: dict[str, Threshold] | None = None,
-        bypass: bool = False,
+        kl: KLSettings = KLSettings(),
+        off_policy: OffPolicySettings = OffPolicySettings(),
+        terms: LossTerms = LossTerms(),
     ) -> None:
         self.policy_loss_fn = POLICY_LOSSES.get(policy_loss)
         self.policy_loss_args = dict(policy_loss_args or {})
@@ -108,32 +91,58 @@ class GRPOLoss:
         self.aggregation = _resolve_aggregation(policy_loss, self.policy_loss_fn, aggregation)
         self.aggregate_fn = AGGREGATIONS.get(self.aggregation)
         self.aggregation_args = dict(aggregation_args or {})
-        self.kl_fn = KL_ESTIMATORS.get(kl_estimator)
-        self.correction = correction
-        self.correction_fn = CORRECTIONS.get(correction) if correction is not None else None
-        self.correction_args = dict(correction_args or {})
-        if beta < 0:
-            raise ValueError(f"beta must be >= 0, got {beta}")
-        if top_entropy_quantile is not None and not 0.0 <= top_entropy_quantile < 1.0:
-            raise ValueError(f"top_entropy_quantile must be in [0, 1), got {top_entropy_quantile}")
-        self.beta = float(beta)
-        self.off_policy_delta = off_policy_delta
-        self.top_entropy_quantile = top_entropy_quantile
-        self.entropy_coef = float(entropy_coef)
-        self.negative_advantage_scale = float(negative_advantage_scale)
-        self.llds_coef = float(llds_coef)
-        self.is_batch_normalize = bool(is_batch_normalize)
-        self.rejection = check_rejection(rejection) if rejection is not None else None
-        self.bypass = bool(bypass)
-        if self.bypass and self.correction_fn is not None:
-            raise ValueError(
-                f"GRPOLoss bypass=True uses the engine's log-probs as old, so the ratio already is pi / pi_roll: "
-                f"correction must be None, got {correction!r} (policy_loss 'reinforce' is the truncated-IS form)"
-            )
+        _check_type("kl", kl, KLSettings)
+        _check_type("off_policy", off_policy, OffPolicySettings)
+        _check_type("terms", terms, LossTerms)
+        self._kl, self._kl_fn = kl, _in_field("kl.estimator", KL_ESTIMATORS.get, kl.estimator)
+        self._off_policy = off_policy
+        correction, rejection = off_policy.correction, off_policy.rejection
+        self._correction_fn = _in_field("off_policy.correction", CORRECTIONS.get, correction) if correction is not None else None
+        self._rejection = _in_field("off_policy.rejection", check_rejection, rejection) if rejection is not None else None
+        self._terms = terms
         self._off_policy_mask = TOKEN_MASKS.get("off_policy_sequence")
         self._top_entropy_mask = TOKEN_MASKS.get("top_entropy")
         self._entropy_bonus = TOKEN_TERMS.get("entropy_bonus")
         self._llds = TOKEN_TERMS.get("llds")
+
+    # ------------------------------------------------------------------ settings (read-only)
+    @property
+    def kl(self) -> KLSettings:
+        """The KL term's settings."""
+        return self._kl
+
+    @property
+    def off_policy(self) -> OffPolicySettings:
+        """The off-policy settings now in use (:meth:`set_correction` replaces the correction)."""
+        return self._off_policy
+
+    @property
+    def terms(self) -> LossTerms:
+        """The extra terms' settings now in use (:meth:`set_knob` moves ``entropy_coef``)."""
+        return self._terms
+
+    @property
+    def beta(self) -> float:
+        """The KL coefficient (0: no KL term, no reference model)."""
+        return float(self._kl.beta)
+
+    @property
+    def correction(self) -> str | None:
+        """The name of the train-inference correction in use, or None."""
+        return self._off_policy.correction
+
+    @property
+    def bypass(self) -> bool:
+        """Whether old log-probs are the engine's (bypass mode): no trainer pass computes them."""
+        return self._off_policy.bypass
+
+    def parts(self) -> dict[str, Callable[..., Any]]:
+        """The functions composed, keyed by the ``model.loss.init_args`` field that configures each
+        (a failing call is reported under that field)."""
+        parts = {"policy_loss_args": self.policy_loss_fn, "aggregation_args": self.aggregate_fn, "kl.estimator": self._kl_fn}
+        if self._correction_fn is not None:
+            parts["off_policy.correction_args"] = self._correction_fn
+        return parts
 
     # ------------------------------------------------------------------ knobs (controllers)
     def knobs(self) -> tuple[str, ...]:
@@ -146,7 +155,7 @@ class GRPOLoss:
     def knob(self, name: str) -> float:
         """Current value of a knob (a policy-loss argument not given explicitly: its default)."""
         if name == "entropy_coef":
-            return self.entropy_coef
+            return float(self._terms.entropy_coef)
         self._check_knob(name)
         default = inspect.signature(self.policy_loss_fn).parameters[name].default
         return float(self.policy_loss_args.get(name, default))
@@ -157,7 +166,7 @@ class GRPOLoss:
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"GRPOLoss knob {name} must be finite and >= 0, got {value}")
         if name == "entropy_coef":
-            self.entropy_coef = float(value)
+            self._terms = replace(self._terms, entropy_coef=float(value))
         else:
             self.policy_loss_args[name] = float(value)
 
@@ -165,10 +174,9 @@ class GRPOLoss:
         """Switch the train-inference correction (a name in ``CORRECTIONS``, or None = off) for the
         following loss calls (MismatchGuard ``fix``)."""
         if name is not None and self.bypass:
-            raise ValueError(f"GRPOLoss bypass=True: the ratio already is pi / pi_roll, no correction can be added (got {name!r})")
-        self.correction_fn = CORRECTIONS.get(name) if name is not None else None
-        self.correction_args = dict(args or {})
-        self.correction = name
+            raise ValueError(f"GRPOLoss off_policy.bypass=True: the ratio already is pi / pi_roll, no correction can be added (got {name!r})")
+        self._correction_fn = CORRECTIONS.get(name) if name is not None else None
+        self._off_policy = replace(self._off_policy, correction=name, correction_args=dict(args) if args else None)
 
     def _check_knob(self, name: str) -> None:
         if name not in self.knobs():
@@ -176,28 +184,32 @@ class GRPOLoss:
 
     @property
     def needs_entropy(self) -> bool:
-        return self.entropy_coef != 0.0 or self.top_entropy_quantile is not None
+        """Whether a call needs ``entropy`` (entropy bonus or top-entropy mask)."""
+        return self._terms.entropy_coef != 0.0 or self._terms.top_entropy_quantile is not None
 
     @property
     def needs_reference(self) -> bool:
+        """Whether a call needs ``ref_logp`` (a KL term: ``kl.beta`` > 0)."""
         return self.beta != 0.0
 
     @property
     def needs_rollout_logprobs(self) -> bool:
-        return self.correction_fn is not None or self.off_policy_delta is not None or self.rejection is not None or self.bypass
+        """Whether a call needs ``rollout_logp`` (a correction, rejection, bypass or the sequence mask)."""
+        off = self._off_policy
+        return self._correction_fn is not None or off.sequence_mask_delta is not None or self._rejection is not None or self.bypass
 
     @property
     def masks_before_training(self) -> bool:
         """Whether tokens are dropped by rules that look only at old and roll (rollout rejection; not
         in bypass mode): a trainer can then compute :meth:`static_keep_mask` once per generation batch
         and leave the dropped tokens out of its global normaliser."""
-        return not self.bypass and self.rejection is not None
+        return not self.bypass and self._rejection is not None
 
     @property
     def normalizes_is_weights(self) -> bool:
         """Whether the correction's weights are batch-normalised: a trainer then sums
         :meth:`is_weight_sums` over the optimizer-step batch and passes ``is_weight_mean``."""
-        return self.is_batch_normalize and self.correction_fn is not None and not self.bypass
+        return self._off_policy.is_batch_normalize and self._correction_fn is not None and not self.bypass
 
     @property
     def needs_old_before_training(self) -> bool:
@@ -209,8 +221,8 @@ class GRPOLoss:
         """[B, T] float 0/1: the tokens the rejection criteria keep (they depend on old and roll only,
         so one pass over a whole generation batch gives every micro-batch's mask)."""
         keep = mask.to(torch.float32)
-        if self.rejection is not None:
-            keep = keep * rejection_mask(old_logp, rollout_logp, mask, self.rejection).keep
+        if self._rejection is not None:
+            keep = keep * rejection_mask(old_logp, rollout_logp, mask, self._rejection).keep
         return keep
 
     def is_weight_sums(self, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> Tensor:
@@ -219,8 +231,8 @@ class GRPOLoss:
         ``is_weight_mean``. old_logp, rollout_logp, mask [B, T]."""
         if not self.normalizes_is_weights:
             return torch.zeros(2, device=mask.device)
-        corr = self.correction_fn(old_logp, rollout_logp, mask, **self.correction_args)
-        return is_weight_sums(corr.weight, mask, self.correction_fn)
+        corr = self._correction_fn(old_logp, rollout_logp, mask, **(self._off_policy.correction_args or {}))
+        return is_weight_sums(corr.weight, mask, self._correction_fn)
 
     def __call__(
         self,
@@ -234,7 +246,7 @@ class GRPOLoss:
         entropy: Tensor | None = None,  # [B, T]; needed for entropy bonus / top-entropy mask
         num_tokens: float | Tensor | None = None,  # global normaliser (token-mean)
         num_sequences: float | Tensor | None = None,  # global normaliser (seq-mean modes)
-        is_weight_mean: float | Tensor | None = None,  # global IS-weight mean (is_batch_normalize)
+        is_weight_mean: float | Tensor | None = None,  # global IS-weight mean (off_policy.is_batch_normalize)
         generator: torch.Generator | None = None,
         turn_ids: Tensor | None = None,  # [B, T] long: model turn per token (multi-turn; LLDS gates per turn)
     ) -> LossOutput:
@@ -244,8 +256,9 @@ class GRPOLoss:
         trainer_side = old  # the trainer's log-probs of the sampling policy, compared with roll
         if self.bypass:  # old := roll; the current policy (no gradient) is the trainer side
             old, trainer_side = rollout_logp, logp.detach()
-        if self.negative_advantage_scale != 1.0:
-            advantages = scale_negative_advantages(advantages, self.negative_advantage_scale)
+        terms = self._terms
+        if terms.negative_advantage_scale != 1.0:
+            advantages = scale_negative_advantages(advantages, terms.negative_advantage_scale)
 
         metrics: dict[str, Tensor] = {}
         loss_mask = self._loss_mask(logp, mask, trainer_side, advantages, rollout_logp, entropy, metrics)
@@ -255,13 +268,13 @@ class GRPOLoss:
         token_loss = pl.loss * weight  # [B, T]
         metrics.update(pl.metrics)
         if self.beta != 0.0:
-            kl = self.kl_fn(logp, ref_logp, old_logp=old)  # [B, T]
+            kl = self._kl_fn(logp, ref_logp, old_logp=old)  # [B, T]
             token_loss = token_loss + self.beta * kl
             metrics["kl"] = masked_mean(kl.detach(), loss_mask)
-        if self.entropy_coef != 0.0:
-            token_loss = token_loss + self._entropy_bonus(entropy, loss_mask, self.entropy_coef)
-        if self.llds_coef != 0.0:
-            token_loss = token_loss + self._llds(logp, old, loss_mask, self.llds_coef, turn_ids=turn_ids)
+        if terms.entropy_coef != 0.0:
+            token_loss = token_loss + self._entropy_bonus(entropy, loss_mask, terms.entropy_coef)
+        if terms.llds_coef != 0.0:
+            token_loss = token_loss + self._llds(logp, old, loss_mask, terms.llds_coef, turn_ids=turn_ids)
 
         loss = self.aggregate_fn(
             token_loss, loss_mask, num_tokens=num_tokens, num_sequences=num_sequences, **self.aggregation_args
@@ -277,28 +290,30 @@ class GRPOLoss:
         loss_mask = mask
         if rollout_logp is not None and not self.bypass:  # bypass: no trainer-side old log-probs to compare
             metrics.update(mismatch_metrics(old, rollout_logp, mask))
-        if self.rejection is not None:
-            rejected = rejection_mask(old, rollout_logp, mask, self.rejection)
+        if self._rejection is not None:
+            rejected = rejection_mask(old, rollout_logp, mask, self._rejection)
             loss_mask = loss_mask * rejected.keep
             metrics.update(rejected.metrics)
-        if self.off_policy_delta is not None:
-            seq_keep = self._off_policy_mask(logp, rollout_logp, advantages, mask, self.off_policy_delta)  # [B]
+        delta = self._off_policy.sequence_mask_delta
+        if delta is not None:
+            seq_keep = self._off_policy_mask(logp, rollout_logp, advantages, mask, delta)  # [B]
             loss_mask = loss_mask * seq_keep.unsqueeze(-1)
             metrics["off_policy_masked_frac"] = 1.0 - seq_keep.float().mean()
-        if self.top_entropy_quantile is not None:
-            loss_mask = loss_mask * self._top_entropy_mask(entropy, loss_mask, self.top_entropy_quantile)
+        quantile = self._terms.top_entropy_quantile
+        if quantile is not None:
+            loss_mask = loss_mask * self._top_entropy_mask(entropy, loss_mask, quantile)
         return loss_mask
 
     def _weight(self, mask, loss_mask, old, rollout_logp, is_weight_mean, metrics) -> Tensor:
         """The correction's weight [B, T] (1 without one), batch-normalised, and made one per row for a
         loss with a ``sequence_is_weight`` (geo_mean: verl's geometric mean over the row's tokens)."""
-        if self.correction_fn is None:
+        if self._correction_fn is None:
             return torch.ones_like(mask)
-        corr = self.correction_fn(old, rollout_logp, mask, **self.correction_args)
+        corr = self._correction_fn(old, rollout_logp, mask, **(self._off_policy.correction_args or {}))
         weight = corr.weight
         metrics.update(corr.metrics)
-        if self.is_batch_normalize:
-            weight, metrics["is_batch_norm_factor"] = normalize_is_weight(weight, mask, self.correction_fn, is_weight_mean)
+        if self._off_policy.is_batch_normalize:
+            weight, metrics["is_batch_norm_factor"] = normalize_is_weight(weight, mask, self._correction_fn, is_weight_mean)
         per_row = getattr(self.policy_loss_fn, "sequence_is_weight", None)
         return weight if per_row is None else per_row(weight, loss_mask)
 
@@ -306,11 +321,13 @@ class GRPOLoss:
         if logp.shape != mask.shape:
             raise ValueError(f"logp has shape {tuple(logp.shape)} but mask has shape {tuple(mask.shape)}")
         if self.needs_reference and ref_logp is None:
-            raise ValueError("beta > 0 needs ref_logp (the reference model's log-probs)")
+            raise ValueError("kl.beta > 0 needs ref_logp (the reference model's log-probs)")
         if self.needs_rollout_logprobs and rollout_logp is None:
-            raise ValueError("correction / off_policy_delta / rejection / bypass need rollout_logp (the engine's log-probs)")
+            raise ValueError(
+                "off_policy correction / rejection / bypass / sequence_mask_delta need rollout_logp (the engine's log-probs)"
+            )
         if self.needs_entropy and entropy is None:
-            raise ValueError("entropy_coef / top_entropy_quantile need entropy")
+            raise ValueError("terms.entropy_coef / terms.top_entropy_quantile need entropy")
         for name, t in (("logp", logp), ("old_logp", old), ("ref_logp", ref_logp), ("rollout_logp", rollout_logp)):
             if t is not None:
                 check_finite(name, t.detach(), mask)
@@ -337,3 +354,16 @@ def _check_loss_args(policy_loss: str, fn, args: dict[str, Any]) -> None:
     missing = [n for n, p in params.items() if p.default is p.empty and n not in args]
     if missing:
         raise ValueError(f"GRPOLoss policy loss {policy_loss!r} needs policy_loss_args {missing} (no default)")
+
+
+def _check_type(field: str, value: Any, expected: type) -> None:
+    if not isinstance(value, expected):
+        raise TypeError(f"GRPOLoss {field} must be a {expected.__name__}, got {type(value).__name__} {value!r}")
+
+
+def _in_field(field: str, build: Callable[[Any], Any], value: Any) -> Any:
+    """``build(value)``, a ValueError prefixed with the settings field (``off_policy.correction: unknown ...``)."""
+    try:
+        return build(value)
+    except ValueError as err:
+        raise ValueError(f"{field}: {err}") from None

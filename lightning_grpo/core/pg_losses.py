@@ -10,7 +10,7 @@ Registry ``POLICY_LOSSES``, verl names; same interface as :mod:`.policy_losses`.
 Departures from verl (``core_algos.py``), all deliberate:
 - DRO's weight is ``beta`` (verl ``dro_beta``), required and > 0.
 - ``reinforce`` is verl's ``compute_policy_loss_reinforce`` with its truncated IS weight computed
-  from ``old`` (with ``GRPOLoss(bypass=True)``, old = the engine's log-probs, so w = pi / pi_roll
+  from ``old`` (with ``OffPolicySettings(bypass=True)``, old = the engine's log-probs, so w = pi / pi_roll
   as in verl's bypass mode). It equals ``cispo`` with ``eps_low=None, eps_high=cap - 1``.
 
 Metrics (detached float32 scalars): ``ratio_min/mean/max`` for dro and reinforce (as ``cispo``);
@@ -49,7 +49,7 @@ def reinforce_loss(
 ) -> PolicyLossOutput:
     """REINFORCE with a truncated importance weight (verl bypass mode, ``loss_type: reinforce``).
 
-    L_t = -sg[min(r_t, cap)] A logp_t, r_t = exp(logp - old). With ``GRPOLoss(bypass=True)`` old
+    L_t = -sg[min(r_t, cap)] A logp_t, r_t = exp(logp - old). With ``OffPolicySettings(bypass=True)`` old
     is the engine's log-prob, so the weight is pi / pi_roll truncated at ``cap`` (verl
     ``rollout_is_threshold``, 2.0). The same numbers as ``cispo`` with eps_high = cap - 1 and no
     lower bound, which computes it. Shapes and metrics as ``cispo_loss``.

@@ -267,9 +267,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         if self.distiller is not None:
             self.distiller.prepare(batch, records, rows_per_pass)
         reused = self.hparams.num_iterations > 1 or self.hparams.steps_per_generation > 1
-        masks = getattr(self.loss_fn, "masks_before_training", False)
-        needs_old = getattr(self.loss_fn, "needs_old_before_training", masks)
-        if not getattr(self.loss_fn, "bypass", False) and (reused or needs_old):
+        masks = self.loss_fn.masks_before_training
+        needs_old = self.loss_fn.needs_old_before_training
+        if not self.loss_fn.bypass and (reused or needs_old):
             batch.old_logp = self._logprobs_no_grad(batch, reference=False, rows_per_pass=rows_per_pass)
         if masks:
             batch.keep_mask = self.loss_fn.static_keep_mask(batch.old_logp, batch.rollout_logp, batch.completion_mask)
@@ -340,7 +340,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     def _is_weight_sums(self, full: RolloutBatch, rows: Tensor) -> Tensor:
         """[2] (sum, count) of the loss's IS-weight mean over the optimizer-step batch (zeros: none)."""
-        if full.old_logp is None or not getattr(self.loss_fn, "normalizes_is_weights", False):
+        if full.old_logp is None or not self.loss_fn.normalizes_is_weights:
             return torch.zeros(2, device=full.completion_mask.device)
         return self.loss_fn.is_weight_sums(full.old_logp[rows], full.rollout_logp[rows], full.completion_mask[rows]).float()
 

@@ -241,11 +241,11 @@ def test_straight_through_has_the_value_of_its_estimator_and_the_gradient_of_k2(
 
 
 def test_straight_through_kl_in_the_loss_and_in_the_reward():
-    from lightning_grpo.core import GRPOLoss
+    from lightning_grpo.core import GRPOLoss, KLSettings
 
     logp = LOGP.clone().requires_grad_()
     mask = torch.ones(1, 2)
-    out = GRPOLoss(beta=0.5, kl_estimator="k3+")(logp, mask, torch.zeros(1), ref_logp=REF)
+    out = GRPOLoss(kl=KLSettings(beta=0.5, estimator="k3+"))(logp, mask, torch.zeros(1), ref_logp=REF)
     out.loss.backward()  # token_mean of 0.5 * k2: gradient 0.5 * (logp - ref) / 2
     assert_close(logp.grad, torch.tensor([[0.125, -0.25]]), atol=1e-7, rtol=0)
     assert_close(out.metrics["kl"], kl_k3(LOGP, REF).mean(), atol=1e-7, rtol=0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_grpo.core import GRPOLoss
+from lightning_grpo.core import GRPOLoss, LossTerms
 
 
 def test_knobs_are_entropy_coef_and_the_policy_loss_numeric_arguments():
@@ -18,7 +18,7 @@ def test_knobs_are_entropy_coef_and_the_policy_loss_numeric_arguments():
 
 
 def test_knob_reads_the_configured_value_or_the_loss_default():
-    loss = GRPOLoss(policy_loss_args={"eps_high": 0.28}, entropy_coef=0.01)
+    loss = GRPOLoss(policy_loss_args={"eps_high": 0.28}, terms=LossTerms(entropy_coef=0.01))
     assert (loss.knob("eps_high"), loss.knob("eps_low"), loss.knob("entropy_coef")) == (0.28, 0.2, 0.01)
     assert GRPOLoss(policy_loss="kl_cov").knob("kl_cov_ratio") == 2e-4
 
@@ -35,7 +35,7 @@ def test_set_knob_changes_the_next_loss_value():
     loss.set_knob("entropy_coef", 0.5)
     after = loss(logp, mask, adv, old_logp=old, entropy=entropy).loss
     assert_close(after, torch.tensor(-(1.0 + 1.4) / 2 - 0.5 * 1.5))
-    assert loss.knob("eps_high") == 0.5 and loss.entropy_coef == 0.5
+    assert loss.knob("eps_high") == 0.5 and loss.terms.entropy_coef == 0.5
 
 
 @pytest.mark.parametrize(

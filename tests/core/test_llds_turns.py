@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_grpo.core import GRPOLoss
+from lightning_grpo.core import GRPOLoss, LossTerms
 from lightning_grpo.core.terms import llds
 
 
@@ -51,7 +51,7 @@ def test_llds_per_turn_second_turn_fell():
 def test_grpo_loss_passes_turn_ids_to_llds():
     logp, old, mask, turn_ids = two_turn_case()
     adv = torch.zeros(1)  # policy term 0: only LLDS remains
-    loss_fn = GRPOLoss(llds_coef=0.5)
+    loss_fn = GRPOLoss(terms=LossTerms(llds_coef=0.5))
     out = loss_fn(logp, mask, adv, old_logp=old, turn_ids=turn_ids, num_tokens=mask.sum())
     close(out.loss, 0.5 * 0.4 / 5)  # token-mean over the 5 sampled tokens
     out_rows = loss_fn(logp, mask, adv, old_logp=old, num_tokens=mask.sum())

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lightning_grpo.core import REGISTRIES, GRPOLoss, NonFiniteError
+from lightning_grpo.core import REGISTRIES, GRPOLoss, KLSettings, LossTerms, NonFiniteError, OffPolicySettings
 
 ATOL = dict(atol=1e-6, rtol=0)
 
@@ -46,22 +46,22 @@ def test_seq_mean_token_mean_and_global_normaliser():
 def test_kl_term_uses_named_estimator():
     logp, mask, adv = _batch()
     ref = logp.detach() - 0.5  # d = ref - logp = -0.5 everywhere
-    out = GRPOLoss(beta=0.1, kl_estimator="k3")(logp, mask, adv, ref_logp=ref)
+    out = GRPOLoss(kl=KLSettings(beta=0.1, estimator="k3"))(logp, mask, adv, ref_logp=ref)
     k3 = math.exp(-0.5) + 0.5 - 1.0
     assert_close(out.metrics["kl"], torch.tensor(k3), **ATOL)
     assert_close(out.loss, torch.tensor(-0.2 + 0.1 * k3), **ATOL)
-    out = GRPOLoss(beta=0.1, kl_estimator="k1")(logp, mask, adv, ref_logp=ref)
+    out = GRPOLoss(kl=KLSettings(beta=0.1, estimator="k1"))(logp, mask, adv, ref_logp=ref)
     assert_close(out.loss, torch.tensor(-0.2 + 0.1 * 0.5), **ATOL)
 
 
 def test_entropy_bonus_and_llds():
     logp, mask, adv = _batch()
     entropy = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.5, 9.0]])
-    out = GRPOLoss(entropy_coef=0.01)(logp, mask, adv, entropy=entropy)
+    out = GRPOLoss(terms=LossTerms(entropy_coef=0.01))(logp, mask, adv, entropy=entropy)
     # bonus = -0.01 * (1 + 2 + 3 + 0.5 + 0.5) / 5
     assert_close(out.loss, torch.tensor(-0.2 - 0.01 * 7.0 / 5.0), **ATOL)
     old = logp.detach() + torch.tensor([[0.1, 0.0, 0.0], [0.0, 0.0, 0.0]])  # seq 0 fell by 0.1 on token 0
-    out = GRPOLoss(llds_coef=2.0)(logp, mask, adv, old_logp=old)
+    out = GRPOLoss(terms=LossTerms(llds_coef=2.0))(logp, mask, adv, old_logp=old)
     r = math.exp(-0.1)
     # ppo on seq 0 token 0: ratio r < 1, A = +1 -> -r; others -A; llds: 2 * 0.1 on that token
     expected = (-r - 1.0 - 1.0 + 1.0 + 1.0 + 2.0 * 0.1) / 5.0
@@ -72,23 +72,23 @@ def test_tis_weight_and_mis_zero_weight_stay_in_the_normaliser():
     logp, mask, adv = _batch()
     roll = logp.detach().clone()
     roll[0, 0] -= math.log(4.0)  # exp(old - roll) = 4 on one token
-    out = GRPOLoss(correction="tis_token", correction_args={"cap": 2.0})(logp, mask, adv, rollout_logp=roll)
+    out = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 2.0}))(logp, mask, adv, rollout_logp=roll)
     assert_close(out.loss, torch.tensor((-2.0 - 1.0 - 1.0 + 1.0 + 1.0) / 5.0), **ATOL)
-    out = GRPOLoss(correction="mis_token", correction_args={"low": 0.5, "high": 2.0})(logp, mask, adv, rollout_logp=roll)
+    out = GRPOLoss(off_policy=OffPolicySettings(correction="mis_token", correction_args={"low": 0.5, "high": 2.0}))(logp, mask, adv, rollout_logp=roll)
     # the token with ratio 4 gets weight 0 and still counts (verl IcePop): (0 - 1 - 1 + 1 + 1) / 5 = 0
     assert_close(out.loss, torch.tensor(0.0), **ATOL)
     assert_close(out.metrics["masked_frac"], torch.tensor(0.0), **ATOL)
     assert_close(out.metrics["is_frac_masked"], torch.tensor(0.2), **ATOL)
     assert out.metrics["mismatch_max_abs"] == pytest.approx(math.log(4.0), abs=1e-6)
     roll[0, 0] += math.log(4.0) - math.log(2.0)  # ratio 2, inside: weight 2 -> (-2 - 1 - 1 + 1 + 1) / 5
-    out = GRPOLoss(correction="mis_token", correction_args={"low": 0.5, "high": 2.0})(logp, mask, adv, rollout_logp=roll)
+    out = GRPOLoss(off_policy=OffPolicySettings(correction="mis_token", correction_args={"low": 0.5, "high": 2.0}))(logp, mask, adv, rollout_logp=roll)
     assert_close(out.loss, torch.tensor(-0.4), **ATOL)
 
 
 def test_off_policy_sequence_mask_drops_negative_drifting_sequence():
     logp, mask, adv = _batch()
     roll = logp.detach() + 0.5  # the engine saw every token 0.5 more likely: drift 0.5 > delta
-    out = GRPOLoss(off_policy_delta=0.1)(logp, mask, adv, rollout_logp=roll)
+    out = GRPOLoss(off_policy=OffPolicySettings(sequence_mask_delta=0.1))(logp, mask, adv, rollout_logp=roll)
     # sequence 1 (A = -1) is dropped; sequence 0 remains: -1 per token over 3 tokens
     assert_close(out.loss, torch.tensor(-1.0), **ATOL)
     assert_close(out.metrics["off_policy_masked_frac"], torch.tensor(0.5), **ATOL)
@@ -96,14 +96,14 @@ def test_off_policy_sequence_mask_drops_negative_drifting_sequence():
 
 def test_negative_advantage_scale():
     logp, mask, adv = _batch()
-    out = GRPOLoss(negative_advantage_scale=0.0)(logp, mask, adv)
+    out = GRPOLoss(terms=LossTerms(negative_advantage_scale=0.0))(logp, mask, adv)
     assert_close(out.loss, torch.tensor(-3.0 / 5.0), **ATOL)
 
 
 def test_top_entropy_mask_keeps_high_entropy_tokens():
     logp, mask, adv = _batch()
     entropy = torch.tensor([[0.1, 0.2, 5.0], [4.0, 0.3, 0.0]])
-    out = GRPOLoss(top_entropy_quantile=0.6)(logp, mask, adv, entropy=entropy)
+    out = GRPOLoss(terms=LossTerms(top_entropy_quantile=0.6))(logp, mask, adv, entropy=entropy)
     # valid entropies sorted: .1 .2 .3 4 5; linear 0.6-quantile = 0.3 + 0.4*(4 - 0.3) = 1.78
     # kept: 5.0 (A=+1) and 4.0 (A=-1): loss = (-1 + 1) / 2 = 0
     assert_close(out.loss, torch.tensor(0.0), **ATOL)
@@ -139,17 +139,17 @@ def test_unknown_names_fail_at_construction_listing_valid_names():
     with pytest.raises(ValueError, match=r"unknown loss aggregation 'mean'"):
         GRPOLoss(aggregation="mean")
     with pytest.raises(ValueError, match=r"unknown rollout correction 'tis'; valid names: mis_seq"):
-        GRPOLoss(correction="tis")
+        GRPOLoss(off_policy=OffPolicySettings(correction="tis"))
 
 
 def test_missing_inputs_are_named():
     logp, mask, adv = _batch()
     with pytest.raises(ValueError, match="beta > 0 needs ref_logp"):
-        GRPOLoss(beta=0.1)(logp, mask, adv)
+        GRPOLoss(kl=KLSettings(beta=0.1))(logp, mask, adv)
     with pytest.raises(ValueError, match="need rollout_logp"):
-        GRPOLoss(correction="tis_token")(logp, mask, adv)
+        GRPOLoss(off_policy=OffPolicySettings(correction="tis_token"))(logp, mask, adv)
     with pytest.raises(ValueError, match="need entropy"):
-        GRPOLoss(entropy_coef=0.1)(logp, mask, adv)
+        GRPOLoss(terms=LossTerms(entropy_coef=0.1))(logp, mask, adv)
 
 
 def test_non_finite_old_logprobs_on_valid_tokens_raise_naming_rows():

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lightning_grpo.core import REJECTIONS, GRPOLoss
+from lightning_grpo.core import REJECTIONS, GRPOLoss, OffPolicySettings
 from lightning_grpo.core.corrections import normalize_is_weight, tis_seq, tis_token
 from lightning_grpo.core.rejection import check_rejection, rejection_mask
 
@@ -120,7 +120,7 @@ def test_vectorised_matches_loop(name):
 )
 def test_bad_rejection_fails_at_construction(criteria, message):
     with pytest.raises(ValueError, match=message):
-        GRPOLoss(rejection=criteria)
+        GRPOLoss(off_policy=OffPolicySettings(rejection=criteria))
     with pytest.raises(ValueError, match=message):
         check_rejection(criteria)
 
@@ -135,7 +135,7 @@ def test_rejected_tokens_leave_the_loss_and_its_normaliser():
     roll[2] += 0.9  # the whole row off: seq_mean_k1 exp(-0.9) < 0.5
     mask = torch.ones(3, 4)
     adv = torch.tensor([1.0, -1.0, 0.5])
-    loss = GRPOLoss(rejection={"token_k1": 2.0, "seq_mean_k1": 2.0})
+    loss = GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k1": 2.0, "seq_mean_k1": 2.0}))
     out = loss(logp, mask, adv, old_logp=old, rollout_logp=roll)
     kept = torch.ones(3, 4)
     kept[0, 1] = 0
@@ -162,7 +162,7 @@ def test_is_batch_normalisation_token_and_sequence_level():
     old = torch.zeros(2, 3)
     roll = torch.tensor([[-math.log(2.0)] * 3, [0.0] * 3])
     logp = torch.zeros(2, 3, requires_grad=True)
-    res = GRPOLoss(correction="tis_token", correction_args={"cap": 3.0}, is_batch_normalize=True)(
+    res = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 3.0}, is_batch_normalize=True))(
         logp, torch.ones(2, 3), torch.tensor([1.0, 1.0]), old_logp=old, rollout_logp=roll)  # fmt: skip
     close(res.metrics["is_batch_norm_factor"], 1.5)
     close(res.loss, -1.0)  # weights 4/3 and 2/3 average 1; PPO loss -A r = -1 on every token
@@ -175,25 +175,25 @@ def test_bypass_uses_the_engine_logprobs_as_old():
     mask = torch.ones(4, 5)
     mask[3, 2:] = 0
     adv = torch.tensor([1.0, -0.5, 0.3, -1.2])
-    bypass = GRPOLoss(bypass=True)(logp, mask, adv, rollout_logp=roll)
+    bypass = GRPOLoss(off_policy=OffPolicySettings(bypass=True))(logp, mask, adv, rollout_logp=roll)
     plain = GRPOLoss()(logp, mask, adv, old_logp=roll)
     close(bypass.loss, plain.loss, atol=0)
     assert "mismatch_k3" not in bypass.metrics  # no trainer-side old log-probs: nothing to compare with the engine
     # REINFORCE form: -min(pi / pi_roll, 2) A logp, token mean
-    out = GRPOLoss(policy_loss="reinforce", bypass=True)(logp, mask, adv, rollout_logp=roll)
+    out = GRPOLoss(policy_loss="reinforce", off_policy=OffPolicySettings(bypass=True))(logp, mask, adv, rollout_logp=roll)
     w = torch.exp(logp.detach() - roll).clamp(max=2.0)
     close(out.loss, (-(w * adv[:, None] * logp.detach()) * mask).sum() / mask.sum())
     # rejection in bypass compares the current policy (no gradient) with the engine
-    rej = GRPOLoss(bypass=True, rejection={"token_k1": [0.9, 1.1]})(logp, mask, adv, rollout_logp=roll)
+    rej = GRPOLoss(off_policy=OffPolicySettings(bypass=True, rejection={"token_k1": [0.9, 1.1]}))(logp, mask, adv, rollout_logp=roll)
     inside = ((roll - logp.detach()).exp() >= 0.9) & ((roll - logp.detach()).exp() <= 1.1)
     close(rej.metrics["rejection_masked_frac"], ((~inside) & (mask > 0)).sum() / mask.sum())
 
 
 def test_bypass_refuses_an_is_correction_and_needs_roll():
-    with pytest.raises(ValueError, match=r"bypass=True uses the engine's log-probs as old.* correction must be None, got 'tis_token'"):
-        GRPOLoss(bypass=True, correction="tis_token")
-    with pytest.raises(ValueError, match=r"bypass need rollout_logp"):
-        GRPOLoss(bypass=True)(torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1))
-    assert not GRPOLoss(bypass=True, rejection={"token_k2": 1.0}).masks_before_training
+    with pytest.raises(ValueError, match=r"off_policy.bypass=True uses the engine's log-probs as old.* off_policy.correction must be None, got 'tis_token'"):
+        OffPolicySettings(bypass=True, correction="tis_token")
+    with pytest.raises(ValueError, match=r"bypass / sequence_mask_delta need rollout_logp"):
+        GRPOLoss(off_policy=OffPolicySettings(bypass=True))(torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1))
+    assert not GRPOLoss(off_policy=OffPolicySettings(bypass=True, rejection={"token_k2": 1.0})).masks_before_training
     with pytest.raises(ValueError, match=r"bypass=True: the ratio already is pi / pi_roll, no correction can be added"):
-        GRPOLoss(bypass=True).set_correction("tis_token")  # what MismatchGuard's fix would do
+        GRPOLoss(off_policy=OffPolicySettings(bypass=True)).set_correction("tis_token")  # what MismatchGuard's fix would do
