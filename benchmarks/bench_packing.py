@@ -18,6 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
+from lightning_grpo import ForwardSettings
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,7 @@ def main() -> None:
     params = sum(p.numel() for p in policy.parameters())
     batch, mean_over_max = ragged_batch(args.rows, policy.config.vocab_size, 4, 256, seed=0)
     plan = PackPlan.from_mask(batch.attention_mask, batch.prompt_length)
-    modules = {mode: GRPOModule(model=policy, packing=mode) for mode in ("off", "on")}
+    modules = {mode: GRPOModule(model=policy, forward=ForwardSettings(packing=mode)) for mode in ("off", "on")}
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     total = batch.completion_mask.sum()
 

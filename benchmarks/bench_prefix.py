@@ -26,6 +26,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from lightning_grpo import ForwardSettings
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -68,7 +69,7 @@ def measure(policy, batch, rounds: int, autocast=None) -> tuple[dict, dict]:
 
     autocast = autocast or nullcontext
 
-    modules = {name: GRPOModule(model=policy, packing=p, prefix_sharing=s) for name, (p, s) in LAYOUTS.items()}
+    modules = {name: GRPOModule(model=policy, forward=ForwardSettings(packing=p, prefix_sharing=s)) for name, (p, s) in LAYOUTS.items()}
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     total, seqs = batch.completion_mask.sum(), torch.tensor(float(len(batch)))
 

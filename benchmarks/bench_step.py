@@ -19,6 +19,7 @@ Each row runs in a fresh subprocess. The phases come from the RolloutCallback's 
 (``time/*``); "train" is the forward + backward + optimizer time of the step's training batches.
 """
 
+from lightning_grpo import ForwardSettings
 from __future__ import annotations
 
 import argparse
@@ -147,7 +148,7 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
         engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],
         vllm_args=vllm_args if engine == "vllm" else None, seed=0,
     )  # fmt: skip
-    module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=lr), packing=packing)
+    module = GRPOModule(model=path, forward=ForwardSettings(packing=packing), optimizer=lambda p: torch.optim.AdamW(p, lr=lr))
     prof = profiler(L, callback) if profile else None
     trainer = L.Trainer(max_steps=steps, callbacks=[c for c in (prof, callback, Timer()) if c], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_grpo import PolicySettings
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +122,7 @@ def train_row(model_dir: Path, method: str, steps: int, P: int, G: int, prompt_l
             starts.append(time.perf_counter())
 
     L.seed_everything(0)
-    module = GRPOModule(model=str(model_dir), gradient_checkpointing=True, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5), **kwargs)
+    module = GRPOModule(model=str(model_dir), policy=PolicySettings(gradient_checkpointing=True), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5), **kwargs)
     rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=G, max_new_tokens=max_new), rewards=[RewardSpec("prefix_match")])
     data = PromptDataModule(train_dataset=prompts(4 * P, prompt_len), tokenizer_path=str(model_dir), batch_size=P)
     trainer = L.Trainer(

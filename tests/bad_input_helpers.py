@@ -38,7 +38,7 @@ def hf_callback(**kwargs) -> RolloutCallback:
 
 def fit_error(error: type[Exception], match: str, *, module=None, callback=None, dm=None, **trainer_kwargs) -> None:
     """``trainer.fit`` raises ``error`` matching ``match`` before anything trains or is built."""
-    module = module if module is not None else GRPOModule()
+    module = module if module is not None else GRPOModule(model="tiny:chars")
     callback = callback if callback is not None else hf_callback()
     sentinel = Sentinel()
     loaded = module.policy is not None

@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 
+from lightning_grpo import AlgorithmSettings
 from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback
 from lightning_grpo.core import REWARD_AGGREGATIONS
 from lightning_grpo.data.reward_set import RewardError, RewardSet
@@ -35,8 +36,8 @@ pytestmark = pytest.mark.usefixtures("tiny_cache")
         (lambda: GRPOLoss(aggregation="token_meen"), r"unknown loss aggregation 'token_meen'; valid names: .*\btoken_mean\b"),
         (lambda: GRPOLoss(kl_estimator="k4"), r"unknown KL estimator 'k4'; valid names: .*\bk1\b.*\bk3\b"),
         (lambda: GRPOLoss(correction="tis"), r"unknown rollout correction 'tis'; valid names: .*\btis_token\b"),
-        (lambda: GRPOModule(advantage="grpoo"), r"unknown advantage estimator 'grpoo'; valid names: .*\bdr_grpo\b.*\bgrpo\b"),
-        (lambda: GRPOModule(reward_aggregation="sum"), r"unknown multi-reward aggregation 'sum'; valid names: .*\bsum_then_normalize\b"),
+        (lambda: GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="grpoo")), r"unknown advantage estimator 'grpoo'; valid names: .*\bdr_grpo\b.*\bgrpo\b"),
+        (lambda: GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(reward_aggregation="sum")), r"unknown multi-reward aggregation 'sum'; valid names: .*\bsum_then_normalize\b"),
         (lambda: hf_callback(gfpo_keep=2, gfpo_metric="shortest"), r"unknown sample selection 'shortest'; valid names: .*\bgfpo_length\b"),
         (lambda: RewardSet([RewardSpec("exact")]), r"unknown reward function 'exact'; registered: env_reward, exact_match, .*or give an import path"),
     ],

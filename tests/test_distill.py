@@ -11,7 +11,8 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import DistillSettings, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import DistillSettings, ForwardSettings, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo.core import logprobs_from_logits
 from lightning_grpo.training.packing import padded_token_logprobs
 
 from .agents.helpers import BatchCatcher
@@ -37,11 +38,12 @@ def _perturbed(policy, seed=1, scale=0.5):
 
 def _direct_logp(model, batch):
     with torch.no_grad():
-        return padded_token_logprobs(model, batch, chunked=False, compute_entropy=False, chunk_size=1024).logp
+        return padded_token_logprobs(model, batch, score=logprobs_from_logits, compute_entropy=False, chunk_size=1024).logp
 
 
-def _module(path, distillation, **kwargs):
-    module = GRPOModule(model=_policy(path), distillation=distillation, optimizer=lambda p: torch.optim.SGD(p, lr=0.5), **kwargs)
+def _module(path, distillation, packing="auto"):
+    forward = ForwardSettings(packing=packing, rows_per_pass=3)  # no-grad passes of 3 rows: a group split across passes
+    module = GRPOModule(model=_policy(path), forward=forward, distillation=distillation, optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
     module.configure_model()
     module.distiller.build(_tokenizer(path))
     return module
@@ -50,7 +52,7 @@ def _module(path, distillation, **kwargs):
 def _prepared(module, records=None, rewards=REWARDS):
     batch = _rollout_batch(module.policy.config.vocab_size)
     batch.rollout_logp = _direct_logp(module.policy, batch) * batch.completion_mask  # the student sampled them
-    module.use_rollout(module.prepare_rollout_batch(batch, rewards, torch.ones(1), rows_per_pass=3, records=records))
+    module.use_rollout(module.prepare_rollout_batch(batch, rewards, torch.ones(1), records=records))
     return module.rollout_batch
 
 

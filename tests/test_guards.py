@@ -12,6 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
+from lightning_grpo import AlgorithmSettings
 from lightning_grpo import (
     EntropyGuard,
     GRPOModule,
@@ -126,7 +127,7 @@ def test_nan_gradient_with_stop_action_stops_at_once(tiny_model_path):
 
 # -------------------------------------------------------------- non-finite log-probs (seed 003)
 def _two_iteration_module(path):  # num_iterations=2: old log-probs are computed by the trainer
-    return GRPOModule(model=_policy(path), num_iterations=2, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    return GRPOModule(model=_policy(path), algorithm=AlgorithmSettings(num_iterations=2), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
 
 
 def test_nan_old_logprobs_stop_the_run_naming_tensor_rows_and_step(tiny_model_path):

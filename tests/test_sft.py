@@ -11,6 +11,7 @@ import lightning as L
 import pytest
 import torch
 
+from lightning_grpo import PolicySettings
 from lightning_grpo import LoraSettings, SFTDataModule, SFTModule
 from lightning_grpo.data.sft import collate
 from lightning_grpo.training.packing import choose_plan
@@ -129,8 +130,7 @@ def test_lora_trains_the_adapter_only(tiny_model_path, quantized):
 
     if quantized and importlib.util.find_spec("bitsandbytes") is None:
         pytest.skip("QLoRA needs bitsandbytes (the qlora extra, part of dev)")
-    module = SFTModule(model=str(tiny_model_path), lora=LoraSettings(r=4, alpha=8), optimizer=partial(torch.optim.AdamW, lr=1e-2),
-                       quantization=QuantizationSettings() if quantized else None)  # fmt: skip
+    module = SFTModule(model=str(tiny_model_path), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings() if quantized else None), optimizer=partial(torch.optim.AdamW, lr=1e-2))  # fmt: skip
     module.configure_model()
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     _fit(module, SFTDataModule(tokenizer_path=str(tiny_model_path), batch_size=4))

@@ -56,7 +56,7 @@ def test_the_command_line_seed_picks_the_initialisation_the_policy_and_the_engin
     assert run.trainer.global_step == 1 and run.model.model_source == builtin_model_path("tiny:chars@1")
     assert _model_dir(run.model, None) == run.model.model_source
     assert run.datamodule.tokenizer_path == builtin_model_path("tiny:chars@0")
-    fresh = GRPOModule()
+    fresh = GRPOModule(model="tiny:chars")
     fresh.configure_model()
     assert _same({k: v for k, v in fresh.policy.state_dict().items()}, _weights(builtin_model_path("tiny:chars@1")))
 

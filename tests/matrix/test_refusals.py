@@ -1,6 +1,7 @@
 """The refusals of the matrix's REFUSED pairs, checked in process (fast; the slow matrix test runs them
 through ``lightning-grpo fit``)."""
 
+from lightning_grpo import PolicySettings
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ def test_qlora_with_fsdp2_is_refused_by_the_fit_checks():
     from lightning_grpo import GRPOModule
     from lightning_grpo.checks.validation import check_layout
 
-    module = GRPOModule(model="unused-path", lora={"r": 4}, quantization={"quant_type": "nf4"})
+    module = GRPOModule(model="unused-path", policy=PolicySettings(lora={"r": 4}, quantization={"quant_type": "nf4"}))
     fsdp2 = L.Trainer(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
                       logger=False, enable_checkpointing=False)  # fmt: skip
     with pytest.raises(ValueError, match=r"^model\.quantization \(QLoRA\) does not shard with trainer\.strategy ModelParallelStrategy"):
