@@ -70,7 +70,7 @@ def write_config(tmp_path: Path, **overrides) -> Path:
                        "init_args": {"save_dir": str(tmp_path / "logs"), "name": "run"}},
         },
         "rollout": {"engine": "hf", "sampling": {"n": 4, "max_new_tokens": 3}},
-        "model": {"advantage": "grpo"},
+        "model": {"model": "tiny:chars", "algorithm": {"advantage": "grpo"}},
         "data": {"batch_size": 4},
     }  # fmt: skip
     for key, value in overrides.items():

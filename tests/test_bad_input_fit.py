@@ -26,12 +26,12 @@ def test_group_of_one_with_std_normalisation_in_core():
 
 
 def test_group_of_one_with_grpo_at_fit_start():
-    fit_error(ValueError, r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.advantage='grpo' .*normalised by their reward std.*: set rollout.sampling.n >= 2",
+    fit_error(ValueError, r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo' .*normalised by their reward std.*: set rollout.sampling.n >= 2",
               callback=hf_callback(sampling=SamplingConfig(n=1, max_new_tokens=3)))  # fmt: skip
 
 
 def test_gfpo_keep_one_at_fit_start():
-    fit_error(ValueError, r"rollout.gfpo_keep=1 leaves 1 completion per prompt, but model.advantage='dr_grpo' .*every advantage would be 0",
+    fit_error(ValueError, r"rollout.gfpo_keep=1 leaves 1 completion per prompt, but model.algorithm.advantage='dr_grpo' .*every advantage would be 0",
               module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="dr_grpo")), callback=hf_callback(gfpo_keep=1))  # fmt: skip
 
 
@@ -54,7 +54,7 @@ def test_dynamic_sampling_filter_batch_not_divisible():
 
 
 def test_more_steps_per_generation_than_completions():
-    fit_error(ValueError, r"model.steps_per_generation=8 x trainer.accumulate_grad_batches=2 training steps share each generation batch of "
+    fit_error(ValueError, r"model.algorithm.steps_per_generation=8 x trainer.accumulate_grad_batches=2 training steps share each generation batch of "
               r"data.batch_size=1 x rollout.sampling.n=4 = 4 completions: some steps would get none",
               module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(steps_per_generation=8)), dm=PromptDataModule(batch_size=1), accumulate_grad_batches=2)  # fmt: skip
 
@@ -175,17 +175,17 @@ def test_lora_sync_adapter_without_lora(monkeypatch):
 
 
 def test_reference_adapter_without_lora():
-    with pytest.raises(ValueError, match=r"reference='adapter' needs lora settings"):
+    with pytest.raises(ValueError, match=r"model.policy.reference 'adapter' needs model.policy.lora"):
         GRPOModule(model="tiny:chars", policy=PolicySettings(reference="adapter"))
 
 
 def test_kl_beta_with_reference_none():
-    fit_error(ValueError, r"model.loss.init_args.beta=0.04 puts a KL to the reference model in the loss, but model.reference='none'",
+    fit_error(ValueError, r"model.loss.init_args.beta=0.04 puts a KL to the reference model in the loss, but model.policy.reference='none'",
               module=GRPOModule(model="tiny:chars", loss=GRPOLoss(beta=0.04), policy=PolicySettings(reference="none")))  # fmt: skip
 
 
 def test_kl_in_reward_with_reference_none():
-    fit_error(ValueError, r"model.kl_in_reward_coef=0.1 subtracts a KL to the reference model from the rewards, but model.reference='none'",
+    fit_error(ValueError, r"model.algorithm.kl_in_reward.coef=0.1 subtracts a KL to the reference model from the rewards, but model.policy.reference='none'",
               module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(kl_in_reward=KLInRewardSettings(coef=0.1)), policy=PolicySettings(reference="none")))  # fmt: skip
 
 
@@ -211,7 +211,7 @@ def test_learning_rate_not_positive(lr, message):
 
 
 def test_num_iterations_zero():
-    with pytest.raises(ValueError, match=r"num_iterations and steps_per_generation must be >= 1, got 0, 1"):
+    with pytest.raises(ValueError, match=r"model.algorithm.num_iterations must be an integer >= 1, got 0"):
         GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(num_iterations=0))
 
 

@@ -140,11 +140,11 @@ BAD = [
     (["--rollout.rewards=[{name: nope.fn}]"], "rollout: reward function 'nope.fn' could not be imported: No module named 'nope'"),
     (["--model.loss.init_args.policy_loss_args={eps_high: -0.1}"],
      "model.loss.init_args.policy_loss_args: eps_low and eps_high must be >= 0, got 0.2, -0.1"),
-    (["--model.lora={r: 0}"], "model.lora.r must be an integer >= 1 (the adapter's rank), got 0"),
-    (["--model.lora={r: 4, target_modules: [q_projx]}"], "model.lora.target_modules ['q_projx'] (or extra): Target modules {'q_projx'} not found in the base model"),
+    (["--model.policy.lora={r: 0}"], "model.policy.lora.r must be an integer >= 1 (the adapter's rank), got 0"),
+    (["--model.policy.lora={r: 4, target_modules: [q_projx]}"], "model.policy.lora.target_modules ['q_projx'] (or extra): Target modules {'q_projx'} not found in the base model"),
     (["--model.loss.init_args.aggregation_args={max_len: 3}"],
      "model.loss.init_args.aggregation_args: token_mean() got an unexpected keyword argument 'max_len'"),
-    (["--rollout.sampling.n=1"], "rollout.sampling.n=1 leaves 1 completion per prompt, but model.advantage='grpo'"),
+    (["--rollout.sampling.n=1"], "rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo'"),
 ]
 
 
@@ -184,9 +184,9 @@ def test_condense_keeps_the_key_the_innermost_error_and_the_class():
     assert condense(message) == (
         "rollout.sampling.tempreature: not an option of lightning_grpo.SamplingConfig (did you mean 'temperature'?)"
     )
-    typed = 'Parser key "model.advantage_args":\n  Subtypes: [dict]\n  Errors:\n    - Expected a <class \'dict\'>\n' \
+    typed = 'Parser key "model.algorithm.advantage_args":\n  Subtypes: [dict]\n  Errors:\n    - Expected a <class \'dict\'>\n' \
             "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: 3"  # fmt: skip
-    assert condense(typed) == "model.advantage_args: expected a dict, got 3"
+    assert condense(typed) == "model.algorithm.advantage_args: expected a dict, got 3"
 
 
 def test_the_command_line_silences_expected_library_messages_and_keeps_the_rest():

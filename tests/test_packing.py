@@ -166,7 +166,7 @@ def test_packing_on_needs_a_packing_aware_model():
     with pytest.raises(ValueError, match="packing='on' needs a Hugging Face causal LM"):
         choose_plan(Plain(), batch, "on")
     assert choose_plan(Plain(), batch, "auto") is None
-    with pytest.raises(ValueError, match="packing must be 'auto', 'on' or 'off'"):
+    with pytest.raises(ValueError, match="model.forward.packing must be one of 'auto', 'on', 'off', got 'yes'"):
         GRPOModule(model="tiny:chars", forward=ForwardSettings(packing="yes"))
 
 
@@ -175,7 +175,9 @@ def test_packing_on_needs_a_packing_aware_model():
 def test_environment_tokens_skip_the_lm_head(tiny_model_path, monkeypatch, packing, path):
     """Multi-turn rows: environment tokens (turn_ids -1) are context, so their log-probs are 0 and the chunked
     path runs the LM head on the sampled tokens only; the sampled tokens' log-probs are unchanged."""
-    import lightning_grpo.training.packing as packing_module
+    import lightning_grpo.training.forward as forward_module
+    from lightning_grpo.core import logprobs_from_hidden, logprobs_from_logits
+    from lightning_grpo.core.registry import Registry
 
     policy = _policy(tiny_model_path, "sdpa")
     batch = _ragged_batch(policy.config.vocab_size)
@@ -184,8 +186,11 @@ def test_environment_tokens_skip_the_lm_head(tiny_model_path, monkeypatch, packi
     full = GRPOModule(model=policy, forward=ForwardSettings(packing="off", logprob_path="logits")).token_logprobs(policy, batch).logp
     batch.turn_ids[0, 2:6] = -1  # a tool response inside row 0's completion
     batch.turn_ids[4, 1] = -1
-    rows, head = [], packing_module.logprobs_from_hidden
-    monkeypatch.setattr(packing_module, "logprobs_from_hidden", lambda hidden, *a, **k: rows.append(len(hidden)) or head(hidden, *a, **k))
+    rows, paths = [], Registry("log-prob path")  # the LOGPROBS entries, the chunked one counting the rows it scores
+    counting = paths.register("chunked_hidden")(lambda hidden, *a, **k: rows.append(len(hidden)) or logprobs_from_hidden(hidden, *a, **k))
+    counting.reads = "hidden"
+    paths.register("logits")(logprobs_from_logits)
+    monkeypatch.setattr(forward_module, "LOGPROBS", paths)
     out = GRPOModule(model=policy, forward=ForwardSettings(packing=packing, logprob_path=path)).token_logprobs(policy, batch, compute_entropy=True)
     sampled = batch.turn_ids >= 0
     assert (out.logp[~sampled] == 0).all() and (out.entropy[~sampled] == 0).all()

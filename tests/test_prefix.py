@@ -161,7 +161,7 @@ def test_shared_prefix_equals_padded_on_multi_turn_rows(tiny_model_path):
 def test_shared_prefix_equals_padded_with_lora(tiny_model_path):
     from peft import get_peft_model
 
-    from lightning_grpo.training.module import LoraSettings
+    from lightning_grpo import LoraSettings
 
     policy = get_peft_model(_policy(tiny_model_path, "sdpa"), LoraSettings(r=4).to_peft())
     gen = torch.Generator().manual_seed(0)
@@ -233,5 +233,5 @@ def test_prefix_sharing_on_needs_a_mask_aware_model(tiny_model_path):
     windowed.config.layer_types = ["sliding_attention", "full_attention"]
     with pytest.raises(ValueError, match="no sliding-window layers"):
         choose_layout(windowed, batch, "auto", "on")
-    with pytest.raises(ValueError, match="prefix_sharing must be 'auto', 'on' or 'off'"):
+    with pytest.raises(ValueError, match="model.forward.prefix_sharing must be one of 'auto', 'on', 'off', got 'yes'"):
         GRPOModule(model="tiny:chars", forward=ForwardSettings(prefix_sharing="yes"))

@@ -96,7 +96,7 @@ def test_a_repacked_layer_is_refused(tiny_model_path):
 
 # ------------------------------------------------------------------------------ configuration
 def test_quantization_needs_lora():
-    with pytest.raises(ValueError, match=r"model.quantization needs model.lora"):
+    with pytest.raises(ValueError, match=r"model.policy.quantization needs model.policy.lora"):
         GRPOModule(model="tiny:chars", policy=PolicySettings(quantization=QuantizationSettings()))
 
 
@@ -104,7 +104,7 @@ def test_quantization_needs_a_model_path(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path))
-    with pytest.raises(ValueError, match=r"model.quantization loads a model path in 4 bits, but model is an nn.Module \(Qwen2ForCausalLM\)"):
+    with pytest.raises(ValueError, match=r"model.policy.quantization loads a model path in 4 bits, but model is an nn.Module \(Qwen2ForCausalLM\)"):
         GRPOModule(model=model, policy=PolicySettings(lora=LoraSettings(r=4), quantization=QuantizationSettings()))
 
 
@@ -119,7 +119,7 @@ def test_quantization_without_bitsandbytes(monkeypatch):
 def test_quantization_does_not_shard_with_fsdp2(tiny_model_path):
     module = GRPOModule(model=str(tiny_model_path), policy=PolicySettings(lora=LoraSettings(r=4), quantization=QuantizationSettings()))
     module._device_mesh = object()  # what ModelParallelStrategy sets before configure_model
-    with pytest.raises(NotImplementedError, match=r"model.quantization \(QLoRA\) does not shard with FSDP2"):
+    with pytest.raises(NotImplementedError, match=r"model.policy.quantization \(QLoRA\) does not shard with FSDP2"):
         module.configure_model()
 
 

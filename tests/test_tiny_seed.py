@@ -73,3 +73,13 @@ def test_a_pinned_initialisation_ignores_the_run_seed_and_a_bad_name_is_one_erro
             GRPOModule(model=bad)
     with pytest.raises(ValueError, match=r"^data.tokenizer_path: 'tiny:tools@' is not a built-in tiny model"):
         PromptDataModule(tokenizer_path="tiny:tools@")
+
+
+def test_the_model_is_required_and_the_tiny_model_is_named():
+    """No default model: None is one error naming model.model and the built-in names; "tiny:chars" is one of them."""
+    from lightning_grpo import SFTModule
+
+    for cls in (GRPOModule, SFTModule):
+        with pytest.raises(ValueError, match=r"^model.model is required: .*built-in tiny model by name \(tiny:chars, tiny:tools, "):
+            cls(model=None)
+    assert GRPOModule(model="tiny:chars").model_source == builtin_model_path("tiny:chars")
