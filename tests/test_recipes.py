@@ -92,11 +92,9 @@ def test_the_module_attaches_the_default_guards_unless_the_recipe_names_one(tmp_
     attached = _attached_callbacks(cfg, tmp_path)
     guards = [c for c in attached if isinstance(c, Guard)]
     assert [type(g).__name__ for g in guards] == [name for name, _ in DEFAULT_GUARDS]
-    for guard, (name, settings) in zip(guards, DEFAULT_GUARDS):
-        default = getattr(lightning_grpo, name)()
-        for field in ("action", "floor", "max_reward", "threshold", "max_consecutive"):
-            expected = settings.get(field, getattr(default, field, None))
-            assert getattr(guard, field, None) == expected, (name, field)
+    for guard, (name, settings) in zip(guards, DEFAULT_GUARDS):  # the state key holds the action and every setting
+        assert guard.state_key == getattr(lightning_grpo, name)(**settings).state_key, name
+    assert guards[2].floor == 0.05 and guards[2].max_reward == guards[5].max_reward == 0.9
     assert sum(isinstance(c, ModelCheckpoint) for c in attached) == 1 and sum(isinstance(c, RolloutCallback) for c in attached) == 1
 
     own = copy.deepcopy(cfg)
