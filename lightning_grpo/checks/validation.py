@@ -25,7 +25,7 @@ names the option as written in a recipe (``data.batch_size``, ``model.algorithm.
   fits the policy's embedding;
 * the loss: ``model.loss`` runs on a small made-up batch (negative ``eps_high``, an unknown
   keyword of the policy loss or aggregation, ... fail here, not after the engine started);
-* LoRA: ``model.lora`` rank, alpha and dropout in range, its peft config valid, and its
+* LoRA: ``model.policy.lora`` rank, alpha and dropout in range, its peft config valid, and its
   ``target_modules`` present in the policy's architecture (matched on an empty ``meta`` copy);
 * the optimizer: it accepts its arguments and its learning rate is > 0;
 * rollout ranges: ``forward_rows >= 1``, ``val_samples >= 0``, ``val_pass_k`` in 1..``val_samples``;
