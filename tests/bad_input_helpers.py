@@ -77,7 +77,7 @@ def write_config(tmp_path: Path, **overrides) -> Path:
         *parents, leaf = key.split(".")
         node = cfg
         for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node[part]
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
         node[leaf] = value
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -59,7 +59,7 @@ def test_unknown_engine_name_fails_at_fit_setup():
         ("model.algorithm.num_iterations", "abc", "model.algorithm.num_iterations: expected an int, got abc"),
         ("data.batch_size", "two", "data.batch_size: expected an int, got two"),
         ("model.policy.dtype", "fp32", "model.policy.dtype: expected a Literal['float32', 'bfloat16', 'float16'], got fp32"),
-        ("model.algorithm.advantag", "grpo", "model.algorithm.advantag: not an option of lightning_grpo.AlgorithmSettings (did you mean 'advantage'?)"),
+        ("model.algorithm.advantag", "grpo", "model.algorithm.advantag: not an option of 'model.algorithm' (did you mean 'advantage'?)"),
         ("rollout.sampling", {"m": 4}, "rollout.sampling.m: not an option of lightning_grpo.SamplingConfig"),
         ("model.loss", {"class_path": "lightning_grpo.GRPOLoss", "init_args": {"policy_los": "ppo"}},
          "model.loss.policy_los: not an option of lightning_grpo.GRPOLoss (did you mean 'policy_loss'?)"),
