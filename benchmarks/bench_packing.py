@@ -18,7 +18,6 @@ import statistics
 import time
 from pathlib import Path
 
-from lightning_grpo import ForwardSettings
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +69,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    from lightning_grpo import GRPOModule
+    from lightning_grpo import ForwardSettings, GRPOModule
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
     from lightning_grpo.training.packing import PackPlan
     from transformers import AutoModelForCausalLM

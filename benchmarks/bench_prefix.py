@@ -26,7 +26,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from lightning_grpo import ForwardSettings
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,7 +63,7 @@ def measure(policy, batch, rounds: int, autocast=None) -> tuple[dict, dict]:
     ``autocast``: a context factory the forwards run under (mixed precision), none by default."""
     from contextlib import nullcontext
 
-    from lightning_grpo import GRPOModule
+    from lightning_grpo import ForwardSettings, GRPOModule
     from lightning_grpo.training.prefix import SharedPrefixPlan, choose_layout
 
     autocast = autocast or nullcontext

@@ -19,7 +19,6 @@ Each row runs in a fresh subprocess. The phases come from the RolloutCallback's 
 (``time/*``); "train" is the forward + backward + optimizer time of the step's training batches.
 """
 
-from lightning_grpo import ForwardSettings
 from __future__ import annotations
 
 import argparse
@@ -126,7 +125,7 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
 
     from long_shape import datamodule, kv_cache_bytes, model_dir
 
-    from lightning_grpo import GRPOModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo import ForwardSettings, GRPOModule, RewardSpec, RolloutCallback, SamplingConfig
 
     path = str(model_dir(size_config(size), prompt_tokens, max_new_tokens))  # long prompts: the "10m" text model
     rows: list[dict] = []

@@ -30,7 +30,7 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from lightning_grpo import ForwardSettings
+from lightning_grpo import ForwardSettings  # noqa: E402
 from lightning_grpo.data.datamodule import GenerationTicks  # noqa: E402
 from lightning_grpo.models.fsdp import fsdp_units  # noqa: E402
 from tests.distributed_worker import WORLD, _module, digit_fraction, rollout_half  # noqa: E402

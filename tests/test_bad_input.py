@@ -18,8 +18,7 @@ import pytest
 import torch
 import yaml
 
-from lightning_grpo import AlgorithmSettings
-from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback
+from lightning_grpo import AlgorithmSettings, GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback
 from lightning_grpo.core import REWARD_AGGREGATIONS
 from lightning_grpo.data.reward_set import RewardError, RewardSet
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from lightning_grpo import AlgorithmSettings, KLInRewardSettings, PolicySettings
-from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, PromptDataModule, RolloutCallback, SamplingConfig
+from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLInRewardSettings, LoraSettings, PolicySettings, PromptDataModule,
+                            RolloutCallback, SamplingConfig)  # fmt: skip
 from lightning_grpo.core import ADVANTAGES
 
 from tests.bad_input_helpers import fit_error, hf_callback, tiny_cache  # noqa: F401

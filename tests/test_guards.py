@@ -12,8 +12,8 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_grpo import AlgorithmSettings
 from lightning_grpo import (
+    AlgorithmSettings,
     EntropyGuard,
     GRPOModule,
     IdenticalSamplesGuard,

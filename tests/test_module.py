@@ -7,8 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_grpo import AlgorithmSettings, ForwardSettings, PolicySettings
-from lightning_grpo import GRPOLoss, GRPOModule
+from lightning_grpo import AlgorithmSettings, ForwardSettings, GRPOLoss, GRPOModule, PolicySettings
 from lightning_grpo.core.batch import RolloutBatch, micro_step
 
 

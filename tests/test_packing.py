@@ -6,8 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_grpo import AlgorithmSettings, ForwardSettings
-from lightning_grpo import GRPOLoss, GRPOModule
+from lightning_grpo import AlgorithmSettings, ForwardSettings, GRPOLoss, GRPOModule
 from lightning_grpo.core.batch import RolloutBatch
 from lightning_grpo.training.packing import PackPlan, choose_plan, sampled_positions
 

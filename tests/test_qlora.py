@@ -9,8 +9,7 @@ import torch
 
 pytest.importorskip("bitsandbytes")  # the qlora extra, part of dev (CI installs it)
 
-from lightning_grpo import PolicySettings
-from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, QuantizationSettings, RolloutCallback, RewardSpec, SamplingConfig  # noqa: E402
+from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, PolicySettings, QuantizationSettings, RolloutCallback, RewardSpec, SamplingConfig  # noqa: E402
 from lightning_grpo.callbacks.weight_push import PolicyPush  # noqa: E402
 from lightning_grpo.models.quantization import keep_float_kernels, load_quantized  # noqa: E402
 from lightning_grpo.models.weights import policy_weights_for_engine  # noqa: E402

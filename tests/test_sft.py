@@ -11,8 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import PolicySettings
-from lightning_grpo import ForwardSettings, LoraSettings, SFTDataModule, SFTModule
+from lightning_grpo import ForwardSettings, LoraSettings, PolicySettings, SFTDataModule, SFTModule
 from lightning_grpo.data.sft import collate
 from lightning_grpo.training.packing import choose_plan
 

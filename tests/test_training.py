@@ -7,8 +7,8 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import AlgorithmSettings, PolicySettings
-from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, LoraSettings, PolicySettings, PromptDataModule, RewardSpec,
+                            RolloutCallback, SamplingConfig)  # fmt: skip
 
 
 class Recorder(L.Callback):

@@ -7,8 +7,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import AlgorithmSettings
-from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
+from lightning_grpo import AlgorithmSettings, GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
 from lightning_grpo.agents.callback import AgentRolloutCallback
 
 from .helpers import BatchCatcher, CALL_TEXT, caller_model_dir, ids_of

@@ -12,8 +12,7 @@ import lightning as L
 import pytest
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_grpo import AlgorithmSettings
-from lightning_grpo import GRPOModule, PromptDataModule, SamplingConfig
+from lightning_grpo import AlgorithmSettings, GRPOModule, PromptDataModule, SamplingConfig
 from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.environment import Environment, Step

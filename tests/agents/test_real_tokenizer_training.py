@@ -9,8 +9,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import AlgorithmSettings
-from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
+from lightning_grpo import AlgorithmSettings, GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
 from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.secret_digit import SecretDigitEnv

@@ -1,7 +1,6 @@
 """The refusals of the matrix's REFUSED pairs, checked in process (fast; the slow matrix test runs them
 through ``lightning-grpo fit``)."""
 
-from lightning_grpo import PolicySettings
 from __future__ import annotations
 
 import pytest
@@ -12,7 +11,7 @@ def test_qlora_with_fsdp2_is_refused_by_the_fit_checks():
     import lightning as L
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from lightning_grpo import GRPOModule
+    from lightning_grpo import GRPOModule, PolicySettings
     from lightning_grpo.checks.validation import check_layout
 
     module = GRPOModule(model="unused-path", policy=PolicySettings(lora={"r": 4}, quantization={"quant_type": "nf4"}))
