@@ -200,3 +200,15 @@ def test_grpo_model_from_an_sft_checkpoint(tiny_model_path, tmp_path, monkeypatc
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     with pytest.raises(ValueError, match=r"model.model: .*notes.txt is not a Lightning checkpoint"):
         GRPOModule(model=str(tmp_path / "notes.txt"))
+
+
+def test_grpo_only_settings_are_refused_by_sft():
+    """SFTModule shares the policy and forward sections; the fields only GRPO uses are one error each."""
+    from lightning_grpo import PolicySettings
+
+    for kwargs, field in ((dict(policy=PolicySettings(reference="copy")), "model.policy.reference"),
+                          (dict(forward=ForwardSettings(prefix_sharing="on")), "model.forward.prefix_sharing"),
+                          (dict(forward=ForwardSettings(rows_per_pass=8)), "model.forward.rows_per_pass")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"^{field} does not apply to SFTModule \(GRPOModule only\): leave it unset$"):
+            SFTModule(model="tiny:chars", **kwargs)
+    assert SFTModule(model="tiny:chars", forward=ForwardSettings(packing="off", save_probs=True)).forward_settings.save_probs
