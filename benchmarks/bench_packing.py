@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
-    from lightning_grpo import GRPOModule
+    from lightning_grpo import ForwardSettings, GRPOModule
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
     from lightning_grpo.training.packing import PackPlan
     from transformers import AutoModelForCausalLM
@@ -78,7 +78,7 @@ def main() -> None:
     params = sum(p.numel() for p in policy.parameters())
     batch, mean_over_max = ragged_batch(args.rows, policy.config.vocab_size, 4, 256, seed=0)
     plan = PackPlan.from_mask(batch.attention_mask, batch.prompt_length)
-    modules = {mode: GRPOModule(model=policy, packing=mode) for mode in ("off", "on")}
+    modules = {mode: GRPOModule(model=policy, forward=ForwardSettings(packing=mode)) for mode in ("off", "on")}
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     total = batch.completion_mask.sum()
 

@@ -63,12 +63,12 @@ def measure(policy, batch, rounds: int, autocast=None) -> tuple[dict, dict]:
     ``autocast``: a context factory the forwards run under (mixed precision), none by default."""
     from contextlib import nullcontext
 
-    from lightning_grpo import GRPOModule
+    from lightning_grpo import ForwardSettings, GRPOModule
     from lightning_grpo.training.prefix import SharedPrefixPlan, choose_layout
 
     autocast = autocast or nullcontext
 
-    modules = {name: GRPOModule(model=policy, packing=p, prefix_sharing=s) for name, (p, s) in LAYOUTS.items()}
+    modules = {name: GRPOModule(model=policy, forward=ForwardSettings(packing=p, prefix_sharing=s)) for name, (p, s) in LAYOUTS.items()}
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     total, seqs = batch.completion_mask.sum(), torch.tensor(float(len(batch)))
 

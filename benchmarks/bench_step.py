@@ -125,7 +125,7 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
 
     from long_shape import datamodule, kv_cache_bytes, model_dir
 
-    from lightning_grpo import GRPOModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo import ForwardSettings, GRPOModule, RewardSpec, RolloutCallback, SamplingConfig
 
     path = str(model_dir(size_config(size), prompt_tokens, max_new_tokens))  # long prompts: the "10m" text model
     rows: list[dict] = []
@@ -147,7 +147,7 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
         engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],
         vllm_args=vllm_args if engine == "vllm" else None, seed=0,
     )  # fmt: skip
-    module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=lr), packing=packing)
+    module = GRPOModule(model=path, forward=ForwardSettings(packing=packing), optimizer=lambda p: torch.optim.AdamW(p, lr=lr))
     prof = profiler(L, callback) if profile else None
     trainer = L.Trainer(max_steps=steps, callbacks=[c for c in (prof, callback, Timer()) if c], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

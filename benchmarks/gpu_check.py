@@ -32,7 +32,6 @@ import platform
 import statistics
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -78,16 +77,17 @@ def build_model(name: str, cache: Path) -> Path:
     return target
 
 
-def method_settings(method: str) -> tuple[dict[str, Any], str]:
-    """(GRPOModule keyword arguments, trainer precision) of a method."""
-    from lightning_grpo import LoraSettings, QuantizationSettings
+def method_settings(method: str) -> tuple["PolicySettings", str]:
+    """(GRPOModule policy settings, with gradient checkpointing; trainer precision) of a method."""
+    from lightning_grpo import LoraSettings, PolicySettings, QuantizationSettings
 
     lora = LoraSettings(r=16, alpha=32, target_modules="all-linear")
     if method == "full":
-        return dict(dtype="float32"), "bf16-mixed"
+        return PolicySettings(dtype="float32", gradient_checkpointing=True), "bf16-mixed"
     if method == "lora":
-        return dict(dtype="bfloat16", lora=lora), "32-true"
-    return dict(dtype="bfloat16", lora=lora, quantization=QuantizationSettings("nf4", True)), "32-true"
+        return PolicySettings(dtype="bfloat16", lora=lora, gradient_checkpointing=True), "32-true"
+    quantization = QuantizationSettings("nf4", True)
+    return PolicySettings(dtype="bfloat16", lora=lora, quantization=quantization, gradient_checkpointing=True), "32-true"
 
 
 def prompts(count: int, length: int) -> list[dict]:
@@ -106,7 +106,7 @@ def train_row(model_dir: Path, method: str, steps: int, P: int, G: int, prompt_l
 
     from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
 
-    kwargs, precision = method_settings(method)
+    policy, precision = method_settings(method)
     cuda = torch.cuda.is_available()
     starts, tokens = [], []
 
@@ -121,7 +121,7 @@ def train_row(model_dir: Path, method: str, steps: int, P: int, G: int, prompt_l
             starts.append(time.perf_counter())
 
     L.seed_everything(0)
-    module = GRPOModule(model=str(model_dir), gradient_checkpointing=True, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5), **kwargs)
+    module = GRPOModule(model=str(model_dir), policy=policy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5))
     rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=G, max_new_tokens=max_new), rewards=[RewardSpec("prefix_match")])
     data = PromptDataModule(train_dataset=prompts(4 * P, prompt_len), tokenizer_path=str(model_dir), batch_size=P)
     trainer = L.Trainer(

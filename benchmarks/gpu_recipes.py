@@ -119,17 +119,18 @@ def derived_config(recipe: dict, model_dir: Path, data_file: Path, steps: int, o
     if smoke:
         trainer.update(SMOKE["trainer"])
         cfg["data"].update(SMOKE["data"])
-        cfg["model"].pop("quantization", None)
-        cfg["model"]["dtype"] = "float32"
-    guards = [c for c in trainer.get("callbacks", []) if c["class_path"].startswith("lightning_grpo.")]
+        policy = cfg["model"].setdefault("policy", {})
+        policy.pop("quantization", None)
+        policy["dtype"] = "float32"
+    # the recipe's own callbacks go (ModelCheckpoint); the module attaches the default guards
     trainer.update(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
                    val_check_interval=None, enable_model_summary=False,
-                   callbacks=guards + [{"class_path": "gpu_recipes.Probe", "init_args": {"out": str(out)}}])  # fmt: skip
+                   callbacks=[{"class_path": "gpu_recipes.Probe", "init_args": {"out": str(out)}}])  # fmt: skip
     rollout = cfg["rollout"].get("init_args", cfg["rollout"])  # an agent recipe names its callback class
     sampling = dict(rollout["sampling"])
     sampling["max_new_tokens"] = SMOKE["max_new_tokens"] if smoke else rollout.get("max_episode_tokens", sampling["max_new_tokens"])
-    cfg["rollout"] = {"engine": "hf", "sampling": sampling, "rewards": [{"name": "prefix_match"}],
-                      "forward_rows": rollout.get("forward_rows", 8)}  # fmt: skip
+    cfg["rollout"] = {"engine": "hf", "sampling": sampling, "rewards": [{"name": "prefix_match"}]}
+    cfg["model"].setdefault("forward", {}).setdefault("rows_per_pass", 8)
     cfg["model"]["model"] = str(model_dir)
     data = cfg["data"]
     for key in ("val_files", "system_prompt", "prompt_column", "answer_column"):

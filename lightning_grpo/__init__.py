@@ -14,6 +14,10 @@ __version__ = "0.1.0.dev0"
 _LAZY = {
     "GRPOModule": "lightning_grpo.training.module",
     "SFTModule": "lightning_grpo.training.sft",
+    "AlgorithmSettings": "lightning_grpo.training.settings",
+    "KLInRewardSettings": "lightning_grpo.training.settings",
+    "PolicySettings": "lightning_grpo.training.settings",
+    "ForwardSettings": "lightning_grpo.training.settings",
     "SFTDataModule": "lightning_grpo.data.sft",
     "LoraSettings": "lightning_grpo.models.lora",
     "QuantizationSettings": "lightning_grpo.models.quantization",

@@ -38,7 +38,7 @@ def hf_callback(**kwargs) -> RolloutCallback:
 
 def fit_error(error: type[Exception], match: str, *, module=None, callback=None, dm=None, **trainer_kwargs) -> None:
     """``trainer.fit`` raises ``error`` matching ``match`` before anything trains or is built."""
-    module = module if module is not None else GRPOModule()
+    module = module if module is not None else GRPOModule(model="tiny:chars")
     callback = callback if callback is not None else hf_callback()
     sentinel = Sentinel()
     loaded = module.policy is not None
@@ -70,14 +70,14 @@ def write_config(tmp_path: Path, **overrides) -> Path:
                        "init_args": {"save_dir": str(tmp_path / "logs"), "name": "run"}},
         },
         "rollout": {"engine": "hf", "sampling": {"n": 4, "max_new_tokens": 3}},
-        "model": {"advantage": "grpo"},
+        "model": {"model": "tiny:chars", "algorithm": {"advantage": "grpo"}},
         "data": {"batch_size": 4},
     }  # fmt: skip
     for key, value in overrides.items():
         *parents, leaf = key.split(".")
         node = cfg
         for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node[part]
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
         node[leaf] = value
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

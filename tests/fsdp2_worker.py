@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks import Callback  # noqa: E402
 from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
+from lightning_grpo import ForwardSettings  # noqa: E402
 from lightning_grpo.data.datamodule import GenerationTicks  # noqa: E402
 from lightning_grpo.models.fsdp import fsdp_units  # noqa: E402
 from tests.distributed_worker import WORLD, _module, digit_fraction, rollout_half  # noqa: E402
@@ -78,7 +79,7 @@ def run_prefix(model_dir: str, out: Path) -> None:
     rank, result = int(os.environ.get("LOCAL_RANK", 0)), {}
     for sharing in ("off", "on"):
         policy = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").train()
-        module = GRPOModule(model=policy, loss=GRPOLoss(), prefix_sharing=sharing, optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
+        module = GRPOModule(model=policy, loss=GRPOLoss(), forward=ForwardSettings(prefix_sharing=sharing), optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
         batch = rollout_half(rank, policy.config.vocab_size)
         batch.input_ids[:, : batch.prompt_length] = batch.input_ids[0, : batch.prompt_length]  # [B, Lp] one prompt
         module.use_rollout(batch)

@@ -18,7 +18,8 @@ import pytest
 import torch
 import yaml
 
-from lightning_grpo import GRPOLoss, GRPOModule, KLSettings, OffPolicySettings, PromptDataModule, RewardSpec, RolloutCallback
+from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLSettings, OffPolicySettings,
+                            PromptDataModule, RewardSpec, RolloutCallback)  # fmt: skip
 from lightning_grpo.core import REWARD_AGGREGATIONS
 from lightning_grpo.data.reward_set import RewardError, RewardSet
 
@@ -35,8 +36,8 @@ pytestmark = pytest.mark.usefixtures("tiny_cache")
         (lambda: GRPOLoss(aggregation="token_meen"), r"unknown loss aggregation 'token_meen'; valid names: .*\btoken_mean\b"),
         (lambda: GRPOLoss(kl=KLSettings(estimator="k4")), r"unknown KL estimator 'k4'; valid names: .*\bk1\b.*\bk3\b"),
         (lambda: GRPOLoss(off_policy=OffPolicySettings(correction="tis")), r"unknown rollout correction 'tis'; valid names: .*\btis_token\b"),
-        (lambda: GRPOModule(advantage="grpoo"), r"unknown advantage estimator 'grpoo'; valid names: .*\bdr_grpo\b.*\bgrpo\b"),
-        (lambda: GRPOModule(reward_aggregation="sum"), r"unknown multi-reward aggregation 'sum'; valid names: .*\bsum_then_normalize\b"),
+        (lambda: GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="grpoo")), r"unknown advantage estimator 'grpoo'; valid names: .*\bdr_grpo\b.*\bgrpo\b"),
+        (lambda: GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(reward_aggregation="sum")), r"unknown multi-reward aggregation 'sum'; valid names: .*\bsum_then_normalize\b"),
         (lambda: hf_callback(gfpo_keep=2, gfpo_metric="shortest"), r"unknown sample selection 'shortest'; valid names: .*\bgfpo_length\b"),
         (lambda: RewardSet([RewardSpec("exact")]), r"unknown reward function 'exact'; registered: env_reward, exact_match, .*or give an import path"),
     ],
@@ -55,10 +56,10 @@ def test_unknown_engine_name_fails_at_fit_setup():
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("model.num_iterations", "abc", "model.num_iterations: expected an int, got abc"),
+        ("model.algorithm.num_iterations", "abc", "model.algorithm.num_iterations: expected an int, got abc"),
         ("data.batch_size", "two", "data.batch_size: expected an int, got two"),
-        ("model.dtype", "fp32", "model.dtype: expected a Literal['float32', 'bfloat16', 'float16'], got fp32"),
-        ("model.advantag", "grpo", "model.advantag: not an option of 'model' (did you mean 'advantage'?)"),
+        ("model.policy.dtype", "fp32", "model.policy.dtype: expected a Literal['float32', 'bfloat16', 'float16'], got fp32"),
+        ("model.algorithm.advantag", "grpo", "model.algorithm.advantag: not an option of 'model.algorithm' (did you mean 'advantage'?)"),
         ("rollout.sampling", {"m": 4}, "rollout.sampling.m: not an option of lightning_grpo.SamplingConfig"),
         ("model.loss", {"class_path": "lightning_grpo.GRPOLoss", "init_args": {"policy_los": "ppo"}},
          "model.loss.policy_los: not an option of lightning_grpo.GRPOLoss (did you mean 'policy_loss'?)"),
@@ -80,7 +81,7 @@ def test_yaml_error_is_one_line_naming_the_field(tmp_path, capsys, key, value, m
     ("overrides", "message"),
     [
         ({"rollout.sampling": {"n": 1, "max_new_tokens": 3}},
-         r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.advantage='grpo'"),
+         r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo'"),
         ({"model.optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": -0.01}}},
          r"model.optimizer: AdamW rejected its arguments: Invalid learning rate: -0.01"),
         ({"data.train_dataset": [{"question": "12="}]},

@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from lightning_grpo import GRPOLoss, GRPOModule, KLSettings, LoraSettings, PromptDataModule, RolloutCallback, SamplingConfig
+from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLInRewardSettings, KLSettings, LoraSettings,
+                            PolicySettings, PromptDataModule, RolloutCallback, SamplingConfig)  # fmt: skip
 from lightning_grpo.core import ADVANTAGES
 
 from tests.bad_input_helpers import fit_error, hf_callback, tiny_cache  # noqa: F401
@@ -25,13 +26,13 @@ def test_group_of_one_with_std_normalisation_in_core():
 
 
 def test_group_of_one_with_grpo_at_fit_start():
-    fit_error(ValueError, r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.advantage='grpo' .*normalised by their reward std.*: set rollout.sampling.n >= 2",
+    fit_error(ValueError, r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo' .*normalised by their reward std.*: set rollout.sampling.n >= 2",
               callback=hf_callback(sampling=SamplingConfig(n=1, max_new_tokens=3)))  # fmt: skip
 
 
 def test_gfpo_keep_one_at_fit_start():
-    fit_error(ValueError, r"rollout.gfpo_keep=1 leaves 1 completion per prompt, but model.advantage='dr_grpo' .*every advantage would be 0",
-              module=GRPOModule(advantage="dr_grpo"), callback=hf_callback(gfpo_keep=1))  # fmt: skip
+    fit_error(ValueError, r"rollout.gfpo_keep=1 leaves 1 completion per prompt, but model.algorithm.advantage='dr_grpo' .*every advantage would be 0",
+              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="dr_grpo")), callback=hf_callback(gfpo_keep=1))  # fmt: skip
 
 
 def test_gfpo_keep_not_below_n():
@@ -53,9 +54,9 @@ def test_dynamic_sampling_filter_batch_not_divisible():
 
 
 def test_more_steps_per_generation_than_completions():
-    fit_error(ValueError, r"model.steps_per_generation=8 x trainer.accumulate_grad_batches=2 training steps share each generation batch of "
+    fit_error(ValueError, r"model.algorithm.steps_per_generation=8 x trainer.accumulate_grad_batches=2 training steps share each generation batch of "
               r"data.batch_size=1 x rollout.sampling.n=4 = 4 completions: some steps would get none",
-              module=GRPOModule(steps_per_generation=8), dm=PromptDataModule(batch_size=1), accumulate_grad_batches=2)  # fmt: skip
+              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(steps_per_generation=8)), dm=PromptDataModule(batch_size=1), accumulate_grad_batches=2)  # fmt: skip
 
 
 # ============================================================================= 6. engines
@@ -159,12 +160,12 @@ def test_hf_engine_without_eos(tiny_model_path):
 def test_lora_sync_adapter_without_enable_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     fit_error(ValueError, r"rollout.lora_sync='adapter' needs rollout.vllm_args.enable_lora: true",
-              module=GRPOModule(lora=LoraSettings(r=4)), callback=hf_callback(engine="vllm", lora_sync="adapter"))  # fmt: skip
+              module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))), callback=hf_callback(engine="vllm", lora_sync="adapter"))  # fmt: skip
 
 
 def test_lora_sync_adapter_with_hf_engine():
     fit_error(ValueError, r"rollout.lora_sync='adapter' hands the LoRA adapter to vLLM, but rollout.engine is 'hf'",
-              module=GRPOModule(lora=LoraSettings(r=4)), callback=hf_callback(lora_sync="adapter"))  # fmt: skip
+              module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))), callback=hf_callback(lora_sync="adapter"))  # fmt: skip
 
 
 def test_lora_sync_adapter_without_lora(monkeypatch):
@@ -174,18 +175,18 @@ def test_lora_sync_adapter_without_lora(monkeypatch):
 
 
 def test_reference_adapter_without_lora():
-    with pytest.raises(ValueError, match=r"reference='adapter' needs lora settings"):
-        GRPOModule(reference="adapter")
+    with pytest.raises(ValueError, match=r"model.policy.reference 'adapter' needs model.policy.lora"):
+        GRPOModule(model="tiny:chars", policy=PolicySettings(reference="adapter"))
 
 
 def test_kl_beta_with_reference_none():
-    fit_error(ValueError, r"model.loss.init_args.kl.beta=0.04 puts a KL to the reference model in the loss, but model.reference='none'",
-              module=GRPOModule(loss=GRPOLoss(kl=KLSettings(beta=0.04)), reference="none"))  # fmt: skip
+    fit_error(ValueError, r"model.loss.init_args.kl.beta=0.04 puts a KL to the reference model in the loss, but model.policy.reference='none'",
+              module=GRPOModule(model="tiny:chars", loss=GRPOLoss(kl=KLSettings(beta=0.04)), policy=PolicySettings(reference="none")))  # fmt: skip
 
 
 def test_kl_in_reward_with_reference_none():
-    fit_error(ValueError, r"model.kl_in_reward_coef=0.1 subtracts a KL to the reference model from the rewards, but model.reference='none'",
-              module=GRPOModule(kl_in_reward_coef=0.1, reference="none"))  # fmt: skip
+    fit_error(ValueError, r"model.algorithm.kl_in_reward.coef=0.1 subtracts a KL to the reference model from the rewards, but model.policy.reference='none'",
+              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(kl_in_reward=KLInRewardSettings(coef=0.1)), policy=PolicySettings(reference="none")))  # fmt: skip
 
 
 def test_temperature_zero_for_training():
@@ -206,12 +207,12 @@ def test_forward_rows_zero():
     ids=["negative", "zero"],
 )
 def test_learning_rate_not_positive(lr, message):
-    fit_error(ValueError, message, module=GRPOModule(optimizer=functools.partial(torch.optim.AdamW, lr=lr)))
+    fit_error(ValueError, message, module=GRPOModule(model="tiny:chars", optimizer=functools.partial(torch.optim.AdamW, lr=lr)))
 
 
 def test_num_iterations_zero():
-    with pytest.raises(ValueError, match=r"num_iterations and steps_per_generation must be >= 1, got 0, 1"):
-        GRPOModule(num_iterations=0)
+    with pytest.raises(ValueError, match=r"model.algorithm.num_iterations must be an integer >= 1, got 0"):
+        GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(num_iterations=0))
 
 
 # ================================================================================ 8. model

@@ -11,7 +11,8 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import DistillSettings, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import DistillSettings, ForwardSettings, GRPOModule, PolicySettings, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo.core import logprobs_from_logits
 from lightning_grpo.training.packing import padded_token_logprobs
 
 from .agents.helpers import BatchCatcher
@@ -37,11 +38,13 @@ def _perturbed(policy, seed=1, scale=0.5):
 
 def _direct_logp(model, batch):
     with torch.no_grad():
-        return padded_token_logprobs(model, batch, chunked=False, compute_entropy=False, chunk_size=1024).logp
+        return padded_token_logprobs(model, batch, score=logprobs_from_logits, compute_entropy=False, chunk_size=1024).logp
 
 
-def _module(path, distillation, **kwargs):
-    module = GRPOModule(model=_policy(path), distillation=distillation, optimizer=lambda p: torch.optim.SGD(p, lr=0.5), **kwargs)
+def _module(path, distillation, packing="auto", policy=None):
+    forward = ForwardSettings(packing=packing, rows_per_pass=3)  # no-grad passes of 3 rows: a group split across passes
+    module = GRPOModule(model=_policy(path), policy=policy or PolicySettings(), forward=forward, distillation=distillation,
+                        optimizer=lambda p: torch.optim.SGD(p, lr=0.5))  # fmt: skip
     module.configure_model()
     module.distiller.build(_tokenizer(path))
     return module
@@ -50,7 +53,7 @@ def _module(path, distillation, **kwargs):
 def _prepared(module, records=None, rewards=REWARDS):
     batch = _rollout_batch(module.policy.config.vocab_size)
     batch.rollout_logp = _direct_logp(module.policy, batch) * batch.completion_mask  # the student sampled them
-    module.use_rollout(module.prepare_rollout_batch(batch, rewards, torch.ones(1), rows_per_pass=3, records=records))
+    module.use_rollout(module.prepare_rollout_batch(batch, rewards, torch.ones(1), records=records))
     return module.rollout_batch
 
 
@@ -125,17 +128,17 @@ def test_several_teachers_chosen_per_record(tiny_model_path):
 def test_lora_teacher_is_the_base_or_another_adapter(tiny_model_path, tmp_path):
     from peft import get_peft_model
 
-    from lightning_grpo.training.module import LoraSettings
+    from lightning_grpo import LoraSettings, PolicySettings
 
     lora = LoraSettings(r=4, alpha=8, init_lora_weights=False)
     other = get_peft_model(_policy(tiny_model_path), lora.to_peft())  # a second, different adapter
     other.save_pretrained(tmp_path / "adapter")
-    base = _module(tiny_model_path, DistillSettings(teacher="base"), lora=lora)
+    base = _module(tiny_model_path, DistillSettings(teacher="base"), policy=PolicySettings(lora=lora))
     batch = _prepared(base)
     with base.policy.disable_adapter():
         expected = _direct_logp(base.policy, batch)
     torch.testing.assert_close(batch.teacher_logp * batch.completion_mask, expected * batch.completion_mask, atol=1e-5, rtol=0)
-    module = _module(tiny_model_path, DistillSettings(teacher=f"adapter:{tmp_path / 'adapter'}"), lora=lora)
+    module = _module(tiny_model_path, DistillSettings(teacher=f"adapter:{tmp_path / 'adapter'}"), policy=PolicySettings(lora=lora))
     trainable = {n for n, p in module.policy.named_parameters() if p.requires_grad}
     batch = _prepared(module)
     torch.testing.assert_close(batch.teacher_logp * batch.completion_mask, _direct_logp(other, batch) * batch.completion_mask, atol=1e-5, rtol=0)

@@ -18,8 +18,8 @@ from lightning_grpo.training.distill import DistillContext, Distiller, DistillSe
 
 
 def _context(teacher: nn.Module, teacher_logp: float, seen: list) -> DistillContext:
-    def logprobs(model, batch, rows_per_pass):  # the teacher's no-grad log-probs: one constant
-        seen.append((model, len(batch), rows_per_pass))
+    def logprobs(model, batch):  # the teacher's no-grad log-probs: one constant
+        seen.append((model, len(batch)))
         return torch.full(batch.completion_mask.shape, teacher_logp)  # [B, Lc]
 
     return DistillContext(policy=lambda: pytest.fail("a module teacher never needs the student"), logprobs=logprobs,
@@ -36,8 +36,8 @@ def test_a_distiller_from_plain_functions_gives_the_reverse_kl_advantage_by_hand
                          completion_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]), advantages=torch.tensor([3.0, -3.0]),
                          rollout_logp=torch.tensor([[-0.2, -3.0], [-1.5, 0.0]]), prompt_length=2, group_size=2,
                          temperature=1.0)  # fmt: skip
-    distiller.prepare(batch, records=None, rows_per_pass=7)
-    assert seen == [(teacher, 2, 7)]
+    distiller.prepare(batch, records=None)
+    assert seen == [(teacher, 2)]
     # A_t = -coef (roll_t - teacher_t): -0.5 (-0.2 - -1.0) = -0.4; the reward advantage is dropped
     torch.testing.assert_close(batch.advantages, torch.tensor([[-0.4, 1.0], [0.25, 0.0]]))
 

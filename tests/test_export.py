@@ -71,7 +71,7 @@ def test_quickstart_checkpoint_round_trip(tmp_path, vllm_engine, digit_teacher_p
 
 #: The LoRA settings of the round trip: grpo_lora.yaml as written (the tiny model's lm_head trained in full,
 #: peft modules_to_save, which vLLM does not serve as an adapter) and adapters alone (vLLM serves the adapter).
-LORA_RUNS = {"as_written": ([], 12), "adapters_only": (["--model.lora.extra={}"], 6)}
+LORA_RUNS = {"as_written": ([], 12), "adapters_only": (["--model.policy.lora.extra={}"], 6)}
 
 
 @pytest.mark.vllm
@@ -184,7 +184,7 @@ def test_export_an_hf_engine_run_from_the_command_line(tmp_path, capsys):
         torch.testing.assert_close(loaded.state_dict()[name], value, atol=0, rtol=0)
     with pytest.raises(SystemExit):
         main(["export", str(run_dir), "--out", str(tmp_path / "a"), "--adapter"])
-    assert "trained without model.lora" in capsys.readouterr().err and not (tmp_path / "a").exists()
+    assert "trained without model.policy.lora" in capsys.readouterr().err and not (tmp_path / "a").exists()
     written = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "m").iterdir()}
     with pytest.raises(SystemExit) as exit_:  # a non-empty --out without --force: one line, last; the folder untouched
         main(["export", str(run_dir), "--out", str(tmp_path / "m")])

@@ -75,7 +75,7 @@ def test_a_qlora_checkpoints_policy_is_rebuilt_4bit_and_exported_dense(tiny_mode
         for name, param in policy.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
-    module = SimpleNamespace(policy=policy, lora=lora, quantization=quantization, model_source=None, hparams=SimpleNamespace(dtype="float32"))
+    module = SimpleNamespace(policy=policy, lora=lora, quantization=quantization, model_source=None, policy_settings=SimpleNamespace(dtype="float32"))
     info = export_info(module, None)
     assert info["quantization"] == vars(quantization) and "quantization_config" not in info["config"]
     if written_by == "an_older_version":

@@ -7,7 +7,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import GRPOLoss, GRPOModule, OffPolicySettings
+from lightning_grpo import AlgorithmSettings, ForwardSettings, GRPOLoss, GRPOModule, OffPolicySettings
 
 from .test_module import _policy, _rollout_batch, _ticks
 
@@ -16,15 +16,16 @@ def _prepared(path, loss: GRPOLoss, **module_args):
     """A module with its policy and a rollout batch whose engine log-probs disagree with the trainer's
     on a few tokens (ratio e^{+-2}) and a whole row (e^{0.9} on every token)."""
     policy = _policy(path)
-    module = GRPOModule(model=policy, loss=loss, optimizer=lambda p: torch.optim.SGD(p, lr=0.5), **module_args)
+    module = GRPOModule(model=policy, loss=loss, forward=ForwardSettings(rows_per_pass=8), optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
+                        **module_args)  # fmt: skip
     module.configure_model()
     batch = _rollout_batch(policy.config.vocab_size)
-    old = module._logprobs_no_grad(batch, reference=False, rows_per_pass=8)  # [B, Lc]
+    old = module._logprobs_no_grad(batch, reference=False)  # [B, Lc]
     drift = torch.zeros_like(old)
     drift[0, 1], drift[3, 0], drift[6] = 2.0, -2.0, 0.9
     batch.rollout_logp = (old + drift) * batch.completion_mask
     rewards = torch.tensor([[1.0], [0.0], [0.0], [1.0], [1.0], [1.0], [0.0], [0.0]])
-    module.use_rollout(module.prepare_rollout_batch(batch, rewards, torch.ones(1), rows_per_pass=8))
+    module.use_rollout(module.prepare_rollout_batch(batch, rewards, torch.ones(1)))
     return module, module.rollout_batch, old
 
 
@@ -62,7 +63,7 @@ def test_rejected_tokens_leave_the_global_normaliser(tiny_model_path):
 
 
 def test_bypass_mode_skips_the_old_logprob_pass(tiny_model_path, monkeypatch):
-    module, batch, _ = _prepared(tiny_model_path, GRPOLoss(off_policy=OffPolicySettings(bypass=True)), steps_per_generation=2)
+    module, batch, _ = _prepared(tiny_model_path, GRPOLoss(off_policy=OffPolicySettings(bypass=True)), algorithm=AlgorithmSettings(steps_per_generation=2))
     assert batch.old_logp is None and batch.keep_mask is None
     calls = []
     monkeypatch.setattr(module, "_logprobs_no_grad", lambda *a, **k: calls.append(a))
@@ -71,7 +72,7 @@ def test_bypass_mode_skips_the_old_logprob_pass(tiny_model_path, monkeypatch):
 
 
 def test_opo_gets_the_completion_lengths(tiny_model_path):
-    module, batch, _ = _prepared(tiny_model_path, GRPOLoss(), advantage="opo")
+    module, batch, _ = _prepared(tiny_model_path, GRPOLoss(), algorithm=AlgorithmSettings(advantage="opo"))
     # group 0: rewards [1, 0, 0, 1], lengths [4, 2, 4, 4]: baseline 8 / 14
     lengths = batch.completion_mask.sum(-1)
     assert lengths[:4].tolist() == [4.0, 2.0, 4.0, 4.0]
@@ -81,7 +82,7 @@ def test_opo_gets_the_completion_lengths(tiny_model_path):
 
 @pytest.mark.parametrize("name", ["sapo", "dppo_tv", "dppo_kl", "geo_mean", "gpg", "reinforce"])
 def test_new_policy_losses_train_through_the_module(tiny_model_path, name):
-    module, _, _ = _prepared(tiny_model_path, GRPOLoss(policy_loss=name), steps_per_generation=2)
+    module, _, _ = _prepared(tiny_model_path, GRPOLoss(policy_loss=name), algorithm=AlgorithmSettings(steps_per_generation=2))
     before = {k: v.clone() for k, v in module.policy.state_dict().items()}
     after = _fit_once(module, 1)
     assert max((after[n] - before[n]).abs().max().item() for n in after) > 0

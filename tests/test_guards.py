@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import (
+    AlgorithmSettings,
     EntropyGuard,
     GRPOModule,
     IdenticalSamplesGuard,
@@ -125,8 +126,9 @@ def test_nan_gradient_with_stop_action_stops_at_once(tiny_model_path):
 
 
 # -------------------------------------------------------------- non-finite log-probs (seed 003)
-def _two_iteration_module(path):  # num_iterations=2: old log-probs are computed by the trainer
-    return GRPOModule(model=_policy(path), num_iterations=2, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+def _two_iteration_module(path, default_guards: bool = True):  # num_iterations=2: old log-probs are computed by the trainer
+    return GRPOModule(model=_policy(path), algorithm=AlgorithmSettings(num_iterations=2), default_guards=default_guards,
+                      optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))  # fmt: skip
 
 
 def test_nan_old_logprobs_stop_the_run_naming_tensor_rows_and_step(tiny_model_path):
@@ -153,7 +155,7 @@ def test_nan_old_logprobs_with_skip_keep_the_run_going(tiny_model_path):
 def test_without_the_guard_the_loss_names_tensor_rows_and_step(tiny_model_path):
     from lightning_grpo.core.guards import NonFiniteError
 
-    module = _two_iteration_module(tiny_model_path)
+    module = _two_iteration_module(tiny_model_path, default_guards=False)  # no guard at all (the defaults would stop it)
     with pytest.raises(NonFiniteError, match=r"^step 2, micro-batch 0: old_logp .*rows \[1, 5\]"):
         _fit(module, [NaNLogProbs(step=2)], steps=4)
 

@@ -30,6 +30,9 @@ LAYERS: dict[str, set[str]] = {
     "integrations": {"core", "models", "data", "rollout", "training", "checks", "callbacks", "agents"},
     "cli": {"core", "models", "data", "rollout", "training", "checks", "callbacks", "agents", "integrations"},
 }
+#: The one import against the layers: ``GRPOModule.configure_callbacks`` (Lightning's hook for the callbacks a module
+#: brings) returns the default guard set, imported when the hook runs.
+LAYER_EXCEPTIONS = {("lightning_grpo.training.module", "lightning_grpo.callbacks.guard_set")}
 #: The package root holds no module of its own besides these.
 ROOT_FILES = {"__init__.py", "__main__.py", "vllm_entry.py"}
 
@@ -147,7 +150,7 @@ def test_each_folder_imports_only_the_layers_below_it():
             dest = _folder(target)
             if source is None:  # the root: __init__, __main__, vllm_entry
                 continue
-            if dest is not None and dest != source and dest not in LAYERS[source]:
+            if dest is not None and dest != source and dest not in LAYERS[source] and (module, target) not in LAYER_EXCEPTIONS:
                 wrong.append(f"{module} imports {target} ({source}/ may import {sorted(LAYERS[source])})")
     assert wrong == []
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_grpo import GRPOLoss, GRPOModule
+from lightning_grpo import AlgorithmSettings, ForwardSettings, GRPOLoss, GRPOModule, PolicySettings
 from lightning_grpo.core.batch import RolloutBatch, micro_step
 
 
@@ -123,11 +123,11 @@ def test_micro_step_schedule():
 
 def test_unknown_advantage_and_bad_iteration_counts_fail_early():
     with pytest.raises(ValueError, match=r"unknown advantage estimator 'gpro'; valid names: batch_std, dr_grpo, gpg, grpo"):
-        GRPOModule(advantage="gpro")
-    with pytest.raises(ValueError, match="num_iterations and steps_per_generation must be >= 1"):
-        GRPOModule(num_iterations=0)
-    with pytest.raises(ValueError, match="reference='adapter' needs lora settings"):
-        GRPOModule(reference="adapter")
+        GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="gpro"))
+    with pytest.raises(ValueError, match=r"^model.algorithm.num_iterations must be an integer >= 1, got 0$"):
+        GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(num_iterations=0))
+    with pytest.raises(ValueError, match=r"^model.policy.reference 'adapter' needs model.policy.lora"):
+        GRPOModule(model="tiny:chars", policy=PolicySettings(reference="adapter"))
 
 
 def test_training_step_without_rollouts_explains_the_fix(tiny_model_path):
@@ -141,6 +141,6 @@ def test_logits_path_equals_chunked_path(tiny_model_path):
     policy = _policy(tiny_model_path)
     batch = _rollout_batch(policy.config.vocab_size)
     chunked = GRPOModule(model=policy).token_logprobs(policy, batch, compute_entropy=True)
-    forward = GRPOModule(model=policy, logprob_path="logits").token_logprobs(policy, batch, compute_entropy=True)
+    forward = GRPOModule(model=policy, forward=ForwardSettings(logprob_path="logits")).token_logprobs(policy, batch, compute_entropy=True)
     torch.testing.assert_close(forward.logp, chunked.logp, atol=1e-5, rtol=0)
     torch.testing.assert_close(forward.entropy, chunked.entropy, atol=1e-5, rtol=0)

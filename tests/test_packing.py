@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_grpo import GRPOLoss, GRPOModule, KLSettings
+from lightning_grpo import AlgorithmSettings, ForwardSettings, GRPOLoss, GRPOModule, KLSettings
 from lightning_grpo.core.batch import RolloutBatch
 from lightning_grpo.training.packing import PackPlan, choose_plan, sampled_positions
 
@@ -83,7 +83,7 @@ def _policy(path, attn: str):
 
 
 def _logprobs_and_grads(policy, batch, packing: str, path: str, save_probs: bool = False):
-    module = GRPOModule(model=policy, packing=packing, logprob_path=path, logprob_save_probs=save_probs)
+    module = GRPOModule(model=policy, forward=ForwardSettings(packing=packing, logprob_path=path, save_probs=save_probs))
     policy.zero_grad()
     out = module.token_logprobs(policy, batch, compute_entropy=True)
     real = batch.attention_mask[:, batch.prompt_length :].float()
@@ -133,11 +133,11 @@ def test_reference_and_old_logprobs_equal_padded(tiny_model_path):
     out = {}
     for packing in ("off", "on"):
         policy = _policy(tiny_model_path, "sdpa")
-        module = GRPOModule(model=policy, packing=packing, num_iterations=2, loss=GRPOLoss(kl=KLSettings(beta=0.04)))
+        module = GRPOModule(model=policy, loss=GRPOLoss(kl=KLSettings(beta=0.04)), algorithm=AlgorithmSettings(num_iterations=2), forward=ForwardSettings(packing=packing, rows_per_pass=3))
         module.configure_model()
         batch = _ragged_batch(policy.config.vocab_size)
         rewards = torch.arange(8.0)[:, None]
-        out[packing] = module.prepare_rollout_batch(batch, rewards, torch.ones(1), rows_per_pass=3)
+        out[packing] = module.prepare_rollout_batch(batch, rewards, torch.ones(1))
     real = out["off"].attention_mask[:, out["off"].prompt_length :].float()
     for field in ("ref_logp", "old_logp"):
         padded, packed = getattr(out["off"], field), getattr(out["on"], field)
@@ -165,8 +165,8 @@ def test_packing_on_needs_a_packing_aware_model():
     with pytest.raises(ValueError, match="packing='on' needs a Hugging Face causal LM"):
         choose_plan(Plain(), batch, "on")
     assert choose_plan(Plain(), batch, "auto") is None
-    with pytest.raises(ValueError, match="packing must be 'auto', 'on' or 'off'"):
-        GRPOModule(packing="yes")
+    with pytest.raises(ValueError, match="model.forward.packing must be one of 'auto', 'on', 'off', got 'yes'"):
+        GRPOModule(model="tiny:chars", forward=ForwardSettings(packing="yes"))
 
 
 @pytest.mark.parametrize("packing", ["off", "on"])
@@ -174,18 +174,23 @@ def test_packing_on_needs_a_packing_aware_model():
 def test_environment_tokens_skip_the_lm_head(tiny_model_path, monkeypatch, packing, path):
     """Multi-turn rows: environment tokens (turn_ids -1) are context, so their log-probs are 0 and the chunked
     path runs the LM head on the sampled tokens only; the sampled tokens' log-probs are unchanged."""
-    import lightning_grpo.training.packing as packing_module
+    import lightning_grpo.training.forward as forward_module
+    from lightning_grpo.core import logprobs_from_hidden, logprobs_from_logits
+    from lightning_grpo.core.registry import Registry
 
     policy = _policy(tiny_model_path, "sdpa")
     batch = _ragged_batch(policy.config.vocab_size)
     real = batch.attention_mask[:, batch.prompt_length :] > 0  # [B, Lc]
     batch.turn_ids = torch.where(real, 0, -1)
-    full = GRPOModule(model=policy, packing="off", logprob_path="logits").token_logprobs(policy, batch).logp
+    full = GRPOModule(model=policy, forward=ForwardSettings(packing="off", logprob_path="logits")).token_logprobs(policy, batch).logp
     batch.turn_ids[0, 2:6] = -1  # a tool response inside row 0's completion
     batch.turn_ids[4, 1] = -1
-    rows, head = [], packing_module.logprobs_from_hidden
-    monkeypatch.setattr(packing_module, "logprobs_from_hidden", lambda hidden, *a, **k: rows.append(len(hidden)) or head(hidden, *a, **k))
-    out = GRPOModule(model=policy, packing=packing, logprob_path=path).token_logprobs(policy, batch, compute_entropy=True)
+    rows, paths = [], Registry("log-prob path")  # the LOGPROBS entries, the chunked one counting the rows it scores
+    counting = paths.register("chunked_hidden")(lambda hidden, *a, **k: rows.append(len(hidden)) or logprobs_from_hidden(hidden, *a, **k))
+    counting.reads = "hidden"
+    paths.register("logits")(logprobs_from_logits)
+    monkeypatch.setattr(forward_module, "LOGPROBS", paths)
+    out = GRPOModule(model=policy, forward=ForwardSettings(packing=packing, logprob_path=path)).token_logprobs(policy, batch, compute_entropy=True)
     sampled = batch.turn_ids >= 0
     assert (out.logp[~sampled] == 0).all() and (out.entropy[~sampled] == 0).all()
     torch.testing.assert_close(out.logp[sampled], full[sampled], atol=1e-5, rtol=0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_grpo import GRPOLoss, GRPOModule, KLSettings
+from lightning_grpo import AlgorithmSettings, ForwardSettings, GRPOLoss, GRPOModule, KLSettings
 from lightning_grpo.core.batch import RolloutBatch
 from lightning_grpo.training.prefix import SharedPrefixPlan, choose_layout
 
@@ -118,7 +118,7 @@ def _policy(path, attn: str, **kwargs):
 
 
 def _logprobs_and_grads(policy, batch, path: str, packing: str, sharing: str):
-    module = GRPOModule(model=policy, packing=packing, prefix_sharing=sharing, logprob_path=path, logprob_chunk_size=7)
+    module = GRPOModule(model=policy, forward=ForwardSettings(packing=packing, prefix_sharing=sharing, logprob_path=path, chunk_size=7))
     plan = choose_layout(policy, batch, packing, sharing)
     assert isinstance(plan, SharedPrefixPlan) == (sharing == "on")
     policy.zero_grad()
@@ -160,7 +160,7 @@ def test_shared_prefix_equals_padded_on_multi_turn_rows(tiny_model_path):
 def test_shared_prefix_equals_padded_with_lora(tiny_model_path):
     from peft import get_peft_model
 
-    from lightning_grpo.training.module import LoraSettings
+    from lightning_grpo import LoraSettings
 
     policy = get_peft_model(_policy(tiny_model_path, "sdpa"), LoraSettings(r=4).to_peft())
     gen = torch.Generator().manual_seed(0)
@@ -191,11 +191,10 @@ def test_reference_old_and_teacher_logprobs_equal_padded(tiny_model_path):
     out = {}
     for sharing in ("off", "on"):
         policy = _policy(tiny_model_path, "sdpa")
-        module = GRPOModule(model=policy, prefix_sharing=sharing, num_iterations=2, loss=GRPOLoss(kl=KLSettings(beta=0.04)),
-                            distillation=DistillSettings(teacher=teacher, use_task_rewards=True))  # fmt: skip
+        module = GRPOModule(model=policy, loss=GRPOLoss(kl=KLSettings(beta=0.04)), algorithm=AlgorithmSettings(num_iterations=2), forward=ForwardSettings(prefix_sharing=sharing, rows_per_pass=6), distillation=DistillSettings(teacher=teacher, use_task_rewards=True))  # fmt: skip
         module.configure_model()
         batch = _grouped_batch(policy.config.vocab_size)
-        out[sharing] = module.prepare_rollout_batch(batch, torch.arange(12.0)[:, None], torch.ones(1), rows_per_pass=6)
+        out[sharing] = module.prepare_rollout_batch(batch, torch.arange(12.0)[:, None], torch.ones(1))
     real = out["off"].attention_mask[:, out["off"].prompt_length :].float()
     for field in ("ref_logp", "old_logp", "teacher_logp"):
         padded, shared = getattr(out["off"], field), getattr(out["on"], field)
@@ -233,5 +232,5 @@ def test_prefix_sharing_on_needs_a_mask_aware_model(tiny_model_path):
     windowed.config.layer_types = ["sliding_attention", "full_attention"]
     with pytest.raises(ValueError, match="no sliding-window layers"):
         choose_layout(windowed, batch, "auto", "on")
-    with pytest.raises(ValueError, match="prefix_sharing must be 'auto', 'on' or 'off'"):
-        GRPOModule(prefix_sharing="yes")
+    with pytest.raises(ValueError, match="model.forward.prefix_sharing must be one of 'auto', 'on', 'off', got 'yes'"):
+        GRPOModule(model="tiny:chars", forward=ForwardSettings(prefix_sharing="yes"))

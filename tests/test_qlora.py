@@ -9,7 +9,8 @@ import torch
 
 pytest.importorskip("bitsandbytes")  # the qlora extra, part of dev (CI installs it)
 
-from lightning_grpo import GRPOLoss, GRPOModule, KLSettings, LoraSettings, QuantizationSettings, RolloutCallback, RewardSpec, SamplingConfig  # noqa: E402
+from lightning_grpo import (GRPOLoss, GRPOModule, KLSettings, LoraSettings, PolicySettings, QuantizationSettings,
+                            RewardSpec, RolloutCallback, SamplingConfig)  # noqa: E402
 from lightning_grpo.callbacks.weight_push import PolicyPush  # noqa: E402
 from lightning_grpo.models.quantization import keep_float_kernels, load_quantized  # noqa: E402
 from lightning_grpo.models.weights import policy_weights_for_engine  # noqa: E402
@@ -95,16 +96,16 @@ def test_a_repacked_layer_is_refused(tiny_model_path):
 
 # ------------------------------------------------------------------------------ configuration
 def test_quantization_needs_lora():
-    with pytest.raises(ValueError, match=r"model.quantization needs model.lora"):
-        GRPOModule(quantization=QuantizationSettings())
+    with pytest.raises(ValueError, match=r"model.policy.quantization needs model.policy.lora"):
+        GRPOModule(model="tiny:chars", policy=PolicySettings(quantization=QuantizationSettings()))
 
 
 def test_quantization_needs_a_model_path(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path))
-    with pytest.raises(ValueError, match=r"model.quantization loads a model path in 4 bits, but model is an nn.Module \(Qwen2ForCausalLM\)"):
-        GRPOModule(model=model, lora=LoraSettings(r=4), quantization=QuantizationSettings())
+    with pytest.raises(ValueError, match=r"model.policy.quantization loads a model path in 4 bits, but model is an nn.Module \(Qwen2ForCausalLM\)"):
+        GRPOModule(model=model, policy=PolicySettings(lora=LoraSettings(r=4), quantization=QuantizationSettings()))
 
 
 def test_quantization_without_bitsandbytes(monkeypatch):
@@ -112,13 +113,13 @@ def test_quantization_without_bitsandbytes(monkeypatch):
 
     monkeypatch.setattr(quantization, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match=r"needs bitsandbytes: pip install 'lightning-grpo\[qlora\]'"):
-        GRPOModule(lora=LoraSettings(r=4), quantization={"quant_type": "nf4"})
+        GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4), quantization={"quant_type": "nf4"}))
 
 
 def test_quantization_does_not_shard_with_fsdp2(tiny_model_path):
-    module = GRPOModule(model=str(tiny_model_path), lora=LoraSettings(r=4), quantization=QuantizationSettings())
+    module = GRPOModule(model=str(tiny_model_path), policy=PolicySettings(lora=LoraSettings(r=4), quantization=QuantizationSettings()))
     module._device_mesh = object()  # what ModelParallelStrategy sets before configure_model
-    with pytest.raises(NotImplementedError, match=r"model.quantization \(QLoRA\) does not shard with FSDP2"):
+    with pytest.raises(NotImplementedError, match=r"model.policy.quantization \(QLoRA\) does not shard with FSDP2"):
         module.configure_model()
 
 
@@ -166,10 +167,7 @@ def test_qlora_training_keeps_engine_and_policy_together(vllm_engine, tiny_model
     every step the engine's log-probs of the sampled tokens equal the policy's (mismatch <= 1e-4)."""
     from tests.test_training import _fit
 
-    module = GRPOModule(
-        model=str(tiny_model_path), loss=GRPOLoss(kl=KLSettings(beta=0.04)), lora=LoraSettings(r=4, alpha=8),
-        quantization=QuantizationSettings(), optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2),
-    )  # fmt: skip
+    module = GRPOModule(model=str(tiny_model_path), loss=GRPOLoss(kl=KLSettings(beta=0.04)), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings()), optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2))  # fmt: skip
     callback = RolloutCallback(
         engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3), rewards=[RewardSpec("prefix_match")], seed=3,
         lora_sync=lora_sync, vllm_args={"enable_lora": True},

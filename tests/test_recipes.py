@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -40,20 +41,67 @@ def test_recipes_exist():
 
 
 ROLLOUT_CALLBACKS = {"lightning_grpo.RolloutCallback", "lightning_grpo.AgentRolloutCallback"}
-GUARDS = ["NonFiniteGuard", "LogProbGuard", "EntropyGuard", "IdenticalSamplesGuard", "MismatchGuard", "ZeroStdGuard"]
+#: The default guard set (lightning_grpo/callbacks/guard_set.py) with its non-default settings, in order.
+DEFAULT_GUARDS = [("NonFiniteGuard", {}), ("LogProbGuard", {}), ("EntropyGuard", {"floor": 0.05, "max_reward": 0.9}),
+                  ("IdenticalSamplesGuard", {}), ("MismatchGuard", {}), ("ZeroStdGuard", {"max_reward": 0.9})]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
-def test_every_recipe_runs_with_all_guards_and_keeps_a_last_checkpoint(path):
-    """The rollout callback in its own section, the six guards in trainer.callbacks, and a
-    ModelCheckpoint that keeps last.ckpt (resume with --ckpt_path last, export it)."""
+def test_every_recipe_leaves_the_guards_to_the_module_and_keeps_a_last_checkpoint(path):
+    """The rollout callback in its own section, no guard in trainer.callbacks (the module attaches the
+    default set), and a ModelCheckpoint that keeps last.ckpt (resume with --ckpt_path last, export it)."""
     cfg = _load(path)
     assert cfg["rollout"].get("class_path", "lightning_grpo.RolloutCallback") in ROLLOUT_CALLBACKS
     callbacks = cfg["trainer"]["callbacks"]
-    ours = [c["class_path"] for c in callbacks if c["class_path"].startswith("lightning_grpo.")]
-    assert ours == [f"lightning_grpo.{g}" for g in GUARDS]
+    assert [c["class_path"] for c in callbacks if c["class_path"].endswith("Guard")] == []
     (checkpoint,) = [c for c in callbacks if c["class_path"] == "lightning.pytorch.callbacks.ModelCheckpoint"]
     assert checkpoint["init_args"]["save_last"] is True and cfg["trainer"].get("enable_checkpointing", True)
+
+
+class _Attached(Exception):
+    """Raised by :class:`_SeeCallbacks` with the Trainer's callbacks once Lightning attached the module's."""
+
+
+class _SeeCallbacks(L.Callback):
+    def setup(self, trainer, pl_module, stage):  # after Trainer._run attached configure_callbacks()
+        raise _Attached(list(trainer.callbacks))
+
+
+def _attached_callbacks(cfg: dict[str, Any], tmp_path: Path, *args: str) -> list:
+    """The callbacks a real Trainer built from recipe ``cfg`` holds when fit starts (it stops there)."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cli = _cli(["-c", str(path), *_run_args(tmp_path, 1), *args])
+    cli.trainer.callbacks.insert(0, _SeeCallbacks())
+    with pytest.raises(_Attached) as seen:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return [c for c in seen.value.args[0] if not isinstance(c, _SeeCallbacks)]
+
+
+def test_the_module_attaches_the_default_guards_unless_the_recipe_names_one(tmp_path, tiny_cache):
+    """quickstart.yaml as written: the six default guards with their settings, once, next to the recipe's
+    ModelCheckpoint and RolloutCallback. A recipe that names one guard gets that guard only; with
+    ``model.default_guards: false`` it gets none."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    import lightning_grpo
+    from lightning_grpo import RolloutCallback
+    from lightning_grpo.callbacks.guards import Guard
+
+    cfg = _load(ROOT / "recipes" / "quickstart.yaml")
+    attached = _attached_callbacks(cfg, tmp_path)
+    guards = [c for c in attached if isinstance(c, Guard)]
+    assert [type(g).__name__ for g in guards] == [name for name, _ in DEFAULT_GUARDS]
+    for guard, (name, settings) in zip(guards, DEFAULT_GUARDS):  # the state key holds the action and every setting
+        assert guard.state_key == getattr(lightning_grpo, name)(**settings).state_key, name
+    assert guards[2].floor == 0.05 and guards[2].max_reward == guards[5].max_reward == 0.9
+    assert sum(isinstance(c, ModelCheckpoint) for c in attached) == 1 and sum(isinstance(c, RolloutCallback) for c in attached) == 1
+
+    own = copy.deepcopy(cfg)
+    own["trainer"]["callbacks"].append({"class_path": "lightning_grpo.RewardDropGuard"})
+    assert [type(c).__name__ for c in _attached_callbacks(own, tmp_path) if isinstance(c, Guard)] == ["RewardDropGuard"]
+    none = _attached_callbacks(cfg, tmp_path, "--model.default_guards=false")
+    assert [c for c in none if isinstance(c, Guard)] == [] and sum(isinstance(c, ModelCheckpoint) for c in none) == 1
 
 
 # --------------------------------------------------------------------------------- helpers
@@ -68,6 +116,10 @@ def _cli(args: list[str], parse_only: bool = False):
     cls = ParseOnly if parse_only else GRPOCLI
     with mock.patch.object(sys, "argv", ["lightning-grpo"]):  # pytest's own arguments are not ours
         return build_cli(args, run=False, cli_class=cls)
+
+
+def _policy_args(cfg: dict[str, Any]) -> dict[str, Any]:
+    return cfg["model"].get("policy") or {}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -85,8 +137,7 @@ def _loss_args(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _is_real_model(cfg: dict[str, Any]) -> bool:
-    model = cfg["model"].get("model")
-    return model is not None and not model.startswith("tiny:")  # "tiny:tools": a built-in tiny model
+    return not cfg["model"]["model"].startswith("tiny:")  # "tiny:tools": a built-in tiny model
 
 
 def _weights_present(cfg: dict[str, Any]) -> bool:
@@ -97,8 +148,8 @@ def tiny_substitute(cfg: dict[str, Any]) -> dict[str, Any]:
     """A real-model recipe moved onto the tiny model, the digit task, the CPU and float32;
     everything else (objective, LoRA, gradient checkpointing, accumulation) is kept."""
     cfg = copy.deepcopy(cfg)
-    cfg["model"]["model"] = None
-    cfg["model"]["dtype"] = "float32"
+    cfg["model"]["model"] = "tiny:chars"
+    cfg["model"].setdefault("policy", {})["dtype"] = "float32"
     data = cfg["data"]
     for key in ("train_files", "val_files", "tokenizer_path", "system_prompt", "max_prompt_length"):
         data[key] = None
@@ -197,7 +248,7 @@ def test_recipe_instantiates(path, tmp_path, tiny_cache):
     assert sum(isinstance(c, RolloutCallback) for c in cli.trainer.callbacks) == 1
     expected_reference = "none"
     if (_loss_args(cfg).get("kl") or {}).get("beta", 0.0) > 0:
-        expected_reference = "adapter" if cfg["model"].get("lora") is not None else "copy"
+        expected_reference = "adapter" if _policy_args(cfg).get("lora") is not None else "copy"
     assert cli.model.reference_mode == expected_reference
     cli.datamodule.setup("fit")  # tokenizer, data, columns
     assert len(cli.datamodule.train_records) >= cli.datamodule.batch_size
@@ -223,7 +274,7 @@ def test_recipe_lengths_agree(path):
 @pytest.mark.parametrize("path", [p for p in RUN_RECIPES if _is_real_model(_load(p))], ids=lambda p: p.stem)
 def test_real_model_recipe_settings(path):
     cfg = _load(path)
-    model, data, trainer = cfg["model"], cfg["data"], cfg["trainer"]
+    model, data, trainer, policy = cfg["model"], cfg["data"], cfg["trainer"], _policy_args(cfg)
     vllm_args = _rollout_args(cfg)["vllm_args"]
     assert model["model"] == data["tokenizer_path"], "the policy and its tokenizer come from the same path"
     assert trainer["accelerator"] == "gpu"
@@ -231,13 +282,13 @@ def test_real_model_recipe_settings(path):
         "on a GPU the KV cache must come from gpu_memory_utilization, not the 64 MiB CPU default"
     )
     assert 0 < vllm_args["gpu_memory_utilization"] < 1
-    if model.get("lora") is not None:
-        assert model["gradient_checkpointing"] is True
+    if policy.get("lora") is not None:
+        assert policy["gradient_checkpointing"] is True
     if "fp16" in path.stem:  # trainer and engine both in fp16, with the loss scaler of 16-mixed
-        assert vllm_args["dtype"] == model["dtype"] == "float16" and trainer["precision"] == "16-mixed"
+        assert vllm_args["dtype"] == policy["dtype"] == "float16" and trainer["precision"] == "16-mixed"
     else:
         assert vllm_args["dtype"] == "bfloat16"
-        assert trainer["precision"].startswith("bf16") or model["dtype"] == "bfloat16"
+        assert trainer["precision"].startswith("bf16") or policy["dtype"] == "bfloat16"
 
 
 # ---------------------------------------------------------------------------- (b) training
@@ -274,7 +325,7 @@ def test_recipe_trains(path, tmp_path, tiny_cache, request):
     moved = max((after[n] - before[n]).abs().max().item() for n in before)
     assert moved > 0, "no trainable weight changed"
     _check_algorithm_metrics(cfg, module, metrics)
-    if _rollout_args(cfg).get("engine", "vllm") == "vllm" and cfg["model"].get("model") is None:
+    if _rollout_args(cfg).get("engine", "vllm") == "vllm" and cfg["model"]["model"] == "tiny:chars":
         _check_engine_checkpoint(module, cli.datamodule.tokenizer)
 
 
@@ -305,6 +356,7 @@ def _check_engine_checkpoint(module, tokenizer) -> None:
 def _check_algorithm_metrics(cfg: dict[str, Any], module, metrics: dict[str, float]) -> None:
     """The metrics and rollout-batch properties that the recipe's algorithm must produce."""
     loss, rollout, model = _loss_args(cfg), _rollout_args(cfg), cfg["model"]
+    algorithm = model.get("algorithm") or {}
     for key in ("train/reward_mean", "train/frac_reward_zero_std", "train/entropy", "train/kept_groups"):
         assert key in metrics, key
     policy_loss = loss.get("policy_loss", "ppo")
@@ -317,7 +369,7 @@ def _check_algorithm_metrics(cfg: dict[str, Any], module, metrics: dict[str, flo
         assert 0 < metrics["train/kl_cov_frac"] <= 1  # at least one token is always chosen
     if (loss.get("kl") or {}).get("beta", 0.0) > 0:
         assert math.isfinite(metrics["train/kl"]) and metrics["train/kl"] >= 0
-        if model.get("lora") is not None:
+        if _policy_args(cfg).get("lora") is not None:
             assert module.reference is None  # the adapter-disabled policy is the reference
         else:
             assert module.reference is not None
@@ -328,7 +380,7 @@ def _check_algorithm_metrics(cfg: dict[str, Any], module, metrics: dict[str, flo
     batch = module.rollout_batch
     if (loss.get("off_policy") or {}).get("bypass"):  # old = the engine's log-probs: no trainer pass
         assert batch.old_logp is None and "train/mismatch_k3" not in metrics
-    elif model.get("steps_per_generation", 1) > 1 or model.get("num_iterations", 1) > 1:
+    elif algorithm.get("steps_per_generation", 1) > 1 or algorithm.get("num_iterations", 1) > 1:
         assert batch.old_logp is not None
         # the last step trains on a batch sampled two optimizer steps earlier: off-policy
         assert metrics["train/ratio_max"] != 1.0 or metrics["train/ratio_min"] != 1.0
@@ -339,7 +391,7 @@ def _check_algorithm_metrics(cfg: dict[str, Any], module, metrics: dict[str, flo
     if rollout.get("gfpo_keep") is not None:
         assert batch.group_size == rollout["gfpo_keep"] < rollout["sampling"]["n"]
         assert len(batch) == batch.group_size * cfg["data"].get("batch_size", 8)
-    if model.get("advantage") == "qae":
+    if algorithm.get("advantage") == "qae":
         # the baseline is one of the group's rewards: in every group some advantage is exactly 0
         groups = batch.advantages.view(-1, batch.group_size)
         assert bool((groups == 0).any(dim=1).all()), groups

@@ -11,15 +11,15 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import LoraSettings, SFTDataModule, SFTModule
+from lightning_grpo import ForwardSettings, LoraSettings, PolicySettings, SFTDataModule, SFTModule
 from lightning_grpo.data.sft import collate
 from lightning_grpo.training.packing import choose_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _module(path, **kwargs) -> SFTModule:
-    module = SFTModule(model=str(path), **kwargs)
+def _module(path, **forward) -> SFTModule:
+    module = SFTModule(model=str(path), forward=ForwardSettings(**forward))
     module.configure_model()
     return module
 
@@ -80,7 +80,7 @@ def test_packing_equals_padded(tiny_model_path, logprob_path, save_probs):
     results = []
     for packing in ("off", "on"):
         torch.manual_seed(0)
-        module = _module(tiny_model_path, packing=packing, logprob_path=logprob_path, logprob_save_probs=save_probs and packing == "on")
+        module = _module(tiny_model_path, packing=packing, logprob_path=logprob_path, save_probs=save_probs and packing == "on")
         plan = choose_plan(module.policy, module.as_rollout_batch(_batch()), packing)
         assert (plan.rows, plan.width) == (2, 9) if packing == "on" else plan is None
         saved = []
@@ -101,7 +101,7 @@ def test_packing_equals_padded(tiny_model_path, logprob_path, save_probs):
 def test_validation_metrics_by_hand(tiny_model_path, logprob_path):
     """val/loss, val/token_accuracy, val/accuracy: a row whose answer is the model's own greedy continuation
     is all right, a row whose answer is another token is wrong; the loss is the token mean by hand."""
-    module = _module(tiny_model_path, logprob_path=logprob_path, logprob_chunk_size=2)
+    module = _module(tiny_model_path, logprob_path=logprob_path, chunk_size=2)
     with torch.no_grad():
         greedy = module.policy.generate(torch.tensor([[5, 6, 7, 15]]), max_new_tokens=3, do_sample=False, pad_token_id=0)[0].tolist()
     wrong = [t + 1 if t < 40 else 5 for t in greedy[4:]]
@@ -129,8 +129,7 @@ def test_lora_trains_the_adapter_only(tiny_model_path, quantized):
 
     if quantized and importlib.util.find_spec("bitsandbytes") is None:
         pytest.skip("QLoRA needs bitsandbytes (the qlora extra, part of dev)")
-    module = SFTModule(model=str(tiny_model_path), lora=LoraSettings(r=4, alpha=8), optimizer=partial(torch.optim.AdamW, lr=1e-2),
-                       quantization=QuantizationSettings() if quantized else None)  # fmt: skip
+    module = SFTModule(model=str(tiny_model_path), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings() if quantized else None), optimizer=partial(torch.optim.AdamW, lr=1e-2))  # fmt: skip
     module.configure_model()
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     _fit(module, SFTDataModule(tokenizer_path=str(tiny_model_path), batch_size=4))
@@ -162,7 +161,7 @@ def test_sft_then_export_then_grpo(tiny_model_path, tmp_path, monkeypatch):
     checkpoint = tmp_path / "runs/sft_quickstart/version_0/checkpoints/last.ckpt"
     assert checkpoint.is_file()
     sft_weights, info, hparams = load_checkpoint(checkpoint)
-    assert hparams["packing"] == "auto" and info["tokenizer_files"]
+    assert hparams["forward"]["packing"] == "auto" and info["tokenizer_files"]
     _cli(["export", str(tmp_path / "runs/sft_quickstart"), "--out", str(tmp_path / "sft_model")])
     exported = load_file(tmp_path / "sft_model/model.safetensors")
     for name, tensor in exported.items():
@@ -201,3 +200,15 @@ def test_grpo_model_from_an_sft_checkpoint(tiny_model_path, tmp_path, monkeypatc
     (tmp_path / "notes.txt").write_text("not a checkpoint")
     with pytest.raises(ValueError, match=r"model.model: .*notes.txt is not a Lightning checkpoint"):
         GRPOModule(model=str(tmp_path / "notes.txt"))
+
+
+def test_grpo_only_settings_are_refused_by_sft():
+    """SFTModule shares the policy and forward sections; the fields only GRPO uses are one error each."""
+    from lightning_grpo import PolicySettings
+
+    for kwargs, field in ((dict(policy=PolicySettings(reference="copy")), "model.policy.reference"),
+                          (dict(forward=ForwardSettings(prefix_sharing="on")), "model.forward.prefix_sharing"),
+                          (dict(forward=ForwardSettings(rows_per_pass=8)), "model.forward.rows_per_pass")):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"^{field} does not apply to SFTModule \(GRPOModule only\): leave it unset$"):
+            SFTModule(model="tiny:chars", **kwargs)
+    assert SFTModule(model="tiny:chars", forward=ForwardSettings(packing="off", save_probs=True)).forward_settings.save_probs

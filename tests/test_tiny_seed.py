@@ -56,7 +56,7 @@ def test_the_command_line_seed_picks_the_initialisation_the_policy_and_the_engin
     assert run.trainer.global_step == 1 and run.model.model_source == builtin_model_path("tiny:chars@1")
     assert _model_dir(run.model, None) == run.model.model_source
     assert run.datamodule.tokenizer_path == builtin_model_path("tiny:chars@0")
-    fresh = GRPOModule()
+    fresh = GRPOModule(model="tiny:chars")
     fresh.configure_model()
     assert _same({k: v for k, v in fresh.policy.state_dict().items()}, _weights(builtin_model_path("tiny:chars@1")))
 
@@ -73,3 +73,13 @@ def test_a_pinned_initialisation_ignores_the_run_seed_and_a_bad_name_is_one_erro
             GRPOModule(model=bad)
     with pytest.raises(ValueError, match=r"^data.tokenizer_path: 'tiny:tools@' is not a built-in tiny model"):
         PromptDataModule(tokenizer_path="tiny:tools@")
+
+
+def test_the_model_is_required_and_the_tiny_model_is_named():
+    """No default model: None is one error naming model.model and the built-in names; "tiny:chars" is one of them."""
+    from lightning_grpo import SFTModule
+
+    for cls in (GRPOModule, SFTModule):
+        with pytest.raises(ValueError, match=r"^model.model is required: .*built-in tiny model by name \(tiny:chars, tiny:tools, "):
+            cls(model=None)
+    assert GRPOModule(model="tiny:chars").model_source == builtin_model_path("tiny:chars")

@@ -7,7 +7,8 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import GRPOLoss, GRPOModule, KLSettings, LoraSettings, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLSettings, LoraSettings, PolicySettings,
+                            PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig)  # fmt: skip
 
 
 class Recorder(L.Callback):
@@ -82,7 +83,7 @@ def test_one_forward_and_backward_per_micro_batch(tiny_model_path, accumulate):
 
 def test_old_and_reference_logprobs_only_when_needed(tiny_model_path):
     policy = _policy(tiny_model_path)
-    module = GRPOModule(model=policy, loss=GRPOLoss(kl=KLSettings(beta=0.04)), num_iterations=2, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    module = GRPOModule(model=policy, loss=GRPOLoss(kl=KLSettings(beta=0.04)), algorithm=AlgorithmSettings(num_iterations=2), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     _fit(module, _hf_callback(), steps=2)
     batch = module.rollout_batch
     assert batch.old_logp is not None and batch.ref_logp is not None
@@ -124,12 +125,7 @@ def test_resume_with_vllm_engine(tiny_model_path, vllm_engine, tmp_path):
 
 
 def test_lora_reference_is_the_adapter_free_model(tiny_model_path):
-    module = GRPOModule(
-        model=str(tiny_model_path),
-        loss=GRPOLoss(kl=KLSettings(beta=0.1)),
-        lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
-        optimizer=lambda p: torch.optim.AdamW(p, lr=5e-2),
-    )
+    module = GRPOModule(model=str(tiny_model_path), loss=GRPOLoss(kl=KLSettings(beta=0.1)), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])), optimizer=lambda p: torch.optim.AdamW(p, lr=5e-2))
     _fit(module, _hf_callback(), steps=3)
     assert module.reference_mode == "adapter" and module.reference is None
     trainable = [n for n, p in module.policy.named_parameters() if p.requires_grad]

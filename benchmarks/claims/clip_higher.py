@@ -18,7 +18,7 @@ LR = 2e-3
 def configs() -> dict[str, dict]:
     def arm(eps_high: float) -> dict:
         loss = {"policy_loss": "ppo", "policy_loss_args": {"eps_low": 0.2, "eps_high": eps_high}}
-        return recipe({"model": {"steps_per_generation": 4, "loss": {"init_args": loss}, "optimizer": {"init_args": {"lr": LR}}}})
+        return recipe({"model": {"algorithm": {"steps_per_generation": 4}, "loss": {"init_args": loss}, "optimizer": {"init_args": {"lr": LR}}}})
 
     return {"eps_0.2": arm(0.2), "eps_0.28": arm(0.28)}
 

@@ -17,7 +17,7 @@ from common import PLOTS, args, final, plot, recipe, run, tail_mean, write_secti
 def configs() -> dict[str, dict]:
     token = {"policy_loss": "ppo", "policy_loss_args": {"eps_low": 0.2, "eps_high": 0.2}, "aggregation": "token_mean"}
     gspo = {"policy_loss": "gspo", "policy_loss_args": {"eps_low": 3e-4, "eps_high": 4e-4}, "aggregation": "seq_mean_token_mean"}
-    return {arm: recipe({"model": {"num_iterations": 4, "loss": {"init_args": loss}}}) for arm, loss in (("token", token), ("gspo", gspo))}
+    return {arm: recipe({"model": {"algorithm": {"num_iterations": 4}, "loss": {"init_args": loss}}}) for arm, loss in (("token", token), ("gspo", gspo))}
 
 
 def clip_frac(cols: dict) -> float:

@@ -17,7 +17,7 @@ from common import PLOTS, args, final, plot, recipe, run, tail_mean, write_secti
 def configs() -> dict[str, dict]:
     ppo = {"policy_loss": "ppo", "policy_loss_args": {"eps_low": 0.2, "eps_high": 0.2}, "aggregation": "token_mean"}
     sapo = {"policy_loss": "sapo", "policy_loss_args": {"tau_pos": 1.0, "tau_neg": 1.05}, "aggregation": "seq_mean_token_mean"}
-    base = {"trainer": {"val_check_interval": 100}, "model": {"steps_per_generation": 4}}
+    base = {"trainer": {"val_check_interval": 100}, "model": {"algorithm": {"steps_per_generation": 4}}}
     return {arm: recipe({**base, "model": {**base["model"], "loss": {"init_args": loss}}}) for arm, loss in (("ppo", ppo), ("sapo", sapo))}
 
 

@@ -8,7 +8,7 @@ itself rather than to the initial model:
     soft (after every optimizer step):  ref <- alpha * policy + (1 - alpha) * ref
 
 It needs a reference that is a separate copy (``GRPOModule`` with ``beta > 0`` or
-``kl_in_reward_coef`` and no LoRA, or ``reference: copy``); the reference weights are part of the
+``algorithm.kl_in_reward.coef`` and no LoRA, or ``policy.reference: copy``); the reference weights are part of the
 module's checkpoint. The number of syncs is logged as ``reference/syncs``.
 """
 
@@ -46,7 +46,7 @@ class ReferenceSync(Callback):
         if getattr(pl_module, "reference_mode", None) != "copy":
             raise ValueError(
                 "ReferenceSync needs a reference model that is a separate copy of the policy (GRPOModule with "
-                "loss beta > 0 or kl_in_reward_coef and no LoRA, or reference: copy); got reference mode "
+                "loss beta > 0 or model.algorithm.kl_in_reward.coef and no LoRA, or model.policy.reference: copy); got reference mode "
                 f"{getattr(pl_module, 'reference_mode', None)!r}"
             )
 

@@ -298,7 +298,7 @@ class RolloutCallback(Callback):
             turn_ids=tensors.turn_ids,
         ).to(module.device)
         batch = module.prepare_rollout_batch(
-            batch, result.rewards.to(module.device), result.weights.to(module.device), self.forward_rows, records=result.records
+            batch, result.rewards.to(module.device), result.weights.to(module.device), records=result.records
         )
         times["time/prepare"] = time.perf_counter() - start
         module.use_rollout(batch, {**result.metrics, **self.reward_set.totals(), **times})

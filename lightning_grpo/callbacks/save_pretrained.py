@@ -58,7 +58,7 @@ class SavePretrained(Callback):
         """Refuse, before training, a ``dirpath`` that holds something other than a saved model (it is
         replaced whole), and ``merge_lora: false`` without LoRA."""
         if not self.merge_lora and getattr(pl_module, "lora", None) is None:
-            raise ValueError("SavePretrained.merge_lora=false saves a LoRA adapter, but model.lora is not set")
+            raise ValueError("SavePretrained.merge_lora=false saves a LoRA adapter, but model.policy.lora is not set")
         path = self.dirpath
         if path is not None and path.exists() and (not path.is_dir() or (any(path.iterdir()) and not _is_model_folder(path))):
             raise ValueError(

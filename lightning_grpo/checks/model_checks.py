@@ -45,20 +45,20 @@ def _loss_field(loss: Any, err: BaseException) -> str:
 
 
 def check_lora(module: Any) -> None:
-    """``model.lora``: ranges, the peft config, and target modules that exist in the architecture."""
+    """``model.policy.lora``: ranges, the peft config, and target modules that exist in the architecture."""
     lora = getattr(module, "lora", None)
     if lora is None:
         return
     if not isinstance(lora.r, int) or lora.r < 1:
-        raise ValueError(f"model.lora.r must be an integer >= 1 (the adapter's rank), got {lora.r!r}")
+        raise ValueError(f"model.policy.lora.r must be an integer >= 1 (the adapter's rank), got {lora.r!r}")
     if not lora.alpha > 0:
-        raise ValueError(f"model.lora.alpha must be > 0 (delta_W = alpha / r * B A), got {lora.alpha!r}")
+        raise ValueError(f"model.policy.lora.alpha must be > 0 (delta_W = alpha / r * B A), got {lora.alpha!r}")
     if not 0 <= lora.dropout < 1:
-        raise ValueError(f"model.lora.dropout must be in [0, 1), got {lora.dropout!r}")
+        raise ValueError(f"model.policy.lora.dropout must be in [0, 1), got {lora.dropout!r}")
     try:
         config = lora.to_peft()
     except (TypeError, ValueError) as err:
-        raise ValueError(f"model.lora (its extra settings go to peft's LoraConfig): {err}") from err
+        raise ValueError(f"model.policy.lora (its extra settings go to peft's LoraConfig): {err}") from err
     skeleton = _meta_policy(module)
     if skeleton is None:
         return
@@ -67,7 +67,7 @@ def check_lora(module: Any) -> None:
     try:
         get_peft_model(skeleton, config)
     except (ValueError, TypeError, KeyError) as err:
-        raise ValueError(f"model.lora.target_modules {lora.target_modules!r} (or extra): {err}") from err
+        raise ValueError(f"model.policy.lora.target_modules {lora.target_modules!r} (or extra): {err}") from err
 
 
 def _meta_policy(module: Any) -> Any:

@@ -6,7 +6,7 @@
 runs it from the CLI's ``before_fit`` hook (before ``trainer.fit``, so before Lightning's loggers
 create their run directory; :mod:`lightning_grpo.cli`), and ``RolloutCallback.setup`` runs it again
 on every rank (also for drop-in use without the CLI). Each problem is one exception whose message
-names the option as written in a recipe (``data.batch_size``, ``model.advantage``,
+names the option as written in a recipe (``data.batch_size``, ``model.algorithm.advantage``,
 ``rollout.sampling.n``, ...) and what was expected. It checks:
 
 * the engine: a known name; ``engine: vllm`` with vLLM installed; no ``vllm_args`` for ``hf``; on
@@ -14,18 +14,18 @@ names the option as written in a recipe (``data.batch_size``, ``model.advantage`
   chunked prefill (``rollout/prefill.py``);
   ``lora_sync: adapter`` with engine vllm, ``vllm_args.enable_lora`` and ``model.lora``;
   ``vllm_args.sleep_level: 2`` only with ``weight_sync`` on;
-* the layout: no ``model.quantization`` (QLoRA) and no ``engine: hf`` with ``trainer.strategy``
+* the layout: no ``model.policy.quantization`` (QLoRA) and no ``engine: hf`` with ``trainer.strategy``
   ModelParallelStrategy (FSDP2);
 * the groups: at least 2 completions per prompt for a group-relative advantage (all built-in
   ones); no more training steps per generation batch than it has completions;
-* the reference: ``beta > 0`` or ``kl_in_reward_coef`` with ``reference: none``;
+* the reference: ``beta > 0`` or ``algorithm.kl_in_reward.coef`` with ``policy.reference: none``;
 * lengths: longest prompt + ``sampling.max_new_tokens`` within the engine's maximum length
   (``vllm_args.max_model_len``, or the policy's ``max_position_embeddings`` for ``hf``);
 * the model: a local ``model.model`` directory holds ``config.json``; the tokenizer's vocabulary
   fits the policy's embedding;
 * the loss: ``model.loss`` runs on a small made-up batch (negative ``eps_high``, an unknown
   keyword of the policy loss or aggregation, ... fail here, not after the engine started);
-* LoRA: ``model.lora`` rank, alpha and dropout in range, its peft config valid, and its
+* LoRA: ``model.policy.lora`` rank, alpha and dropout in range, its peft config valid, and its
   ``target_modules`` present in the policy's architecture (matched on an empty ``meta`` copy);
 * the optimizer: it accepts its arguments and its learning rate is > 0;
 * rollout ranges: ``forward_rows >= 1``, ``val_samples >= 0``, ``val_pass_k`` in 1..``val_samples``;
@@ -173,8 +173,8 @@ def check_layout(trainer: Any, module: Any, callback: Any = None) -> None:
         return
     if getattr(module, "quantization", None) is not None:
         raise ValueError(
-            "model.quantization (QLoRA) does not shard with trainer.strategy ModelParallelStrategy (FSDP2): "
-            "use strategy ddp or one device, or train without model.quantization"
+            "model.policy.quantization (QLoRA) does not shard with trainer.strategy ModelParallelStrategy (FSDP2): "
+            "use strategy ddp or one device, or train without model.policy.quantization"
         )
     if callback is not None and callback.engine is None and callback.engine_name == "hf":
         raise ValueError(
@@ -187,8 +187,7 @@ def check_layout(trainer: Any, module: Any, callback: Any = None) -> None:
 # ------------------------------------------------------------------------------------ groups
 def check_groups(trainer: Any, module: Any, callback: Any, dm: Any = None) -> None:
     """G >= 2 for group-relative advantages; every training step of a generation gets rows."""
-    hparams = module.hparams
-    advantage = hparams.get("advantage", "grpo")
+    advantage = module.algorithm.advantage
     keep = callback.selector.keep
     field = f"{CB}.gfpo_keep" if keep is not None else f"{CB}.sampling.n"
     group = callback.selector.out_group_size
@@ -197,18 +196,18 @@ def check_groups(trainer: Any, module: Any, callback: Any, dm: Any = None) -> No
         std = getattr(estimator, "divides_by_group_std", False)
         how = "normalised by their reward std" if std else "so every advantage would be 0"
         raise ValueError(
-            f"{field}={group} leaves 1 completion per prompt, but model.advantage={advantage!r} compares each "
+            f"{field}={group} leaves 1 completion per prompt, but model.algorithm.advantage={advantage!r} compares each "
             f"completion with the others of its prompt ({how}): set {field} >= 2"
         )
     dm = dm if dm is not None else getattr(trainer, "datamodule", None)
     if dm is None or not hasattr(dm, "batch_size"):
         return
     rows = dm.batch_size * group  # completions per rank and generation
-    steps = hparams.get("steps_per_generation", 1)
+    steps = module.algorithm.steps_per_generation
     accumulate = getattr(trainer, "accumulate_grad_batches", 1)
     if steps * accumulate > rows:
         raise ValueError(
-            f"model.steps_per_generation={steps} x trainer.accumulate_grad_batches={accumulate} training steps "
+            f"model.algorithm.steps_per_generation={steps} x trainer.accumulate_grad_batches={accumulate} training steps "
             f"share each generation batch of data.batch_size={dm.batch_size} x {field}={group} = {rows} "
             f"completions: some steps would get none; make their product <= {rows}"
         )
@@ -217,20 +216,19 @@ def check_groups(trainer: Any, module: Any, callback: Any, dm: Any = None) -> No
 # --------------------------------------------------------------------------------- reference
 def check_reference(module: Any) -> None:
     """A KL penalty needs a reference model."""
-    hparams = module.hparams
-    if hparams.get("reference", "auto") != "none":
+    if module.policy_settings.reference != "none":
         return
     beta = getattr(getattr(module, "loss_fn", None), "beta", 0.0)
     if beta:
         raise ValueError(
             f"model.loss.init_args.kl.beta={beta} puts a KL to the reference model in the loss, but "
-            "model.reference='none': set model.reference: auto (or kl.beta: 0)"
+            "model.policy.reference='none': set model.policy.reference: auto (or kl.beta: 0)"
         )
-    coef = hparams.get("kl_in_reward_coef", 0.0)
+    coef = module.algorithm.kl_in_reward.coef
     if coef:
         raise ValueError(
-            f"model.kl_in_reward_coef={coef} subtracts a KL to the reference model from the rewards, but "
-            "model.reference='none': set model.reference: auto (or kl_in_reward_coef: 0)"
+            f"model.algorithm.kl_in_reward.coef={coef} subtracts a KL to the reference model from the rewards, but "
+            "model.policy.reference='none': set model.policy.reference: auto (or model.algorithm.kl_in_reward.coef: 0)"
         )
 
 

@@ -11,6 +11,23 @@ RENAMED: dict[str, str] = {}
 
 # ---------------------------------------------------------------- model.* (GRPOModule)
 MODULE_RENAMES: dict[str, str] = {
+    "model.advantage": "model.algorithm.advantage",
+    "model.advantage_args": "model.algorithm.advantage_args",
+    "model.reward_aggregation": "model.algorithm.reward_aggregation",
+    "model.kl_in_reward_coef": "model.algorithm.kl_in_reward.coef",
+    "model.num_iterations": "model.algorithm.num_iterations",
+    "model.steps_per_generation": "model.algorithm.steps_per_generation",
+    "model.dtype": "model.policy.dtype",
+    "model.lora": "model.policy.lora",
+    "model.quantization": "model.policy.quantization",
+    "model.gradient_checkpointing": "model.policy.gradient_checkpointing",
+    "model.reference": "model.policy.reference",
+    "model.logprob_path": "model.forward.logprob_path",
+    "model.logprob_chunk_size": "model.forward.chunk_size",
+    "model.logprob_save_probs": "model.forward.save_probs",
+    "model.packing": "model.forward.packing",
+    "model.prefix_sharing": "model.forward.prefix_sharing",
+    "rollout.forward_rows": "model.forward.rows_per_pass",
 }
 
 # ---------------------------------------------------------------- model.loss.* (GRPOLoss)

@@ -5,7 +5,8 @@ For a sequence of logits z_t in R^V and the sampled token y_t, with temperature 
     log pi(y_t) = z_t[y_t] / tau - logsumexp(z_t / tau)
     H_t         = -sum_v p_v log p_v,   p = softmax(z_t / tau)
 
-Two registered paths (registry ``LOGPROBS``) compute the same numbers:
+Two registered paths (registry ``LOGPROBS``) compute the same numbers; each entry's ``reads`` attribute says
+what it scores (``"logits"`` or ``"hidden"`` states with the LM head), so a caller runs the model accordingly:
 
 - ``"logits"``: from materialised logits [B, T, V] (float32 ``log_softmax`` then ``gather``).
 - ``"chunked_hidden"``: from the final hidden states [B, T, H] and the LM head weight [V, H],
@@ -295,6 +296,10 @@ def logprobs_from_hidden(
     )
     entropy = ent.reshape(ids.shape) if compute_entropy else None
     return TokenLogProbs(logp.reshape(ids.shape), entropy)
+
+
+logprobs_from_logits.reads = "logits"  # what the LOGPROBS entry scores: the model's logits [..., V]
+logprobs_from_hidden.reads = "hidden"  # final hidden states [..., H] and the LM head (weight, bias)
 
 
 def _masked_parts(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

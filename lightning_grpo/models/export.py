@@ -57,7 +57,7 @@ def export_info(module: Any, tokenizer: Any) -> dict[str, Any]:
     policy = module.policy
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     info: dict[str, Any] = {"model_source": getattr(module, "model_source", None), "lora": None, "tokenizer_files": {},
-                            "quantization": None, "dtype": getattr(getattr(module, "hparams", None), "dtype", None)}  # fmt: skip
+                            "quantization": None, "dtype": module.policy_settings.dtype}  # fmt: skip
     if getattr(module, "lora", None) is not None:
         info["lora"] = asdict(module.lora)
     if getattr(module, "quantization", None) is not None:  # QLoRA: the 4-bit layout is rebuilt from these on export
@@ -170,7 +170,7 @@ def _save_on_every_rank(model: nn.Module) -> Iterator[None]:
 
 def _write_adapter(policy: nn.Module, folder: Path, dtype: str | None, base_model: str | None) -> None:
     if not hasattr(policy, "peft_config"):
-        raise ExportError("--adapter exports a LoRA adapter, but the policy was trained without model.lora")
+        raise ExportError("--adapter exports a LoRA adapter, but the policy was trained without model.policy.lora")
     policy.save_pretrained(folder, safe_serialization=True)
     config_file = folder / "adapter_config.json"
     config = json.loads(config_file.read_text())
@@ -203,7 +203,7 @@ def export(source: str | Path, out: str | Path, *, dtype: str | None = None, ada
     checkpoint = find_checkpoint(source)
     weights, info, _ = load_checkpoint(checkpoint)
     if adapter and info.get("lora") is None:
-        raise ExportError(f"--adapter exports a LoRA adapter, but {checkpoint} was trained without model.lora")
+        raise ExportError(f"--adapter exports a LoRA adapter, but {checkpoint} was trained without model.policy.lora")
     policy = build_policy(weights, info)
     tokenizer = tokenizer_from_files(info["tokenizer_files"]) if info.get("tokenizer_files") else None
     base_model = info.get("model_source")

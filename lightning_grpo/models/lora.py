@@ -1,4 +1,4 @@
-"""LoRA settings of the policy (``GRPOModule(lora=LoraSettings(...))``, ``model.lora`` in a recipe)."""
+"""LoRA settings of the policy (``GRPOModule(policy=PolicySettings(lora=LoraSettings(...)))``, ``model.policy.lora`` in a recipe)."""
 
 from __future__ import annotations
 

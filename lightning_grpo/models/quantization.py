@@ -3,7 +3,7 @@
 ``GRPOModule(quantization=QuantizationSettings(...), lora=LoraSettings(...))`` loads the model
 through transformers' ``BitsAndBytesConfig``: every linear layer of the decoder becomes a
 ``bitsandbytes.nn.Linear4bit`` (blocks of 64 weights share one scale; with ``double_quant`` the
-scales are quantised again), the embeddings, norms and the output layer stay in ``model.dtype``.
+scales are quantised again), the embeddings, norms and the output layer stay in ``model.policy.dtype``.
 A layer's forward dequantises its weight to ``compute_dtype`` and multiplies in that dtype, so the
 4-bit base costs half a byte per weight at rest and full precision arithmetic. The reference
 model is the same network with the adapter switched off (no second copy).
@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-MISSING_BITSANDBYTES = "model.quantization (QLoRA) needs bitsandbytes: pip install 'lightning-grpo[qlora]'"
+MISSING_BITSANDBYTES = "model.policy.quantization (QLoRA) needs bitsandbytes: pip install 'lightning-grpo[qlora]'"
 
 
 @dataclass
@@ -46,16 +46,16 @@ class QuantizationSettings:
     double_quant: bool = True
     """Quantise the per-block scales too (8-bit, blocks of 256): about 0.37 bits per weight saved."""
     compute_dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    """dtype each 4-bit weight is dequantised to for its matmul; None = ``model.dtype``."""
+    """dtype each 4-bit weight is dequantised to for its matmul; None = ``model.policy.dtype``."""
     skip_modules: list[str] | None = None
     """Module names kept unquantised (``llm_int8_skip_modules``); None = transformers' default (the output layer)."""
 
     def __post_init__(self) -> None:
         if self.quant_type not in ("nf4", "fp4"):
-            raise ValueError(f"model.quantization.quant_type must be 'nf4' or 'fp4', got {self.quant_type!r}")
+            raise ValueError(f"model.policy.quantization.quant_type must be 'nf4' or 'fp4', got {self.quant_type!r}")
         if self.compute_dtype not in (None, "float32", "bfloat16", "float16"):
             raise ValueError(
-                f"model.quantization.compute_dtype must be float32, bfloat16, float16 or null, got {self.compute_dtype!r}"
+                f"model.policy.quantization.compute_dtype must be float32, bfloat16, float16 or null, got {self.compute_dtype!r}"
             )
 
     @classmethod
@@ -88,10 +88,10 @@ def check_quantization(quantization: Any, has_lora: bool, model: Any) -> Quantiz
     if isinstance(quantization, dict):
         quantization = QuantizationSettings(**quantization)
     if not has_lora:
-        raise ValueError("model.quantization needs model.lora: the 4-bit base weights are frozen, QLoRA trains a LoRA adapter on them")
+        raise ValueError("model.policy.quantization needs model.policy.lora: the 4-bit base weights are frozen, QLoRA trains a LoRA adapter on them")
     if isinstance(model, nn.Module):
         raise ValueError(
-            f"model.quantization loads a model path in 4 bits, but model is an nn.Module ({type(model).__name__}): "
+            f"model.policy.quantization loads a model path in 4 bits, but model is an nn.Module ({type(model).__name__}): "
             "pass its path, or quantise it yourself and leave quantization unset"
         )
     require_bitsandbytes()
@@ -185,7 +185,7 @@ def take_quant_state(checkpoint_state: dict[str, torch.Tensor], module: nn.Modul
         if mine is None or not torch.equal(theirs.cpu(), mine.cpu()):
             raise ValueError(
                 f"the checkpoint's 4-bit base differs from the one built from model.model ({key}): resume a QLoRA "
-                "run with the model.model and model.quantization it was trained with"
+                "run with the model.model and model.policy.quantization it was trained with"
             )
 
 

@@ -205,7 +205,7 @@ def tiny_model_dir(config: TinyModelConfig | None = None, cache_dir: str | os.Pa
 #: ``model.model`` / ``data.tokenizer_path`` values naming a built-in tiny model: ``"tiny:chars"``, ``"tiny:tools"``,
 #: optionally with a pinned initialisation seed: ``"tiny:chars@3"``.
 BUILTIN_PREFIX = "tiny:"
-#: The built-in model that ``model.model: null`` stands for.
+#: The quickstart's built-in model (``model.model: tiny:chars``); model.model has no default.
 DEFAULT_BUILTIN = "tiny:chars"
 
 

@@ -101,9 +101,9 @@ class DistillContext:
 
     policy: Callable[[], nn.Module]
     """The student (``"base"`` / ``"adapter:"`` teachers are it with its adapter switched)."""
-    logprobs: Callable[[nn.Module, RolloutBatch, int], Tensor]
-    """(model, batch, rows_per_pass) -> [B, Lc] completion log-probs without gradient, computed as
-    the reference's (packing, precision)."""
+    logprobs: Callable[[nn.Module, RolloutBatch], Tensor]
+    """(model, batch) -> [B, Lc] completion log-probs without gradient, computed as
+    the reference's (packing, precision, rows per pass)."""
     global_sum: Callable[[Tensor], Tensor]
     """A scalar summed over the ranks (float32, on the student's device)."""
     precision: Callable[[], ContextManager]
@@ -163,7 +163,7 @@ class Distiller:
             return spec.eval().requires_grad_(False)
         if spec == "base" or spec.startswith("adapter:"):
             if not hasattr(self.ctx.policy(), "disable_adapter"):
-                raise ValueError(f"{where} = {spec!r} needs a LoRA policy (model.lora): the teacher is the policy's base model")
+                raise ValueError(f"{where} = {spec!r} needs a LoRA policy (model.policy.lora): the teacher is the policy's base model")
             if self.settings.dtype is not None:
                 raise ValueError(f"{FIELD}.dtype applies to a teacher loaded from a path, not to {spec!r} (the policy itself)")
             self._adapters[name] = None
@@ -224,21 +224,21 @@ class Distiller:
             ids.append(self.names.index(record[key]))
         return torch.tensor(ids, dtype=torch.long)
 
-    def _teacher_logprobs(self, batch: RolloutBatch, teacher_of: Tensor, rows_per_pass: int) -> Tensor:
+    def _teacher_logprobs(self, batch: RolloutBatch, teacher_of: Tensor) -> Tensor:
         out = torch.zeros_like(batch.completion_mask, dtype=torch.float32)  # [B, Lc]
         for i, name in enumerate(self.names):
             rows = (teacher_of == i).nonzero().flatten()
             if rows.numel():
                 with self._as_teacher(name) as model:
-                    out[rows.to(out.device)] = self.ctx.logprobs(model, batch.select(rows.to(batch.input_ids.device)), rows_per_pass)
+                    out[rows.to(out.device)] = self.ctx.logprobs(model, batch.select(rows.to(batch.input_ids.device)))
         return out
 
     # ----------------------------------------------------------------------------- per batch
-    def prepare(self, batch: RolloutBatch, records: list[dict] | None, rows_per_pass: int) -> None:
+    def prepare(self, batch: RolloutBatch, records: list[dict] | None) -> None:
         """Teacher log-probs and token advantages of a fresh generation batch (after the reward advantages)."""
         s = self.settings
         teacher_of = self._rows_per_teacher(batch, records)
-        batch.teacher_logp = self._teacher_logprobs(batch, teacher_of, rows_per_pass)  # [B, Lc]
+        batch.teacher_logp = self._teacher_logprobs(batch, teacher_of)  # [B, Lc]
         adv = opd_advantages(batch.rollout_logp, batch.teacher_logp, batch.completion_mask, s.coef)  # [B, Lc]
         if s.group_baseline:
             adv = group_token_baseline(adv, batch.completion_mask, batch.group_size)

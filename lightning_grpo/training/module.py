@@ -15,26 +15,23 @@ from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from ..core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
+from ..core import ADVANTAGES, KL_ESTIMATORS, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs, masked_sum
 from ..core.batch import BatchGeometry, RolloutBatch
 from ..core.guards import NonFiniteError
 from ..core.kl import kl_penalty_in_reward
 from ..models.fsdp import fsdp_units, shard_policy
-from ..models.lora import LoraSettings
-from ..models.quantization import QuantizationSettings
 from .distill import DistillContext, Distiller, DistillSettings
 from .forward import layout_token_logprobs
 from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
-from .packing import PackingMode
-from .prefix import PrefixSharingMode
 from .policy import PolicyMixin
+from .settings import AlgorithmSettings, ForwardSettings, PolicySettings, as_settings, settings_dict
 
 #: ``(module, records, split) -> {"<split>/<metric>": value}``: held-out metrics of a batch of prompt records.
 Evaluator = Callable[[Any, list, str], dict]
@@ -46,39 +43,20 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     Args:
         model: a Hugging Face model directory / hub name for ``AutoModelForCausalLM``, or an
             already-built ``nn.Module`` (drop-in use), or a checkpoint / run folder (an SFT run: exported
-            once next to it, :mod:`lightning_grpo.models.checkpoint_source`). None or ``"tiny:<variant>"``
-            (chars, tools, text; qwen3 on the real Qwen3 tokenizer): the built-in tiny model, initialised from the run's seed (``seed_everything``;
-            ``"tiny:chars@3"`` pins the initialisation to seed 3).
+            once next to it, :mod:`lightning_grpo.models.checkpoint_source`), or ``"tiny:<variant>"``
+            (chars, tools, text; qwen3 on the real Qwen3 tokenizer): the built-in tiny model, initialised from the
+            run's seed (``seed_everything``; ``"tiny:chars@3"`` pins the initialisation to seed 3). Required.
         loss: the composed objective (:class:`~lightning_grpo.core.GRPOLoss`); default GRPO
             with PPO clipping and token-mean aggregation, beta 0.
-        advantage: advantage estimator by name (``ADVANTAGES``: grpo, dr_grpo, rloo, qae, ...).
-        advantage_args: its keyword arguments (e.g. ``{"eps": 1e-4}``).
-        reward_aggregation: how several reward functions combine (``REWARD_AGGREGATIONS``).
-        kl_in_reward_coef: subtract ``coef * sum_t k1`` from each reward (KL through the
-            advantage; needs a reference).
-        num_iterations: passes over each generation batch (PPO epochs).
-        steps_per_generation: optimizer steps (mini-batches) per pass.
-        reference: "auto" (none when no KL is used, the adapter-disabled model with LoRA, a
-            frozen copy otherwise), or force "none" / "copy" / "adapter".
-        lora: LoRA settings, or None for full fine-tuning.
-        quantization: QLoRA: load the base model's linear layers in 4 bits (bitsandbytes nf4 / fp4;
-            needs ``lora`` and a model path; :mod:`lightning_grpo.models.quantization`). Engines get the
-            dequantised weights.
-        dtype: dtype to load a model path in.
-        logprob_path: "chunked_hidden" (decoder, then the LM head in chunks: the full logits never
-            exist; run as a root forward under FSDP2) or "logits" (the model's own forward,
-            completion logits only; for DeepSpeed ZeRO-3, which gathers parameters there).
-        logprob_chunk_size: rows of the LM head computed at once (memory vs speed).
-        logprob_save_probs: "chunked_hidden" keeps the softmax of the tokens it scores ([N, V] float32) for
-            backward instead of recomputing their logits there: faster (one LM-head matmul and one exp per
-            token less), N * V * 4 bytes more memory. Same numbers; for small models / batches (recipes/qwen3_tool_*.yaml).
-        packing / prefix_sharing: exact cheaper layouts of the policy, reference, old and teacher
-            forwards (docs/performance.md): padding-free packed rows (``lightning_grpo.training.packing``);
-            each prompt computed once per micro-batch, its keys / values shared by its group's
-            completions (``lightning_grpo.training.prefix``, sdpa / eager attention). "auto" uses one when
-            the model supports it and it saves at least a quarter; "on" / "off" force it.
-        gradient_checkpointing: recompute activations in backward (saves memory).
+        algorithm: advantage estimator, reward aggregation, KL in reward, iterations and optimizer steps per
+            generation batch (:class:`~lightning_grpo.training.settings.AlgorithmSettings`).
+        policy: dtype, LoRA, QLoRA, gradient checkpointing and the reference model
+            (:class:`~lightning_grpo.training.settings.PolicySettings`).
+        forward: the log-prob path, its chunking, packing, prefix sharing and the rows of a no-grad pass
+            (:class:`~lightning_grpo.training.settings.ForwardSettings`).
         distillation: on-policy distillation / GKD from teachers (:class:`~lightning_grpo.training.distill.DistillSettings`).
+        default_guards: attach the default guard set (:mod:`lightning_grpo.callbacks.guard_set`, through ``configure_callbacks``)
+            unless the Trainer's callbacks hold a guard already (naming one guard yourself turns them off).
         optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
 
     Under Lightning's ``ModelParallelStrategy`` (``tensor_parallel_size=1``) the policy and the
@@ -88,44 +66,31 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     def __init__(
         self,
-        model: str | nn.Module | None = None,
+        model: str | nn.Module,
         loss: GRPOLoss | None = None,
-        advantage: str = "grpo",
-        advantage_args: dict[str, Any] | None = None,
-        reward_aggregation: str = "sum_then_normalize",
-        kl_in_reward_coef: float = 0.0,
-        num_iterations: int = 1,
-        steps_per_generation: int = 1,
-        reference: Literal["auto", "none", "copy", "adapter"] = "auto",
-        lora: LoraSettings | None = None,
-        quantization: QuantizationSettings | None = None,
-        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
-        logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
-        logprob_chunk_size: int = 1024,
-        logprob_save_probs: bool = False,
-        packing: PackingMode = "auto",
-        prefix_sharing: PrefixSharingMode = "auto",
-        gradient_checkpointing: bool = False,
+        algorithm: AlgorithmSettings = AlgorithmSettings(),
+        policy: PolicySettings = PolicySettings(),
+        forward: ForwardSettings = ForwardSettings(),
         distillation: DistillSettings | None = None,
+        default_guards: bool = True,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["model", "loss", "optimizer", "lr_scheduler", "distillation"])
+        self.algorithm = as_settings(AlgorithmSettings, algorithm)
+        self.policy_settings = as_settings(PolicySettings, policy)
+        self.forward_settings = as_settings(ForwardSettings, forward)
+        self.default_guards = default_guards
+        self.save_hyperparameters({"algorithm": settings_dict(self.algorithm), "policy": settings_dict(self.policy_settings),
+                                   "forward": settings_dict(self.forward_settings), "default_guards": default_guards})  # fmt: skip
         self.loss_fn = loss if loss is not None else GRPOLoss()
-        self._advantage_fn = ADVANTAGES.get(advantage)
-        self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(reward_aggregation)
-        for name, mode in (("packing", packing), ("prefix_sharing", prefix_sharing)):
-            if mode not in ("auto", "on", "off"):
-                raise ValueError(f"GRPOModule {name} must be 'auto', 'on' or 'off', got {mode!r}")
-        if num_iterations < 1 or steps_per_generation < 1:
-            raise ValueError(
-                f"num_iterations and steps_per_generation must be >= 1, got {num_iterations}, {steps_per_generation}"
-            )
+        self._advantage_fn = ADVANTAGES.get(self.algorithm.advantage)
+        self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(self.algorithm.reward_aggregation)
+        #: the coefficient of KL in reward (``value``), fixed or adaptive (``algorithm.kl_in_reward``)
+        self.kl_ctrl = self.algorithm.kl_in_reward.build()
+        self._reward_kl = self._reward_kl_coef = float("nan")  # the last generation batch's KL in reward and its coefficient
         self.distiller = Distiller.of(distillation, self._distill_context())  # None without distillation
-        if reference == "adapter" and lora is None:
-            raise ValueError("reference='adapter' needs lora settings (the reference is the model without its adapter)")
-        self._init_policy(model, lora, quantization, optimizer, lr_scheduler)  # lightning_grpo.training.policy
+        self._init_policy(model, self.policy_settings, optimizer, lr_scheduler)  # lightning_grpo.training.policy
         self.reference: nn.Module | None = None
         self._rollout_batch: RolloutBatch | None = None
         self._rollout_metrics: dict[str, float] = {}
@@ -144,10 +109,10 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     @property
     def reference_mode(self) -> str:
-        mode = self.hparams.reference
+        mode = self.policy_settings.reference
         if mode != "auto":
             return mode
-        if not (self.loss_fn.needs_reference or self.hparams.kl_in_reward_coef):
+        if not (self.loss_fn.needs_reference or self.algorithm.kl_in_reward.coef):
             return "none"
         return "adapter" if self.lora is not None else "copy"
 
@@ -161,12 +126,21 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         mesh = self.device_mesh  # set by ModelParallelStrategy: shard with FSDP2 over data parallelism
         if mesh is not None and not fsdp_units(self.policy):
             if self.quantization is not None:
-                raise NotImplementedError("model.quantization (QLoRA) does not shard with FSDP2: use strategy ddp or one device")
+                raise NotImplementedError("model.policy.quantization (QLoRA) does not shard with FSDP2: use strategy ddp or one device")
             if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
                 raise NotImplementedError("GRPOModule shards with FSDP2 only: use ModelParallelStrategy(tensor_parallel_size=1)")
             dp_mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
             for model in filter(None, (self.policy, self.reference)):
                 shard_policy(model, dp_mesh)
+
+    def configure_callbacks(self) -> list:
+        """The default guards (:func:`~lightning_grpo.callbacks.guard_set.default_guards`), when ``default_guards`` is
+        on and the Trainer holds no guard yet: naming any guard in ``trainer.callbacks`` turns the set off."""
+        from ..callbacks.guard_set import Guard, default_guards  # the one import of callbacks here: the default set
+
+        if not self.default_guards or any(isinstance(c, Guard) for c in self.trainer.callbacks):
+            return []
+        return default_guards()
 
     def setup(self, stage: str) -> None:
         """Fail fast when torch.distributed was initialised before Lightning's launcher ran (e.g. by a
@@ -207,8 +181,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     def batch_geometry(self, prompts: int, group_size: int) -> BatchGeometry:
         """The run's batch geometry: ``prompts`` x ``group_size`` rows per generation and rank, this
         module's ``num_iterations`` / ``steps_per_generation`` and the Trainer's ``accumulate_grad_batches``."""
-        return BatchGeometry(prompts=prompts, group_size=group_size, num_iterations=self.hparams.num_iterations,
-                             steps_per_generation=self.hparams.steps_per_generation,
+        return BatchGeometry(prompts=prompts, group_size=group_size, num_iterations=self.algorithm.num_iterations,
+                             steps_per_generation=self.algorithm.steps_per_generation,
                              accumulate=self.trainer.accumulate_grad_batches)  # fmt: skip
 
     def _geometry_of(self, batch: RolloutBatch) -> BatchGeometry:
@@ -219,61 +193,69 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         """Log-probs (and entropy) of the completion tokens at the sampling temperature, through
         the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), with a
         shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (:mod:`.forward`)."""
-        return layout_token_logprobs(model, batch, logprob_path=self.hparams.logprob_path, packing=self.hparams.packing,
-                                     prefix_sharing=self.hparams.prefix_sharing,
-                                     chunk_size=self.hparams.logprob_chunk_size, compute_entropy=compute_entropy,
-                                     save_probs=self.hparams.logprob_save_probs)
+        return layout_token_logprobs(model, batch, self.forward_settings, compute_entropy=compute_entropy)
 
     @torch.no_grad()
-    def forward_logprobs(self, model: nn.Module, batch: RolloutBatch, rows_per_pass: int) -> Tensor:
-        """[B, Lc] completion log-probs of ``model`` without gradient, ``rows_per_pass`` rows at a time
+    def forward_logprobs(self, model: nn.Module, batch: RolloutBatch) -> Tensor:
+        """[B, Lc] completion log-probs of ``model`` without gradient, ``forward.rows_per_pass`` rows at a time
         (reference, old, teacher)."""
         with self.precision_context():
-            return torch.cat([self.token_logprobs(model, batch.select(rows)).logp for rows in torch.arange(len(batch)).split(max(1, rows_per_pass))])
+            chunks = torch.arange(len(batch)).split(self.forward_settings.rows_per_pass)
+            return torch.cat([self.token_logprobs(model, batch.select(rows)).logp for rows in chunks])
 
-    def _logprobs_no_grad(self, batch: RolloutBatch, reference: bool, rows_per_pass: int) -> Tensor:
+    def _logprobs_no_grad(self, batch: RolloutBatch, reference: bool) -> Tensor:
         model = self.policy if not reference or self.reference_mode == "adapter" else self.reference
         with self.policy.disable_adapter() if reference and self.reference_mode == "adapter" else nullcontext():
-            return self.forward_logprobs(model, batch, rows_per_pass)
+            return self.forward_logprobs(model, batch)
 
     # ----------------------------------------------------------------------- advantages
     def compute_advantages(self, rewards: Tensor, weights: Tensor, group_size: int, lengths: Tensor | None = None) -> Tensor:
         """rewards [B, R] (one column per reward function), weights [R] -> advantages [B]. ``lengths``
         [B] (completion tokens) go to an estimator marked ``needs_lengths`` (opo)."""
-        params = dict(self.hparams.advantage_args or {})
+        params = dict(self.algorithm.advantage_args or {})
         if getattr(self._advantage_fn, "needs_lengths", False):
             params["lengths"] = lengths
-        return self._reward_aggregation_fn(rewards, weights, group_size, estimator=self.hparams.advantage, **params)
+        return self._reward_aggregation_fn(rewards, weights, group_size, estimator=self.algorithm.advantage, **params)
 
-    def prepare_rollout_batch(
-        self, batch: RolloutBatch, rewards: Tensor, weights: Tensor, rows_per_pass: int, records: list[dict] | None = None
-    ) -> RolloutBatch:
+    def prepare_rollout_batch(self, batch: RolloutBatch, rewards: Tensor, weights: Tensor, records: list[dict] | None = None) -> RolloutBatch:
         """Fill in advantages and, only where needed, the reference and old log-probs.
 
         Old log-probs only when the batch is reused after an optimizer step (num_iterations or
         steps_per_generation > 1), or the loss needs them before its micro-batches run (rejection's
         ``keep_mask`` leaves the global normaliser; batch-normalised IS weights' step-wide mean);
         else old = sg[logp]. Never in bypass mode: old is the engine's. With distillation the
-        teachers score the batch and the advantages become token-level (``records``: one per group).
+        teachers score the batch and the advantages become token-level (``records``: one per group). No-grad
+        forwards run ``forward.rows_per_pass`` rows at a time.
         """
         if self.uses_reference:
-            batch.ref_logp = self._logprobs_no_grad(batch, reference=True, rows_per_pass=rows_per_pass)
-        if self.hparams.kl_in_reward_coef:
-            policy_logp = batch.rollout_logp  # the behaviour policy's log-probs
-            total = rewards @ weights
-            shaped = kl_penalty_in_reward(total, policy_logp, batch.ref_logp, batch.completion_mask, self.hparams.kl_in_reward_coef)
-            rewards, weights = shaped.unsqueeze(-1), weights.new_ones(1)
+            batch.ref_logp = self._logprobs_no_grad(batch, reference=True)
+        if self.algorithm.kl_in_reward.coef:
+            rewards, weights = self._kl_in_reward(batch, rewards @ weights), weights.new_ones(1)
         batch.advantages = self.compute_advantages(rewards, weights, batch.group_size, batch.completion_mask.sum(-1))
         if self.distiller is not None:
-            self.distiller.prepare(batch, records, rows_per_pass)
-        reused = self.hparams.num_iterations > 1 or self.hparams.steps_per_generation > 1
+            self.distiller.prepare(batch, records)
+        reused = self.algorithm.num_iterations > 1 or self.algorithm.steps_per_generation > 1
         masks = self.loss_fn.masks_before_training
         needs_old = self.loss_fn.needs_old_before_training
         if not self.loss_fn.bypass and (reused or needs_old):
-            batch.old_logp = self._logprobs_no_grad(batch, reference=False, rows_per_pass=rows_per_pass)
+            batch.old_logp = self._logprobs_no_grad(batch, reference=False)
         if masks:
             batch.keep_mask = self.loss_fn.static_keep_mask(batch.old_logp, batch.rollout_logp, batch.completion_mask)
         return batch
+
+    def _kl_in_reward(self, batch: RolloutBatch, total: Tensor) -> Tensor:
+        """[B, 1] ``total - kl_ctrl.value * sum_t k1_t`` (k1 of the behaviour policy, ``rollout_logp``, to the reference),
+        then the controller's update from the batch's KL, as verl's ``apply_kl_penalty``: the mean over all ranks'
+        completions of each one's token-mean k1, ``n_steps`` = those completions."""
+        mask = batch.completion_mask
+        self._reward_kl_coef = self.kl_ctrl.value
+        shaped = kl_penalty_in_reward(total, batch.rollout_logp, batch.ref_logp, mask, self._reward_kl_coef)
+        kl = KL_ESTIMATORS.get("k1")(batch.rollout_logp, batch.ref_logp)  # [B, T]
+        per_row = masked_sum(kl, mask, dim=-1) / mask.sum(-1).clamp(min=1)  # [B] token mean per completion
+        kl_sum, rows = self._global_sum(torch.stack([per_row.sum(), per_row.new_tensor(float(len(per_row)))]))
+        self._reward_kl = float(kl_sum / rows)
+        self.kl_ctrl.update(self._reward_kl, int(rows))
+        return shaped.unsqueeze(-1)
 
     # ------------------------------------------------------------------------- training
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
@@ -349,7 +331,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         return DistillContext(policy=lambda: self.policy, logprobs=lambda *args: self.forward_logprobs(*args),
                               global_sum=lambda value: self._global_sum(value), precision=lambda: self.precision_context(),
                               tokenizer=lambda: self.trainer.datamodule.tokenizer,
-                              device=lambda: self.device, step=lambda: self.trainer.global_step, dtype=self.hparams.dtype,
+                              device=lambda: self.device, step=lambda: self.trainer.global_step, dtype=self.policy_settings.dtype,
                               micro_step=lambda rows, i: self._geometry_of(self._rollout_batch).micro_step(rows, i))  # fmt: skip
 
     # -------------------------------------------------------------- optimizer step, guards
@@ -370,6 +352,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         leave parameters whose ``grad`` is None untouched: no update, no weight decay, no moments)."""
         metrics = dict(self.step_metrics.compute())
         metrics["grad_norm"] = float(self.grad_norm())
+        if self.algorithm.kl_in_reward.coef:  # the coefficient the batch was shaped with, and its measured KL
+            metrics["kl_in_reward/coef"], metrics["kl_in_reward/kl"] = self._reward_kl_coef, float(self._reward_kl)
         skip = float(bool(self._skip_reasons))
         if self.trainer.world_size > 1:
             skip = float(self.trainer.strategy.reduce(torch.tensor(skip, device=self.device), reduce_op="sum"))
@@ -395,8 +379,11 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Also store what ``lightning-grpo export`` needs besides the weights (config, tokenizer files, LoRA)."""
         checkpoint["grpo_skipped_steps"] = self.skipped_steps
+        checkpoint["grpo_kl_ctrl"] = self.kl_ctrl.state_dict()
         self._save_export_info(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.skipped_steps = int(checkpoint.get("grpo_skipped_steps", 0))
+        if "grpo_kl_ctrl" in checkpoint:
+            self.kl_ctrl.load_state_dict(checkpoint["grpo_kl_ctrl"])
         self._load_quant_state(checkpoint)

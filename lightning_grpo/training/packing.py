@@ -21,13 +21,13 @@ loss and everything after it is unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 from torch import Tensor, nn
 
 from ..core.batch import RolloutBatch, position_ids
-from ..core import TokenLogProbs, logprobs_from_hidden, logprobs_from_logits
+from ..core import TokenLogProbs
 
 #: transformers attention backends that build their mask through ``create_causal_mask`` and so
 #: honour packed position ids.
@@ -174,26 +174,27 @@ def _scatter(keep: Tensor, values: Tensor) -> Tensor:
 
 
 def padded_token_logprobs(
-    model: nn.Module, batch: RolloutBatch, *, chunked: bool, compute_entropy: bool, chunk_size: int,
+    model: nn.Module, batch: RolloutBatch, *, score: Callable, compute_entropy: bool, chunk_size: int,
     save_probs: bool = False,
 ) -> TokenLogProbs:
-    """Completion log-probs (and entropy) of ``batch`` from the padded ``[B, L]`` forward, ``[B, Lc]``.
-    ``chunked``: decoder, then the LM head in chunks (the [B, Lc, V] logits never exist); else the
-    model's own forward, HF models asked for the completion logits only (``logits_to_keep``)."""
+    """Completion log-probs (and entropy) of ``batch`` from the padded ``[B, L]`` forward, ``[B, Lc]``, scored by
+    ``score`` (a ``LOGPROBS`` entry). One that reads hidden states (``chunked_hidden``): decoder, then the LM head in
+    chunks (the [B, Lc, V] logits never exist); one that reads logits: the model's own forward, HF models asked for
+    the completion logits only (``logits_to_keep``)."""
     ids, lp = batch.input_ids, batch.prompt_length  # [B, L]
     pos = position_ids(batch.attention_mask)  # [B, L]
-    if chunked:
+    if score.reads == "hidden":
         out = model.get_decoder()(input_ids=ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False)
         head = model.get_output_embeddings()
         keep = sampled_positions(batch)  # [B, Lc] the head skips padding and environment tokens
-        res = logprobs_from_hidden(
+        res = score(
             out.last_hidden_state[:, lp - 1 : -1][keep],  # [N, H] states that predict the sampled tokens
             head.weight, ids[:, lp:][keep], bias=head.bias, temperature=batch.temperature,
             compute_entropy=compute_entropy, chunk_size=chunk_size, save_probs=save_probs,
         )  # fmt: skip
         return TokenLogProbs(_scatter(keep, res.logp), _scatter(keep, res.entropy) if compute_entropy else None)
     logits = padded_completion_logits(model, batch)  # [B, Lc, V]
-    return logprobs_from_logits(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
+    return score(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
 
 
 def padded_completion_logits(model: nn.Module, batch: RolloutBatch) -> Tensor:
@@ -207,21 +208,22 @@ def padded_completion_logits(model: nn.Module, batch: RolloutBatch) -> Tensor:
 
 
 def packed_token_logprobs(
-    model: nn.Module, batch: RolloutBatch, *, plan: PackPlan, chunked: bool, compute_entropy: bool, chunk_size: int,
+    model: nn.Module, batch: RolloutBatch, *, plan: PackPlan, score: Callable, compute_entropy: bool, chunk_size: int,
     save_probs: bool = False,
 ) -> TokenLogProbs:
     """Completion log-probs (and entropy) of ``batch`` from one packed forward, in the padded
-    ``[B, Lc]`` layout (0 on padding). ``chunked``: decoder, then the LM head in chunks on the real
-    completion tokens only; else the model's own forward (what FSDP2 / ZeRO-3 gather in)."""
+    ``[B, Lc]`` layout (0 on padding), scored by ``score`` (a ``LOGPROBS`` entry). Reading hidden states: decoder,
+    then the LM head in chunks on the real completion tokens only; reading logits: the model's own forward (what
+    FSDP2 / ZeRO-3 gather in)."""
     ids = plan.pack(batch.input_ids)  # [R, W]
     kwargs = dict(input_ids=ids, attention_mask=plan.attention_mask(model), position_ids=plan.position_ids(), use_cache=False)
     pred = plan.predictor_index()  # [Nc]
     targets = plan.completion_tokens(batch.completion_ids)  # [Nc]
-    if chunked:
+    if score.reads == "hidden":
         hidden = model.get_decoder()(**kwargs).last_hidden_state  # [R, W, H]
         head = model.get_output_embeddings()
         keep = plan.completion_tokens(sampled_positions(batch))  # [Nc] the head skips environment tokens
-        res = logprobs_from_hidden(
+        res = score(
             hidden.reshape(-1, hidden.shape[-1])[pred[keep]],  # [N, H]
             head.weight, targets[keep], bias=head.bias, temperature=batch.temperature,
             compute_entropy=compute_entropy, chunk_size=chunk_size, save_probs=save_probs,
@@ -230,6 +232,6 @@ def packed_token_logprobs(
     else:
         logits = model(**kwargs).logits  # [R, W, V]
         logits = logits.reshape(-1, logits.shape[-1])[pred]  # [Nc, V]
-        out = logprobs_from_logits(logits, targets, temperature=batch.temperature, compute_entropy=compute_entropy)
+        out = score(logits, targets, temperature=batch.temperature, compute_entropy=compute_entropy)
     entropy = plan.scatter_completion(out.entropy) if compute_entropy else None
     return TokenLogProbs(plan.scatter_completion(out.logp), entropy)  # [B, Lc] each

@@ -1,12 +1,12 @@
 """The policy of a LightningModule, built one way for every module that trains one (GRPOModule, SFTModule).
 
 :class:`PolicyMixin` holds what both modules share: the model source (a model folder / hub id, an
-``nn.Module``, or the built-in tiny model), the load dtype, LoRA (:mod:`lightning_grpo.models.lora`),
+``nn.Module``, or a built-in tiny model by name), the load dtype, LoRA (:mod:`lightning_grpo.models.lora`),
 QLoRA (:mod:`lightning_grpo.models.quantization`), gradient checkpointing, the trainer's precision
 context, the optimizer / scheduler callables, and what a checkpoint stores for ``lightning-grpo export``
 (:func:`~lightning_grpo.models.export.export_info`; the 4-bit state rebuilt on load). A module calls
-:meth:`PolicyMixin._init_policy` in ``__init__`` (after ``save_hyperparameters``, which must hold
-``dtype`` and ``gradient_checkpointing``) and :meth:`PolicyMixin._build_policy` in ``configure_model``.
+:meth:`PolicyMixin._init_policy` in ``__init__`` (after setting ``policy_settings``, a
+:class:`~lightning_grpo.training.settings.PolicySettings`) and :meth:`PolicyMixin._build_policy` in ``configure_model``.
 """
 
 from __future__ import annotations
@@ -20,28 +20,32 @@ from torch import nn
 from ..models.loading import apply_lora, load_policy
 from ..models.lora import LoraSettings
 from ..models.quantization import QuantizationSettings, check_quantization, take_quant_state
+from .settings import PolicySettings
 
 
 class PolicyMixin:
     """The policy's source, LoRA / QLoRA settings, loading, optimizer and export info (see the module docstring)."""
 
-    lora: LoraSettings | None
-    quantization: QuantizationSettings | None
+    policy_settings: PolicySettings
     policy: nn.Module | None
 
-    def _init_policy(self, model: str | nn.Module | None, lora: LoraSettings | dict | None,
-                     quantization: QuantizationSettings | None, optimizer: Any, lr_scheduler: Any) -> None:  # fmt: skip
+    def _init_policy(self, model: str | nn.Module, settings: PolicySettings, optimizer: Any, lr_scheduler: Any) -> None:
         """Keep the settings; nothing is loaded before ``configure_model``."""
         from ..models.checkpoint_source import model_folder_of
-        from ..models.tiny import BUILTIN_PREFIX, DEFAULT_BUILTIN, parse_builtin
+        from ..models.tiny import BUILTIN_PREFIX, BUILTIN_VARIANTS, parse_builtin
 
-        if isinstance(lora, dict):  # LightningCLI / hparams hand the settings over as a dict
-            lora = LoraSettings(**lora)
-        self.lora = lora
-        self.quantization = check_quantization(quantization, lora is not None, model)
-        builtin = model is None or (isinstance(model, str) and model.startswith(BUILTIN_PREFIX))
-        #: "tiny:tools" / "tiny:tools@3" (``model: null`` is "tiny:chars"): resolved by :attr:`model_source`
-        self._builtin_model = (model or DEFAULT_BUILTIN) if builtin else None
+        if model is None:
+            raise ValueError(
+                "model.model is required: a Hugging Face model folder or hub id, a checkpoint / run folder, an nn.Module, "
+                f"or a built-in tiny model by name ({', '.join(BUILTIN_PREFIX + v for v in BUILTIN_VARIANTS)}; "
+                "'tiny:chars' is the quickstart's)"
+            )
+        if not isinstance(model, (str, nn.Module)):
+            raise TypeError(f"model.model must be a model name / folder or an nn.Module, got {type(model).__name__}")
+        self.quantization = check_quantization(settings.quantization, settings.lora is not None, model)
+        builtin = isinstance(model, str) and model.startswith(BUILTIN_PREFIX)
+        #: "tiny:tools" / "tiny:tools@3": resolved by :attr:`model_source`
+        self._builtin_model = model if builtin else None
         if builtin:
             parse_builtin(self._builtin_model, "model.model")  # a malformed name fails here, before any work
         # a checkpoint or run folder (an SFT run): exported once into a model folder next to it
@@ -49,6 +53,11 @@ class PolicyMixin:
         self.policy = model if isinstance(model, nn.Module) else None
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
+
+    @property
+    def lora(self) -> LoraSettings | None:
+        """The LoRA settings (``policy.lora``), None for full fine-tuning."""
+        return self.policy_settings.lora
 
     @property
     def model_source(self) -> str | None:
@@ -71,14 +80,14 @@ class PolicyMixin:
             self.policy = self._load_policy()
         elif self.lora is not None and not hasattr(self.policy, "disable_adapter"):
             self.policy = apply_lora(self.policy, self.lora)
-        if self.hparams.gradient_checkpointing and hasattr(self.policy, "gradient_checkpointing_enable"):
+        if self.policy_settings.gradient_checkpointing and hasattr(self.policy, "gradient_checkpointing_enable"):
             self.policy.gradient_checkpointing_enable()
         self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
 
     def _load_policy(self) -> nn.Module:
         self._model_source = self.model_source  # the run seed's folder of a built-in model, fixed from now on
         device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
-        return load_policy(self.model_source, self.hparams.dtype, self.lora, self.quantization, device)
+        return load_policy(self.model_source, self.policy_settings.dtype, self.lora, self.quantization, device)
 
     def precision_context(self):
         """The trainer's autocast context (training_step's), so no-grad forwards match the trained log-probs."""

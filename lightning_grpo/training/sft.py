@@ -2,7 +2,7 @@
 
 The policy is built exactly as :class:`~lightning_grpo.training.module.GRPOModule` builds it
 (:class:`~lightning_grpo.training.policy.PolicyMixin`: model path / ``nn.Module`` / the built-in tiny
-model, dtype, LoRA, QLoRA, gradient checkpointing, optimizer), and a checkpoint stores the same export
+model, ``policy`` settings: dtype, LoRA, QLoRA, gradient checkpointing; optimizer), and a checkpoint stores the same export
 information, so ``lightning-grpo export runs/<sft run>`` writes the folder a GRPO recipe takes as
 ``model.model``.
 
@@ -18,26 +18,26 @@ With ``accumulate_grad_batches`` > 1 each micro-batch is such a token mean and L
 (TRL's per-device mean, not one token mean over the optimizer step). The token log-probs come from the
 same forward layouts as GRPO's (:mod:`lightning_grpo.training.packing`): a batch is a
 :class:`~lightning_grpo.core.batch.RolloutBatch` whose "prompt" is its first token and whose
-"completion" is the rest, so ``packing`` (padding-free rows) and ``logprob_path="chunked_hidden"`` (the
-full logits never exist) apply unchanged.
+"completion" is the rest, so ``forward.packing`` (padding-free rows) and ``forward.logprob_path: chunked_hidden``
+(the full logits never exist) apply unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
+from ..core import LOGPROBS
 from ..core.batch import RolloutBatch, position_ids
-from ..models.lora import LoraSettings
-from ..models.quantization import QuantizationSettings
 from .metrics import total_grad_norm
 from .forward import layout_token_logprobs
-from .packing import PackingMode
 from .policy import PolicyMixin
+from .settings import ForwardSettings, PolicySettings, as_settings, settings_dict
 
 
 class SFTModule(PolicyMixin, L.LightningModule):
@@ -45,40 +45,36 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     Args:
         model: a Hugging Face model directory / hub name, an ``nn.Module``, a checkpoint / run folder
-            (:mod:`lightning_grpo.models.checkpoint_source`), or None / ``"tiny:<variant>[@<seed>]"`` (the built-in
-            tiny model, initialised from the run's seed unless pinned).
-        lora: LoRA settings, or None for full fine-tuning.
-        quantization: QLoRA: the base model's linear layers in 4 bits (needs ``lora`` and a model path).
-        dtype: dtype to load a model path in.
-        logprob_path: "chunked_hidden" (decoder, then the LM head in chunks) or "logits" (the model's forward).
-        logprob_chunk_size: rows of the LM head computed at once.
-        logprob_save_probs: "chunked_hidden" keeps the softmax of the tokens it scores ([N, V] float32) for
-            backward instead of recomputing their logits there: faster (one LM-head matmul and one exp per
-            token less), N * V * 4 bytes more memory. Same numbers; for small models / batches (recipes/qwen3_tool_*.yaml).
-        packing: padding-free packed rows ("auto": when they save at least a quarter; "on" / "off").
-        gradient_checkpointing: recompute activations in backward.
+            (:mod:`lightning_grpo.models.checkpoint_source`), or ``"tiny:<variant>[@<seed>]"`` (the built-in
+            tiny model, initialised from the run's seed unless pinned). Required.
+        policy: dtype, LoRA, QLoRA and gradient checkpointing
+            (:class:`~lightning_grpo.training.settings.PolicySettings`; ``reference`` does not apply).
+        forward: the log-prob path, its chunking and packing
+            (:class:`~lightning_grpo.training.settings.ForwardSettings`; ``prefix_sharing`` and ``rows_per_pass``
+            do not apply: SFT rows share no prompt and have no no-grad pass).
         optimizer / lr_scheduler: LightningCLI-style callables.
     """
 
     def __init__(
         self,
-        model: str | nn.Module | None = None,
-        lora: LoraSettings | None = None,
-        quantization: QuantizationSettings | None = None,
-        dtype: Literal["float32", "bfloat16", "float16"] = "float32",
-        logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden",
-        logprob_chunk_size: int = 1024,
-        logprob_save_probs: bool = False,
-        packing: PackingMode = "auto",
-        gradient_checkpointing: bool = False,
+        model: str | nn.Module,
+        policy: PolicySettings = PolicySettings(),
+        forward: ForwardSettings = ForwardSettings(),
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["model", "optimizer", "lr_scheduler"])
-        if packing not in ("auto", "on", "off"):
-            raise ValueError(f"SFTModule packing must be 'auto', 'on' or 'off', got {packing!r}")
-        self._init_policy(model, lora, quantization, optimizer, lr_scheduler)
+        self.policy_settings = as_settings(PolicySettings, policy)
+        self.forward_settings = as_settings(ForwardSettings, forward)
+        defaults = (PolicySettings(), ForwardSettings())
+        for section, settings, default, name in (("policy", self.policy_settings, defaults[0], "reference"),
+                                                 ("forward", self.forward_settings, defaults[1], "prefix_sharing"),
+                                                 ("forward", self.forward_settings, defaults[1], "rows_per_pass")):  # fmt: skip
+            if getattr(settings, name) != getattr(default, name):
+                raise ValueError(f"model.{section}.{name} does not apply to SFTModule (GRPOModule only): leave it unset")
+        self.save_hyperparameters({"policy": settings_dict(self.policy_settings), "forward": settings_dict(self.forward_settings)})
+        self._init_policy(model, self.policy_settings, optimizer, lr_scheduler)
+        self._layout = replace(self.forward_settings, prefix_sharing="off")  # SFT rows share no prompt
         self._val_sums: Tensor | None = None  # [4] loss sum, tokens, right tokens, right rows / rows (see validation)
 
     def configure_model(self) -> None:
@@ -104,9 +100,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     def token_logprobs(self, batch: RolloutBatch) -> Tensor:
         """[B, Lc] log-probs of the completion tokens of each row, packed or padded as ``packing`` says."""
-        return layout_token_logprobs(self.policy, batch, logprob_path=self.hparams.logprob_path, packing=self.hparams.packing,
-                                     prefix_sharing="off", chunk_size=self.hparams.logprob_chunk_size,
-                                     save_probs=self.hparams.logprob_save_probs).logp
+        return layout_token_logprobs(self.policy, batch, self._layout).logp
 
     def sft_loss(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """(the loss this rank contributes, the assistant tokens of all ranks): the ranks' losses sum to
@@ -146,16 +140,16 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     def _assistant_logits(self, batch: dict[str, Tensor], mask: Tensor):
         """``(logits [n, V], slice)`` of the assistant tokens, a chunk at a time: the decoder once, then the LM
-        head on the assistant positions only (``logprob_path="logits"``, or a model without a decoder / LM
+        head on the assistant positions only (``forward.logprob_path: logits``, or a model without a decoder / LM
         head: the model's own logits)."""
         model, attention = self.policy, batch["attention_mask"]
         kwargs = dict(input_ids=batch["input_ids"], attention_mask=attention, position_ids=position_ids(attention))
-        chunked = self.hparams.logprob_path == "chunked_hidden"
+        chunked = LOGPROBS.get(self.forward_settings.logprob_path).reads == "hidden"
         if not (chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
             yield model(**kwargs).logits[:, :-1][mask], slice(None)  # [N, V]
             return
         hidden = model.get_decoder()(**kwargs, use_cache=False).last_hidden_state[:, :-1][mask]  # [N, H]
-        head, size = model.get_output_embeddings(), self.hparams.logprob_chunk_size
+        head, size = model.get_output_embeddings(), self.forward_settings.chunk_size
         for start in range(0, len(hidden), size):
             yield head(hidden[start : start + size]), slice(start, start + size)
 

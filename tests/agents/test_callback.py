@@ -7,7 +7,8 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import GRPOLoss, GRPOModule, LossTerms, PromptDataModule, RewardSpec, SamplingConfig
+from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, LossTerms, PromptDataModule, RewardSpec,
+                            SamplingConfig)  # fmt: skip
 from lightning_grpo.agents.callback import AgentRolloutCallback
 
 from .helpers import BatchCatcher, CALL_TEXT, caller_model_dir, ids_of
@@ -29,7 +30,7 @@ def _callback(**kwargs):
 def test_tool_path_end_to_end_with_training(caller_dir):
     catcher = BatchCatcher()
     callback = _callback()
-    module = GRPOModule(model=caller_dir, num_iterations=2, loss=GRPOLoss(terms=LossTerms(llds_coef=0.1)))
+    module = GRPOModule(model=caller_dir, loss=GRPOLoss(terms=LossTerms(llds_coef=0.1)), algorithm=AlgorithmSettings(num_iterations=2))
     trainer = L.Trainer(max_steps=4, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     trainer.fit(module, datamodule=PromptDataModule(tokenizer_path=caller_dir, batch_size=2))

@@ -9,7 +9,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
+from lightning_grpo import AlgorithmSettings, GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
 from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.secret_digit import SecretDigitEnv
@@ -136,7 +136,7 @@ def test_agent_steps_on_the_real_vocabulary(qwen_tokenizer):
     trainer = L.Trainer(max_steps=2, callbacks=[callback, rec], accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     # a small learning rate keeps the second pass over the batch inside the PPO clip range (a gradient there too)
-    module = GRPOModule(model=policy, num_iterations=2, optimizer=lambda params: torch.optim.AdamW(params, lr=1e-5))
+    module = GRPOModule(model=policy, algorithm=AlgorithmSettings(num_iterations=2), optimizer=lambda params: torch.optim.AdamW(params, lr=1e-5))
     trainer.fit(module, datamodule=dm)
     assert callback.sampling.stop_token_ids == [tok.eos_token_id, tok.convert_tokens_to_ids("</tool_call>")]
     assert len(rec.rollouts) == 1 and len(rec.batches) == 1  # 2 steps = 1 generation batch x 2 iterations

@@ -80,7 +80,7 @@ def fit(callback: Any, steps: int, model: str | None = None, datamodule: Any = N
     trainer = L.Trainer(max_steps=steps, callbacks=[callback], accelerator="cpu", logger=logger, log_every_n_steps=1,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)  # fmt: skip
-    module = GRPOModule(model=model) if model else GRPOModule()
+    module = GRPOModule(model=model) if model else GRPOModule(model="tiny:chars")
     trainer.fit(module, datamodule=datamodule or PromptDataModule(tokenizer_path=model, batch_size=2))
     assert trainer.global_step == steps
     return logger, recorder

@@ -92,5 +92,5 @@ def test_a_misconfigured_environment_fails_before_the_engine_starts():
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     with pytest.raises(ValueError, match=r"OpenEnvEnvironment: the action class of UnknownAction is unknown \(no "
                                          r"Environment\[Action, \.\.\.\] parameters, no annotation on step's 'action'\)"):
-        trainer.fit(GRPOModule(), datamodule=PromptDataModule(batch_size=2))
+        trainer.fit(GRPOModule(model="tiny:chars"), datamodule=PromptDataModule(batch_size=2))
     assert callback.engine is None  # nothing was sampled

@@ -46,8 +46,8 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "weights": {
         "full": {},
-        "lora": {"model": {"lora": LORA}},
-        "qlora": {"model": {"lora": LORA, "quantization": QUANTIZATION}},
+        "lora": {"model": {"policy": {"lora": LORA}}},
+        "qlora": {"model": {"policy": {"lora": LORA, "quantization": QUANTIZATION}}},
     },
     "rollout": {
         "single": {"rollout": {"class_path": "lightning_grpo.RolloutCallback"}},
@@ -63,13 +63,13 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "lm_head": {
         "recompute": {},
-        "saved": {"model": {"logprob_save_probs": True}},
+        "saved": {"model": {"forward": {"save_probs": True}}},
     },
 }
 
 #: Pairs the package refuses: ((dimension, value), (dimension, value), words its one-line error must name).
 REFUSED: list[tuple[tuple[str, str], tuple[str, str], tuple[str, ...]]] = [
-    (("layout", "fsdp2"), ("weights", "qlora"), ("model.quantization", "ModelParallelStrategy")),
+    (("layout", "fsdp2"), ("weights", "qlora"), ("model.policy.quantization", "ModelParallelStrategy")),
     (("layout", "fsdp2"), ("engine", "hf"), ("rollout.engine 'hf'", "ModelParallelStrategy")),
 ]
 

@@ -11,13 +11,13 @@ def test_qlora_with_fsdp2_is_refused_by_the_fit_checks():
     import lightning as L
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from lightning_grpo import GRPOModule
+    from lightning_grpo import GRPOModule, PolicySettings
     from lightning_grpo.checks.validation import check_layout
 
-    module = GRPOModule(model="unused-path", lora={"r": 4}, quantization={"quant_type": "nf4"})
+    module = GRPOModule(model="unused-path", policy=PolicySettings(lora={"r": 4}, quantization={"quant_type": "nf4"}))
     fsdp2 = L.Trainer(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
                       logger=False, enable_checkpointing=False)  # fmt: skip
-    with pytest.raises(ValueError, match=r"^model\.quantization \(QLoRA\) does not shard with trainer\.strategy ModelParallelStrategy"):
+    with pytest.raises(ValueError, match=r"^model\.policy\.quantization \(QLoRA\) does not shard with trainer\.strategy ModelParallelStrategy"):
         check_layout(fsdp2, module)
     check_layout(L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False), module)
 

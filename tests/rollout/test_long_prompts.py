@@ -110,7 +110,7 @@ def test_grpo_trains_three_steps_on_long_prompts(fresh_weights, tiny_model_path,
     callback = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=8, max_new_tokens=7),
                                rewards=[RewardSpec("prefix_match")], seed=0)  # fmt: skip
     callback.use_engine(fresh_weights)  # built with VLLMEngine's defaults, like engine: vllm builds it
-    module = GRPOModule()
+    module = GRPOModule(model="tiny:chars")
     L.seed_everything(0)
     trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,

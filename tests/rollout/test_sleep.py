@@ -143,7 +143,7 @@ def _train(engine, steps: int, evaluate_first: bool) -> None:
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1 if evaluate_first else 0,
         val_check_interval=1000, check_val_every_n_epoch=None, num_sanity_val_steps=0,
     )  # fmt: skip
-    module = GRPOModule(optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    module = GRPOModule(model="tiny:chars", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     trainer.fit(module, datamodule=PromptDataModule(batch_size=4, task_num_val=4))
 
 

@@ -1,0 +1,29 @@
+"""The default guard set: what :meth:`GRPOModule.configure_callbacks <lightning_grpo.GRPOModule.configure_callbacks>`
+attaches when the Trainer names no guard (docs/stability.md).
+
+Each guard logs ``alarm/<name>`` and acts (warn / skip the step / stop):
+
+- :class:`~.guards.NonFiniteGuard`: NaN / inf loss or gradient: skip the step, stop after 3 in a row;
+- :class:`~.guards.LogProbGuard`: NaN log-probs on valid tokens: stop with a diagnosis;
+- :class:`~.guards.EntropyGuard` (``floor=0.05, max_reward=0.9``): entropy collapse while the reward is still low;
+- :class:`~.signal_guards.IdenticalSamplesGuard`: a group's samples repeat at T > 0 (seeding);
+- :class:`~.signal_guards.MismatchGuard`: engine vs trainer log-probs drift (k3 > 0.01);
+- :class:`~.signal_guards.ZeroStdGuard` (``max_reward=0.9``): >= 75% of groups carry no signal, unless the task
+  is learned (all-right groups).
+
+Name any guard in ``trainer.callbacks`` to choose your own set instead (then none of these is added), or set
+``model.default_guards: false`` for none.
+"""
+
+from __future__ import annotations
+
+from .guards import EntropyGuard, Guard, LogProbGuard, NonFiniteGuard
+from .signal_guards import IdenticalSamplesGuard, MismatchGuard, ZeroStdGuard
+
+__all__ = ["default_guards"]
+
+
+def default_guards() -> list[Guard]:
+    """A fresh instance of each default guard, in the order they run."""
+    return [NonFiniteGuard(), LogProbGuard(), EntropyGuard(floor=0.05, max_reward=0.9), IdenticalSamplesGuard(),
+            MismatchGuard(), ZeroStdGuard(max_reward=0.9)]  # fmt: skip
