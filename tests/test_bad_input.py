@@ -19,6 +19,8 @@ import torch
 import yaml
 
 from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback
+from lightning_grpo.data.records import PromptFormat
+from lightning_grpo.data.sources import DigitTask, Rows
 from lightning_grpo.core import REWARD_AGGREGATIONS
 from lightning_grpo.data.reward_set import RewardError, RewardSet
 
@@ -110,7 +112,7 @@ def test_missing_prompt_column_lists_the_columns(tmp_path):
 
 def test_empty_dataset():
     with pytest.raises(ValueError, match=r"^train_dataset holds no rows$"):
-        PromptDataModule(train_dataset=[], batch_size=1).setup("fit")
+        PromptDataModule(source=Rows([]), batch_size=1).setup("fit")
 
 
 def test_empty_file(tmp_path):
@@ -125,22 +127,22 @@ def test_missing_file(tmp_path):
 
 
 def test_fewer_prompts_than_batch_size_at_fit():
-    fit_error(ValueError, r"train_dataset holds 2 prompts, fewer than batch_size=4", dm=PromptDataModule(train_dataset=ROWS, batch_size=4))
+    fit_error(ValueError, r"train_dataset holds 2 prompts, fewer than batch_size=4", dm=PromptDataModule(source=Rows(ROWS), batch_size=4))
 
 
 def test_batch_size_zero():
     with pytest.raises(ValueError, match=r"batch_size must be a positive integer, got 0"):
-        PromptDataModule(batch_size=0)
+        PromptDataModule(DigitTask(), batch_size=0)
 
 
 def test_prompt_longer_than_max_errors():
-    dm = PromptDataModule(train_dataset=ROWS, batch_size=1, max_prompt_length=4)
+    dm = PromptDataModule(source=Rows(ROWS), batch_size=1, format=PromptFormat(max_prompt_length=4))
     with pytest.raises(ValueError, match=r"prompt 1 of train_dataset has 5 tokens, more than max_prompt_length=4 \(set on_long_prompt='truncate'"):
         dm.setup("fit")
 
 
 def test_prompt_longer_than_max_truncates_with_a_warning():
-    dm = PromptDataModule(train_dataset=ROWS, batch_size=1, max_prompt_length=4, on_long_prompt="truncate")
+    dm = PromptDataModule(source=Rows(ROWS), batch_size=1, format=PromptFormat(max_prompt_length=4, on_long_prompt="truncate"))
     with pytest.warns(UserWarning, match=r"truncated 1 of 2 prompts of train_dataset to their last 4 tokens \(max_prompt_length\)"):
         dm.setup("fit")
     assert [len(r["prompt_ids"]) for r in dm.train_records] == [3, 4]
@@ -159,14 +161,14 @@ def _tokenizer_copy(tiny_model_path, tmp_path, edit) -> Path:
 
 def test_tokenizer_without_chat_template_says_what_to_do(tiny_model_path, tmp_path):
     plain = _tokenizer_copy(tiny_model_path, tmp_path, lambda c: c.pop("chat_template", None))
-    dm = PromptDataModule(train_dataset=ROWS, tokenizer_path=str(plain), use_chat_template=True, batch_size=1)
+    dm = PromptDataModule(source=Rows(ROWS), tokenizer_path=str(plain), format=PromptFormat(use_chat_template=True), batch_size=1)
     with pytest.raises(ValueError, match=rf"the tokenizer at {plain} has no chat template: set data.use_chat_template: false .* data.tokenizer_path"):
         dm.setup("fit")
 
 
 def test_tokenizer_without_eos(tiny_model_path, tmp_path):
     no_eos = _tokenizer_copy(tiny_model_path, tmp_path, lambda c: c.update(eos_token=None))
-    dm = PromptDataModule(train_dataset=ROWS, tokenizer_path=str(no_eos), batch_size=1)
+    dm = PromptDataModule(source=Rows(ROWS), tokenizer_path=str(no_eos), batch_size=1)
     with pytest.raises(ValueError, match=rf"the tokenizer at {no_eos} \(data.tokenizer_path\) has no EOS token, so no completion could end"):
         dm.setup("fit")
 

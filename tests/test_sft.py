@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lightning_grpo import LoraSettings, SFTDataModule, SFTModule
+from lightning_grpo.data.sources import DigitTask
 from lightning_grpo.data.sft import collate
 from lightning_grpo.training.packing import choose_plan
 
@@ -133,7 +134,7 @@ def test_lora_trains_the_adapter_only(tiny_model_path, quantized):
                        quantization=QuantizationSettings() if quantized else None)  # fmt: skip
     module.configure_model()
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
-    _fit(module, SFTDataModule(tokenizer_path=str(tiny_model_path), batch_size=4))
+    _fit(module, SFTDataModule(source=DigitTask(), tokenizer_path=str(tiny_model_path), batch_size=4))
     after = dict(module.policy.named_parameters())
     changed = {n for n in before if not torch.equal(before[n], after[n].detach())}
     adapter = {n for n in before if "lora_" in n}

@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from lightning_grpo.data.sft import SFTDataModule, collate
+from lightning_grpo.data.sources import DigitTask, Rows
 from lightning_grpo.data.sft_format import SFTFormat, _turn_end, assistant_mask
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
@@ -79,7 +80,7 @@ def test_digit_task_rows_are_grpo_prompts_then_the_answer(tiny_model_path):
     """Without the chat template: the prompt ids GRPO samples from (PromptDataModule's), the answer, EOS."""
     from lightning_grpo import PromptDataModule
 
-    sft, prompts = SFTDataModule(tokenizer_path=str(tiny_model_path)), PromptDataModule(tokenizer_path=str(tiny_model_path))
+    sft, prompts = SFTDataModule(source=DigitTask(), tokenizer_path=str(tiny_model_path)), PromptDataModule(DigitTask(), tokenizer_path=str(tiny_model_path))
     sft.setup(), prompts.setup()
     eos = sft.tokenizer.eos_token_id
     for example, record in zip(sft.train_records[:20], prompts.train_records[:20]):
@@ -106,7 +107,7 @@ def test_row_without_an_assistant_turn_is_named(qwen_tokenizer):
 
 
 def test_missing_columns_are_named(tiny_model_path):
-    data = SFTDataModule(train_dataset=[{"question": "1=", "solution": "2"}] * 8, tokenizer_path=str(tiny_model_path), batch_size=2)
+    data = SFTDataModule(source=Rows([{"question": "1=", "solution": "2"}] * 8), tokenizer_path=str(tiny_model_path), batch_size=2)
     with pytest.raises(ValueError, match=r"train_dataset has neither a messages_column 'messages'.*prompt_column 'prompt' and "
                                          r"answer_column 'answer' \(missing \['prompt', 'answer'\]\); columns present: \['question', 'solution'\]"):  # fmt: skip
         data.setup()

@@ -140,21 +140,22 @@ def test_data_module_test_split_from_files_and_rows(tmp_path, tiny_model_path):
     """test_files / test_dataset become test_records (the test dataloader's), the training and dev records stay;
     without a test split ``test_dataloader`` names the options that give one."""
     from lightning_grpo import PromptDataModule
+    from lightning_grpo.data.sources import DigitTask, Rows
 
     train, val, test = digit_splits(0, 16, 4, 6)
     path = tmp_path / "test.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in test))
     for given in ({"test_files": str(path)}, {"test_dataset": test}):
-        dm = PromptDataModule(train_dataset=train, val_dataset=val, tokenizer_path=str(tiny_model_path), batch_size=4, **given)
+        dm = PromptDataModule(source=Rows(train, val=val), tokenizer_path=str(tiny_model_path), batch_size=4, **given)
         dm.setup()
         assert [r["prompt"] for r in dm.test_records] == [r["prompt"] for r in test]
         assert [r["prompt"] for r in dm.val_records] == [r["prompt"] for r in val]
         assert [r["prompt"] for batch in dm.test_dataloader() for r in batch] == [r["prompt"] for r in test]
-    dm = PromptDataModule(train_dataset=train, tokenizer_path=str(tiny_model_path), batch_size=4)
+    dm = PromptDataModule(source=Rows(train), tokenizer_path=str(tiny_model_path), batch_size=4)
     dm.setup()
     with pytest.raises(ValueError, match=r"lightning-grpo test needs a test split, and \(no test split\) has none: give data.test_files"):
         dm.test_dataloader()
-    digits = PromptDataModule(tokenizer_path=str(tiny_model_path), task_num_test=0)
+    digits = PromptDataModule(DigitTask(num_test=0), tokenizer_path=str(tiny_model_path))
     digits.setup()
     with pytest.raises(ValueError, match=r"the digit task's test split has none"):
         digits.test_dataloader()
@@ -169,7 +170,7 @@ def test_sft_test_stage_is_validation_on_the_test_split(tiny_model_path):
     train, val, test = digit_splits(0, 16, 8, 8)
 
     def run(stage, **data):
-        dm = SFTDataModule(train_dataset=train, tokenizer_path=str(tiny_model_path), batch_size=4, **data)
+        dm = SFTDataModule(source=Rows(train), tokenizer_path=str(tiny_model_path), batch_size=4, **data)
         trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
         getattr(trainer, stage)(SFTModule(model=str(tiny_model_path)), datamodule=dm)
         return {k: float(v) for k, v in trainer.callback_metrics.items()}

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo.data.sources import DigitTask
 
 
 class Recorder(L.Callback):
@@ -37,7 +38,7 @@ def _fit(module, callback, steps, *, accumulate=1, ckpt_path=None, root=None, re
         limit_val_batches=0,
         default_root_dir=root,
     )
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=4), ckpt_path=ckpt_path)
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=4), ckpt_path=ckpt_path)
     return trainer, recorder
 
 

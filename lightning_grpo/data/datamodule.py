@@ -278,7 +278,7 @@ def _check_options(source: Any, train_files: Any, val_files: Any, test_files: An
         if given:
             raise ValueError(
                 f"data.source reads the rows, so data.{given[0]} cannot be given too: use either a source or "
-                "train_files (with val_files, test_files)"
+                "train_files (with val_files, test_files); over a recipe's source, add --data.source null"
             )
         if not isinstance(source, DataSource):
             raise TypeError(f"data.source must be a lightning_grpo.data.sources.DataSource, got {type(source).__name__}")
