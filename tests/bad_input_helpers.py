@@ -72,7 +72,7 @@ def write_config(tmp_path: Path, **overrides) -> Path:
         },
         "rollout": {"engine": "hf", "sampling": {"n": 4, "max_new_tokens": 3}},
         "model": {"advantage": "grpo"},
-        "data": {"batch_size": 4},
+        "data": {"source": {"class_path": "lightning_grpo.DigitTask"}, "batch_size": 4},
     }  # fmt: skip
     for key, value in overrides.items():
         *parents, leaf = key.split(".")

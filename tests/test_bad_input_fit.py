@@ -77,14 +77,14 @@ def test_vllm_not_installed_fails_at_fit_setup(monkeypatch):
 def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm_args={"max_model_len": 12})
-    fit_error(ValueError, r"data.max_prompt_length \(6 tokens\) \+ rollout.sampling.max_new_tokens \(10\) = 16 tokens exceeds "
+    fit_error(ValueError, r"data.format.max_prompt_length \(6 tokens\) \+ rollout.sampling.max_new_tokens \(10\) = 16 tokens exceeds "
               r"rollout.vllm_args.max_model_len \(12\)", callback=callback, dm=PromptDataModule(DigitTask(), batch_size=4, format=PromptFormat(max_prompt_length=6)))  # fmt: skip
 
 
 def test_max_new_tokens_beyond_default_max_model_len(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=510))
-    fit_error(ValueError, r"the longest prompt of the data \(data.max_prompt_length is not set\) \(5 tokens\) \+ "
+    fit_error(ValueError, r"the longest prompt of the data \(data.format.max_prompt_length is not set\) \(5 tokens\) \+ "
               r"rollout.sampling.max_new_tokens \(510\) = 515 tokens exceeds rollout.vllm_args.max_model_len \(default\) \(512\)",
               callback=callback)  # fmt: skip
 
