@@ -72,7 +72,7 @@ def test_bad_last_turn_weight_is_named(weight):
 
 def test_prompt_answer_through_the_chat_template(qwen_tokenizer):
     fmt = SFTFormat(use_chat_template=True, system_prompt="Be brief.")
-    (example,) = fmt.build([{"prompt": "2 + 3?", "answer": "5"}], "train_dataset", qwen_tokenizer)
+    (example,) = fmt.build([{"prompt": "2 + 3?", "answer": "5"}], "data.source.train", qwen_tokenizer)
     assert _spans(qwen_tokenizer, example["input_ids"], example["loss_mask"]) == ["<think>\n\n</think>\n\n5<|im_end|>"]
     assert qwen_tokenizer.decode(example["input_ids"]).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2 + 3?")
 

@@ -169,7 +169,7 @@ def test_sft_test_stage_is_validation_on_the_test_split(tiny_model_path):
     """``SFTModule`` on the test split logs ``test/*`` equal to what validating on those rows logs as ``val/*``."""
     import lightning as L
 
-    from lightning_grpo import SFTDataModule, SFTModule
+    from lightning_grpo import Rows, SFTDataModule, SFTModule
 
     train, val, test = digit_splits(0, 16, 8, 8)
 

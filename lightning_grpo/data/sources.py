@@ -1,7 +1,7 @@
 """Where :class:`~lightning_grpo.data.datamodule.PromptDataModule` reads its rows from.
 
 A :class:`DataSource` hands over raw rows (``dict`` per row, column name -> value); the data module
-then applies the record-mapping hook (``data.record_map``), checks the columns, renders the
+then applies the record-mapping hook (``data.format.record_map``), checks the columns, renders the
 prompts (chat template) and tokenizes them (:mod:`lightning_grpo.data.records`). Built in:
 
 * :class:`HubDataset`: anything ``datasets.load_dataset`` reads (a hub id, a local folder of
