@@ -31,7 +31,7 @@ from lightning_grpo.models.tiny import builtin_tokenizer_path
 if TYPE_CHECKING:
     from lightning_grpo.data.sft_format import SFTFormat
 
-Split = tuple[list[dict[str, Any]], str]  # (rows, how errors name them)
+NamedRows = tuple[list[dict[str, Any]], str]  # (rows, how errors name them)
 
 
 def _identity(batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -138,7 +138,7 @@ class PromptDataModule(L.LightningDataModule):
         check_tokenizer(self.tokenizer, where, self.format.use_chat_template)
         return self.tokenizer
 
-    def _read(self, split: Literal["train", "val", "test"]) -> Split | None:
+    def _read(self, split: Literal["train", "val", "test"]) -> NamedRows | None:
         """The source's rows of ``split`` after the mapping hook (None: the source has no such split)."""
         rows = {"train": self.source.train_rows, "val": self.source.val_rows, "test": self.source.test_rows}[split]()
         if rows is None:
@@ -146,7 +146,7 @@ class PromptDataModule(L.LightningDataModule):
         name = self.source.describe(split)
         return apply_record_map(self._record_map, rows, name), name
 
-    def _split_off_val(self, train: Split) -> tuple[Split, Split]:
+    def _split_off_val(self, train: NamedRows) -> tuple[NamedRows, NamedRows]:
         """``val_fraction`` of the training rows (chosen by ``seed``) as the validation split."""
         rows, name = train
         if len(rows) < 2:
@@ -159,7 +159,7 @@ class PromptDataModule(L.LightningDataModule):
             ([r for i, r in enumerate(rows) if i in val_idx], f"the validation split of {name}"),
         )
 
-    def _splits(self) -> tuple[Split, Split | None]:
+    def _splits(self) -> tuple[NamedRows, NamedRows | None]:
         """(train rows, val rows or None), mapped, before checking and tokenizing."""
         train, val = self._read("train"), self._read("val")
         if self.val_fraction is None:
@@ -171,7 +171,7 @@ class PromptDataModule(L.LightningDataModule):
             )
         return self._split_off_val(train)
 
-    def _train_records(self, train: Split, tokenizer: Any) -> list[dict[str, Any]]:
+    def _train_records(self, train: NamedRows, tokenizer: Any) -> list[dict[str, Any]]:
         records = self._builder.build(*train, tokenizer)
         if len(records) < self.batch_size:
             raise ValueError(f"{train[1]} holds {len(records)} prompts, fewer than data.batch_size={self.batch_size}")

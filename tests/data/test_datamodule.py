@@ -266,3 +266,18 @@ def test_errors_at_setup(make_dm):
     dm = PromptDataModule(source=Rows(ROWS))
     with pytest.raises(RuntimeError, match=r"setup\(\) must run before the data is used"):
         dm.train_dataloader()
+
+
+def test_grouped_signature_and_exports():
+    import inspect
+
+    import lightning_grpo
+    import lightning_grpo.data
+
+    params = list(inspect.signature(PromptDataModule).parameters)
+    assert params == ["source", "train_files", "val_files", "test_files", "tokenizer_path", "format", "batch_size",
+                      "val_batch_size", "val_fraction", "shuffle", "seed"]  # fmt: skip
+    for name in ("PromptDataModule", "SFTDataModule", "PromptFormat", "DigitTask", "Files", "Rows", "HubDataset"):
+        assert getattr(lightning_grpo, name) is getattr(lightning_grpo.data, name)
+    sft = inspect.signature(lightning_grpo.SFTDataModule).parameters.values()
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in sft)
