@@ -46,7 +46,7 @@ def child(row: str, steps: int, warmup: int) -> None:
     import torch
 
     from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-    from lightning_grpo.data.sources import DigitTask
+    from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     path = str(tiny_model_dir(TinyModelConfig(**SHAPE)))

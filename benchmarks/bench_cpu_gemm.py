@@ -32,7 +32,7 @@ def child(hidden: int, gemm: str) -> None:
     import torch
 
     from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-    from lightning_grpo.data.sources import DigitTask
+    from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     config = TinyModelConfig() if hidden == 64 else TinyModelConfig(

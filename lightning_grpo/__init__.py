@@ -23,7 +23,7 @@ _LAZY = {
     "AgentRolloutCallback": "lightning_grpo.agents.callback",
     "PromptDataModule": "lightning_grpo.data.datamodule",
     "PromptFormat": "lightning_grpo.data.records",
-    "DigitTask": "lightning_grpo.data.sources",
+    "DigitTask": "lightning_grpo.data.tasks",
     "Files": "lightning_grpo.data.sources",
     "Rows": "lightning_grpo.data.sources",
     "HubDataset": "lightning_grpo.data.sources",

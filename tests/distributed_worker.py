@@ -189,7 +189,7 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
 
     from lightning_grpo import RolloutCallback
     from lightning_grpo.data.datamodule import PromptDataModule
-    from lightning_grpo.data.sources import DigitTask
+    from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.data.reward_set import RewardSpec
     from lightning_grpo.rollout.base import SamplingConfig
 

@@ -92,7 +92,7 @@ def run_prefix(model_dir: str, out: Path) -> None:
 
 def run_e2e(model_dir: str, out: Path, steps: int) -> None:
     from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-    from lightning_grpo.data.sources import DigitTask
+    from lightning_grpo.data.tasks import DigitTask
 
     checks: list[dict] = []
 

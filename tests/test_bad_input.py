@@ -20,7 +20,8 @@ import yaml
 
 from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback
 from lightning_grpo.data.records import PromptFormat
-from lightning_grpo.data.sources import DigitTask, Rows
+from lightning_grpo.data.sources import Rows
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.core import REWARD_AGGREGATIONS
 from lightning_grpo.data.reward_set import RewardError, RewardSet
 

@@ -12,7 +12,7 @@ import torch
 
 from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, PromptDataModule, RolloutCallback, SamplingConfig
 from lightning_grpo.data.records import PromptFormat
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.core import ADVANTAGES
 
 from tests.bad_input_helpers import fit_error, hf_callback, tiny_cache  # noqa: F401

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightning_grpo import DistillSettings, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.training.packing import padded_token_logprobs
 
 from .agents.helpers import BatchCatcher

@@ -11,8 +11,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOModule, LengthGuard, PromptDataModule, RewardHackingGuard, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.data.sources import DigitTask, Rows
-from lightning_grpo.data.tasks import digit_task
+from lightning_grpo.data.sources import Rows
+from lightning_grpo.data.tasks import DigitTask, digit_task
 
 
 def _policy(path):

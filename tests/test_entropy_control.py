@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_grpo import EntropyController, GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.callbacks.entropy_control import KnobRange
 
 

@@ -25,7 +25,7 @@ from lightning_grpo import (
     SamplingConfig,
     ZeroStdGuard,
 )
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.base import Rollout, RolloutEngine
 from lightning_grpo.rollout.hf import HFEngine
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.models.tiny import save_tiny_reward_model
 from tests.data.judge_stub import StubJudge, user_text
 from tests.data.test_reward_models import chatml, direct

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, ReferenceSync, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 
 
 def _module(path):

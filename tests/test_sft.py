@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightning_grpo import LoraSettings, SFTDataModule, SFTModule
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.data.sft import collate
 from lightning_grpo.training.packing import choose_plan
 

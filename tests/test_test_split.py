@@ -140,7 +140,8 @@ def test_data_module_test_split_from_files_and_rows(tmp_path, tiny_model_path):
     """test_files / Rows(test=...) become test_records (the test dataloader's), the training and dev records stay;
     without a test split ``test_dataloader`` names the options that give one."""
     from lightning_grpo import PromptDataModule
-    from lightning_grpo.data.sources import DigitTask, Rows
+    from lightning_grpo.data.sources import Rows
+    from lightning_grpo.data.tasks import DigitTask
 
     train, val, test = digit_splits(0, 16, 4, 6)
     path = tmp_path / "test.jsonl"

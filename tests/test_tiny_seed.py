@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from lightning_grpo import GRPOModule, PromptDataModule
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.models.tiny import builtin_model_path
 
 from tests.bad_input_helpers import cli, tiny_cache, write_config  # noqa: F401

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 
 
 class Recorder(L.Callback):

@@ -19,7 +19,7 @@ _LAZY = {
     "SFTDataModule": "lightning_grpo.data.sft",
     "PromptFormat": "lightning_grpo.data.records",
     "DataSource": "lightning_grpo.data.sources",
-    "DigitTask": "lightning_grpo.data.sources",
+    "DigitTask": "lightning_grpo.data.tasks",
     "Files": "lightning_grpo.data.sources",
     "Rows": "lightning_grpo.data.sources",
     "HubDataset": "lightning_grpo.data.sources",

@@ -57,7 +57,7 @@ class PromptDataModule(L.LightningDataModule):
     """Prompts for RL training and validation, tokenized with the policy's tokenizer.
 
     The rows come from ``source`` (a :class:`~lightning_grpo.data.sources.DataSource`:
-    :class:`~lightning_grpo.data.sources.DigitTask`, :class:`~lightning_grpo.data.sources.Files`,
+    :class:`~lightning_grpo.data.tasks.DigitTask`, :class:`~lightning_grpo.data.sources.Files`,
     :class:`~lightning_grpo.data.sources.Rows`, :class:`~lightning_grpo.data.sources.HubDataset`, ...)
     or, as a shortcut, from ``train_files`` (with ``val_files``, ``test_files``). Without a validation
     split, ``val_fraction`` splits the training rows; otherwise there is none. The validation split is
@@ -102,6 +102,10 @@ class PromptDataModule(L.LightningDataModule):
         seed: int = 0,
     ) -> None:
         _check_options(source, train_files, val_files, test_files, format, batch_size, val_batch_size, val_fraction)
+        if not isinstance(shuffle, bool):
+            raise ValueError(f"data.shuffle must be true or false, got {shuffle!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"data.seed must be an integer, got {seed!r}")
         super().__init__()
         # what a YAML cannot hold stays out (the CLI saves its own config)
         self.save_hyperparameters(ignore=["source"] + (["format"] if callable(format.record_map) else []))

@@ -10,7 +10,7 @@ prompts (chat template) and tokenizes them (:mod:`lightning_grpo.data.records`).
 * :class:`Files`: data files per split (``data.train_files`` / ``data.val_files`` /
   ``data.test_files`` are its short form, with the default cache);
 * :class:`Rows`: rows in memory per split (a ``datasets.Dataset`` or a list of dicts);
-* :class:`DigitTask`: the built-in digit task, generated from a seed.
+* :class:`~lightning_grpo.data.tasks.DigitTask`: the built-in digit task, generated from a seed.
 
 In a recipe::
 
@@ -245,55 +245,6 @@ class Rows(_SplitSource):
             if data is not None and not hasattr(data, "to_list"):
                 dataset_rows(data, f"data.source.{split}")  # a wrong type fails here, before any work
         super().__init__({s: _RowsSplit(d, f"data.source.{s}") if d is not None else None for s, d in given.items()})
-
-
-class DigitTask(DataSource):
-    """The built-in digit task (:func:`~lightning_grpo.data.tasks.digit_splits`): four-digit prompts
-    (``"4821="``) whose answer follows ``rule``, generated from ``seed``; the test prompts are none of
-    the training or validation prompts.
-
-    Args:
-        seed: Seed of the task's prompts (not of the training run).
-        rule: Answer rule (``"last_plus_one"``, ``"last_digit"``, ``"first_digit"``, or
-            ``"count_to_last"`` with answers of 1-10 characters).
-        num_train: Training prompts.
-        num_val: Validation (dev) prompts.
-        num_test: Test prompts (none of them a training or validation prompt; adding them changes
-            neither of those splits); 0 for none.
-    """
-
-    def __init__(self, seed: int = 0, rule: str = "last_plus_one", num_train: int = 300, num_val: int = 50,
-                 num_test: int = 50) -> None:  # fmt: skip
-        from .tasks import DIGIT_RULES
-
-        if rule not in DIGIT_RULES:
-            raise ValueError(f"data.source.rule must be one of {', '.join(DIGIT_RULES.names())}, got {rule!r}")
-        for name, value, low in (("num_train", num_train, 1), ("num_val", num_val, 0), ("num_test", num_test, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"data.source.{name} must be an integer >= {low}, got {value!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"data.source.seed must be an integer, got {seed!r}")
-        self.seed, self.rule, self.num_train, self.num_val, self.num_test = seed, rule, num_train, num_val, num_test
-
-    def _split(self, index: int) -> list[dict[str, Any]]:
-        from .tasks import digit_splits
-
-        splits = digit_splits(seed=self.seed, rule=self.rule, num_train=self.num_train, num_val=self.num_val,
-                              num_test=self.num_test)  # fmt: skip
-        return splits[index]
-
-    def train_rows(self) -> list[dict[str, Any]]:
-        return self._split(0)
-
-    def val_rows(self) -> list[dict[str, Any]] | None:
-        return self._split(1)
-
-    def test_rows(self) -> list[dict[str, Any]] | None:
-        return self._split(2) if self.num_test else None
-
-    def describe(self, split: Split) -> str:
-        return {"train": "the digit task's training split", "val": "the digit task's validation split",
-                "test": "the digit task's test split"}[split]  # fmt: skip
 
 
 # -------------------------------------------------------------------------------- datasets

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.agents.callback import AgentRolloutCallback
 
 from .helpers import BatchCatcher, CALL_TEXT, caller_model_dir, ids_of

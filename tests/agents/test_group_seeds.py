@@ -13,7 +13,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOModule, PromptDataModule, SamplingConfig
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.environment import Environment, Step

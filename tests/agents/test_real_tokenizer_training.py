@@ -10,11 +10,10 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
-from lightning_grpo.data.sources import DigitTask
 from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.secret_digit import SecretDigitEnv
-from lightning_grpo.data.tasks import digit_task
+from lightning_grpo.data.tasks import DigitTask, digit_task
 
 from .helpers import ids_of
 

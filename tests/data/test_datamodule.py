@@ -9,7 +9,8 @@ import pytest
 
 from lightning_grpo.data.datamodule import PromptDataModule
 from lightning_grpo.data.records import PromptFormat
-from lightning_grpo.data.sources import DigitTask, Rows
+from lightning_grpo.data.sources import Rows
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.models.tiny import ALPHABET, SPECIAL_TOKENS
 
 VOCAB = {token: i for i, token in enumerate(SPECIAL_TOKENS + ALPHABET)}

@@ -9,7 +9,7 @@ import lightning as L
 from lightning.pytorch.loggers import Logger
 
 from lightning_grpo import AgentRolloutCallback, GRPOModule, PromptDataModule, SamplingConfig
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 
 
 class MemoryLogger(Logger):

@@ -17,7 +17,7 @@ pytest.importorskip("openenv")  # the dev extra installs openenv-core
 from openenv.core.env_server import Action, Environment, Observation, State  # noqa: E402
 
 from lightning_grpo import GRPOModule, PromptDataModule  # noqa: E402
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.integrations.openenv import OpenEnvEnvironment  # noqa: E402
 
 from .echo_env.models import EchoAction  # noqa: E402

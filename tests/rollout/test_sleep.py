@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.data.sources import DigitTask
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.sleep import EngineSleep
 
 
