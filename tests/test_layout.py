@@ -248,7 +248,7 @@ from lightning_grpo.cli import build_cli
 from lightning_grpo.callbacks.distributed import RankWatch
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    cli = build_cli(["-c", sys.argv[1], "--trainer.logger=false"], run=False)
+    cli = build_cli(["-c", sys.argv[1], "--trainer.logger=false", "--data.source=lightning_grpo.DigitTask"], run=False)
 print(json.dumps({"grace": [c.grace for c in cli.trainer.callbacks if isinstance(c, RankWatch)],
                   "warned": [str(w.message) for w in caught if "moved to" in str(w.message)]}))
 """

@@ -17,6 +17,7 @@ the current generation batch.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Iterator, Literal
 
 import lightning as L
@@ -107,8 +108,10 @@ class PromptDataModule(L.LightningDataModule):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"data.seed must be an integer, got {seed!r}")
         super().__init__()
-        # what a YAML cannot hold stays out (the CLI saves its own config)
-        self.save_hyperparameters(ignore=["source"] + (["format"] if callable(format.record_map) else []))
+        # objects stay out of the checkpoint (it is read with weights_only=True; the CLI saves its own config)
+        self.save_hyperparameters(ignore=["source", "format"])
+        if not callable(format.record_map):
+            self.hparams["format"] = asdict(format)  # plain values
         self.source = source if source is not None else FileShortcut(train_files, val_files, test_files)
         self.format = format
         self._record_map = resolve_record_map(format.record_map)
