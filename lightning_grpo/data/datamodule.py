@@ -129,6 +129,7 @@ class PromptDataModule(L.LightningDataModule):
 
     @property
     def max_prompt_length(self) -> int | None:
+        """The prompt length limit in tokens (``data.format.max_prompt_length``); None for none."""
         return self.format.max_prompt_length
 
     # ------------------------------------------------------------------------------- setup
