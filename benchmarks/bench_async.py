@@ -46,6 +46,7 @@ def child(row: str, steps: int, warmup: int) -> None:
     import torch
 
     from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     path = str(tiny_model_dir(TinyModelConfig(**SHAPE)))
@@ -75,7 +76,7 @@ def child(row: str, steps: int, warmup: int) -> None:
     trainer = L.Trainer(max_steps=steps, callbacks=[callback, Clock()], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, default_root_dir=f"/tmp/bench_async_{row}")  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(tokenizer_path=path, batch_size=PROMPTS))
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=path, batch_size=PROMPTS))
     measured = steps - warmup
     seconds = marks["end"] - marks["start"]
     params = sum(p.numel() for p in module.policy.parameters())

@@ -32,6 +32,7 @@ def child(hidden: int, gemm: str) -> None:
     import torch
 
     from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     config = TinyModelConfig() if hidden == 64 else TinyModelConfig(
@@ -56,7 +57,7 @@ def child(hidden: int, gemm: str) -> None:
     trainer = L.Trainer(max_steps=STEPS, callbacks=[callback, Timer()], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(tokenizer_path=path, batch_size=8))
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=path, batch_size=8))
     medians = {k: statistics.median(r[k] for r in rows[5:]) for k in ("wall", "time/generate", "time/sync")}
     print("RESULT " + json.dumps(medians))
 

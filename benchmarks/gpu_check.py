@@ -105,6 +105,7 @@ def train_row(model_dir: Path, method: str, steps: int, P: int, G: int, prompt_l
     import lightning as L
 
     from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo.data.sources import Rows
 
     policy, precision = method_settings(method)
     cuda = torch.cuda.is_available()
@@ -123,7 +124,7 @@ def train_row(model_dir: Path, method: str, steps: int, P: int, G: int, prompt_l
     L.seed_everything(0)
     module = GRPOModule(model=str(model_dir), policy=policy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5))
     rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=G, max_new_tokens=max_new), rewards=[RewardSpec("prefix_match")])
-    data = PromptDataModule(train_dataset=prompts(4 * P, prompt_len), tokenizer_path=str(model_dir), batch_size=P)
+    data = PromptDataModule(source=Rows(prompts(4 * P, prompt_len)), tokenizer_path=str(model_dir), batch_size=P)
     trainer = L.Trainer(
         max_steps=steps, accelerator="gpu" if cuda else "cpu", devices=1, precision=precision, callbacks=[rollout, Clock()],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,

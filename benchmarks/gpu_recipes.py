@@ -54,7 +54,7 @@ CARD_GIB = {"24gb": 23.99, "32gb": 31.75}  # 32 GB: V100 32 GB (31.75), RTX 5090
 CUDA_CONTEXT_GIB = 0.5  # the CUDA context and cuBLAS workspaces outside PyTorch's allocator (one process)
 #: --smoke: the tiny model on CPU, short rows, full precision, no quantisation (the mechanics only)
 SMOKE = {"trainer": {"accelerator": "cpu", "precision": "32-true", "accumulate_grad_batches": 2},
-         "data": {"batch_size": 2, "max_prompt_length": 16}, "max_new_tokens": 4}  # fmt: skip
+         "data": {"batch_size": 2, "format": {"max_prompt_length": 16}}, "max_new_tokens": 4}  # fmt: skip
 CUDA = torch.cuda.is_available()
 
 
@@ -133,9 +133,9 @@ def derived_config(recipe: dict, model_dir: Path, data_file: Path, steps: int, o
     cfg["model"].setdefault("forward", {}).setdefault("rows_per_pass", 8)
     cfg["model"]["model"] = str(model_dir)
     data = cfg["data"]
-    for key in ("val_files", "system_prompt", "prompt_column", "answer_column"):
-        data.pop(key, None)
-    data.update(train_files=str(data_file), tokenizer_path=str(model_dir), use_chat_template=False)
+    data.pop("val_files", None)
+    limit = data.get("format", {}).get("max_prompt_length")  # the recipe's prompt length; plain-text digit prompts
+    data.update(train_files=str(data_file), tokenizer_path=str(model_dir), format={"max_prompt_length": limit})
     return cfg
 
 
@@ -146,7 +146,7 @@ def child(recipe_path: Path, steps: int, cache: Path, smoke: bool = False) -> di
     model_dir = build_model(arch, cache)
     work = Path(tempfile.mkdtemp(prefix="gpu-recipe-"))
     cfg = derived_config(recipe, model_dir, work / "data.jsonl", steps, work / "probe.json", smoke)
-    length, batch = cfg["data"]["max_prompt_length"] - 1, cfg["data"]["batch_size"]  # - 1: room for a BOS token
+    length, batch = cfg["data"]["format"]["max_prompt_length"] - 1, cfg["data"]["batch_size"]  # - 1: room for a BOS token
     accumulate = cfg["trainer"].get("accumulate_grad_batches", 1)
     with open(work / "data.jsonl", "w") as f:
         for i in range(batch * accumulate * (steps + 1)):

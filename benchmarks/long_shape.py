@@ -79,8 +79,10 @@ def long_rows(count: int, prompt_tokens: int, seed: int = 0) -> list[dict]:
 def datamodule(path: str, prompts: int, prompt_tokens: int, steps: int):
     """The digit task (``prompt_tokens`` 0) or ``steps`` x ``prompts`` long prompts, no validation."""
     from lightning_grpo import PromptDataModule
+    from lightning_grpo.data.sources import Rows
+    from lightning_grpo.data.tasks import DigitTask
 
     if not prompt_tokens:
-        return PromptDataModule(tokenizer_path=path, batch_size=prompts)
+        return PromptDataModule(DigitTask(), tokenizer_path=path, batch_size=prompts)
     rows = long_rows(prompts * (steps + 1), prompt_tokens)
-    return PromptDataModule(train_dataset=rows, tokenizer_path=path, batch_size=prompts)
+    return PromptDataModule(source=Rows(rows), tokenizer_path=path, batch_size=prompts)

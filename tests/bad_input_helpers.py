@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo.data.tasks import DigitTask
 
 ROWS = [{"prompt": "12=", "answer": "3"}, {"prompt": "4821=", "answer": "2"}]
 
@@ -47,7 +48,7 @@ def fit_error(error: type[Exception], match: str, *, module=None, callback=None,
         enable_model_summary=False, limit_val_batches=0, callbacks=[callback, sentinel], **trainer_kwargs,
     )  # fmt: skip
     with pytest.raises(error, match=match):
-        trainer.fit(module, datamodule=dm if dm is not None else PromptDataModule(batch_size=4))
+        trainer.fit(module, datamodule=dm if dm is not None else PromptDataModule(DigitTask(), batch_size=4))
     assert not sentinel.started and callback.engine is None and trainer.global_step == 0
     assert loaded or module.policy is None, "the policy was loaded: the error came too late"
 
@@ -71,7 +72,7 @@ def write_config(tmp_path: Path, **overrides) -> Path:
         },
         "rollout": {"engine": "hf", "sampling": {"n": 4, "max_new_tokens": 3}},
         "model": {"model": "tiny:chars", "algorithm": {"advantage": "grpo"}},
-        "data": {"batch_size": 4},
+        "data": {"source": {"class_path": "lightning_grpo.DigitTask"}, "batch_size": 4},
     }  # fmt: skip
     for key, value in overrides.items():
         *parents, leaf = key.split(".")

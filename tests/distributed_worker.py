@@ -189,6 +189,7 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
 
     from lightning_grpo import RolloutCallback
     from lightning_grpo.data.datamodule import PromptDataModule
+    from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.data.reward_set import RewardSpec
     from lightning_grpo.rollout.base import SamplingConfig
 
@@ -253,7 +254,7 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
             checks[-1]["logged_length_max"] = float(trainer.callback_metrics["train/completion_length_max"])
 
     L.seed_everything(0, workers=True)
-    dm = PromptDataModule(tokenizer_path=model_dir, batch_size=4, task_num_train=64, task_num_val=8)
+    dm = PromptDataModule(DigitTask(num_train=64, num_val=8), tokenizer_path=model_dir, batch_size=4)
     model = model_dir if policy == "path" else module_from(model_dir)
     module = GRPOModule(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     rollout = RolloutCallback(

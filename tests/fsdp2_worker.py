@@ -92,7 +92,9 @@ def run_prefix(model_dir: str, out: Path) -> None:
 
 
 def run_e2e(model_dir: str, out: Path, steps: int) -> None:
-    from lightning_grpo import GRPOLoss, GRPOModule, KLSettings, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo import (GRPOLoss, GRPOModule, KLSettings, PromptDataModule, RewardSpec, RolloutCallback,
+                                SamplingConfig)  # fmt: skip
+    from lightning_grpo.data.tasks import DigitTask
 
     checks: list[dict] = []
 
@@ -105,7 +107,7 @@ def run_e2e(model_dir: str, out: Path, steps: int) -> None:
             checks.append({"step": trainer.global_step, "gap": (logp - b.rollout_logp)[mask].abs().max().item()})
 
     L.seed_everything(0, workers=True)
-    dm = PromptDataModule(tokenizer_path=model_dir, batch_size=4, task_num_train=64, task_num_val=8)
+    dm = PromptDataModule(DigitTask(num_train=64, num_val=8), tokenizer_path=model_dir, batch_size=4)
     module = GRPOModule(model=model_dir, loss=GRPOLoss(kl=KLSettings(beta=0.04)), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     rollout = RolloutCallback(
         engine="vllm", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=6),

@@ -20,6 +20,9 @@ import yaml
 
 from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLSettings, OffPolicySettings,
                             PromptDataModule, RewardSpec, RolloutCallback)  # fmt: skip
+from lightning_grpo.data.records import PromptFormat
+from lightning_grpo.data.sources import Rows
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.core import REWARD_AGGREGATIONS
 from lightning_grpo.data.reward_set import RewardError, RewardSet
 
@@ -84,8 +87,8 @@ def test_yaml_error_is_one_line_naming_the_field(tmp_path, capsys, key, value, m
          r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo'"),
         ({"model.optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": -0.01}}},
          r"model.optimizer: AdamW rejected its arguments: Invalid learning rate: -0.01"),
-        ({"data.train_dataset": [{"question": "12="}]},
-         r"prompt_column 'prompt' not found in train_dataset; columns present: \['question'\]"),
+        ({"data.source": {"class_path": "lightning_grpo.Rows", "init_args": {"train": [{"question": "12="}]}}},
+         r"data.format.prompt_column 'prompt' not found in data.source.train; columns present: \['question'\]"),
     ],
     ids=["group_of_one", "negative_lr", "missing_column"],
 )
@@ -105,44 +108,44 @@ def test_missing_prompt_column_lists_the_columns(tmp_path):
     path = tmp_path / "qa.jsonl"
     path.write_text('{"q": "12=", "a": "3"}\n')
     dm = PromptDataModule(train_files=str(path), batch_size=1)
-    with pytest.raises(ValueError, match=rf"prompt_column 'prompt' not found in train_files {path}; columns present: \['q', 'a'\]"):
+    with pytest.raises(ValueError, match=rf"data.format.prompt_column 'prompt' not found in data.train_files {path}; columns present: \['q', 'a'\]"):
         dm.setup("fit")
 
 
 def test_empty_dataset():
-    with pytest.raises(ValueError, match=r"^train_dataset holds no rows$"):
-        PromptDataModule(train_dataset=[], batch_size=1).setup("fit")
+    with pytest.raises(ValueError, match=r"^data.source.train holds no rows$"):
+        PromptDataModule(source=Rows([]), batch_size=1).setup("fit")
 
 
 def test_empty_file(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(ValueError, match=r"train_files: .*empty.jsonl is empty \(holds no rows\)"):
+    with pytest.raises(ValueError, match=r"data.train_files: .*empty.jsonl is empty \(holds no rows\)"):
         PromptDataModule(train_files=str(tmp_path / "empty.jsonl"))
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match=rf"train_files: file not found: {tmp_path}/missing.jsonl"):
+    with pytest.raises(FileNotFoundError, match=rf"data.train_files: file not found: {tmp_path}/missing.jsonl"):
         PromptDataModule(train_files=str(tmp_path / "missing.jsonl"))
 
 
 def test_fewer_prompts_than_batch_size_at_fit():
-    fit_error(ValueError, r"train_dataset holds 2 prompts, fewer than batch_size=4", dm=PromptDataModule(train_dataset=ROWS, batch_size=4))
+    fit_error(ValueError, r"data.source.train holds 2 prompts, fewer than data.batch_size=4", dm=PromptDataModule(source=Rows(ROWS), batch_size=4))
 
 
 def test_batch_size_zero():
-    with pytest.raises(ValueError, match=r"batch_size must be a positive integer, got 0"):
-        PromptDataModule(batch_size=0)
+    with pytest.raises(ValueError, match=r"data.batch_size must be a positive integer, got 0"):
+        PromptDataModule(DigitTask(), batch_size=0)
 
 
 def test_prompt_longer_than_max_errors():
-    dm = PromptDataModule(train_dataset=ROWS, batch_size=1, max_prompt_length=4)
-    with pytest.raises(ValueError, match=r"prompt 1 of train_dataset has 5 tokens, more than max_prompt_length=4 \(set on_long_prompt='truncate'"):
+    dm = PromptDataModule(source=Rows(ROWS), batch_size=1, format=PromptFormat(max_prompt_length=4))
+    with pytest.raises(ValueError, match=r"prompt 1 of data.source.train has 5 tokens, more than data.format.max_prompt_length=4 \(set data.format.on_long_prompt: truncate"):
         dm.setup("fit")
 
 
 def test_prompt_longer_than_max_truncates_with_a_warning():
-    dm = PromptDataModule(train_dataset=ROWS, batch_size=1, max_prompt_length=4, on_long_prompt="truncate")
-    with pytest.warns(UserWarning, match=r"truncated 1 of 2 prompts of train_dataset to their last 4 tokens \(max_prompt_length\)"):
+    dm = PromptDataModule(source=Rows(ROWS), batch_size=1, format=PromptFormat(max_prompt_length=4, on_long_prompt="truncate"))
+    with pytest.warns(UserWarning, match=r"truncated 1 of 2 prompts of data.source.train to their last 4 tokens \(data.format.max_prompt_length\)"):
         dm.setup("fit")
     assert [len(r["prompt_ids"]) for r in dm.train_records] == [3, 4]
 
@@ -160,14 +163,14 @@ def _tokenizer_copy(tiny_model_path, tmp_path, edit) -> Path:
 
 def test_tokenizer_without_chat_template_says_what_to_do(tiny_model_path, tmp_path):
     plain = _tokenizer_copy(tiny_model_path, tmp_path, lambda c: c.pop("chat_template", None))
-    dm = PromptDataModule(train_dataset=ROWS, tokenizer_path=str(plain), use_chat_template=True, batch_size=1)
-    with pytest.raises(ValueError, match=rf"the tokenizer at {plain} has no chat template: set data.use_chat_template: false .* data.tokenizer_path"):
+    dm = PromptDataModule(source=Rows(ROWS), tokenizer_path=str(plain), format=PromptFormat(use_chat_template=True), batch_size=1)
+    with pytest.raises(ValueError, match=rf"the tokenizer at {plain} has no chat template: set data.format.use_chat_template: false .* data.tokenizer_path"):
         dm.setup("fit")
 
 
 def test_tokenizer_without_eos(tiny_model_path, tmp_path):
     no_eos = _tokenizer_copy(tiny_model_path, tmp_path, lambda c: c.update(eos_token=None))
-    dm = PromptDataModule(train_dataset=ROWS, tokenizer_path=str(no_eos), batch_size=1)
+    dm = PromptDataModule(source=Rows(ROWS), tokenizer_path=str(no_eos), batch_size=1)
     with pytest.raises(ValueError, match=rf"the tokenizer at {no_eos} \(data.tokenizer_path\) has no EOS token, so no completion could end"):
         dm.setup("fit")
 

@@ -12,6 +12,8 @@ import torch
 
 from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLInRewardSettings, KLSettings, LoraSettings,
                             PolicySettings, PromptDataModule, RolloutCallback, SamplingConfig)  # fmt: skip
+from lightning_grpo.data.records import PromptFormat
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.core import ADVANTAGES
 
 from tests.bad_input_helpers import fit_error, hf_callback, tiny_cache  # noqa: F401
@@ -56,7 +58,7 @@ def test_dynamic_sampling_filter_batch_not_divisible():
 def test_more_steps_per_generation_than_completions():
     fit_error(ValueError, r"model.algorithm.steps_per_generation=8 x trainer.accumulate_grad_batches=2 training steps share each generation batch of "
               r"data.batch_size=1 x rollout.sampling.n=4 = 4 completions: some steps would get none",
-              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(steps_per_generation=8)), dm=PromptDataModule(batch_size=1), accumulate_grad_batches=2)  # fmt: skip
+              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(steps_per_generation=8)), dm=PromptDataModule(DigitTask(), batch_size=1), accumulate_grad_batches=2)  # fmt: skip
 
 
 # ============================================================================= 6. engines
@@ -76,14 +78,14 @@ def test_vllm_not_installed_fails_at_fit_setup(monkeypatch):
 def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm_args={"max_model_len": 12})
-    fit_error(ValueError, r"data.max_prompt_length \(6 tokens\) \+ rollout.sampling.max_new_tokens \(10\) = 16 tokens exceeds "
-              r"rollout.vllm_args.max_model_len \(12\)", callback=callback, dm=PromptDataModule(batch_size=4, max_prompt_length=6))  # fmt: skip
+    fit_error(ValueError, r"data.format.max_prompt_length \(6 tokens\) \+ rollout.sampling.max_new_tokens \(10\) = 16 tokens exceeds "
+              r"rollout.vllm_args.max_model_len \(12\)", callback=callback, dm=PromptDataModule(DigitTask(), batch_size=4, format=PromptFormat(max_prompt_length=6)))  # fmt: skip
 
 
 def test_max_new_tokens_beyond_default_max_model_len(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=510))
-    fit_error(ValueError, r"the longest prompt of the data \(data.max_prompt_length is not set\) \(5 tokens\) \+ "
+    fit_error(ValueError, r"the longest prompt of the data \(data.format.max_prompt_length is not set\) \(5 tokens\) \+ "
               r"rollout.sampling.max_new_tokens \(510\) = 515 tokens exceeds rollout.vllm_args.max_model_len \(default\) \(512\)",
               callback=callback)  # fmt: skip
 

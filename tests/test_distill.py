@@ -11,8 +11,10 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import DistillSettings, ForwardSettings, GRPOModule, PolicySettings, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import (DistillSettings, ForwardSettings, GRPOModule, PolicySettings, PromptDataModule,
+                            RewardSpec, RolloutCallback, SamplingConfig)  # fmt: skip
 from lightning_grpo.core import logprobs_from_logits
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.training.packing import padded_token_logprobs
 
 from .agents.helpers import BatchCatcher
@@ -176,7 +178,7 @@ def test_gkd_off_policy_batches_use_the_reference_answers(tiny_model_path):
     teacher = _perturbed(_policy(tiny_model_path))
     module = _module(tiny_model_path, DistillSettings(teacher=teacher, gkd_coef=1.0, lmbda=0.0))
     module.trainer = L.Trainer(accelerator="cpu", logger=False)  # the tokenizer comes from the data module
-    dm = PromptDataModule(batch_size=2)
+    dm = PromptDataModule(DigitTask(), batch_size=2)
     dm.setup("fit")
     module.trainer.datamodule = dm
     records = dm.train_records[:2]
@@ -236,7 +238,7 @@ def test_multi_turn_episodes_distil_on_model_tokens_only(tiny_model_path):
     module = GRPOModule(model=path, distillation=DistillSettings(teacher=teacher))
     trainer = L.Trainer(max_steps=2, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(tokenizer_path=path, batch_size=2))
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=path, batch_size=2))
     batch = catcher.batches[0]
     assert trainer.global_step == 2 and batch.turn_ids is not None
     outside = batch.completion_mask == 0  # padding and the environment's tokens
@@ -258,7 +260,7 @@ def test_distillation_under_the_asynchronous_pipeline(tiny_model_path, digit_tea
     module = GRPOModule(model=str(tiny_model_path), distillation=DistillSettings(teacher=str(digit_teacher_path)))
     trainer = L.Trainer(max_steps=3, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=2))
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=2))
     assert trainer.global_step == 3 and len(catcher.batches) == 3
     for batch in catcher.batches:
         expected = -(batch.rollout_logp - batch.teacher_logp) * batch.completion_mask
@@ -276,7 +278,7 @@ def test_save_pretrained_writes_a_model_directory_a_teacher_can_load(tiny_model_
     module = GRPOModule(model=str(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     trainer = L.Trainer(max_steps=2, callbacks=[callback, SavePretrained(str(out))], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=2))
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=2))
     saved = AutoModelForCausalLM.from_pretrained(out)
     for name, value in module.policy.state_dict().items():
         torch.testing.assert_close(saved.state_dict()[name], value, atol=0, rtol=0)
@@ -288,5 +290,5 @@ def test_save_pretrained_writes_a_model_directory_a_teacher_can_load(tiny_model_
     trainer = L.Trainer(max_steps=1, callbacks=[callback, SavePretrained(str(tmp_path / "logs"))], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     with pytest.raises(ValueError, match=r"SavePretrained.dirpath '.*logs' exists and is not a saved model directory"):
-        trainer.fit(module, datamodule=PromptDataModule(batch_size=2))
+        trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=2))
     assert (tmp_path / "logs" / "metrics.csv").exists()

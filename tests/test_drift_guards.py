@@ -11,7 +11,8 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import GRPOModule, LengthGuard, PromptDataModule, RewardHackingGuard, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.data.tasks import digit_task
+from lightning_grpo.data.sources import Rows
+from lightning_grpo.data.tasks import DigitTask, digit_task
 
 
 def _policy(path):
@@ -28,7 +29,7 @@ def _fit(module, rewards, callbacks, steps, *, max_new_tokens=2, dm=None, val_ev
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=1.0 if val_every else 0, val_check_interval=val_every,
                         check_val_every_n_epoch=None, num_sanity_val_steps=0, log_every_n_steps=1)  # fmt: skip
-    trainer.fit(module, datamodule=dm or PromptDataModule(batch_size=8))
+    trainer.fit(module, datamodule=dm or PromptDataModule(DigitTask(), batch_size=8))
     return trainer
 
 
@@ -79,7 +80,7 @@ def test_a_heldout_split_with_another_rule_trips_the_reward_hacking_alarm(tiny_m
     reward stays near 0.14 and the alarm fires; held out on the same rule it rises too: no alarm."""
     train, _ = digit_task(rule="last_plus_one")
     _, val = digit_task(rule=heldout_rule)
-    dm = PromptDataModule(batch_size=8, train_dataset=train, val_dataset=val)
+    dm = PromptDataModule(batch_size=8, source=Rows(train, val=val))
     guard = RewardHackingGuard(window=3)
     module = GRPOModule(model=_policy(tiny_model_path), optimizer=_adamw(2e-3))
     trainer = _fit(module, [RewardSpec("prefix_match")], [guard], steps=150, dm=dm, val_every=25,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lightning_grpo import EntropyController, GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.callbacks.entropy_control import KnobRange
 
 
@@ -105,7 +106,7 @@ def _fit(module, callbacks, steps, ckpt_path=None):
     trainer = L.Trainer(max_steps=steps, callbacks=[rollout, *callbacks], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=8), ckpt_path=ckpt_path)
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=8), ckpt_path=ckpt_path)
     return trainer
 
 

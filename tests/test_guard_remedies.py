@@ -19,6 +19,7 @@ from lightning_grpo import (
     SamplingConfig,
     ZeroStdGuard,
 )
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.hf import HFEngine
 
 EOS, PAD = 1, 0
@@ -35,7 +36,7 @@ def _fit(module, rollout, callbacks, steps):
     trainer = L.Trainer(max_steps=steps, callbacks=[rollout, *callbacks], accelerator="cpu", logger=False,
                         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=4))
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=4))
     return trainer
 
 

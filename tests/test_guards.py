@@ -26,6 +26,7 @@ from lightning_grpo import (
     SamplingConfig,
     ZeroStdGuard,
 )
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.base import Rollout, RolloutEngine
 from lightning_grpo.rollout.hf import HFEngine
 
@@ -50,7 +51,7 @@ def _fit(module, callbacks, steps, *, lr_logger_dir=None, n=4, batch_size=4, rew
     trainer = L.Trainer(max_steps=steps, callbacks=callbacks, accelerator="cpu", logger=logger, log_every_n_steps=1,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=batch_size))
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=batch_size))
     return trainer
 
 
@@ -369,5 +370,5 @@ def test_guard_state_and_skipped_steps_survive_a_checkpoint(tiny_model_path, tmp
                         rewards=[RewardSpec("prefix_match")], seed=3), guard, EntropyGuard(floor=0.01)], accelerator="cpu",
                         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)  # fmt: skip
-    trainer.fit(resumed, datamodule=PromptDataModule(batch_size=4), ckpt_path=tmp_path / "run.ckpt")
+    trainer.fit(resumed, datamodule=PromptDataModule(DigitTask(), batch_size=4), ckpt_path=tmp_path / "run.ckpt")
     assert trainer.global_step == 3 and guard.total == 1 and resumed.skipped_steps == 1

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.models.tiny import save_tiny_reward_model
 from tests.data.judge_stub import StubJudge, user_text
 from tests.data.test_reward_models import chatml, direct
@@ -52,7 +53,7 @@ def test_a_judge_reward_trains_and_both_model_rewards_are_logged(tiny_model_path
         trainer = L.Trainer(max_steps=6, callbacks=[rollout, probe, recorder], accelerator="cpu", logger=False,
                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                             limit_val_batches=0)  # fmt: skip
-        trainer.fit(module, datamodule=PromptDataModule(batch_size=8))
+        trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=8))
     finally:
         stub.close()
     judge = [step["train/reward/llm_judge/mean"] for step in recorder.steps]

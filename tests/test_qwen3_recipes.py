@@ -34,8 +34,8 @@ def test_the_stages_name_each_other_and_pose_the_same_task(track):
     else:  # the same rows; only SFT's demonstrator is weak, and GRPO is rewarded on the right answer
         assert sft["data"]["source"]["class_path"] == grpo["data"]["source"]["class_path"]
         assert {k: v for k, v in task.items() if k not in ("weak_digits", "slip")} == grpo["data"]["source"]["init_args"]
-        assert sft["data"]["answer_column"] == "demonstration" and "answer_column" not in grpo["data"]
-        assert sft["data"]["chat_template_kwargs"] == grpo["data"]["chat_template_kwargs"] == {"enable_thinking": False}
+        assert sft["data"]["format"]["answer_column"] == "demonstration" and "answer_column" not in grpo["data"]["format"]
+        assert sft["data"]["format"]["chat_template_kwargs"] == grpo["data"]["format"]["chat_template_kwargs"] == {"enable_thinking": False}
 
     for stage in (sft, grpo):  # a schedule that spans a number of steps spans the stage's steps
         schedule = (stage["model"].get("lr_scheduler") or {}).get("init_args", {})

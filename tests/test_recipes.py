@@ -151,9 +151,9 @@ def tiny_substitute(cfg: dict[str, Any]) -> dict[str, Any]:
     cfg["model"]["model"] = "tiny:chars"
     cfg["model"].setdefault("policy", {})["dtype"] = "float32"
     data = cfg["data"]
-    for key in ("train_files", "val_files", "tokenizer_path", "system_prompt", "max_prompt_length"):
+    for key in ("train_files", "val_files", "tokenizer_path"):
         data[key] = None
-    data.update(prompt_column="prompt", answer_column="answer", use_chat_template=False)
+    data.update(source={"class_path": "lightning_grpo.DigitTask"}, format={})  # the digit task's columns, as plain text
     cfg["trainer"].update(accelerator="cpu", precision="32-true")
     rollout = _rollout_args(cfg)
     rollout["sampling"]["max_new_tokens"] = 4
@@ -267,7 +267,7 @@ def test_recipe_lengths_agree(path):
         if reward["name"] == "soft_overlong":
             assert reward["kwargs"]["max_length"] == max_new
     vllm_args = rollout.get("vllm_args") or {}
-    prompt = cfg["data"].get("max_prompt_length") or 5  # the digit task: "4821="
+    prompt = cfg["data"].get("format", {}).get("max_prompt_length") or 5  # the digit task: "4821="
     assert vllm_args.get("max_model_len", ENGINE_MAX_MODEL_LEN) >= prompt + max_new
 
 

@@ -6,7 +6,9 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import GRPOLoss, GRPOModule, KLSettings, PromptDataModule, ReferenceSync, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import (GRPOLoss, GRPOModule, KLSettings, PromptDataModule, ReferenceSync, RewardSpec,
+                            RolloutCallback, SamplingConfig)  # fmt: skip
+from lightning_grpo.data.tasks import DigitTask
 
 
 def _module(path):
@@ -34,7 +36,7 @@ def _fit(module, sync, steps):
     trainer = L.Trainer(max_steps=steps, callbacks=[rollout, snaps, sync], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=4))
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=4))
     return snaps
 
 

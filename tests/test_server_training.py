@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.server_client import ServerClient
 
 pytestmark = pytest.mark.vllm
@@ -56,7 +57,7 @@ def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None):
         max_steps=steps, callbacks=callbacks, accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=root,
     )  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=batch_size), ckpt_path=ckpt_path)
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=batch_size), ckpt_path=ckpt_path)
     return trainer, module
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lightning_grpo import ForwardSettings, LoraSettings, PolicySettings, SFTDataModule, SFTModule
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.data.sft import collate
 from lightning_grpo.training.packing import choose_plan
 
@@ -132,7 +133,7 @@ def test_lora_trains_the_adapter_only(tiny_model_path, quantized):
     module = SFTModule(model=str(tiny_model_path), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings() if quantized else None), optimizer=partial(torch.optim.AdamW, lr=1e-2))  # fmt: skip
     module.configure_model()
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
-    _fit(module, SFTDataModule(tokenizer_path=str(tiny_model_path), batch_size=4))
+    _fit(module, SFTDataModule(source=DigitTask(), tokenizer_path=str(tiny_model_path), batch_size=4))
     after = dict(module.policy.named_parameters())
     changed = {n for n in before if not torch.equal(before[n], after[n].detach())}
     adapter = {n for n in before if "lora_" in n}

@@ -7,7 +7,10 @@ import itertools
 
 import pytest
 
+from lightning_grpo.data.records import PromptFormat
 from lightning_grpo.data.sft import SFTDataModule, collate
+from lightning_grpo.data.sources import Rows
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.data.sft_format import SFTFormat, _turn_end, assistant_mask
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
@@ -70,7 +73,7 @@ def test_bad_last_turn_weight_is_named(weight):
 
 def test_prompt_answer_through_the_chat_template(qwen_tokenizer):
     fmt = SFTFormat(use_chat_template=True, system_prompt="Be brief.")
-    (example,) = fmt.build([{"prompt": "2 + 3?", "answer": "5"}], "train_dataset", qwen_tokenizer)
+    (example,) = fmt.build([{"prompt": "2 + 3?", "answer": "5"}], "data.source.train", qwen_tokenizer)
     assert _spans(qwen_tokenizer, example["input_ids"], example["loss_mask"]) == ["<think>\n\n</think>\n\n5<|im_end|>"]
     assert qwen_tokenizer.decode(example["input_ids"]).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2 + 3?")
 
@@ -79,7 +82,8 @@ def test_digit_task_rows_are_grpo_prompts_then_the_answer(tiny_model_path):
     """Without the chat template: the prompt ids GRPO samples from (PromptDataModule's), the answer, EOS."""
     from lightning_grpo import PromptDataModule
 
-    sft, prompts = SFTDataModule(tokenizer_path=str(tiny_model_path)), PromptDataModule(tokenizer_path=str(tiny_model_path))
+    sft = SFTDataModule(source=DigitTask(), tokenizer_path=str(tiny_model_path))
+    prompts = PromptDataModule(DigitTask(), tokenizer_path=str(tiny_model_path))
     sft.setup(), prompts.setup()
     eos = sft.tokenizer.eos_token_id
     for example, record in zip(sft.train_records[:20], prompts.train_records[:20]):
@@ -101,14 +105,14 @@ def test_turn_end_skips_what_only_the_last_turn_gets():
 # ------------------------------------------------------------------------------ bad input
 def test_row_without_an_assistant_turn_is_named(qwen_tokenizer):
     rows = [{"messages": TRANSCRIPT}, {"messages": TRANSCRIPT[:2]}]
-    with pytest.raises(ValueError, match=r"row 1 of train_dataset has no assistant turn to train on \(roles: \['system', 'user'\]\)"):
-        SFTFormat(use_chat_template=True).build(rows, "train_dataset", qwen_tokenizer)
+    with pytest.raises(ValueError, match=r"row 1 of data.source.train has no assistant turn to train on \(roles: \['system', 'user'\]\)"):
+        SFTFormat(use_chat_template=True).build(rows, "data.source.train", qwen_tokenizer)
 
 
 def test_missing_columns_are_named(tiny_model_path):
-    data = SFTDataModule(train_dataset=[{"question": "1=", "solution": "2"}] * 8, tokenizer_path=str(tiny_model_path), batch_size=2)
-    with pytest.raises(ValueError, match=r"train_dataset has neither a messages_column 'messages'.*prompt_column 'prompt' and "
-                                         r"answer_column 'answer' \(missing \['prompt', 'answer'\]\); columns present: \['question', 'solution'\]"):  # fmt: skip
+    data = SFTDataModule(source=Rows([{"question": "1=", "solution": "2"}] * 8), tokenizer_path=str(tiny_model_path), batch_size=2)
+    with pytest.raises(ValueError, match=r"data.source.train has neither a data.messages_column 'messages'.*prompt_column 'prompt' and "
+                                         r"data.format.answer_column 'answer' \(missing \['prompt', 'answer'\]\); columns present: \['question', 'solution'\]"):  # fmt: skip
         data.setup()
 
 
@@ -118,10 +122,21 @@ def test_bad_answers_and_long_rows_are_named(tiny_model_path):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
     with pytest.raises(ValueError, match=r"column 'answer' of row 1 of data must hold a string, got int"):
         SFTFormat().build([{"prompt": "1=", "answer": "2"}, {"prompt": "2=", "answer": 3}], "data", tokenizer)
-    with pytest.raises(ValueError, match=r"row 1 of data has 11 tokens, more than max_length=8"):
+    with pytest.raises(ValueError, match=r"row 1 of data has 11 tokens, more than data.max_length=8"):
         SFTFormat(max_length=8).build([{"prompt": "1=", "answer": "2"}, {"prompt": "12345678=", "answer": "2"}], "data", tokenizer)
-    with pytest.raises(ValueError, match=r"transcripts; set use_chat_template=True"):
+    with pytest.raises(ValueError, match=r"transcripts; set data.format.use_chat_template: true"):
         SFTFormat().build([{"messages": TRANSCRIPT}], "data", tokenizer)
+
+
+def test_sft_data_module_takes_keywords_and_refuses_prompt_limits():
+    with pytest.raises(TypeError, match=r"takes 1 positional argument"):
+        SFTDataModule(DigitTask())
+    with pytest.raises(ValueError, match=r"^data.format.max_prompt_length limits RL prompts; an SFT example is limited by data.max_length$"):
+        SFTDataModule(source=DigitTask(), format=PromptFormat(max_prompt_length=8))
+    with pytest.raises(ValueError, match=r"^data.format.answer_column names the answer SFT teaches; it cannot be null$"):
+        SFTDataModule(source=DigitTask(), format=PromptFormat(answer_column=None))
+    with pytest.raises(ValueError, match=r"^data.max_length must be a positive integer or null, got 0$"):
+        SFTDataModule(source=DigitTask(), max_length=0)
 
 
 def test_template_that_rewrites_earlier_turns_is_an_error_naming_the_row(qwen_tokenizer):

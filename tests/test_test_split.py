@@ -137,24 +137,30 @@ def test_test_episodes_are_none_of_the_training_or_dev_episodes(run_seed):
 
 
 def test_data_module_test_split_from_files_and_rows(tmp_path, tiny_model_path):
-    """test_files / test_dataset become test_records (the test dataloader's), the training and dev records stay;
+    """test_files / Rows(test=...) become test_records (the test dataloader's), the training and dev records stay;
     without a test split ``test_dataloader`` names the options that give one."""
     from lightning_grpo import PromptDataModule
+    from lightning_grpo.data.sources import Rows
+    from lightning_grpo.data.tasks import DigitTask
 
     train, val, test = digit_splits(0, 16, 4, 6)
     path = tmp_path / "test.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in test))
-    for given in ({"test_files": str(path)}, {"test_dataset": test}):
-        dm = PromptDataModule(train_dataset=train, val_dataset=val, tokenizer_path=str(tiny_model_path), batch_size=4, **given)
+    train_path, val_path = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    train_path.write_text("".join(json.dumps(r) + "\n" for r in train))
+    val_path.write_text("".join(json.dumps(r) + "\n" for r in val))
+    files = {"train_files": str(train_path), "val_files": str(val_path), "test_files": str(path)}
+    for dm in (PromptDataModule(tokenizer_path=str(tiny_model_path), batch_size=4, **files),
+               PromptDataModule(Rows(train, val=val, test=test), tokenizer_path=str(tiny_model_path), batch_size=4)):  # fmt: skip
         dm.setup()
         assert [r["prompt"] for r in dm.test_records] == [r["prompt"] for r in test]
         assert [r["prompt"] for r in dm.val_records] == [r["prompt"] for r in val]
         assert [r["prompt"] for batch in dm.test_dataloader() for r in batch] == [r["prompt"] for r in test]
-    dm = PromptDataModule(train_dataset=train, tokenizer_path=str(tiny_model_path), batch_size=4)
+    dm = PromptDataModule(source=Rows(train), tokenizer_path=str(tiny_model_path), batch_size=4)
     dm.setup()
     with pytest.raises(ValueError, match=r"lightning-grpo test needs a test split, and \(no test split\) has none: give data.test_files"):
         dm.test_dataloader()
-    digits = PromptDataModule(tokenizer_path=str(tiny_model_path), task_num_test=0)
+    digits = PromptDataModule(DigitTask(num_test=0), tokenizer_path=str(tiny_model_path))
     digits.setup()
     with pytest.raises(ValueError, match=r"the digit task's test split has none"):
         digits.test_dataloader()
@@ -164,18 +170,18 @@ def test_sft_test_stage_is_validation_on_the_test_split(tiny_model_path):
     """``SFTModule`` on the test split logs ``test/*`` equal to what validating on those rows logs as ``val/*``."""
     import lightning as L
 
-    from lightning_grpo import SFTDataModule, SFTModule
+    from lightning_grpo import Rows, SFTDataModule, SFTModule
 
     train, val, test = digit_splits(0, 16, 8, 8)
 
-    def run(stage, **data):
-        dm = SFTDataModule(train_dataset=train, tokenizer_path=str(tiny_model_path), batch_size=4, **data)
+    def run(stage, val, test=None):
+        dm = SFTDataModule(source=Rows(train, val=val, test=test), tokenizer_path=str(tiny_model_path), batch_size=4)
         trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
         getattr(trainer, stage)(SFTModule(model=str(tiny_model_path)), datamodule=dm)
         return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
-    tested = run("test", val_dataset=val, test_dataset=test)
-    on_test, on_dev = run("validate", val_dataset=test), run("validate", val_dataset=val)
+    tested = run("test", val, test)
+    on_test, on_dev = run("validate", test), run("validate", val)
     assert sorted(tested) == ["test/accuracy", "test/loss", "test/token_accuracy"]
     assert tested == {k.replace("val/", "test/"): v for k, v in on_test.items()}
     assert tested["test/loss"] != on_dev["val/loss"]  # the two splits give different numbers

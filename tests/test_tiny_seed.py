@@ -11,6 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from lightning_grpo import GRPOModule, PromptDataModule
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.models.tiny import builtin_model_path
 
 from tests.bad_input_helpers import cli, tiny_cache, write_config  # noqa: F401
@@ -67,12 +68,12 @@ def test_a_pinned_initialisation_ignores_the_run_seed_and_a_bad_name_is_one_erro
     assert Path(pinned).name != f"tiny-qwen2-{SEED0_KEYS['tools']}"
     monkeypatch.setenv("PL_GLOBAL_SEED", "3")
     assert builtin_model_path("tiny:tools") == pinned
-    assert PromptDataModule(tokenizer_path="tiny:tools@3").tokenizer_path.endswith(SEED0_KEYS["tools"])
+    assert PromptDataModule(DigitTask(), tokenizer_path="tiny:tools@3").tokenizer_path.endswith(SEED0_KEYS["tools"])
     for bad in ("tiny:chars@x", "tiny:chars@-1", "tiny:words", "tiny:"):
         with pytest.raises(ValueError, match=rf"^model.model: '{bad}' is not a built-in tiny model; expected 'tiny:<variant>'"):
             GRPOModule(model=bad)
     with pytest.raises(ValueError, match=r"^data.tokenizer_path: 'tiny:tools@' is not a built-in tiny model"):
-        PromptDataModule(tokenizer_path="tiny:tools@")
+        PromptDataModule(DigitTask(), tokenizer_path="tiny:tools@")
 
 
 def test_the_model_is_required_and_the_tiny_model_is_named():

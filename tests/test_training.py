@@ -9,6 +9,7 @@ import torch
 
 from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLSettings, LoraSettings, PolicySettings,
                             PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig)  # fmt: skip
+from lightning_grpo.data.tasks import DigitTask
 
 
 class Recorder(L.Callback):
@@ -38,7 +39,7 @@ def _fit(module, callback, steps, *, accumulate=1, ckpt_path=None, root=None, re
         limit_val_batches=0,
         default_root_dir=root,
     )
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=4), ckpt_path=ckpt_path)
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=4), ckpt_path=ckpt_path)
     return trainer, recorder
 
 

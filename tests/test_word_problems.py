@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from lightning_grpo.data.datamodule import PromptDataModule
+from lightning_grpo.data.records import PromptFormat
 from lightning_grpo.data.word_problems import CountingWordProblems
 from lightning_grpo.data.sft_format import SFTFormat
 
@@ -59,11 +59,9 @@ def test_bad_options_are_named(kwargs, match):
 
 
 def test_enable_thinking_false_puts_the_empty_think_block_in_the_prompt(qwen_tokenizer):
-    from lightning_grpo.data.records import RecordFormat
-
     row = {"prompt": "Maya keeps shells in a box. The tally reads 4. One is removed. What does it read now?", "answer": "3"}
-    thinking = RecordFormat(use_chat_template=True).render(row["prompt"], qwen_tokenizer, "rows", 0)
-    plain = RecordFormat(use_chat_template=True, chat_template_kwargs={"enable_thinking": False}).render(
+    thinking = PromptFormat(use_chat_template=True).render(row["prompt"], qwen_tokenizer, "rows", 0)
+    plain = PromptFormat(use_chat_template=True, chat_template_kwargs={"enable_thinking": False}).render(
         row["prompt"], qwen_tokenizer, "rows", 0
     )
     assert plain == thinking + THINK and thinking.endswith("<|im_start|>assistant\n")
@@ -78,9 +76,10 @@ def test_enable_thinking_false_puts_the_empty_think_block_in_the_prompt(qwen_tok
 
 @pytest.mark.parametrize(
     "options, match",
-    [({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs needs use_chat_template=True"),
-     ({"use_chat_template": True, "chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs must be a mapping")],  # fmt: skip
+    [({"chat_template_kwargs": {"enable_thinking": False}},
+      "data.format.chat_template_kwargs needs data.format.use_chat_template: true"),
+     ({"use_chat_template": True, "chat_template_kwargs": ["enable_thinking"]}, "data.format.chat_template_kwargs must be a mapping")],  # fmt: skip
 )
 def test_bad_chat_template_kwargs_are_named(options, match):
     with pytest.raises(ValueError, match=match):
-        PromptDataModule(**options)
+        PromptFormat(**options)

@@ -27,8 +27,9 @@ def configs() -> dict[str, dict]:
         loss = {"aggregation": arm}
         if arm == "seq_mean_token_sum_norm":
             loss["aggregation_args"] = {"max_length": MAX_NEW_TOKENS}
+        task = {"class_path": "lightning_grpo.DigitTask", "init_args": {"rule": "count_to_last"}}
         config = recipe({"trainer": {"max_steps": STEPS, "val_check_interval": STEPS // 4},
-                         "model": {"loss": {"init_args": loss}}, "data": {"task_rule": "count_to_last"}})  # fmt: skip
+                         "model": {"loss": {"init_args": loss}}, "data": {"source": task}})  # fmt: skip
         rollout = config["rollout"]
         rollout["sampling"]["max_new_tokens"] = MAX_NEW_TOKENS
         rollout["rewards"] = [{"name": "exact_match"}]

@@ -15,7 +15,6 @@ from ..callbacks.rollout import RolloutCallback
 from ..callbacks.sampling import SampleResult, sample_groups
 from ..data.reward_set import RewardScores, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, request_seed
-from . import rewards as _rewards  # noqa: F401  (registers env_reward, tool_call_made)
 from . import calculator as _calculator  # noqa: F401  (registers the built-in environments)
 from . import secret_digit as _secret_digit  # noqa: F401
 from .chat import ChatRenderer
@@ -122,7 +121,7 @@ class AgentRolloutCallback(RolloutCallback):
                             reset_seed=self.reset_seed)  # fmt: skip
 
     def score(self, rollout: EpisodeRollout, records: list[dict]) -> RewardScores:
-        """Reward functions on each episode's final answer, with the episode columns (agents.rewards)."""
+        """Reward functions on each episode's final answer, with the episode columns (data.rewards)."""
         G, episodes = rollout.group_size, rollout.episodes
         columns = {key: [rec[key] for rec in records for _ in range(G)] for key in records[0]}
         columns.update(

@@ -249,6 +249,8 @@ def check_model_source(module: Any) -> None:
     source = getattr(module, "model_source", None)
     if not isinstance(source, str):
         return
+    from ..models.hub import is_local_path
+
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -256,7 +258,7 @@ def check_model_source(module: Any) -> None:
                 f"model.model: {source} has no config.json (expected a Hugging Face model directory, "
                 "as written by save_pretrained)"
             )
-    elif path.exists() or path.is_absolute() or source.startswith((".", "~")):
+    elif is_local_path(source):  # the one rule (models/hub.py)
         raise FileNotFoundError(
             f"model.model: {source} is not a directory (expected a Hugging Face model directory or hub id)"
         )
@@ -318,13 +320,13 @@ def check_lengths(dm: Any, module: Any, callback: Any) -> None:
         return
     new = callback.sampling.max_new_tokens
     if dm.max_prompt_length is not None:
-        prompt, prompt_field = dm.max_prompt_length, "data.max_prompt_length"
+        prompt, prompt_field = dm.max_prompt_length, "data.format.max_prompt_length"
     else:
         records = list(dm.train_records or []) + list(dm.val_records or [])
         if not records:
             return
         prompt = max(len(r["prompt_ids"]) for r in records)
-        prompt_field = "the longest prompt of the data (data.max_prompt_length is not set)"
+        prompt_field = "the longest prompt of the data (data.format.max_prompt_length is not set)"
     if prompt + new > limit:
         raise ValueError(
             f"{prompt_field} ({prompt} tokens) + {CB}.sampling.max_new_tokens ({new}) = {prompt + new} tokens "

@@ -52,6 +52,23 @@ ROLLOUT_RENAMES: dict[str, str] = {
 
 # ---------------------------------------------------------------- data.* (PromptDataModule, SFTDataModule)
 DATA_RENAMES: dict[str, str] = {
+    "data.train_dataset": "data.source: {class_path: lightning_grpo.Rows, init_args: {train: ...}}",
+    "data.val_dataset": "data.source.init_args.val (lightning_grpo.Rows)",
+    "data.test_dataset": "data.source.init_args.test (lightning_grpo.Rows)",
+    "data.cache_dir": "data.source: {class_path: lightning_grpo.Files, init_args: {train: ..., cache_dir: ...}}",
+    "data.task_seed": "data.source: {class_path: lightning_grpo.DigitTask, init_args: {seed: ...}}",
+    "data.task_rule": "data.source: {class_path: lightning_grpo.DigitTask, init_args: {rule: ...}}",
+    "data.task_num_train": "data.source: {class_path: lightning_grpo.DigitTask, init_args: {num_train: ...}}",
+    "data.task_num_val": "data.source: {class_path: lightning_grpo.DigitTask, init_args: {num_val: ...}}",
+    "data.task_num_test": "data.source: {class_path: lightning_grpo.DigitTask, init_args: {num_test: ...}}",
+    "data.prompt_column": "data.format.prompt_column",
+    "data.answer_column": "data.format.answer_column",
+    "data.use_chat_template": "data.format.use_chat_template",
+    "data.system_prompt": "data.format.system_prompt",
+    "data.chat_template_kwargs": "data.format.chat_template_kwargs",
+    "data.record_map": "data.format.record_map",
+    "data.max_prompt_length": "data.format.max_prompt_length",
+    "data.on_long_prompt": "data.format.on_long_prompt",
 }
 
 RENAMED.update(MODULE_RENAMES)

@@ -146,7 +146,7 @@ class ReasoningGymSource(DataSource):
         test_seed: Seed of the test rows; must differ from ``seed`` and ``val_seed`` (default
             ``seed + 2``). A drawn question that is a training or held-out question of its task is skipped.
         system_prompt: ``None``: the prompt is the question text. Otherwise the prompt is chat
-            messages, this system message then the question (needs ``data.use_chat_template``):
+            messages, this system message then the question (needs ``data.format.use_chat_template``):
             a name in ``reasoning_gym.utils.SYSTEM_PROMPTS`` (``"default"`` asks for
             ``<answer>...</answer>``, read by the reward's ``answer_format: answer_tags``) or the text.
     """

@@ -1,19 +1,19 @@
 """From raw rows to prompt records: the mapping hook, column checks, chat template, tokenization.
 
-A record is a dict holding every column of its row (after ``data.record_map``), plus
+A record is a dict holding every column of its row (after ``data.format.record_map``), plus
 
 * ``"prompt"``: the text actually fed to the policy (after the chat template, and truncation);
 * ``"prompt_ids"``: its token ids (``list[int]``);
 * ``"raw_prompt"``: the prompt column's value as the data holds it (text, or chat messages),
   before the chat template: what TRL-style reward functions receive as ``prompts``;
-* ``"answer"``: a copy of ``answer_column`` (when set).
+* ``"answer"``: a copy of ``data.format.answer_column`` (when set).
 
 Reward functions receive every key of the record as a column of the same name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
@@ -42,11 +42,11 @@ def is_chat(value: Any) -> bool:
 
 # ------------------------------------------------------------------------------- mapping hook
 def resolve_record_map(record_map: str | RecordMap | None) -> tuple[RecordMap, str] | None:
-    """(the function, its name in errors) for ``data.record_map``: an import path
+    """(the function, its name in errors) for ``data.format.record_map``: an import path
     ``"pkg.mod.fn"`` / ``"pkg.mod:fn"`` or the function itself."""
     if record_map is None:
         return None
-    fn = resolve_callable(record_map, None, "data.record_map", "my_module.map_row")
+    fn = resolve_callable(record_map, None, "data.format.record_map", "my_module.map_row")
     name = record_map if isinstance(record_map, str) else getattr(fn, "__qualname__", repr(fn))
     return fn, name
 
@@ -61,10 +61,10 @@ def apply_record_map(record_map: tuple[RecordMap, str] | None, rows: list[dict[s
         try:
             mapped = fn(dict(row))
         except Exception as err:
-            raise ValueError(f"data.record_map {name} raised {type(err).__name__}: {err} on row {i} of {source}") from err
+            raise ValueError(f"data.format.record_map {name} raised {type(err).__name__}: {err} on row {i} of {source}") from err
         if not isinstance(mapped, dict):
             raise TypeError(
-                f"data.record_map {name} returned a {type(mapped).__name__} for row {i} of {source}; "
+                f"data.format.record_map {name} returned a {type(mapped).__name__} for row {i} of {source}; "
                 "expected a dict (the row's columns)"
             )
         out.append(mapped)
@@ -84,8 +84,8 @@ def check_tokenizer(tokenizer: Any, where: str, use_chat_template: bool) -> None
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked out everywhere
     if use_chat_template and not getattr(tokenizer, "chat_template", None):
         raise ValueError(
-            f"use_chat_template=True but the tokenizer at {where} has no chat template: set "
-            "data.use_chat_template: false to feed the prompts as plain text, or point data.tokenizer_path "
+            f"data.format.use_chat_template is true but the tokenizer at {where} has no chat template: set "
+            "data.format.use_chat_template: false to feed the prompts as plain text, or point data.tokenizer_path "
             "at a tokenizer that has one (an instruct / chat model's)"
         )
 
@@ -95,24 +95,61 @@ def check_template_kwargs(kwargs: Any, use_chat_template: bool) -> None:
     if kwargs is None:
         return
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise ValueError(f"chat_template_kwargs must be a mapping of argument names to values, got {kwargs!r}")
+        raise ValueError(f"data.format.chat_template_kwargs must be a mapping of argument names to values, got {kwargs!r}")
     if not use_chat_template:
-        raise ValueError("chat_template_kwargs needs use_chat_template=True")
+        raise ValueError("data.format.chat_template_kwargs needs data.format.use_chat_template: true")
 
 
 # ------------------------------------------------------------------------------- records
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 @dataclass
-class RecordFormat:
-    """How rows become records (the options of the same name of ``PromptDataModule``)."""
+class PromptFormat:
+    """How rows become prompts (``data.format``): the columns, the mapping hook, the chat template and the
+    length limit. Every field is checked here, so a bad value fails before any data is read."""
 
     prompt_column: str = "prompt"
+    """Column holding the prompt: a string, or a list of chat messages when ``use_chat_template`` is true."""
     answer_column: str | None = "answer"
+    """Column copied to each record's ``"answer"`` (read by ``exact_match``, ``math_accuracy``; SFT's target);
+    ``None`` for data without answers."""
     use_chat_template: bool = False
+    """Wrap each prompt as a user message and apply the tokenizer's chat template (with the generation
+    prompt); false feeds the text as it is."""
     system_prompt: str | None = None
-    max_prompt_length: int | None = None
-    on_long_prompt: Literal["error", "truncate"] = "error"
+    """System message put before each prompt that has none (needs ``use_chat_template``)."""
     chat_template_kwargs: dict[str, Any] | None = None
-    warned_truncation: bool = field(default=False, init=False)
+    """Extra keyword arguments of the chat template (needs ``use_chat_template``), e.g.
+    ``{enable_thinking: false}`` for Qwen3, whose prompt then ends in an empty ``<think>`` block (TRL's
+    ``chat_template_kwargs``)."""
+    record_map: str | RecordMap | None = None
+    """Import path (``"my_module.fn"`` or ``"my_module:fn"``; the current directory is importable from
+    ``lightning-grpo``) or, from Python, the function itself: ``fn(row) -> row`` applied to every raw row of
+    every split before the columns are checked (to rename, add or derive columns; every column reaches the
+    reward functions by name)."""
+    max_prompt_length: int | None = None
+    """Longest prompt in tokens; ``None`` for no limit."""
+    on_long_prompt: Literal["error", "truncate"] = "error"
+    """``"error"`` on a prompt over ``max_prompt_length``, or ``"truncate"`` it to its last
+    ``max_prompt_length`` tokens (warns once)."""
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_column", "answer_column"):
+            value = getattr(self, name)
+            if not (isinstance(value, str) and value) and not (name == "answer_column" and value is None):
+                raise ValueError(f"data.format.{name} must name a column, got {value!r}")
+        if not isinstance(self.use_chat_template, bool):
+            raise ValueError(f"data.format.use_chat_template must be true or false, got {self.use_chat_template!r}")
+        if self.system_prompt is not None and not self.use_chat_template:
+            raise ValueError("data.format.system_prompt needs data.format.use_chat_template: true")
+        check_template_kwargs(self.chat_template_kwargs, self.use_chat_template)
+        resolve_record_map(self.record_map)  # an import path that does not resolve fails here
+        if self.max_prompt_length is not None and not _positive_int(self.max_prompt_length):
+            raise ValueError(f"data.format.max_prompt_length must be a positive integer or null, got {self.max_prompt_length!r}")
+        if self.on_long_prompt not in ("error", "truncate"):
+            raise ValueError(f"data.format.on_long_prompt must be 'error' or 'truncate', got {self.on_long_prompt!r}")
 
     def check_columns(self, rows: list[dict[str, Any]], source: str) -> None:
         """The rows exist and hold the prompt (and answer) column."""
@@ -120,11 +157,13 @@ class RecordFormat:
             raise ValueError(f"{source} holds no rows")
         present = list(rows[0])
         if self.prompt_column not in present:
-            raise ValueError(f"prompt_column {self.prompt_column!r} not found in {source}; columns present: {present}")
+            raise ValueError(
+                f"data.format.prompt_column {self.prompt_column!r} not found in {source}; columns present: {present}"
+            )
         if self.answer_column is not None and self.answer_column not in present:
             raise ValueError(
-                f"answer_column {self.answer_column!r} not found in {source}; columns present: {present} "
-                "(set answer_column=None for data without answers)"
+                f"data.format.answer_column {self.answer_column!r} not found in {source}; columns present: {present} "
+                "(set data.format.answer_column: null for data without answers)"
             )
 
     def render(self, prompt: Any, tokenizer: Any, source: str, index: int) -> str:
@@ -132,13 +171,14 @@ class RecordFormat:
         chat = is_chat(prompt)
         if not isinstance(prompt, str) and not chat:
             raise ValueError(
-                f"prompt_column {self.prompt_column!r} of {source} must hold strings or chat messages; "
+                f"data.format.prompt_column {self.prompt_column!r} of {source} must hold strings or chat messages; "
                 f"row {index} holds a {type(prompt).__name__}"
             )
         if not self.use_chat_template:
             if chat:
                 raise ValueError(
-                    f"prompt_column {self.prompt_column!r} of {source} holds chat messages; set use_chat_template=True"
+                    f"data.format.prompt_column {self.prompt_column!r} of {source} holds chat messages; "
+                    "set data.format.use_chat_template: true"
                 )
             return prompt
         messages = list(prompt) if chat else [{"role": "user", "content": prompt}]
@@ -147,30 +187,43 @@ class RecordFormat:
         kwargs = self.chat_template_kwargs or {}
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
 
+
+class RecordBuilder:
+    """Prompt records of rows in a :class:`PromptFormat` (one per data module: it warns about
+    truncated prompts once)."""
+
+    def __init__(self, format: PromptFormat) -> None:
+        self.format = format
+        self._warned_truncation = False
+
+    def check_columns(self, rows: list[dict[str, Any]], source: str) -> None:
+        self.format.check_columns(rows, source)
+
     def build(self, rows: list[dict[str, Any]], source: str, tokenizer: Any) -> list[dict[str, Any]]:
         """Records of ``rows`` (see the module docstring), whose columns :meth:`check_columns` accepted."""
-        texts = [self.render(row[self.prompt_column], tokenizer, source, i) for i, row in enumerate(rows)]
+        fmt = self.format
+        texts = [fmt.render(row[fmt.prompt_column], tokenizer, source, i) for i, row in enumerate(rows)]
         # A chat template writes its own special tokens (e.g. BOS); plain text gets the tokenizer's.
-        all_ids = tokenizer(texts, add_special_tokens=not self.use_chat_template)["input_ids"]
-        limit, truncated = self.max_prompt_length, 0
+        all_ids = tokenizer(texts, add_special_tokens=not fmt.use_chat_template)["input_ids"]
+        limit, truncated = fmt.max_prompt_length, 0
         records = []
         for i, (row, text, ids) in enumerate(zip(rows, texts, all_ids)):
             if limit is not None and len(ids) > limit:
-                if self.on_long_prompt == "error":
+                if fmt.on_long_prompt == "error":
                     raise ValueError(
-                        f"prompt {i} of {source} has {len(ids)} tokens, more than max_prompt_length={limit} "
-                        f"(set on_long_prompt='truncate' to keep its last {limit} tokens)"
+                        f"prompt {i} of {source} has {len(ids)} tokens, more than data.format.max_prompt_length={limit} "
+                        f"(set data.format.on_long_prompt: truncate to keep its last {limit} tokens)"
                     )
                 ids, truncated = ids[-limit:], truncated + 1
                 text = tokenizer.decode(ids, skip_special_tokens=False)
-            record = {**row, RAW_PROMPT: row[self.prompt_column], "prompt": text, "prompt_ids": list(ids)}
-            if self.answer_column is not None:
-                record["answer"] = row[self.answer_column]
+            record = {**row, RAW_PROMPT: row[fmt.prompt_column], "prompt": text, "prompt_ids": list(ids)}
+            if fmt.answer_column is not None:
+                record["answer"] = row[fmt.answer_column]
             records.append(record)
-        if truncated and not self.warned_truncation:
-            self.warned_truncation = True
+        if truncated and not self._warned_truncation:
+            self._warned_truncation = True
             rank_zero_warn(
                 f"truncated {truncated} of {len(rows)} prompts of {source} to their last {limit} tokens "
-                "(max_prompt_length); further truncations are not reported"
+                "(data.format.max_prompt_length); further truncations are not reported"
             )
         return records

@@ -2,7 +2,7 @@
 :class:`~lightning_grpo.training.sft.SFTModule`, the warm start before GRPO.
 
 The rows come from the same sources as :class:`~lightning_grpo.data.datamodule.PromptDataModule`
-(files, a ``datasets`` dataset, a ``DataSource``, or the built-in digit task, whose ``answer`` column is
+(files, rows in memory, a ``DataSource`` such as the built-in digit task, whose ``answer`` column is
 the right answer) through the same mapping hook, tokenizer loading and validation split; they become
 examples with an assistant-only loss mask (:mod:`lightning_grpo.data.sft_format`). A batch is
 ``{"input_ids", "attention_mask", "loss_mask"}``, each ``[B, L]``, padded on the right (``loss_mask``: each
@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .datamodule import PromptDataModule
-from .records import RecordMap
+from .records import PromptFormat
 from .sft_format import INPUT_IDS, LOSS_MASK, SFTFormat
 from .sources import DataSource
 
@@ -25,68 +25,64 @@ from .sources import DataSource
 class SFTDataModule(PromptDataModule):
     """Supervised examples, tokenized once with the policy's tokenizer (guide: docs/sft.md).
 
+    Keyword arguments only. ``source``, ``train_files`` / ``val_files`` / ``test_files``,
+    ``tokenizer_path``, ``batch_size`` (examples per training step), ``val_batch_size``,
+    ``val_fraction``, ``shuffle`` and ``seed`` are as in ``PromptDataModule``.
+
     Args:
-        source / train_files / val_files / train_dataset / val_dataset / test_files / test_dataset / record_map / tokenizer_path /
-            val_fraction / seed / shuffle / task_* / cache_dir: as in ``PromptDataModule``.
-        prompt_column: Column of the prompt (text, or chat messages with ``use_chat_template``).
-        answer_column: Column of the answer the policy is taught to give.
+        format: The prompt and answer columns, mapping hook and chat template, as ``PromptDataModule``'s
+            (:class:`~lightning_grpo.data.records.PromptFormat`): ``answer_column`` is the answer the policy
+            is taught to give; with ``use_chat_template`` the answer is the assistant turn, without it the
+            prompt tokens come as GRPO feeds them, then the answer and EOS. With
+            ``chat_template_kwargs: {enable_thinking: false}`` Qwen3's generation prompt and last turn share
+            the empty ``<think>`` block, which falls outside the loss. Its ``max_prompt_length`` /
+            ``on_long_prompt`` do not apply (``max_length`` limits a whole example).
         messages_column: Column of whole chat transcripts (used instead of prompt / answer when the
-            rows hold it; needs ``use_chat_template``).
+            rows hold it; needs ``format.use_chat_template``).
         tools_column: Column of the tool schemas a transcript's template announces (optional).
-        use_chat_template: Render through the tokenizer's chat template (the answer as the assistant
-            turn); false: prompt tokens as GRPO feeds them, then the answer and EOS.
-        system_prompt: System message put before each prompt (needs ``use_chat_template``).
-        batch_size: Examples per training step.
-        val_batch_size: Examples per validation batch; defaults to ``batch_size``.
-        max_length: Longest example in tokens (an error names a longer row); ``None`` for no limit.
-        chat_template_kwargs: Extra keyword arguments of the chat template, as ``PromptDataModule``'s (e.g.
-            ``{enable_thinking: false}``: Qwen3's generation prompt and last turn then share the empty
-            ``<think>`` block, which falls outside the loss).
         last_turn_weight: Loss weight of the last assistant turn's tokens (the other assistant tokens weigh 1;
             the loss is the weighted token mean): above 1, a transcript's final answer counts for more than
             the tool-call text before it (ms-swift's ``loss_scale``). Default 1: every assistant token alike.
+        max_length: Longest example in tokens (an error names a longer row); ``None`` for no limit.
     """
 
     def __init__(
         self,
+        *,
         source: DataSource | None = None,
         train_files: str | list[str] | None = None,
         val_files: str | list[str] | None = None,
-        train_dataset: Any = None,
-        val_dataset: Any = None,
         test_files: str | list[str] | None = None,
-        test_dataset: Any = None,
-        record_map: str | RecordMap | None = None,
         tokenizer_path: str | None = None,
-        prompt_column: str = "prompt",
-        answer_column: str = "answer",
+        format: PromptFormat = PromptFormat(),
         messages_column: str = "messages",
         tools_column: str = "tools",
-        use_chat_template: bool = False,
-        system_prompt: str | None = None,
-        val_fraction: float | None = None,
+        last_turn_weight: float = 1.0,
+        max_length: int | None = None,
         batch_size: int = 8,
         val_batch_size: int | None = None,
-        max_length: int | None = None,
-        seed: int = 0,
+        val_fraction: float | None = None,
         shuffle: bool = True,
-        task_seed: int = 0,
-        task_rule: str = "last_plus_one",
-        task_num_train: int = 300,
-        task_num_val: int = 50,
-        task_num_test: int = 50,
-        cache_dir: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        last_turn_weight: float = 1.0,
+        seed: int = 0,
     ) -> None:
+        changed = [n for n, v, d in (("max_prompt_length", format.max_prompt_length, None),
+                                     ("on_long_prompt", format.on_long_prompt, "error")) if v != d]  # fmt: skip
+        if changed:
+            raise ValueError(f"data.format.{changed[0]} limits RL prompts; an SFT example is limited by data.max_length")
+        if format.answer_column is None:
+            raise ValueError("data.format.answer_column names the answer SFT teaches; it cannot be null")
+        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+            raise ValueError(f"data.max_length must be a positive integer or null, got {max_length!r}")
         super().__init__(
-            source, train_files, val_files, train_dataset, val_dataset, test_files, test_dataset, record_map, tokenizer_path,
-            prompt_column, answer_column, use_chat_template, system_prompt, val_fraction, batch_size, val_batch_size,
-            max_length, seed=seed, shuffle=shuffle, task_seed=task_seed, task_rule=task_rule, task_num_train=task_num_train,
-            task_num_val=task_num_val, task_num_test=task_num_test, cache_dir=cache_dir, chat_template_kwargs=chat_template_kwargs,
+            source, train_files=train_files, val_files=val_files, test_files=test_files, tokenizer_path=tokenizer_path,
+            format=format, batch_size=batch_size, val_batch_size=val_batch_size, val_fraction=val_fraction,
+            shuffle=shuffle, seed=seed,
         )  # fmt: skip
-        self.format = SFTFormat(prompt_column, answer_column, messages_column, tools_column, use_chat_template,
-                                system_prompt, max_length, chat_template_kwargs, last_turn_weight)  # fmt: skip
+        self._builder = SFTFormat(
+            prompt_column=format.prompt_column, answer_column=format.answer_column, messages_column=messages_column,
+            tools_column=tools_column, use_chat_template=format.use_chat_template, system_prompt=format.system_prompt,
+            max_length=max_length, chat_template_kwargs=format.chat_template_kwargs, last_turn_weight=last_turn_weight,
+        )  # fmt: skip
 
     def _loader(self, examples: list[dict[str, Any]], batch_size: int, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)

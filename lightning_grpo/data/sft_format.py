@@ -2,7 +2,7 @@
 
 A row is either
 
-* ``prompt`` + ``answer`` (the columns of :class:`~lightning_grpo.data.datamodule.PromptDataModule`):
+* ``prompt`` + ``answer`` (the columns of ``data.format``, :class:`~lightning_grpo.data.records.PromptFormat`):
   without the chat template the prompt is tokenized exactly as GRPO tokenizes it and the answer
   follows, then EOS; with it, the prompt is the user turn (after ``system_prompt``; a prompt that holds
   chat messages is kept as they are) and the answer the assistant turn; or
@@ -37,7 +37,7 @@ INPUT_IDS, LOSS_MASK = "input_ids", "loss_mask"
 
 @dataclass
 class SFTFormat:
-    """How rows become supervised examples (the options of the same name of ``SFTDataModule``)."""
+    """How rows become supervised examples (``SFTDataModule``'s ``data.format`` fields and its own of the same names)."""
 
     prompt_column: str = "prompt"
     answer_column: str = "answer"
@@ -52,7 +52,7 @@ class SFTFormat:
     def __post_init__(self) -> None:
         weight = self.last_turn_weight
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 or weight == float("inf"):
-            raise ValueError(f"last_turn_weight must be a finite number > 0 (the last assistant turn's loss weight), got {weight!r}")
+            raise ValueError(f"data.last_turn_weight must be a finite number > 0 (the last assistant turn's loss weight), got {weight!r}")
 
     def kind(self, rows: list[dict[str, Any]], source: str) -> str:
         """"messages" or "prompt_answer": which columns the rows hold (one clear error when neither)."""
@@ -61,13 +61,13 @@ class SFTFormat:
         present = list(rows[0])
         if self.messages_column in present:
             if not self.use_chat_template:
-                raise ValueError(f"messages_column {self.messages_column!r} of {source} holds chat transcripts; set use_chat_template=True")
+                raise ValueError(f"data.messages_column {self.messages_column!r} of {source} holds chat transcripts; set data.format.use_chat_template: true")
             return "messages"
         missing = [c for c in (self.prompt_column, self.answer_column) if c not in present]
         if missing:
             raise ValueError(
-                f"{source} has neither a messages_column {self.messages_column!r} (chat transcripts) nor the "
-                f"prompt_column {self.prompt_column!r} and answer_column {self.answer_column!r} (missing {missing}); "
+                f"{source} has neither a data.messages_column {self.messages_column!r} (chat transcripts) nor the "
+                f"data.format.prompt_column {self.prompt_column!r} and data.format.answer_column {self.answer_column!r} (missing {missing}); "
                 f"columns present: {present}"
             )
         return "prompt_answer"
@@ -92,14 +92,14 @@ class SFTFormat:
             if not any(mask):
                 raise ValueError(f"{where} has no assistant tokens to train on (an empty answer, or no assistant turn)")
             if self.max_length is not None and len(ids) > self.max_length:
-                raise ValueError(f"{where} has {len(ids)} tokens, more than max_length={self.max_length}")
+                raise ValueError(f"{where} has {len(ids)} tokens, more than data.max_length={self.max_length}")
             examples.append({**row, INPUT_IDS: ids, LOSS_MASK: mask})
         return examples
 
     def _as_messages(self, row: dict[str, Any], where: str) -> list[dict[str, Any]]:
         prompt, answer = row[self.prompt_column], _text(row[self.answer_column], self.answer_column, where)
         if not isinstance(prompt, str) and not is_chat(prompt):
-            raise ValueError(f"prompt_column {self.prompt_column!r} of {where} must hold a string or chat messages, got {type(prompt).__name__}")
+            raise ValueError(f"data.format.prompt_column {self.prompt_column!r} of {where} must hold a string or chat messages, got {type(prompt).__name__}")
         messages = list(prompt) if is_chat(prompt) else [{"role": "user", "content": prompt}]
         if self.system_prompt is not None and messages[0].get("role") != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})

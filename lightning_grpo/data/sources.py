@@ -1,15 +1,16 @@
 """Where :class:`~lightning_grpo.data.datamodule.PromptDataModule` reads its rows from.
 
 A :class:`DataSource` hands over raw rows (``dict`` per row, column name -> value); the data module
-then applies the record-mapping hook (``data.record_map``), checks the columns, renders the
+then applies the record-mapping hook (``data.format.record_map``), checks the columns, renders the
 prompts (chat template) and tokenizes them (:mod:`lightning_grpo.data.records`). Built in:
 
 * :class:`HubDataset`: anything ``datasets.load_dataset`` reads (a hub id, a local folder of
   ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` files, a builder name with ``data_files``),
   and folders written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
-* :class:`LocalSource` (``data.train_files`` / ``data.train_dataset``, with ``data.val_files`` /
-  ``data.val_dataset``) and :class:`DigitTaskSource` (the built-in task, when no data is given):
-  the data module builds these from its own options.
+* :class:`Files`: data files per split (``data.train_files`` / ``data.val_files`` /
+  ``data.test_files`` are its short form, with the default cache);
+* :class:`Rows`: rows in memory per split (a ``datasets.Dataset`` or a list of dicts);
+* :class:`~lightning_grpo.data.tasks.DigitTask`: the built-in digit task, generated from a seed.
 
 In a recipe::
 
@@ -42,10 +43,11 @@ The contract for a new source (e.g. a procedural task generator):
 from __future__ import annotations
 
 import codecs
-import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Literal, Sequence
+
+from lightning_grpo.models.hub import is_local_path
 
 Split = Literal["train", "val", "test"]
 
@@ -151,8 +153,8 @@ def dataset_rows(data: Any, field: str) -> list[dict[str, Any]]:
     raise TypeError(f"{field} must be a datasets.Dataset or a list of dicts, got {type(data).__name__}")
 
 
-class FileSplit:
-    """One split read from data files (``data.train_files`` / ``data.val_files``)."""
+class _FileSplit:
+    """One split read from data files."""
 
     def __init__(self, files: str | list[str], field: str, cache_dir: str | None = None) -> None:
         self.builder, self.paths = check_files(files, field)
@@ -163,8 +165,8 @@ class FileSplit:
         return read_files(self.builder, self.paths, self.cache_dir, self.field)
 
 
-class RowsSplit:
-    """One split given in memory (``data.train_dataset`` / ``data.val_dataset``)."""
+class _RowsSplit:
+    """One split given in memory."""
 
     def __init__(self, data: Any, field: str) -> None:
         self.data, self.name = data, field
@@ -173,57 +175,76 @@ class RowsSplit:
         return dataset_rows(self.data, self.name)
 
 
-class LocalSource(DataSource):
-    """``data.train_files`` or ``data.train_dataset``, with ``data.val_files`` / ``data.val_dataset`` and
-    ``data.test_files`` / ``data.test_dataset``: each split a :class:`FileSplit` or a :class:`RowsSplit`
-    (the data module builds it)."""
+class _SplitSource(DataSource):
+    """A source whose splits are given one by one (train required, val / test optional)."""
 
-    def __init__(self, train: FileSplit | RowsSplit, val: FileSplit | RowsSplit | None = None,
-                 test: FileSplit | RowsSplit | None = None) -> None:  # fmt: skip
-        self.parts = {"train": train, "val": val, "test": test}
+    def __init__(self, parts: dict[Split, _FileSplit | _RowsSplit | None]) -> None:
+        self._parts = parts
 
     def train_rows(self) -> list[dict[str, Any]]:
-        return self.parts["train"].rows()
+        return self._parts["train"].rows()
 
     def val_rows(self) -> list[dict[str, Any]] | None:
-        return self.parts["val"].rows() if self.parts["val"] is not None else None
+        return self._parts["val"].rows() if self._parts["val"] is not None else None
 
     def test_rows(self) -> list[dict[str, Any]] | None:
-        return self.parts["test"].rows() if self.parts["test"] is not None else None
+        return self._parts["test"].rows() if self._parts["test"] is not None else None
 
     def describe(self, split: Split) -> str:
-        part = self.parts[split]
+        part = self._parts[split]
         return part.name if part is not None else f"(no {split} split)"
 
 
-class DigitTaskSource(DataSource):
-    """The built-in digit task (:func:`~lightning_grpo.data.tasks.digit_splits`), generated from a seed;
-    the test prompts are none of the training or validation prompts."""
+class Files(_SplitSource):
+    """Data files: ``.jsonl``, ``.json``, ``.parquet`` or ``.csv`` (read with ``datasets.load_dataset``).
 
-    def __init__(self, seed: int = 0, rule: str = "last_plus_one", num_train: int = 300, num_val: int = 50,
-                 num_test: int = 50) -> None:  # fmt: skip
-        from .tasks import DIGIT_RULES
+    ``data.train_files`` / ``data.val_files`` / ``data.test_files`` are the short way to write this
+    source with the default cache.
 
-        DIGIT_RULES.get(rule)  # an unknown rule fails here, naming the valid ones
-        self.task = {"seed": seed, "rule": rule, "num_train": num_train, "num_val": num_val, "num_test": num_test}
+    Args:
+        train: Training file(s).
+        val: Validation (dev) file(s), same formats; ``None`` for none (then ``data.val_fraction`` may
+            split the training rows).
+        test: Test file(s), same formats: the split ``lightning-grpo test`` reports, which no setting
+            should be chosen on; ``None`` for none.
+        cache_dir: Cache folder of ``datasets.load_dataset``; ``None`` for its default.
+    """
 
-    def _split(self, index: int) -> list[dict[str, Any]]:
-        from .tasks import digit_splits
+    #: How errors name each split's files (as a recipe writes them).
+    FIELDS: dict[Split, str] = {"train": "data.source.train", "val": "data.source.val", "test": "data.source.test"}
 
-        return digit_splits(**self.task)[index]
+    def __init__(self, train: str | list[str], val: str | list[str] | None = None, test: str | list[str] | None = None,
+                 cache_dir: str | None = None) -> None:  # fmt: skip
+        if train is None:
+            raise ValueError(f"{self.FIELDS['train']} must name the training file(s), got None")
+        given = {"train": train, "val": val, "test": test}
+        super().__init__({s: _FileSplit(f, self.FIELDS[s], cache_dir) if f is not None else None for s, f in given.items()})
 
-    def train_rows(self) -> list[dict[str, Any]]:
-        return self._split(0)
 
-    def val_rows(self) -> list[dict[str, Any]] | None:
-        return self._split(1)
+class FileShortcut(Files):
+    """:class:`Files` as ``data.train_files`` / ``data.val_files`` / ``data.test_files`` give it (errors name those keys)."""
 
-    def test_rows(self) -> list[dict[str, Any]] | None:
-        return self._split(2) if self.task["num_test"] else None
+    FIELDS: dict[Split, str] = {"train": "data.train_files", "val": "data.val_files", "test": "data.test_files"}
 
-    def describe(self, split: Split) -> str:
-        return {"train": "the digit task's training split", "val": "the digit task's validation split",
-                "test": "the digit task's test split"}[split]  # fmt: skip
+
+class Rows(_SplitSource):
+    """Rows in memory: each split a ``datasets.Dataset`` or a list of dicts (column name -> value).
+
+    Args:
+        train: The training rows.
+        val: The validation (dev) rows; ``None`` for none (then ``data.val_fraction`` may split the
+            training rows).
+        test: The test rows (``lightning-grpo test`` only); ``None`` for none.
+    """
+
+    def __init__(self, train: Any, val: Any = None, test: Any = None) -> None:
+        if train is None:
+            raise ValueError("data.source.train must hold the training rows (a datasets.Dataset or a list of dicts), got None")
+        given = {"train": train, "val": val, "test": test}
+        for split, data in given.items():
+            if data is not None and not hasattr(data, "to_list"):
+                dataset_rows(data, f"data.source.{split}")  # a wrong type fails here, before any work
+        super().__init__({s: _RowsSplit(d, f"data.source.{s}") if d is not None else None for s, d in given.items()})
 
 
 # -------------------------------------------------------------------------------- datasets
@@ -231,10 +252,6 @@ def is_saved_dataset(path: Path) -> bool:
     """A folder written by ``Dataset.save_to_disk`` (``state.json``) or ``DatasetDict.save_to_disk``
     (``dataset_dict.json``), read with ``datasets.load_from_disk``."""
     return path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file())
-
-
-def _looks_local(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or (os.sep in path and Path(path).expanduser().exists())
 
 
 class HubDataset(DataSource):
@@ -271,7 +288,7 @@ class HubDataset(DataSource):
         if not isinstance(path, str) or not path:
             raise ValueError(f"data.source.path must be a hub id or a local folder, got {path!r}")
         local = Path(path).expanduser()
-        if _looks_local(path) and not local.exists():
+        if is_local_path(path) and not local.exists():
             raise FileNotFoundError(f"data.source.path: no such folder or file: {path}")
         if not train_split:
             raise ValueError("data.source.train_split must name a split, got an empty value")

@@ -14,9 +14,10 @@ one to ten characters (``"4823="`` -> ``"0123"``), for claims about completion l
 from __future__ import annotations
 
 import random
-from typing import Callable
+from typing import Any, Callable
 
 from lightning_grpo.core.registry import Registry
+from lightning_grpo.data.sources import DataSource, Split
 
 #: A rule maps the four prompt digits (a string like ``"4821"``) to the answer (a string of
 #: digits; every rule has ten distinct answers).
@@ -128,3 +129,48 @@ def digit_splits(
     rng.shuffle(val)
     test_rng.shuffle(test)
     return train, val, test
+
+
+class DigitTask(DataSource):
+    """The built-in digit task (:func:`~lightning_grpo.data.tasks.digit_splits`): four-digit prompts
+    (``"4821="``) whose answer follows ``rule``, generated from ``seed``; the test prompts are none of
+    the training or validation prompts.
+
+    Args:
+        seed: Seed of the task's prompts (not of the training run).
+        rule: Answer rule (``"last_plus_one"``, ``"last_digit"``, ``"first_digit"``, or
+            ``"count_to_last"`` with answers of 1-10 characters).
+        num_train: Training prompts.
+        num_val: Validation (dev) prompts.
+        num_test: Test prompts (none of them a training or validation prompt; adding them changes
+            neither of those splits); 0 for none.
+    """
+
+    def __init__(self, seed: int = 0, rule: str = "last_plus_one", num_train: int = 300, num_val: int = 50,
+                 num_test: int = 50) -> None:  # fmt: skip
+        if rule not in DIGIT_RULES:
+            raise ValueError(f"data.source.rule must be one of {', '.join(DIGIT_RULES.names())}, got {rule!r}")
+        for name, value, low in (("num_train", num_train, 1), ("num_val", num_val, 0), ("num_test", num_test, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"data.source.{name} must be an integer >= {low}, got {value!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"data.source.seed must be an integer, got {seed!r}")
+        self.seed, self.rule, self.num_train, self.num_val, self.num_test = seed, rule, num_train, num_val, num_test
+
+    def _split(self, index: int) -> list[dict[str, Any]]:
+        splits = digit_splits(seed=self.seed, rule=self.rule, num_train=self.num_train, num_val=self.num_val,
+                              num_test=self.num_test)  # fmt: skip
+        return splits[index]
+
+    def train_rows(self) -> list[dict[str, Any]]:
+        return self._split(0)
+
+    def val_rows(self) -> list[dict[str, Any]] | None:
+        return self._split(1)
+
+    def test_rows(self) -> list[dict[str, Any]] | None:
+        return self._split(2) if self.num_test else None
+
+    def describe(self, split: Split) -> str:
+        return {"train": "the digit task's training split", "val": "the digit task's validation split",
+                "test": "the digit task's test split"}[split]  # fmt: skip

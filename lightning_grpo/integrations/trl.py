@@ -13,7 +13,7 @@ TRL's ``GRPOTrainer(environment_factory=MyEnv)`` contract, which :class:`TRLEnvi
   instances, as TRL's do: ``def reward(completions, environments, **columns)``.
 
 Async tool methods run to completion on an event loop of their own. Plain-text prompts: keep the
-record's ``prompt_key`` column un-templated (``data.use_chat_template: false``, the default): the
+record's ``prompt_key`` column un-templated (``data.format.use_chat_template: false``, the default): the
 environment renders the chat itself, with its tools.
 """
 

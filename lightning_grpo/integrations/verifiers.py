@@ -29,7 +29,9 @@ import json
 from typing import Any, Literal, Sequence
 
 from ..data.datamodule import PromptDataModule
+from ..data.records import PromptFormat
 from ..data.reward_set import RewardSpec
+from ..data.sources import Rows
 from ._common import require, resolve, run_sync
 
 EXTRA = "verifiers"
@@ -201,6 +203,7 @@ class TasksetDataModule(PromptDataModule):
         taskset_args: fields of the taskset's config (its ``TasksetConfig`` subclass).
         limit: use the first ``limit`` tasks; None = all (an infinite taskset needs one).
         val_fraction: fraction of the tasks held out for validation; None = none.
+        max_prompt_length / on_long_prompt: as :class:`~lightning_grpo.PromptFormat`'s.
         The other arguments are :class:`~lightning_grpo.PromptDataModule`'s.
     """
 
@@ -209,9 +212,9 @@ class TasksetDataModule(PromptDataModule):
                  val_batch_size: int | None = None, max_prompt_length: int | None = None,
                  on_long_prompt: Literal["error", "truncate"] = "error", seed: int = 0, shuffle: bool = True) -> None:  # fmt: skip
         records = taskset_records(taskset, taskset_args, limit)
-        super().__init__(train_dataset=records, tokenizer_path=tokenizer_path, answer_column=None, use_chat_template=True,
-                         val_fraction=val_fraction, batch_size=batch_size, val_batch_size=val_batch_size,
-                         max_prompt_length=max_prompt_length, on_long_prompt=on_long_prompt, seed=seed, shuffle=shuffle)  # fmt: skip
+        fmt = PromptFormat(answer_column=None, use_chat_template=True, max_prompt_length=max_prompt_length, on_long_prompt=on_long_prompt)
+        super().__init__(Rows(records), tokenizer_path=tokenizer_path, format=fmt, val_fraction=val_fraction, batch_size=batch_size,
+                         val_batch_size=val_batch_size, seed=seed, shuffle=shuffle)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -52,7 +52,9 @@ def _model_dir(module, tokenizer) -> str:
     """A checkpoint directory vLLM can load: the module's model path when it has one, otherwise
     the live policy saved to a temporary directory (the built-in tiny model without a policy)."""
     path = module.model_source
-    if path is not None and not Path(path).expanduser().is_dir():  # a hub id: vLLM needs the files on disk
+    from ..models.hub import is_local_path
+
+    if path is not None and not is_local_path(path):  # a hub id: vLLM needs the files on disk
         path = _download(path)
     elif path is None and module.policy is not None:
         path = _save_for_engine(module.policy, tokenizer)

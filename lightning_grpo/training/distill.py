@@ -174,11 +174,11 @@ class Distiller:
             return None
         from transformers import AutoModelForCausalLM
 
+        from ..models.hub import is_local_path
         from ..models.tiny import builtin_model_path
 
         source = builtin_model_path(spec, where)  # "tiny:chars": the run seed's initialisation, "tiny:chars@3" pinned
-        first = Path(source).parts[0] if Path(source).parts else ""
-        if not Path(source).is_dir() and (source.startswith((".", "/", "~")) or source.count("/") != 1 or Path(first).is_dir()):
+        if is_local_path(source) and not Path(source).expanduser().is_dir():
             raise ValueError(f"{where} {spec!r}: no model directory there (SavePretrained writes one; a hub name is 'org/name')")
         dtype = getattr(torch, self.settings.dtype or self.ctx.dtype)
         try:

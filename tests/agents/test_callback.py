@@ -9,6 +9,7 @@ import torch
 
 from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, LossTerms, PromptDataModule, RewardSpec,
                             SamplingConfig)  # fmt: skip
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.agents.callback import AgentRolloutCallback
 
 from .helpers import BatchCatcher, CALL_TEXT, caller_model_dir, ids_of
@@ -33,7 +34,7 @@ def test_tool_path_end_to_end_with_training(caller_dir):
     module = GRPOModule(model=caller_dir, loss=GRPOLoss(terms=LossTerms(llds_coef=0.1)), algorithm=AlgorithmSettings(num_iterations=2))
     trainer = L.Trainer(max_steps=4, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(tokenizer_path=caller_dir, batch_size=2))
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=caller_dir, batch_size=2))
     tok = trainer.datamodule.tokenizer
     im_end, call = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids(CALL_TEXT)
     assert {im_end, call, tok.convert_tokens_to_ids("</tool_call>")} <= set(callback.sampling.stop_token_ids)
@@ -71,7 +72,7 @@ def test_validation_batches_draw_their_own_episodes(caller_dir):
     callback.run = recording_run
     trainer = L.Trainer(callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=3)  # fmt: skip
-    trainer.validate(GRPOModule(model=caller_dir), datamodule=PromptDataModule(tokenizer_path=caller_dir, batch_size=2, val_batch_size=10))
+    trainer.validate(GRPOModule(model=caller_dir), datamodule=PromptDataModule(DigitTask(), tokenizer_path=caller_dir, batch_size=2, val_batch_size=10))
     assert [len(s) for s in secrets] == [10, 10, 10]
     assert secrets[0] != secrets[1] and secrets[1] != secrets[2] and secrets[0] != secrets[2]
 

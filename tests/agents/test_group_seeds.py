@@ -13,6 +13,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import AlgorithmSettings, GRPOModule, PromptDataModule, SamplingConfig
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.environment import Environment, Step
@@ -131,7 +132,7 @@ def test_each_episode_trains_and_is_logged_on_its_own_opening(tmp_path):
     trainer = L.Trainer(max_steps=1, callbacks=[callback, catcher], accelerator="cpu", logger=CSVLogger(tmp_path),
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)  # fmt: skip
-    trainer.fit(GRPOModule(model=MODEL, algorithm=AlgorithmSettings(num_iterations=2)), datamodule=PromptDataModule(tokenizer_path=MODEL, batch_size=2))
+    trainer.fit(GRPOModule(model=MODEL, algorithm=AlgorithmSettings(num_iterations=2)), datamodule=PromptDataModule(DigitTask(), tokenizer_path=MODEL, batch_size=2))
     batch, eps = catcher.batches[0], episodes[0]  # 8 episodes
     openings = [ep.context[: ep.prompt_length] for ep in eps]
     assert len({tuple(o) for o in openings[:4]}) > 1 and len({len(o) for o in openings}) > 1  # not vacuous

@@ -13,7 +13,7 @@ from lightning_grpo import AlgorithmSettings, GRPOModule, PromptDataModule, Rewa
 from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.secret_digit import SecretDigitEnv
-from lightning_grpo.data.tasks import digit_task
+from lightning_grpo.data.tasks import DigitTask, digit_task
 
 from .helpers import ids_of
 
@@ -131,7 +131,7 @@ def test_agent_steps_on_the_real_vocabulary(qwen_tokenizer):
         rewards=[RewardSpec("env_reward"), RewardSpec("tool_call_made"), RewardSpec("length", weight=0.01)],
     )  # fmt: skip
     rec = Recorder(callback)
-    dm = PromptDataModule(batch_size=2, task_num_train=NUM_TRAIN, task_num_val=2)
+    dm = PromptDataModule(DigitTask(num_train=NUM_TRAIN, num_val=2), batch_size=2)
     dm.tokenizer = tok
     trainer = L.Trainer(max_steps=2, callbacks=[callback, rec], accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip

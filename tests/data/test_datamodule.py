@@ -8,6 +8,9 @@ import shutil
 import pytest
 
 from lightning_grpo.data.datamodule import PromptDataModule
+from lightning_grpo.data.records import PromptFormat
+from lightning_grpo.data.sources import Rows
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.models.tiny import ALPHABET, SPECIAL_TOKENS
 
 VOCAB = {token: i for i, token in enumerate(SPECIAL_TOKENS + ALPHABET)}
@@ -52,7 +55,7 @@ def test_a_datasets_dataset_and_a_list_of_dicts(make_dm):
     import datasets
 
     for data in (datasets.Dataset.from_list(ROWS), ROWS):
-        dm = make_dm(train_dataset=data, val_dataset=ROWS[:3])
+        dm = make_dm(source=Rows(data, val=ROWS[:3]))
         assert [r["prompt_ids"] for r in dm.train_records] == [char_ids(r["prompt"]) for r in ROWS]
         assert [r["id"] for r in dm.val_records] == [0, 1, 2]
         assert set(dm.train_records[0]) == {"prompt", "answer", "id", "prompt_ids", "raw_prompt"}
@@ -66,10 +69,10 @@ def test_val_files(make_dm, tmp_path):
     assert [r["id"] for r in dm.val_records] == [6, 7, 8, 9]
 
 
-def test_builtin_digit_task_when_no_data_is_given(make_dm):
+def test_builtin_digit_task(make_dm):
     from lightning_grpo.data.tasks import digit_task
 
-    dm = make_dm(batch_size=8, task_seed=4, task_rule="first_digit")
+    dm = make_dm(source=DigitTask(seed=4, rule="first_digit"), batch_size=8)
     train, val = digit_task(seed=4, rule="first_digit")
     assert [r["prompt"] for r in dm.train_records] == [r["prompt"] for r in train]
     assert [r["answer"] for r in dm.val_records] == [r["answer"] for r in val]
@@ -81,24 +84,24 @@ def test_builtin_digit_task_when_no_data_is_given(make_dm):
 
 
 def test_val_fraction_split_is_disjoint_and_deterministic(make_dm):
-    dm = make_dm(train_dataset=ROWS, val_fraction=0.3, seed=1)
+    dm = make_dm(source=Rows(ROWS), val_fraction=0.3, seed=1)
     train_ids = [r["id"] for r in dm.train_records]
     val_ids = [r["id"] for r in dm.val_records]
     assert (len(train_ids), len(val_ids)) == (7, 3)
     assert sorted(train_ids + val_ids) == list(range(10))
-    again = make_dm(train_dataset=ROWS, val_fraction=0.3, seed=1)
+    again = make_dm(source=Rows(ROWS), val_fraction=0.3, seed=1)
     assert [r["id"] for r in again.val_records] == val_ids
-    other = make_dm(train_dataset=ROWS, val_fraction=0.3, seed=2)
+    other = make_dm(source=Rows(ROWS), val_fraction=0.3, seed=2)
     assert [r["id"] for r in other.val_records] != val_ids
 
 
 def test_answer_column_is_copied_to_answer(make_dm):
     rows = [{"question": "12=", "solution": "3"}, {"question": "45=", "solution": "6"}]
-    dm = make_dm(train_dataset=rows, prompt_column="question", answer_column="solution")
+    dm = make_dm(source=Rows(rows), format=PromptFormat(prompt_column="question", answer_column="solution"))
     assert dm.train_records[0] == {
         "question": "12=", "solution": "3", "prompt": "12=", "prompt_ids": char_ids("12="), "raw_prompt": "12=", "answer": "3"
     }  # fmt: skip
-    no_answer = make_dm(train_dataset=[{"prompt": "1="}, {"prompt": "2="}], answer_column=None)
+    no_answer = make_dm(source=Rows([{"prompt": "1="}, {"prompt": "2="}]), format=PromptFormat(answer_column=None))
     assert "answer" not in no_answer.train_records[0]
 
 
@@ -106,22 +109,22 @@ def test_answer_column_is_copied_to_answer(make_dm):
 
 
 def test_generation_prompts_cover_each_epoch_once_across_ranks(make_dm):
-    dm = make_dm(train_dataset=ROWS, batch_size=2, seed=0)
+    dm = make_dm(source=Rows(ROWS), batch_size=2, seed=0)
     # 2 ranks x 2 prompts per generation: an epoch of 10 rows spans 2.5 generations
     seen = [r["id"] for g in range(5) for rank in range(2) for r in dm.generation_prompts(g, rank, 2)]
     assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
     assert seen[:10] != seen[10:]  # a new shuffle per epoch
     assert [r["id"] for r in dm.generation_prompts(3, 1, 2)] == seen[14:16]  # a pure function of (g, rank)
-    again = make_dm(train_dataset=ROWS, batch_size=2, seed=0)
+    again = make_dm(source=Rows(ROWS), batch_size=2, seed=0)
     assert [r["id"] for r in again.generation_prompts(3, 1, 2)] == seen[14:16]
-    other = make_dm(train_dataset=ROWS, batch_size=2, seed=1)
+    other = make_dm(source=Rows(ROWS), batch_size=2, seed=1)
     assert [r["id"] for g in range(5) for r in other.generation_prompts(g)] != [r["id"] for g in range(5) for r in dm.generation_prompts(g)]
-    unshuffled = make_dm(train_dataset=ROWS, batch_size=5, shuffle=False)
+    unshuffled = make_dm(source=Rows(ROWS), batch_size=5, shuffle=False)
     assert [[r["id"] for r in unshuffled.generation_prompts(g)] for g in range(2)] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
 
 
 def test_refill_rounds_draw_from_a_separate_sequence(make_dm):
-    dm = make_dm(train_dataset=ROWS, batch_size=2, seed=0)
+    dm = make_dm(source=Rows(ROWS), batch_size=2, seed=0)
     main = [r["id"] for r in dm.generation_prompts(0)]
     refills = [[r["id"] for r in dm.generation_prompts(0, round_=k, max_rounds=3)] for k in (1, 2)]
     assert refills[0] != refills[1] and all(len(r) == 2 for r in refills)
@@ -140,15 +143,15 @@ CHATML_IDS = (
 
 
 def test_chat_template_and_system_prompt_text(make_dm):
-    dm = make_dm(train_dataset=[{"prompt": "12=", "answer": "3"}] * 2, use_chat_template=True, system_prompt="be brief")
+    dm = make_dm(source=Rows([{"prompt": "12=", "answer": "3"}] * 2), format=PromptFormat(use_chat_template=True, system_prompt="be brief"))
     assert dm.train_records[0]["prompt"] == CHATML
     messages = [{"role": "user", "content": "12="}]
-    chat = make_dm(train_dataset=[{"prompt": messages, "answer": "3"}] * 2, use_chat_template=True, system_prompt="be brief")
+    chat = make_dm(source=Rows([{"prompt": messages, "answer": "3"}] * 2), format=PromptFormat(use_chat_template=True, system_prompt="be brief"))
     assert chat.train_records[0]["prompt"] == CHATML
 
 
 def test_chat_template_and_system_prompt_ids(make_dm):
-    dm = make_dm(train_dataset=[{"prompt": "12=", "answer": "3"}] * 2, use_chat_template=True, system_prompt="be brief")
+    dm = make_dm(source=Rows([{"prompt": "12=", "answer": "3"}] * 2), format=PromptFormat(use_chat_template=True, system_prompt="be brief"))
     assert dm.train_records[0]["prompt_ids"] == CHATML_IDS
 
 
@@ -159,8 +162,8 @@ def test_tokenizer_without_chat_template(tiny_model_path, tmp_path):
     config = json.loads((plain / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
-    dm = PromptDataModule(train_dataset=ROWS, tokenizer_path=str(plain), use_chat_template=True, batch_size=2)
-    with pytest.raises(ValueError, match=rf"use_chat_template=True but the tokenizer at {plain} has no chat template"):
+    dm = PromptDataModule(source=Rows(ROWS), tokenizer_path=str(plain), format=PromptFormat(use_chat_template=True), batch_size=2)
+    with pytest.raises(ValueError, match=rf"data.format.use_chat_template is true but the tokenizer at {plain} has no chat template"):
         dm.setup("fit")
 
 
@@ -169,8 +172,8 @@ def test_tokenizer_without_chat_template(tiny_model_path, tmp_path):
 
 def test_truncate_keeps_the_last_tokens_and_warns_once(make_dm):
     rows = [{"prompt": "4821=", "answer": "2"}, {"prompt": "12=", "answer": "3"}, {"prompt": "98765=", "answer": "6"}]
-    with pytest.warns(UserWarning, match=r"truncated 2 of 3 prompts of train_dataset to their last 3 tokens") as record:
-        dm = make_dm(train_dataset=rows, val_dataset=rows, max_prompt_length=3, on_long_prompt="truncate")
+    with pytest.warns(UserWarning, match=r"truncated 2 of 3 prompts of data.source.train to their last 3 tokens") as record:
+        dm = make_dm(source=Rows(rows, val=rows), format=PromptFormat(max_prompt_length=3, on_long_prompt="truncate"))
     assert len([w for w in record if "truncated" in str(w.message)]) == 1  # not again for the validation split
     assert [r["prompt_ids"] for r in dm.train_records] == [char_ids("21="), char_ids("12="), char_ids("65=")]
     assert [r["prompt"] for r in dm.train_records] == ["21=", "12=", "65="]
@@ -178,73 +181,104 @@ def test_truncate_keeps_the_last_tokens_and_warns_once(make_dm):
 
 def test_long_prompt_error(make_dm):
     rows = [{"prompt": "12=", "answer": "3"}, {"prompt": "4821=", "answer": "2"}]
-    with pytest.raises(ValueError, match=r"prompt 1 of train_dataset has 5 tokens, more than max_prompt_length=4 \(set on_long_prompt='truncate'"):
-        make_dm(train_dataset=rows, max_prompt_length=4)
+    with pytest.raises(ValueError, match=r"prompt 1 of data.source.train has 5 tokens, more than data.format.max_prompt_length=4 \(set data.format.on_long_prompt: truncate"):
+        make_dm(source=Rows(rows), format=PromptFormat(max_prompt_length=4))
 
 
 # ------------------------------------------------------------------------------------ errors
 
 
 def test_file_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match=rf"train_files: file not found: {tmp_path}/missing.jsonl"):
+    with pytest.raises(FileNotFoundError, match=rf"data.train_files: file not found: {tmp_path}/missing.jsonl"):
         PromptDataModule(train_files=str(tmp_path / "missing.jsonl"))
     (tmp_path / "data.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"train_files: unsupported file type '.txt' for .*data.txt; supported: \['.csv', '.json', '.jsonl', '.parquet'\]"):
+    with pytest.raises(ValueError, match=r"data.train_files: unsupported file type '.txt' for .*data.txt; supported: \['.csv', '.json', '.jsonl', '.parquet'\]"):
         PromptDataModule(train_files=str(tmp_path / "data.txt"))
     (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(ValueError, match=r"val_files: .*empty.jsonl is empty \(holds no rows\)"):
-        PromptDataModule(train_dataset=ROWS, val_files=str(tmp_path / "empty.jsonl"))
+    with pytest.raises(ValueError, match=r"data.val_files: .*empty.jsonl is empty \(holds no rows\)"):
+        PromptDataModule(train_files=write(ROWS, tmp_path / "train.jsonl", "jsonl"), val_files=str(tmp_path / "empty.jsonl"))
     a = write(ROWS, tmp_path / "a.jsonl", "jsonl")
     b = write(ROWS, tmp_path / "b.csv", "csv")
-    with pytest.raises(ValueError, match=r"train_files mixes file types \['csv', 'json'\]; use one type per split"):
+    with pytest.raises(ValueError, match=r"data.train_files mixes file types \['csv', 'json'\]; use one type per split"):
         PromptDataModule(train_files=[a, b])
 
 
 def test_missing_columns_list_the_columns_present(make_dm, tmp_path):
     path = write([{"q": "1=", "a": "2"}], tmp_path / "train.jsonl", "jsonl")
-    with pytest.raises(ValueError, match=rf"prompt_column 'prompt' not found in train_files {path}; columns present: \['q', 'a'\]"):
+    with pytest.raises(ValueError, match=rf"data.format.prompt_column 'prompt' not found in data.train_files {path}; columns present: \['q', 'a'\]"):
         make_dm(train_files=path)
-    with pytest.raises(ValueError, match=r"answer_column 'answer' not found in train_files .*; columns present: \['q', 'a'\] \(set answer_column=None"):
-        make_dm(train_files=path, prompt_column="q")
+    with pytest.raises(ValueError, match=r"data.format.answer_column 'answer' not found in data.train_files .*; columns present: \['q', 'a'\] \(set data.format.answer_column: null"):
+        make_dm(train_files=path, format=PromptFormat(prompt_column="q"))
 
 
 def test_empty_dataset_is_named(make_dm):
     import datasets
 
-    with pytest.raises(ValueError, match=r"^train_dataset holds no rows$"):
-        make_dm(train_dataset=datasets.Dataset.from_list([]))
-    with pytest.raises(ValueError, match=r"^val_dataset holds no rows$"):
-        make_dm(train_dataset=ROWS, val_dataset=[])
+    with pytest.raises(ValueError, match=r"^data.source.train holds no rows$"):
+        make_dm(source=Rows(datasets.Dataset.from_list([])))
+    with pytest.raises(ValueError, match=r"^data.source.val holds no rows$"):
+        make_dm(source=Rows(ROWS, val=[]))
 
 
 @pytest.mark.parametrize("fraction", [0.0, 1.0, 1.5, -0.1])
 def test_val_fraction_out_of_range(fraction):
-    with pytest.raises(ValueError, match=rf"val_fraction must be in \(0, 1\), got {fraction}"):
-        PromptDataModule(train_dataset=ROWS, val_fraction=fraction)
+    with pytest.raises(ValueError, match=rf"data.val_fraction must be in \(0, 1\), got {fraction}"):
+        PromptDataModule(source=Rows(ROWS), val_fraction=fraction)
 
 
-def test_option_conflicts():
-    with pytest.raises(ValueError, match=r"system_prompt needs use_chat_template=True"):
-        PromptDataModule(system_prompt="be brief")
-    with pytest.raises(ValueError, match=r"val_fraction splits train_files/train_dataset and cannot be combined"):
-        PromptDataModule(train_dataset=ROWS, val_dataset=ROWS, val_fraction=0.5)
-    with pytest.raises(ValueError, match=r"val_files/val_dataset need train_files or train_dataset"):
-        PromptDataModule(val_dataset=ROWS)
-    with pytest.raises(ValueError, match=r"test_files/test_dataset need train_files or train_dataset"):
-        PromptDataModule(test_dataset=ROWS)
-    with pytest.raises(ValueError, match=r"give test_files or test_dataset, not both"):
-        PromptDataModule(train_dataset=ROWS, test_dataset=ROWS, test_files="x.jsonl")
-    with pytest.raises(ValueError, match=r"unknown digit task rule 'sum'"):
-        PromptDataModule(task_rule="sum")
-    with pytest.raises(ValueError, match=r"batch_size must be a positive integer, got 0"):
-        PromptDataModule(batch_size=0)
+def test_option_conflicts(make_dm, tmp_path):
+    with pytest.raises(ValueError, match=r"^data.format.system_prompt needs data.format.use_chat_template: true$"):
+        PromptFormat(system_prompt="be brief")
+    with pytest.raises(ValueError, match=r"data.val_fraction splits the training rows, but data.source.train comes with a validation split"):
+        make_dm(source=Rows(ROWS, val=ROWS), val_fraction=0.5)
+    with pytest.raises(ValueError, match=r"^data.val_files needs data.train_files$"):
+        PromptDataModule(val_files="x.jsonl")
+    with pytest.raises(ValueError, match=r"^data.test_files needs data.train_files$"):
+        PromptDataModule(test_files="x.jsonl")
+    with pytest.raises(ValueError, match=r"data.source reads the rows, so data.test_files cannot be given too"):
+        PromptDataModule(source=Rows(ROWS, test=ROWS), test_files="x.jsonl")
+    with pytest.raises(ValueError, match=r"data.val_fraction splits the training rows and cannot be combined with data.val_files"):
+        PromptDataModule(train_files=write(ROWS, tmp_path / "t.jsonl", "jsonl"), val_files="x.jsonl", val_fraction=0.5)
+    with pytest.raises(ValueError, match=r"^data.source.rule must be one of count_to_last, first_digit, last_digit, last_plus_one, got 'sum'$"):
+        DigitTask(rule="sum")
+    with pytest.raises(ValueError, match=r"^data.source.num_train must be an integer >= 1, got 0$"):
+        DigitTask(num_train=0)
+    with pytest.raises(ValueError, match=r"^data.batch_size must be a positive integer, got 0$"):
+        PromptDataModule(DigitTask(), batch_size=0)
+    with pytest.raises(ValueError, match=r"^data.format.max_prompt_length must be a positive integer or null, got 0$"):
+        PromptFormat(max_prompt_length=0)
+    with pytest.raises(ValueError, match=r"^data.format.on_long_prompt must be 'error' or 'truncate', got 'drop'$"):
+        PromptFormat(on_long_prompt="drop")
+    with pytest.raises(TypeError, match=r"^data.source.train must be a datasets.Dataset or a list of dicts, got str$"):
+        Rows("rows.jsonl")
+
+
+def test_no_data_is_one_error_naming_the_keys():
+    with pytest.raises(ValueError, match=r"^no data: set data.source \(e.g. \{class_path: lightning_grpo.DigitTask\} for the built-in "
+                       r"digit task, or lightning_grpo.data.sources.HubDataset, Files, Rows\) or data.train_files$"):
+        PromptDataModule(batch_size=4)
 
 
 def test_errors_at_setup(make_dm):
-    with pytest.raises(ValueError, match=r"train_dataset holds 10 prompts, fewer than batch_size=16"):
-        make_dm(train_dataset=ROWS, batch_size=16)
-    with pytest.raises(ValueError, match=r"holds chat messages; set use_chat_template=True"):
-        make_dm(train_dataset=[{"prompt": [{"role": "user", "content": "1="}], "answer": "2"}] * 2)
-    dm = PromptDataModule(train_dataset=ROWS)
+    with pytest.raises(ValueError, match=r"data.source.train holds 10 prompts, fewer than data.batch_size=16"):
+        make_dm(source=Rows(ROWS), batch_size=16)
+    with pytest.raises(ValueError, match=r"holds chat messages; set data.format.use_chat_template: true"):
+        make_dm(source=Rows([{"prompt": [{"role": "user", "content": "1="}], "answer": "2"}] * 2))
+    dm = PromptDataModule(source=Rows(ROWS))
     with pytest.raises(RuntimeError, match=r"setup\(\) must run before the data is used"):
         dm.train_dataloader()
+
+
+def test_grouped_signature_and_exports():
+    import inspect
+
+    import lightning_grpo
+    import lightning_grpo.data
+
+    params = list(inspect.signature(PromptDataModule).parameters)
+    assert params == ["source", "train_files", "val_files", "test_files", "tokenizer_path", "format", "batch_size",
+                      "val_batch_size", "val_fraction", "shuffle", "seed"]  # fmt: skip
+    for name in ("PromptDataModule", "SFTDataModule", "PromptFormat", "DigitTask", "Files", "Rows", "HubDataset"):
+        assert getattr(lightning_grpo, name) is getattr(lightning_grpo.data, name)
+    sft = inspect.signature(lightning_grpo.SFTDataModule).parameters.values()
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in sft)

@@ -8,6 +8,8 @@ import json
 import pytest
 
 from lightning_grpo.data.datamodule import PromptDataModule
+from lightning_grpo.data.records import PromptFormat
+from lightning_grpo.data.sources import Files, Rows
 
 IM_START, IM_END, NL = 151644, 151645, 198  # <|im_start|>, <|im_end|>, "\n" in Qwen2/2.5/3's vocabulary
 SYSTEM, USER, ASSISTANT = 8948, 872, 77091  # "system", "user", "assistant"
@@ -18,8 +20,9 @@ def chatml(*turns: tuple[str, str]) -> str:
     return "".join(f"<|im_start|>{role}\n{content}<|im_end|>\n" for role, content in turns) + "<|im_start|>assistant\n"
 
 
-def prepared(tok, rows, **kwargs) -> list[dict]:
-    dm = PromptDataModule(train_dataset=rows, use_chat_template=True, answer_column=None, batch_size=1, **kwargs)
+def prepared(tok, rows, **fields) -> list[dict]:
+    """Records of ``rows`` with the chat template on; ``fields``: more :class:`PromptFormat` fields."""
+    dm = PromptDataModule(source=Rows(rows), format=PromptFormat(use_chat_template=True, answer_column=None, **fields), batch_size=1)
     dm.tokenizer = tok
     dm.setup()
     return dm.train_records
@@ -27,8 +30,8 @@ def prepared(tok, rows, **kwargs) -> list[dict]:
 
 def test_text_prompt_with_system_prompt_exact_text_and_ids(qwen_tokenizer):
     """Loaded from the package's directory like a user's ``tokenizer_path``: ids written out by hand."""
-    dm = PromptDataModule(train_dataset=[{"prompt": "What is 2+3?", "answer": "5"}], tokenizer_path=qwen_tokenizer.name_or_path,
-                          use_chat_template=True, system_prompt="You are terse.", batch_size=1)  # fmt: skip
+    dm = PromptDataModule(source=Rows([{"prompt": "What is 2+3?", "answer": "5"}]), tokenizer_path=qwen_tokenizer.name_or_path,
+                          format=PromptFormat(use_chat_template=True, system_prompt="You are terse."), batch_size=1)  # fmt: skip
     dm.setup()
     record = dm.train_records[0]
     assert record["prompt"] == chatml(("system", "You are terse."), ("user", "What is 2+3?"))
@@ -72,8 +75,8 @@ def test_message_lists_from_a_jsonl_file(qwen_tokenizer, tmp_path):
     ]
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    dm = PromptDataModule(train_files=str(path), use_chat_template=True, system_prompt="You are terse.", batch_size=2,
-                          cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    dm = PromptDataModule(Files(str(path), cache_dir=str(tmp_path / "cache")),
+                          format=PromptFormat(use_chat_template=True, system_prompt="You are terse."), batch_size=2)  # fmt: skip
     dm.tokenizer = qwen_tokenizer
     dm.setup()
     assert [r["prompt"] for r in dm.train_records] == [

@@ -1,4 +1,4 @@
-"""The record-mapping hook (data.record_map) and every column reaching the reward functions by name."""
+"""The record-mapping hook (data.format.record_map) and every column reaching the reward functions by name."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import textwrap
 import pytest
 
 from lightning_grpo.callbacks.sampling import score_rollout
-from lightning_grpo.data.datamodule import PromptDataModule
+from lightning_grpo.data.records import PromptFormat
+from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.reward_set import RewardSet, RewardSpec
 from lightning_grpo.data.sources import HubDataset
 from lightning_grpo.rollout.base import Rollout
@@ -54,10 +55,10 @@ def test_import_path_forms_on_files_datasets_and_sources(make_dm, maps, tmp_path
     train, val = write_jsonl(tmp_path / "train.jsonl", ROWS), write_jsonl(tmp_path / "val.jsonl", ROWS[:2])
     for options in (
         {"train_files": train, "val_files": val},
-        {"train_dataset": ROWS, "val_dataset": ROWS[:2]},
+        {"source": Rows(ROWS, val=ROWS[:2])},
         {"source": HubDataset("json", data_files={"train": train, "val": val}, val_split="val", cache_dir=str(tmp_path / "c"))},
     ):
-        dm = make_dm(record_map=path, **options)  # prompt_column 'prompt' exists only after the map
+        dm = make_dm(format=PromptFormat(record_map=path), **options)  # prompt_column 'prompt' exists only after the map
         got = [{k: r[k] for k in ("prompt", "answer", "hint", "topic")} for r in dm.train_records]
         assert got == EXPECTED
         assert [r["prompt"] for r in dm.val_records] == ["10=", "11="]
@@ -65,19 +66,19 @@ def test_import_path_forms_on_files_datasets_and_sources(make_dm, maps, tmp_path
 
 
 def test_a_function_from_python(make_dm):
-    dm = make_dm(train_dataset=ROWS, prompt_column="question", answer_column=None, record_map=lambda row: {**row, "n": int(row["question"])})
+    dm = make_dm(source=Rows(ROWS), format=PromptFormat(prompt_column="question", answer_column=None, record_map=lambda row: {**row, "n": int(row["question"])}))
     assert [r["n"] for r in dm.train_records] == [10, 11, 12, 13]
 
 
 def test_record_map_errors(make_dm, maps):
-    with pytest.raises(ValueError, match=r"data.record_map 'nowhere.fn' could not be imported: No module named 'nowhere'"):
-        PromptDataModule(record_map="nowhere.fn")
-    with pytest.raises(ValueError, match=r"data.record_map 'to_prompt' is not an import path; give one like my_module.map_row"):
-        PromptDataModule(record_map="to_prompt")
-    with pytest.raises(TypeError, match=rf"data.record_map {maps}.not_a_dict returned a list for row 0 of train_dataset; expected a dict"):
-        make_dm(train_dataset=ROWS, record_map=f"{maps}.not_a_dict")
-    with pytest.raises(ValueError, match=rf"data.record_map {maps}.fails_on_row_two raised KeyError: 'no_such_column' on row 2 of train_dataset"):
-        make_dm(train_dataset=ROWS, prompt_column="question", record_map=f"{maps}.fails_on_row_two")
+    with pytest.raises(ValueError, match=r"data.format.record_map 'nowhere.fn' could not be imported: No module named 'nowhere'"):
+        PromptFormat(record_map="nowhere.fn")
+    with pytest.raises(ValueError, match=r"data.format.record_map 'to_prompt' is not an import path; give one like my_module.map_row"):
+        PromptFormat(record_map="to_prompt")
+    with pytest.raises(TypeError, match=rf"data.format.record_map {maps}.not_a_dict returned a list for row 0 of data.source.train; expected a dict"):
+        make_dm(source=Rows(ROWS), format=PromptFormat(record_map=f"{maps}.not_a_dict"))
+    with pytest.raises(ValueError, match=rf"data.format.record_map {maps}.fails_on_row_two raised KeyError: 'no_such_column' on row 2 of data.source.train"):
+        make_dm(source=Rows(ROWS), format=PromptFormat(prompt_column="question", record_map=f"{maps}.fails_on_row_two"))
 
 
 # -------------------------------------------------------------------------- columns -> rewards
@@ -91,7 +92,7 @@ def sees_columns(completions, hint, topic, raw_prompt, answer, completion_length
 
 def test_every_column_reaches_the_reward_functions_by_name(make_dm, maps, tiny_model_path):
     """Columns of the data and those the mapping hook added, repeated over each group."""
-    dm = make_dm(train_dataset=ROWS, record_map=f"{maps}.to_prompt")
+    dm = make_dm(source=Rows(ROWS), format=PromptFormat(record_map=f"{maps}.to_prompt"))
     records = dm.train_records[:2]
     ids = dm.tokenizer
     rollout = Rollout(
@@ -128,7 +129,7 @@ rollout:
     - name: my_rewards.uses_hint
 data:
   train_files: qa.jsonl
-  record_map: my_maps.to_prompt
+  format: {record_map: my_maps.to_prompt}
   batch_size: 2
 """
 

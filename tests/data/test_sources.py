@@ -11,6 +11,7 @@ import datasets
 import pytest
 
 from lightning_grpo.data.datamodule import PromptDataModule
+from lightning_grpo.data.records import PromptFormat
 from lightning_grpo.data.sources import DataSource, HubDataset
 from lightning_grpo.models.tiny import ALPHABET, SPECIAL_TOKENS
 
@@ -103,7 +104,7 @@ def test_chat_message_prompts_from_a_parquet_folder(make_dm, tmp_path):
     root = tmp_path / "chat"
     root.mkdir()
     datasets.Dataset.from_list(rows).to_parquet(str(root / "train.parquet"))
-    dm = make_dm(source=hub(root, tmp_path), use_chat_template=True)
+    dm = make_dm(source=hub(root, tmp_path), format=PromptFormat(use_chat_template=True))
     assert dm.train_records[0]["prompt"] == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n02=<|im_end|>\n<|im_start|>assistant\n"
     assert dm.train_records[1]["raw_prompt"] == rows[1]["prompt"]  # the messages, before the template
 
@@ -119,15 +120,15 @@ def test_hub_dataset_errors(make_dm, folder, tmp_path):
         make_dm(source=HubDataset(str(tmp_path / "saved"), train_split="training"))
     with pytest.raises(ValueError, match=r"data.source.revision is for datasets.load_dataset, but .*saved is a folder written by save_to_disk"):
         HubDataset(str(tmp_path / "saved"), revision="main")
-    with pytest.raises(ValueError, match=r"prompt_column 'question' not found in HubDataset .*my_data split 'train'; columns present: \['prompt', 'answer', 'level'\]"):
-        make_dm(source=hub(folder, tmp_path), prompt_column="question")
+    with pytest.raises(ValueError, match=r"data.format.prompt_column 'question' not found in HubDataset .*my_data split 'train'; columns present: \['prompt', 'answer', 'level'\]"):
+        make_dm(source=hub(folder, tmp_path), format=PromptFormat(prompt_column="question"))
 
 
 def test_source_excludes_files_and_datasets(folder, tmp_path):
     with pytest.raises(ValueError, match=r"data.source reads the rows, so data.train_files cannot be given too"):
         PromptDataModule(source=hub(folder, tmp_path), train_files=str(folder / "train.jsonl"))
-    with pytest.raises(ValueError, match=r"data.source reads the rows, so data.val_dataset cannot be given too"):
-        PromptDataModule(source=hub(folder, tmp_path), val_dataset=TEST)
+    with pytest.raises(ValueError, match=r"data.source reads the rows, so data.val_files cannot be given too"):
+        PromptDataModule(source=hub(folder, tmp_path), val_files=str(folder / "test.jsonl"))
     with pytest.raises(TypeError, match=r"data.source must be a lightning_grpo.data.sources.DataSource, got list"):
         PromptDataModule(source=TRAIN)
 
@@ -160,7 +161,7 @@ def add_level(row: dict) -> dict:
 
 def test_refresh_train_rereads_maps_and_retokenizes(make_dm):
     source = Growing()
-    dm = make_dm(source=source, batch_size=3, record_map=add_level, seed=0)
+    dm = make_dm(source=source, batch_size=3, format=PromptFormat(record_map=add_level), seed=0)
     assert len(dm.train_records) == 4
     before = [r["prompt"] for g in range(4) for r in dm.generation_prompts(g)]
     assert sorted(before[:4]) == ["0=", "1=", "2=", "3="]
@@ -174,7 +175,7 @@ def test_refresh_train_rereads_maps_and_retokenizes(make_dm):
     after = [r["prompt"] for g in range(4) for r in dm.generation_prompts(g)]
     assert sorted(after) == sorted(f"{n}=" for n in range(12))
     source.size = 2
-    with pytest.raises(ValueError, match=r"Growing split 'train' holds 2 prompts, fewer than batch_size=3"):
+    with pytest.raises(ValueError, match=r"Growing split 'train' holds 2 prompts, fewer than data.batch_size=3"):
         dm.refresh_train()
     with pytest.raises(RuntimeError, match=r"setup\(\) must run before refresh_train\(\)"):
         PromptDataModule(source=Growing()).refresh_train()

@@ -9,6 +9,8 @@ import threading
 import pytest
 
 from lightning_grpo.data.datamodule import PromptDataModule
+from lightning_grpo.data.records import PromptFormat
+from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.reward_set import RewardSet, RewardSpec
 from lightning_grpo.data.rewards import RewardError
 
@@ -54,8 +56,7 @@ def columns_of(records: list[dict], group: int, completion_ids: list[list[int]])
 
 @pytest.fixture
 def chat_records(tiny_model_path) -> list[dict]:
-    dm = PromptDataModule(train_dataset=CHAT, tokenizer_path=str(tiny_model_path), answer_column=None,
-                          use_chat_template=True, batch_size=2)  # fmt: skip
+    dm = PromptDataModule(source=Rows(CHAT), tokenizer_path=str(tiny_model_path), format=PromptFormat(answer_column=None, use_chat_template=True), batch_size=2)  # fmt: skip
     dm.setup("fit")
     return dm.train_records
 
@@ -77,7 +78,7 @@ def test_conversational_functions_receive_messages(chat_records):
 
 
 def test_plain_text_functions_receive_strings(tiny_model_path):
-    dm = PromptDataModule(train_dataset=[{"prompt": "12=", "answer": "3"}, {"prompt": "45=", "answer": "6"}],
+    dm = PromptDataModule(source=Rows([{"prompt": "12=", "answer": "3"}, {"prompt": "45=", "answer": "6"}]),
                           tokenizer_path=str(tiny_model_path), batch_size=2)  # fmt: skip
     dm.setup("fit")
     ids = [[1, 2, 3], [4]]

@@ -9,6 +9,7 @@ import lightning as L
 from lightning.pytorch.loggers import Logger
 
 from lightning_grpo import AgentRolloutCallback, GRPOModule, PromptDataModule, SamplingConfig
+from lightning_grpo.data.tasks import DigitTask
 
 
 class MemoryLogger(Logger):
@@ -81,7 +82,7 @@ def fit(callback: Any, steps: int, model: str | None = None, datamodule: Any = N
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)  # fmt: skip
     module = GRPOModule(model=model) if model else GRPOModule(model="tiny:chars")
-    trainer.fit(module, datamodule=datamodule or PromptDataModule(tokenizer_path=model, batch_size=2))
+    trainer.fit(module, datamodule=datamodule or PromptDataModule(DigitTask(), tokenizer_path=model, batch_size=2))
     assert trainer.global_step == steps
     return logger, recorder
 

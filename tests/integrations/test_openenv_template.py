@@ -17,6 +17,7 @@ pytest.importorskip("openenv")  # the dev extra installs openenv-core
 from openenv.core.env_server import Action, Environment, Observation, State  # noqa: E402
 
 from lightning_grpo import GRPOModule, PromptDataModule  # noqa: E402
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.integrations.openenv import OpenEnvEnvironment  # noqa: E402
 
 from .echo_env.models import EchoAction  # noqa: E402
@@ -92,5 +93,5 @@ def test_a_misconfigured_environment_fails_before_the_engine_starts():
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     with pytest.raises(ValueError, match=r"OpenEnvEnvironment: the action class of UnknownAction is unknown \(no "
                                          r"Environment\[Action, \.\.\.\] parameters, no annotation on step's 'action'\)"):
-        trainer.fit(GRPOModule(model="tiny:chars"), datamodule=PromptDataModule(batch_size=2))
+        trainer.fit(GRPOModule(model="tiny:chars"), datamodule=PromptDataModule(DigitTask(), batch_size=2))
     assert callback.engine is None  # nothing was sampled

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from lightning_grpo import PromptDataModule, RewardSpec, SamplingConfig
+from lightning_grpo.data.records import PromptFormat
+from lightning_grpo.data.sources import Rows
 from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
@@ -204,12 +206,12 @@ def test_records_through_the_data_module_keep_their_columns():
             seen.update(kwargs)
             return super().reset(**kwargs)
 
-    data = PromptDataModule(train_dataset=[{"prompt": "12=", "answer": "3", "level": 2}] * 2, batch_size=2)
+    data = PromptDataModule(source=Rows([{"prompt": "12=", "answer": "3", "level": 2}] * 2), batch_size=2)
     data.setup()
     TRLEnvironment(Env).reset(data.train_records[0], seed=0)
     assert seen == {"prompt": "12=", "answer": "3", "level": 2}
     # With our chat template on, TRL's reset still sees the dataset's prompt and the opening is templated once.
-    data = PromptDataModule(train_dataset=[{"prompt": "12=", "answer": "3"}] * 2, batch_size=2, use_chat_template=True)
+    data = PromptDataModule(source=Rows([{"prompt": "12=", "answer": "3"}] * 2), batch_size=2, format=PromptFormat(use_chat_template=True))
     data.setup()
     assert data.train_records[0]["prompt"] != "12="  # the record holds the rendered text
     opening = TRLEnvironment(Env).reset(data.train_records[0], seed=0)

@@ -99,12 +99,14 @@ def train_prompts() -> set[str]:
     """The quickstart's training prompts (the built-in digit task, as the recipe's data section builds them)."""
     import yaml
 
-    from lightning_grpo import PromptDataModule
+    from lightning_grpo import DigitTask, PromptDataModule
 
     from .runner import RECIPE
 
     data = yaml.safe_load(RECIPE.read_text())["data"]
-    dm = PromptDataModule(**data)
+    source = data.pop("source")
+    assert source["class_path"] == "lightning_grpo.DigitTask", source
+    dm = PromptDataModule(DigitTask(**source.get("init_args", {})), **data)
     dm.setup("fit")
     return {r["prompt"] for r in dm.train_records}
 

@@ -16,6 +16,7 @@ import lightning as L
 import pytest
 
 from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo.data.sources import Rows
 from lightning_grpo.agents.environment import Environment, Step
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.rollout.base import RolloutEngine
@@ -115,7 +116,7 @@ def test_grpo_trains_three_steps_on_long_prompts(fresh_weights, tiny_model_path,
     trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                         callbacks=[callback])  # fmt: skip
-    trainer.fit(module, datamodule=PromptDataModule(train_dataset=rows, batch_size=4))
+    trainer.fit(module, datamodule=PromptDataModule(source=Rows(rows), batch_size=4))
     assert trainer.global_step == 3
     assert module.rollout_batch.input_ids.shape == (32, 505 + 7)  # 4 prompts x 8 samples per step
     initial = dict(AutoModelForCausalLM.from_pretrained(tiny_model_path).named_parameters())

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.sleep import EngineSleep
 
 
@@ -144,7 +145,7 @@ def _train(engine, steps: int, evaluate_first: bool) -> None:
         val_check_interval=1000, check_val_every_n_epoch=None, num_sanity_val_steps=0,
     )  # fmt: skip
     module = GRPOModule(model="tiny:chars", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
-    trainer.fit(module, datamodule=PromptDataModule(batch_size=4, task_num_val=4))
+    trainer.fit(module, datamodule=PromptDataModule(DigitTask(num_val=4), batch_size=4))
 
 
 @pytest.mark.vllm
