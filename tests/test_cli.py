@@ -85,14 +85,14 @@ def test_help_lists_the_rollout_options_not_every_torch_module(capsys):
 
 @pytest.mark.vllm
 def test_print_config_without_a_recipe_is_a_recipe_that_trains(tmp_path, monkeypatch, capsys, vllm_engine):
-    """``fit --model.model tiny:chars --print_config > x.yaml`` then ``fit -c x.yaml --trainer.max_steps 2`` (the printed engine is
+    """``fit --model.model tiny:chars --data.source lightning_grpo.DigitTask --print_config > x.yaml`` then ``fit -c x.yaml --trainer.max_steps 2`` (the printed engine is
     vLLM: the rollout callback gets the session's engine instead of building a second one)."""
     from lightning_grpo import RolloutCallback
     from lightning_grpo.cli import main
 
     monkeypatch.chdir(tmp_path)
     with mock.patch.object(sys, "argv", ["lightning-grpo"]), pytest.raises(SystemExit) as exit_:
-        main(["fit", "--model.model", "tiny:chars", "--print_config"])
+        main(["fit", "--model.model", "tiny:chars", "--data.source", "lightning_grpo.DigitTask", "--print_config"])
     assert exit_.value.code == 0
     printed = capsys.readouterr().out
     config = yaml.safe_load(printed)

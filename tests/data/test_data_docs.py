@@ -64,7 +64,7 @@ def test_yaml_examples_parse(title, sandbox):
         path = sandbox / f"snippet{i}.yaml"
         path.write_text(block)
         with mock.patch.object(sys, "argv", ["lightning-grpo"]):
-            config = build_cli(["-c", str(path)], run=False, cli_class=ParseOnly).config
+            config = build_cli(["--model.model", "tiny:chars", "-c", str(path)], run=False, cli_class=ParseOnly).config
         assert_within(yaml.safe_load(block), config.as_dict())
 
 

@@ -122,6 +122,8 @@ trainer:
   logger:
     class_path: lightning.pytorch.loggers.CSVLogger
     init_args: {save_dir: logs, name: run}
+model:
+  model: tiny:chars
 rollout:
   engine: hf
   sampling: {n: 2, max_new_tokens: 2}
