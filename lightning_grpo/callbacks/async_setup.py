@@ -1,43 +1,47 @@
-"""Setup for server and asynchronous rollouts: config checks, the default off-policy correction,
-and a checkpoint written before a run stops because no vLLM server answers any more."""
+"""Setup for server and asynchronous rollouts: config checks (staleness, the loss's off-policy correction,
+engine sections) and a checkpoint written before a run stops because no vLLM server answers any more."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from typing import Any, Iterator
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info
 
-from ..core import CORRECTIONS
 from .distributed import local_log_dir
 from ..rollout.server_engine import NoServerLeftError
+from ..rollout.vllm_args import VLLMArgs
+from ..rollout.vllm_server import ServerSettings
 
 
-def check_async_config(engine: str, max_staleness: int, async_correction: str | None) -> None:
-    """One clear error for a bad ``max_staleness`` / ``async_correction`` before any work."""
+def check_async_config(engine: str, max_staleness: int) -> None:
+    """One clear error for a bad ``max_staleness`` before any work."""
     if not isinstance(max_staleness, int) or max_staleness < 0:
         raise ValueError(f"rollout.max_staleness must be an integer >= 0 (0 = synchronous), got {max_staleness!r}")
     if max_staleness > 0 and engine != "vllm_server":
         raise ValueError(
             f"rollout.max_staleness={max_staleness} (asynchronous rollouts) needs engine: vllm_server, got {engine!r}"
         )
-    if async_correction is not None and async_correction not in CORRECTIONS:
+
+
+def check_async_loss(max_staleness: int, loss: Any) -> None:
+    """Asynchronous batches are sampled by older weights: the loss must correct for the behaviour policy."""
+    if max_staleness > 0 and loss is not None and not loss.needs_rollout_logprobs:
         raise ValueError(
-            f"rollout.async_correction {async_correction!r} is not a correction; expected one of "
-            f"{sorted(CORRECTIONS.names())} or null"
+            f"rollout.max_staleness={max_staleness} trains on batches sampled by older weights, but the loss has no "
+            "off-policy correction: set model.loss.init_args.off_policy.correction (e.g. tis_token)"
         )
 
 
-def install_async_correction(module: L.LightningModule, name: str | None) -> None:
-    """Asynchronous batches are sampled by older weights: unless the loss already corrects for the
-    behaviour policy (``correction`` or ``off_policy_delta``), use ``name`` (e.g. ``tis_token``)."""
-    loss = getattr(module, "loss_fn", None)
-    if name is None or loss is None or loss.needs_rollout_logprobs:
-        return
-    loss.correction_fn, loss.correction_args = CORRECTIONS.get(name), {}
-    rank_zero_info(f"RolloutCallback: asynchronous rollouts, off-policy correction {name!r} on (async_correction)")
+def check_engine_sections(engine: str, vllm: VLLMArgs, server: ServerSettings) -> None:
+    """Settings of an engine the run does not use: one error instead of silently ignoring them."""
+    if engine != "vllm" and vllm != VLLMArgs():
+        raise ValueError(f"rollout.vllm is set, but rollout.engine is {engine!r} (the section is engine vllm's): remove it")
+    if engine != "vllm_server" and server != ServerSettings():
+        raise ValueError(
+            f"rollout.server is set, but rollout.engine is {engine!r} (the section is engine vllm_server's): remove it"
+        )
 
 
 @contextlib.contextmanager
