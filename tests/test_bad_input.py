@@ -18,7 +18,7 @@ import pytest
 import torch
 import yaml
 
-from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback
+from lightning_grpo import GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SelectionSettings
 from lightning_grpo.core import REWARD_AGGREGATIONS
 from lightning_grpo.data.reward_set import RewardError, RewardSet
 
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("tiny_cache")
         (lambda: GRPOLoss(correction="tis"), r"unknown rollout correction 'tis'; valid names: .*\btis_token\b"),
         (lambda: GRPOModule(advantage="grpoo"), r"unknown advantage estimator 'grpoo'; valid names: .*\bdr_grpo\b.*\bgrpo\b"),
         (lambda: GRPOModule(reward_aggregation="sum"), r"unknown multi-reward aggregation 'sum'; valid names: .*\bsum_then_normalize\b"),
-        (lambda: hf_callback(gfpo_keep=2, gfpo_metric="shortest"), r"unknown sample selection 'shortest'; valid names: .*\bgfpo_length\b"),
+        (lambda: SelectionSettings(gfpo_keep=2, gfpo_metric="shortest"), r"rollout.selection.gfpo_metric 'shortest' is not one of \['gfpo_length', 'gfpo_reward_per_token'\]"),
         (lambda: RewardSet([RewardSpec("exact")]), r"unknown reward function 'exact'; registered: env_reward, exact_match, .*or give an import path"),
     ],
     ids=["policy_loss", "aggregation", "kl_estimator", "correction", "advantage", "reward_aggregation", "gfpo_metric", "reward"],

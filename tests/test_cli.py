@@ -14,10 +14,10 @@ import yaml
 
 from lightning_grpo.cli.errors import condense
 
-from tests.bad_input_helpers import cli, tiny_cache, write_config  # noqa: F401
+from tests.bad_input_helpers import HF_ENGINE, cli, tiny_cache, write_config  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
-HF = ["--rollout.engine", "hf", "--rollout.vllm_args", "null"]
+HF = HF_ENGINE
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 
 
@@ -74,7 +74,8 @@ def test_help_lists_the_rollout_options_not_every_torch_module(capsys):
         main(["fit", "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    for option in ("--rollout.engine", "--rollout.sampling.n N", "--rollout.rewards", "--rollout.vllm_args", "--model.model MODEL"):
+    for option in ("--rollout.engine", "--rollout.sampling.n N", "--rollout.rewards", "--rollout.vllm.max_model_len MAX_MODEL_LEN",
+                   "--rollout.vllm.gpu_memory_utilization GPU_MEMORY_UTILIZATION", "--rollout.server.urls", "--model.model MODEL"):
         assert option in out, option
     assert "torch.nn.Linear" not in out and "--model.model.help" not in out
     # 1,137 lines when --model.model listed about 450 torch.nn classes; every option is one to a few lines

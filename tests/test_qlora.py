@@ -9,7 +9,8 @@ import torch
 
 pytest.importorskip("bitsandbytes")  # the qlora extra, part of dev (CI installs it)
 
-from lightning_grpo import GRPOLoss, GRPOModule, LoraSettings, QuantizationSettings, RolloutCallback, RewardSpec, SamplingConfig  # noqa: E402
+from lightning_grpo import (GRPOLoss, GRPOModule, LoraSettings, QuantizationSettings, RolloutCallback, RewardSpec,  # noqa: E402
+                            SamplingConfig, VLLMArgs, WeightSyncSettings)  # fmt: skip
 from lightning_grpo.callbacks.weight_push import PolicyPush  # noqa: E402
 from lightning_grpo.models.quantization import keep_float_kernels, load_quantized  # noqa: E402
 from lightning_grpo.models.weights import policy_weights_for_engine  # noqa: E402
@@ -172,7 +173,7 @@ def test_qlora_training_keeps_engine_and_policy_together(vllm_engine, tiny_model
     )  # fmt: skip
     callback = RolloutCallback(
         engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3), rewards=[RewardSpec("prefix_match")], seed=3,
-        lora_sync=lora_sync, vllm_args={"enable_lora": True},
+        weight_sync=WeightSyncSettings(lora=lora_sync), vllm=VLLMArgs(enable_lora=True),
     )  # fmt: skip
     callback.use_engine(vllm_engine)
     _, recorder = _fit(module, callback, steps=3)

@@ -4,7 +4,9 @@ engine sections) and a checkpoint written before a run stops because no vLLM ser
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+from dataclasses import fields
 from typing import Any, Iterator
 
 import lightning as L
@@ -35,13 +37,20 @@ def check_async_loss(max_staleness: int, loss: Any) -> None:
 
 
 def check_engine_sections(engine: str, vllm: VLLMArgs, server: ServerSettings) -> None:
-    """Settings of an engine the run does not use: one error instead of silently ignoring them."""
-    if engine != "vllm" and vllm != VLLMArgs():
-        raise ValueError(f"rollout.vllm is set, but rollout.engine is {engine!r} (the section is engine vllm's): remove it")
-    if engine != "vllm_server" and server != ServerSettings():
-        raise ValueError(
-            f"rollout.server is set, but rollout.engine is {engine!r} (the section is engine vllm_server's): remove it"
-        )
+    """Settings of an engine the run does not use: one error naming them instead of ignoring them."""
+    for key, owner, settings in (("vllm", "vllm", vllm), ("server", "vllm_server", server)):
+        changed = _changed_fields(settings, type(settings)())
+        if engine != owner and changed:
+            values = ", ".join(f"{name}={value!r}" for name, value in changed)
+            reset = json.dumps({name: getattr(type(settings)(), name) for name, _ in changed})
+            raise ValueError(
+                f"rollout.{key} is set ({values}), but rollout.engine is {engine!r} (the section is engine {owner}'s): "
+                f"remove it (on the command line: --rollout.{key} '{reset}')"
+            )
+
+
+def _changed_fields(settings: Any, default: Any) -> list[tuple[str, Any]]:
+    return [(f.name, getattr(settings, f.name)) for f in fields(settings) if getattr(settings, f.name) != getattr(default, f.name)]
 
 
 @contextlib.contextmanager
