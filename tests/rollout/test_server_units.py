@@ -115,9 +115,15 @@ def test_async_pipeline_surfaces_a_failed_push():
 
 
 def test_version_recorder_collects_versions_of_every_call():
-    class Engine:
+    from lightning_grpo.rollout.base import Rollout, RolloutEngine
+
+    class Engine(RolloutEngine):
         def generate(self, prompts, sampling, seed):
-            return type("R", (), {"versions": [seed] * len(prompts)})()
+            return Rollout([list(p) for p in prompts], [[1]] * len(prompts), [[0.0]] * len(prompts), [True] * len(prompts),
+                           group_size=1, versions=[seed] * len(prompts))  # fmt: skip
+
+        def load_weights(self, weights, version=None):
+            pass
 
     recorder = VersionRecorder(Engine())
     recorder.generate([[1], [2]], None, 4)

@@ -112,8 +112,8 @@ def recording_engine(vllm_engine, monkeypatch):
     calls: list[str] = []
     original_push = vllm_engine.load_weights
 
-    def push(weights):
-        original_push(weights)
+    def push(weights, version=None):
+        original_push(weights, version=version)
         calls.append("push")
 
     monkeypatch.setattr(vllm_engine, "_llm", RecordingLLM(vllm_engine._llm, calls))
