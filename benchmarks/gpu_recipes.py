@@ -128,8 +128,7 @@ def derived_config(recipe: dict, model_dir: Path, data_file: Path, steps: int, o
     rollout = cfg["rollout"].get("init_args", cfg["rollout"])  # an agent recipe names its callback class
     sampling = dict(rollout["sampling"])
     sampling["max_new_tokens"] = SMOKE["max_new_tokens"] if smoke else rollout.get("max_episode_tokens", sampling["max_new_tokens"])
-    cfg["rollout"] = {"engine": "hf", "sampling": sampling, "rewards": [{"name": "prefix_match"}],
-                      "forward_rows": rollout.get("forward_rows", 8)}  # fmt: skip
+    cfg["rollout"] = {"engine": "hf", "sampling": sampling, "rewards": [{"name": "prefix_match"}]}
     cfg["model"]["model"] = str(model_dir)
     data = cfg["data"]
     for key in ("val_files", "system_prompt", "prompt_column", "answer_column"):
@@ -174,8 +173,8 @@ def budget(row: dict, recipe_dir: Path = ROOT / "recipes") -> dict:
     """``row`` with vLLM's share as its recipe file sets it now, and the totals on the card its name gives."""
     name = row["recipe"]
     recipe = yaml.safe_load((recipe_dir / name).read_text())
-    vllm_args = recipe["rollout"].get("init_args", recipe["rollout"]).get("vllm_args", {})
-    util, sleeps = vllm_args.get("gpu_memory_utilization", 0.9), bool(vllm_args.get("sleep_level"))
+    vllm = recipe["rollout"].get("init_args", recipe["rollout"]).get("vllm", {})
+    util, sleeps = vllm.get("gpu_memory_utilization", 0.5), bool(vllm.get("sleep_level"))
     card = next((v for k, v in CARD_GIB.items() if k in name), None)
     # vLLM takes util x the card: the trainer's side must fit in the rest, at both phases
     trainer_side = max(row["resident_gib"], 0.0 if sleeps else row["reserved_peak_gib"]) + CUDA_CONTEXT_GIB
