@@ -58,7 +58,7 @@ def test_pushed_weights_compute_what_the_4bit_policy_computes(tiny_model_path, q
 
 
 def test_adapter_free_push_is_the_dequantised_base(tiny_model_path):
-    """merge_lora=False (lora_sync: adapter) pushes the same base the disabled adapter leaves."""
+    """merge_lora=False (weight_sync.lora: adapter) pushes the same base the disabled adapter leaves."""
     policy = _qlora_policy(tiny_model_path)
     base = dict(policy_weights_for_engine(policy, merge_lora=False))
     with policy.disable_adapter():
