@@ -12,8 +12,8 @@ from unittest import mock
 import pytest
 import torch
 
-from lightning_grpo import (GRPOLoss, GRPOModule, LoraSettings, PromptDataModule, RolloutCallback, SamplingConfig, SelectionSettings,
-                            ServerSettings, VLLMArgs, WeightSyncSettings)  # fmt: skip
+from lightning_grpo import (EvaluationSettings, GRPOLoss, GRPOModule, LoraSettings, PromptDataModule, RolloutCallback, SamplingConfig,
+                            SelectionSettings, ServerSettings, VLLMArgs, WeightSyncSettings)  # fmt: skip
 from lightning_grpo.core import ADVANTAGES
 
 from tests.bad_input_helpers import cpu_server, cpu_vllm, fit_error, hf_callback, tiny_cache  # noqa: F401
@@ -187,6 +187,23 @@ def test_engine_sections_of_another_engine():
         hf_callback(engine="vllm", server=ServerSettings(num_servers=2))
     with pytest.raises(ValueError, match=r"^rollout.vllm is set \(kv_cache_memory_bytes=67108864\), but rollout.engine is 'vllm_server'"):
         hf_callback(engine="vllm_server", vllm=cpu_vllm())
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: EvaluationSettings(samples=-1), r"^rollout.evaluation.samples must be an integer >= 0 \(0 = greedy only\), got -1$"),
+        (lambda: EvaluationSettings(samples=2, pass_k=[1, 3]), r"^rollout.evaluation.pass_k: each k must be in 1..rollout.evaluation.samples=2, got 3$"),
+        (lambda: SelectionSettings(max_generation_rounds=0), r"^rollout.selection.max_generation_rounds must be an integer >= 1, got 0$"),
+        (lambda: WeightSyncSettings(lora="both"), r"^rollout.weight_sync.lora must be 'merged' or 'adapter', got 'both'$"),
+        (lambda: VLLMArgs(max_model_len=0), r"^rollout.vllm.max_model_len must be an integer >= 1 or null, got 0$"),
+        (lambda: VLLMArgs(extra_llm_kwargs={"max_model_len": 64}), r"^rollout.vllm.extra_llm_kwargs.max_model_len: set rollout.vllm.max_model_len instead$"),
+    ],
+    ids=["samples", "pass_k", "rounds", "lora", "max_model_len", "extra-max_model_len"],
+)
+def test_rollout_sections_reject_bad_values_with_the_field(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
 
 
 def test_max_staleness_needs_the_loss_correction():

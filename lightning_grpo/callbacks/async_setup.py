@@ -50,7 +50,8 @@ def check_engine_sections(engine: str, vllm: VLLMArgs, server: ServerSettings) -
 
 
 def _changed_fields(settings: Any, default: Any) -> list[tuple[str, Any]]:
-    return [(f.name, getattr(settings, f.name)) for f in fields(settings) if getattr(settings, f.name) != getattr(default, f.name)]
+    values = [(f.name, getattr(settings, f.name), getattr(default, f.name)) for f in fields(settings)]
+    return [(name, value) for name, value, default_value in values if value != default_value]
 
 
 @contextlib.contextmanager

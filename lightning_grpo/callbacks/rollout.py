@@ -174,13 +174,13 @@ class RolloutCallback(Callback):
         return self.sampling.max_new_tokens, "rollout.sampling.max_new_tokens"
 
     def use_context_length(self, max_model_len: int | None) -> None:
-        """The engine's ``max_model_len`` when the settings leave it unset (:func:`~lightning_grpo.checks.validation.check_lengths`
-        derives it from the data)."""
+        """The engine's ``max_model_len`` when the settings leave it unset (derived from the data by
+        :func:`~lightning_grpo.checks.validation.check_lengths`)."""
         self._max_model_len = max_model_len
 
     def probe_rewards(self, records: list[dict], tokenizer: Any) -> None:
-        """Run every reward function on stand-in completions of ``records`` once (:mod:`~lightning_grpo.data.reward_probe`);
-        later calls do nothing (the CLI probes before fit, :meth:`setup` again)."""
+        """Run every reward function on stand-in completions of ``records`` (:mod:`~lightning_grpo.data.reward_probe`)
+        once; later calls do nothing (the CLI probes before fit, :meth:`setup` again)."""
         if self._rewards_probed:
             return
         from ..data.reward_probe import probe_rewards

@@ -58,7 +58,9 @@ class EvaluationSettings:
             raise ValueError(f"rollout.evaluation.samples must be an integer >= 0 (0 = greedy only), got {self.samples!r}")
         for k in self.pass_k or []:
             if not isinstance(k, int) or not 1 <= k <= self.samples:
-                raise ValueError(f"rollout.evaluation.pass_k: each k must be in 1..rollout.evaluation.samples={self.samples}, got {k!r}")
+                raise ValueError(
+                    f"rollout.evaluation.pass_k: each k must be in 1..rollout.evaluation.samples={self.samples}, got {k!r}"
+                )
 
 
 @dataclass
