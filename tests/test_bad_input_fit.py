@@ -101,6 +101,33 @@ def test_max_model_len_derived_from_the_data(monkeypatch):
     assert server.engine_settings().max_model_len == longest + 3
 
 
+def test_agent_max_model_len_derived_or_required(monkeypatch):
+    """Episodes of several turns: the longest prompt + max_episode_tokens + max_new_tokens, or, without an
+    episode budget, max_model_len must be set (one turn: as the single-turn callback)."""
+    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
+    from lightning_grpo import AgentRolloutCallback
+    from lightning_grpo.checks.validation import check_lengths
+
+    dm = PromptDataModule(batch_size=4)
+    dm.setup("fit")
+    longest = max(len(r["prompt_ids"]) for r in [*dm.train_records, *dm.val_records, *dm.test_records])
+
+    def agent(**kwargs):
+        kwargs.setdefault("vllm", cpu_vllm())
+        return AgentRolloutCallback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3), **kwargs)
+
+    budgeted = agent(max_turns=3, max_episode_tokens=20)
+    check_lengths(dm, GRPOModule(), budgeted)
+    assert budgeted.engine_settings().max_model_len == longest + 20 + 3
+    one_turn = agent(max_turns=1)
+    check_lengths(dm, GRPOModule(), one_turn)
+    assert one_turn.engine_settings().max_model_len == longest + 3
+    with pytest.raises(ValueError, match=r"^rollout.vllm.max_model_len is not set, and rollout.max_episode_tokens \(max_turns=3\) "
+                       r"does not bound an episode's tokens: set one of them$"):
+        check_lengths(dm, GRPOModule(), agent(max_turns=3))
+    check_lengths(dm, GRPOModule(), agent(max_turns=3, vllm=cpu_vllm(max_model_len=64)))  # set: accepted as it is
+
+
 def test_max_model_len_too_small_in_a_recipe_is_one_line(tmp_path, capsys):
     """Through the CLI: the quickstart recipe with rollout.vllm.max_model_len below what the data needs."""
     from lightning_grpo.cli import main
