@@ -45,14 +45,14 @@ def child(row: str, steps: int, warmup: int) -> None:
     import lightning as L
     import torch
 
-    from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo import (GRPOLoss, GRPOModule, OffPolicySettings, PromptDataModule, RewardSpec, RolloutCallback,
+                                SamplingConfig, ServerSettings, VLLMArgs)  # fmt: skip
     from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     path = str(tiny_model_dir(TinyModelConfig(**SHAPE)))
     args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20}
-    if pinned:
-        args["server_cpus"] = [0]
+    server = ServerSettings(**args, server_cpus=[0] if pinned else None) if engine == "vllm_server" else ServerSettings()
     marks: dict[str, float] = {}
     syncs: list[float] = []
     phases: list[dict] = []
@@ -70,9 +70,10 @@ def child(row: str, steps: int, warmup: int) -> None:
 
     callback = RolloutCallback(
         engine=engine, sampling=SamplingConfig(n=GROUP, max_new_tokens=NEW_TOKENS), rewards=[RewardSpec("prefix_match")],
-        vllm_args=args, seed=0, max_staleness=k,
+        vllm=VLLMArgs(**args) if engine == "vllm" else VLLMArgs(), server=server, seed=0, max_staleness=k,
     )  # fmt: skip
-    module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5))
+    loss = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token")) if k else None  # asynchronous batches need the loss's correction
+    module = GRPOModule(model=path, loss=loss, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5))
     trainer = L.Trainer(max_steps=steps, callbacks=[callback, Clock()], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, default_root_dir=f"/tmp/bench_async_{row}")  # fmt: skip

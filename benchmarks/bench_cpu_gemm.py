@@ -1,5 +1,5 @@
 """vLLM-CPU linear kernels by model width: oneDNN-packed (repacked at each weight push) vs plain
-``F.linear`` (a push is a copy), in the quickstart setting. Backs ``VLLMEngine(cpu_gemm="auto")``.
+``F.linear`` (a push is a copy), in the quickstart setting. Backs ``rollout.vllm.cpu_gemm: auto``.
 
     python benchmarks/bench_cpu_gemm.py                  # hidden 64 (the quickstart model), 256, 512
 
@@ -31,7 +31,7 @@ def child(hidden: int, gemm: str) -> None:
     import lightning as L
     import torch
 
-    from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig, VLLMArgs
     from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
@@ -50,9 +50,9 @@ def child(hidden: int, gemm: str) -> None:
                          + pl_module.rollout_metrics["time/sync"] + pl_module.rollout_metrics["time/reward"],
                          **{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")}})  # fmt: skip
 
-    vllm_args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20, "cpu_gemm": gemm}
+    settings = VLLMArgs(max_model_len=128, kv_cache_memory_bytes=256 * 2**20, cpu_gemm=gemm)
     callback = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=8, max_new_tokens=2),
-                               rewards=[RewardSpec("prefix_match")], seed=0, vllm_args=vllm_args)  # fmt: skip
+                               rewards=[RewardSpec("prefix_match")], seed=0, vllm=settings)  # fmt: skip
     module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     trainer = L.Trainer(max_steps=STEPS, callbacks=[callback, Timer()], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

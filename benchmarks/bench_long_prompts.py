@@ -57,7 +57,9 @@ def child(size: str, prompt_len: int, prompts: int, group: int, new_tokens: int,
     else:
         args = dict(choice)
     start = time.perf_counter()
-    engine = vllm_engine.VLLMEngine(path, max_model_len=max_len, kv_cache_memory_bytes=512 * 1024**2, **args)
+    from lightning_grpo.rollout.vllm_args import VLLMArgs
+
+    engine = vllm_engine.VLLMEngine(path, VLLMArgs(max_model_len=max_len, kv_cache_memory_bytes=512 * 1024**2, **args))
     started = time.perf_counter() - start
     sched = engine.llm.llm_engine.vllm_config.scheduler_config
     rng = random.Random(0)

@@ -125,7 +125,7 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
 
     from long_shape import datamodule, kv_cache_bytes, model_dir
 
-    from lightning_grpo import ForwardSettings, GRPOModule, RewardSpec, RolloutCallback, SamplingConfig
+    from lightning_grpo import ForwardSettings, GRPOModule, RewardSpec, RolloutCallback, SamplingConfig, VLLMArgs
 
     path = str(model_dir(size_config(size), prompt_tokens, max_new_tokens))  # long prompts: the "10m" text model
     rows: list[dict] = []
@@ -142,10 +142,10 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
     engine, push, gemm = (engine.split("-") + ["auto", "auto"])[:3]  # "vllm-inplace-packed", "vllm-reload"
     max_len = max(128, 1 << (prompt_tokens + max_new_tokens - 1).bit_length())
     kv_bytes = max(256 * 2**20, 2 * kv_cache_bytes(path, prompts * 8, max_len))  # room for every sequence, twice
-    vllm_args = {"max_model_len": max_len, "kv_cache_memory_bytes": kv_bytes, "weight_push": push, "cpu_gemm": gemm}
+    settings = VLLMArgs(max_model_len=max_len, kv_cache_memory_bytes=kv_bytes, weight_push=push, cpu_gemm=gemm)
     callback = RolloutCallback(
         engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],
-        vllm_args=vllm_args if engine == "vllm" else None, seed=0,
+        vllm=settings if engine == "vllm" else VLLMArgs(), seed=0,
     )  # fmt: skip
     module = GRPOModule(model=path, forward=ForwardSettings(packing=packing), optimizer=lambda p: torch.optim.AdamW(p, lr=lr))
     prof = profiler(L, callback) if profile else None

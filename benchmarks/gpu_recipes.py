@@ -175,8 +175,8 @@ def budget(row: dict, recipe_dir: Path = ROOT / "recipes") -> dict:
     """``row`` with vLLM's share as its recipe file sets it now, and the totals on the card its name gives."""
     name = row["recipe"]
     recipe = yaml.safe_load((recipe_dir / name).read_text())
-    vllm_args = recipe["rollout"].get("init_args", recipe["rollout"]).get("vllm_args", {})
-    util, sleeps = vllm_args.get("gpu_memory_utilization", 0.9), bool(vllm_args.get("sleep_level"))
+    vllm = recipe["rollout"].get("init_args", recipe["rollout"]).get("vllm", {})
+    util, sleeps = vllm.get("gpu_memory_utilization", 0.5), bool(vllm.get("sleep_level"))
     card = next((v for k, v in CARD_GIB.items() if k in name), None)
     # vLLM takes util x the card: the trainer's side must fit in the rest, at both phases
     trainer_side = max(row["resident_gib"], 0.0 if sleeps else row["reserved_peak_gib"]) + CUDA_CONTEXT_GIB

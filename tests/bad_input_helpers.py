@@ -10,10 +10,14 @@ import lightning as L
 import pytest
 import yaml
 
-from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import (GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig,
+                            ServerSettings, VLLMArgs)  # fmt: skip
 from lightning_grpo.data.tasks import DigitTask
 
 ROWS = [{"prompt": "12=", "answer": "3"}, {"prompt": "4821=", "answer": "2"}]
+#: Command-line options that switch a recipe to engine hf: its rollout.vllm section back to the defaults
+#: (engine hf refuses a set one).
+HF_ENGINE = ["--rollout.engine=hf", '--rollout.vllm={"kv_cache_memory_bytes": null, "max_model_len": null, "max_num_batched_tokens": null}']
 
 
 @pytest.fixture
@@ -32,9 +36,29 @@ class Sentinel(L.Callback):
         self.started = True
 
 
+#: The KV cache of the CPU engines the tests build (64 MiB; vLLM's own default on CPU is most of a NUMA node).
+CPU_KV_CACHE = 64 * 1024**2
+
+
+def cpu_vllm(**kwargs) -> VLLMArgs:
+    """``rollout.vllm`` with the tests' CPU KV cache."""
+    return VLLMArgs(**{"kv_cache_memory_bytes": CPU_KV_CACHE, **kwargs})
+
+
+def cpu_server(**kwargs) -> ServerSettings:
+    """``rollout.server`` with the tests' CPU KV cache (servers started here)."""
+    return ServerSettings(**{"kv_cache_memory_bytes": CPU_KV_CACHE, **kwargs})
+
+
 def hf_callback(**kwargs) -> RolloutCallback:
+    """A RolloutCallback (engine hf unless given; engine vllm / vllm_server with the CPU KV cache)."""
     kwargs.setdefault("sampling", SamplingConfig(n=4, max_new_tokens=3))
-    return RolloutCallback(engine=kwargs.pop("engine", "hf"), rewards=[RewardSpec("prefix_match")], seed=0, **kwargs)
+    engine = kwargs.pop("engine", "hf")
+    if engine == "vllm":
+        kwargs.setdefault("vllm", cpu_vllm())
+    if engine == "vllm_server":
+        kwargs.setdefault("server", cpu_server())
+    return RolloutCallback(engine=engine, rewards=[RewardSpec("prefix_match")], seed=0, **kwargs)
 
 
 def fit_error(error: type[Exception], match: str, *, module=None, callback=None, dm=None, **trainer_kwargs) -> None:

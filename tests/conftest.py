@@ -30,14 +30,16 @@ def digit_teacher_path(tiny_model_path, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_model_path):
-    """The ONE in-process vLLM engine of the test session (tiny model, float32, 64 MiB KV cache,
-    LoRA adapters enabled so both LoRA paths can be tested). It is shared: every test pushes the
+    """The ONE in-process vLLM engine of the test session (tiny model, float32, the CPU values: a 64 MiB
+    KV cache and max_model_len 512, LoRA adapters enabled so both LoRA paths can be tested). It is shared: every test pushes the
     weights it needs first (``engine.load_weights(...)``) and unloads any LoRA adapter it loads.
     Mark tests that use it ``@pytest.mark.vllm``."""
     pytest.importorskip("vllm")
     from lightning_grpo.rollout.vllm import VLLMEngine
+    from lightning_grpo.rollout.vllm_args import VLLMArgs
 
-    engine = VLLMEngine(str(tiny_model_path), enable_lora=True, max_lora_rank=8)
+    settings = VLLMArgs(max_model_len=512, kv_cache_memory_bytes=64 * 1024**2, enable_lora=True, max_lora_rank=8)
+    engine = VLLMEngine(str(tiny_model_path), settings)
     yield engine
     engine.close()
 

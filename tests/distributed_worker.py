@@ -187,7 +187,7 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
     ``nn.Module`` (``"module"``: the vLLM engine is then built from a per-rank save of it)."""
     from lightning.pytorch.callbacks import Callback
 
-    from lightning_grpo import RolloutCallback
+    from lightning_grpo import RolloutCallback, ServerSettings, VLLMArgs
     from lightning_grpo.data.datamodule import PromptDataModule
     from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.data.reward_set import RewardSpec
@@ -262,7 +262,9 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
         sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=4),
         rewards=[RewardSpec(digit_fraction)],  # varies between samples: nonzero advantages
         seed=7,
-        vllm_args={"kv_cache_memory_bytes": 32 * 1024**2} if engine == "vllm" else {"urls": [url]} if url else None,
+        vllm=VLLMArgs(kv_cache_memory_bytes=32 * 1024**2) if engine == "vllm" else VLLMArgs(),
+        server=ServerSettings(urls=[url] if url else None, kv_cache_memory_bytes=None if url else 64 * 1024**2)
+        if engine == "vllm_server" else ServerSettings(),
     )
     trainer = L.Trainer(
         accelerator="cpu",

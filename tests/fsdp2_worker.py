@@ -92,8 +92,8 @@ def run_prefix(model_dir: str, out: Path) -> None:
 
 
 def run_e2e(model_dir: str, out: Path, steps: int) -> None:
-    from lightning_grpo import (GRPOLoss, GRPOModule, KLSettings, PromptDataModule, RewardSpec, RolloutCallback,
-                                SamplingConfig)  # fmt: skip
+    from lightning_grpo import (GRPOLoss, GRPOModule, KLSettings, PromptDataModule, RewardSpec,
+                                RolloutCallback, SamplingConfig, VLLMArgs)  # fmt: skip
     from lightning_grpo.data.tasks import DigitTask
 
     checks: list[dict] = []
@@ -111,7 +111,7 @@ def run_e2e(model_dir: str, out: Path, steps: int) -> None:
     module = GRPOModule(model=model_dir, loss=GRPOLoss(kl=KLSettings(beta=0.04)), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
     rollout = RolloutCallback(
         engine="vllm", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=6),
-        rewards=[RewardSpec(digit_fraction)], seed=7, vllm_args={"kv_cache_memory_bytes": 32 * 1024**2},
+        rewards=[RewardSpec(digit_fraction)], seed=7, vllm=VLLMArgs(kv_cache_memory_bytes=32 * 1024**2),
     )  # fmt: skip
     trainer = _trainer(steps, [rollout, Record()])
     trainer.fit(module, datamodule=dm)

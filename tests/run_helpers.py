@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bad_input_helpers import cli
+from tests.bad_input_helpers import HF_ENGINE, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def train_recipe(tmp_path: Path, recipe: str, steps: int, engine=None, extra: li
             "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
             f"--trainer.logger={json.dumps(logger)}", "--data.val_batch_size=50", *extra]  # fmt: skip
     if engine is None:
-        args += ["--rollout.engine=hf", "--rollout.vllm_args=null"]
+        args += HF_ENGINE
     built = cli(args, run=False)
     (callback,) = [c for c in built.trainer.callbacks if isinstance(c, RolloutCallback)]
     if engine is not None:

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLSettings, OffPolicySettings,
-                            PromptDataModule, RewardSpec, RolloutCallback)  # fmt: skip
+                            PromptDataModule, RewardSpec, RolloutCallback, SelectionSettings)  # fmt: skip
 from lightning_grpo.data.records import PromptFormat
 from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.tasks import DigitTask
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.usefixtures("tiny_cache")
         (lambda: GRPOLoss(off_policy=OffPolicySettings(correction="tis")), r"unknown rollout correction 'tis'; valid names: .*\btis_token\b"),
         (lambda: GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="grpoo")), r"unknown advantage estimator 'grpoo'; valid names: .*\bdr_grpo\b.*\bgrpo\b"),
         (lambda: GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(reward_aggregation="sum")), r"unknown multi-reward aggregation 'sum'; valid names: .*\bsum_then_normalize\b"),
-        (lambda: hf_callback(gfpo_keep=2, gfpo_metric="shortest"), r"unknown sample selection 'shortest'; valid names: .*\bgfpo_length\b"),
+        (lambda: SelectionSettings(gfpo_keep=2, gfpo_metric="shortest"), r"rollout.selection.gfpo_metric 'shortest' is not one of \['gfpo_length', 'gfpo_reward_per_token'\]"),
         (lambda: RewardSet([RewardSpec("exact")]), r"unknown reward function 'exact'; registered: env_reward, exact_match, .*or give an import path"),
     ],
     ids=["policy_loss", "aggregation", "kl.estimator", "off_policy.correction", "advantage", "reward_aggregation", "gfpo_metric", "reward"],

@@ -6,17 +6,22 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
-from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLInRewardSettings, KLSettings, LoraSettings,
-                            PolicySettings, PromptDataModule, RolloutCallback, SamplingConfig)  # fmt: skip
+from lightning_grpo import (AlgorithmSettings, EvaluationSettings, GRPOLoss, GRPOModule, KLInRewardSettings,
+                            KLSettings, LoraSettings, PolicySettings, PromptDataModule, RolloutCallback,
+                            SamplingConfig, SelectionSettings, ServerSettings, VLLMArgs, WeightSyncSettings)  # fmt: skip
 from lightning_grpo.data.records import PromptFormat
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.core import ADVANTAGES
 
-from tests.bad_input_helpers import fit_error, hf_callback, tiny_cache  # noqa: F401
+from tests.bad_input_helpers import cpu_server, cpu_vllm, fit_error, hf_callback, tiny_cache  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 
@@ -33,13 +38,14 @@ def test_group_of_one_with_grpo_at_fit_start():
 
 
 def test_gfpo_keep_one_at_fit_start():
-    fit_error(ValueError, r"rollout.gfpo_keep=1 leaves 1 completion per prompt, but model.algorithm.advantage='dr_grpo' .*every advantage would be 0",
-              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="dr_grpo")), callback=hf_callback(gfpo_keep=1))  # fmt: skip
+    fit_error(ValueError, r"rollout.selection.gfpo_keep=1 leaves 1 completion per prompt, but model.algorithm.advantage='dr_grpo' .*every advantage would be 0",
+              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="dr_grpo")),
+              callback=hf_callback(selection=SelectionSettings(gfpo_keep=1)))  # fmt: skip
 
 
 def test_gfpo_keep_not_below_n():
-    with pytest.raises(ValueError, match=r"gfpo_keep must be in \[1, sampling.n\) = \[1, 4\), got 4"):
-        hf_callback(gfpo_keep=4)
+    with pytest.raises(ValueError, match=r"rollout.selection.gfpo_keep must be in \[1, rollout.sampling.n\) = \[1, 4\), got 4"):
+        hf_callback(selection=SelectionSettings(gfpo_keep=4))
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "qae"])
@@ -77,52 +83,66 @@ def test_vllm_not_installed_fails_at_fit_setup(monkeypatch):
 
 def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
-    callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm_args={"max_model_len": 12})
-    fit_error(ValueError, r"data.format.max_prompt_length \(6 tokens\) \+ rollout.sampling.max_new_tokens \(10\) = 16 tokens exceeds "
-              r"rollout.vllm_args.max_model_len \(12\)", callback=callback, dm=PromptDataModule(DigitTask(), batch_size=4, format=PromptFormat(max_prompt_length=6)))  # fmt: skip
+    callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12))
+    fit_error(ValueError, r"^rollout.vllm.max_model_len=12 is smaller than data.format.max_prompt_length \(6 tokens\) \+ "
+              r"rollout.sampling.max_new_tokens \(10\) = 16$", callback=callback,
+              dm=PromptDataModule(DigitTask(), batch_size=4, format=PromptFormat(max_prompt_length=6)))  # fmt: skip
+    callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12))
+    fit_error(ValueError, r"^rollout.vllm.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
+              r"rollout.sampling.max_new_tokens \(10\) = 15$", callback=callback)  # fmt: skip
 
 
-def test_max_new_tokens_beyond_default_max_model_len(monkeypatch):
+def test_max_model_len_derived_from_the_data(monkeypatch):
+    """Not set: the longest prompt of train / val / test (5 tokens: "1234=") + max_new_tokens, for the engine."""
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
-    callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=510))
-    fit_error(ValueError, r"the longest prompt of the data \(data.format.max_prompt_length is not set\) \(5 tokens\) \+ "
-              r"rollout.sampling.max_new_tokens \(510\) = 515 tokens exceeds rollout.vllm_args.max_model_len \(default\) \(512\)",
-              callback=callback)  # fmt: skip
+    callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12))
+    fit_error(ValueError, r"^rollout.vllm.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
+              r"rollout.sampling.max_new_tokens \(10\) = 15$", callback=callback)  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("vllm_args", "message"),
+    ("settings", "message"),
     [
-        ({"max_num_batched_tokens": 256}, r"rollout.vllm_args.max_num_batched_tokens \(256\) is below max_model_len \(512\): "
-         r"on CPU every prompt is prefilled whole in one scheduler step .*raise rollout.vllm_args.max_num_batched_tokens to at least 512"),
+        ({"max_num_batched_tokens": 256, "max_model_len": 512}, r"rollout.vllm.max_num_batched_tokens \(256\) is below max_model_len \(512\): "
+         r"on CPU every prompt is prefilled whole in one scheduler step .*raise rollout.vllm.max_num_batched_tokens to at least 512"),
         ({"max_model_len": 8192, "extra_llm_kwargs": {"max_num_batched_tokens": 4096}},
-         r"rollout.vllm_args.extra_llm_kwargs.max_num_batched_tokens \(4096\) is below max_model_len \(8192\)"),
-        ({"extra_llm_kwargs": {"enable_chunked_prefill": True}}, r"rollout.vllm_args.extra_llm_kwargs.enable_chunked_prefill=True: "
+         r"rollout.vllm.extra_llm_kwargs.max_num_batched_tokens \(4096\) is below max_model_len \(8192\)"),
+        ({"extra_llm_kwargs": {"enable_chunked_prefill": True}}, r"rollout.vllm.extra_llm_kwargs.enable_chunked_prefill=True: "
          r"chunked prefill is not supported with per-request seeds on CPU .*'CPU Generator does not use offset'.*; remove the option"),
     ],
     ids=["budget-below-max-model-len", "extra-budget", "chunked-prefill-on"],
 )
-def test_cpu_prefill_settings_rejected_before_the_engine_starts(monkeypatch, vllm_args, message):
+def test_cpu_prefill_settings_rejected_before_the_engine_starts(monkeypatch, settings, message):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
-    fit_error(ValueError, message, callback=hf_callback(engine="vllm", vllm_args=vllm_args))
+    fit_error(ValueError, message, callback=hf_callback(engine="vllm", vllm=cpu_vllm(**settings)))
 
 
 @pytest.mark.parametrize(
-    ("vllm_args", "message"),
+    ("settings", "message"),
     [
-        ({"max_num_batched_tokens": 100}, r"vllm_args.max_num_batched_tokens \(100\) is below max_model_len \(512\)"),
-        ({"server_args": ["--enable-chunked-prefill"]}, r"vllm_args.server_args '--enable-chunked-prefill': chunked prefill is not supported"),
-        ({"server_args": ["--max-num-batched-tokens=64"]}, r"vllm_args.server_args '--max-num-batched-tokens=64': set the prefill budget with "
-         r"vllm_args.max_num_batched_tokens"),
+        ({"max_num_batched_tokens": 100, "max_model_len": 512}, r"rollout.server.max_num_batched_tokens \(100\) is below max_model_len \(512\)"),
+        ({"server_args": ["--enable-chunked-prefill"]}, r"rollout.server.server_args '--enable-chunked-prefill': chunked prefill is not supported"),
+        ({"server_args": ["--max-num-batched-tokens=64"]}, r"rollout.server.server_args '--max-num-batched-tokens=64': set the prefill budget with "
+         r"rollout.server.max_num_batched_tokens"),
     ],
     ids=["budget", "chunked-prefill-on", "budget-in-server-args"],
 )
-def test_cpu_server_prefill_settings_rejected_before_any_server_starts(vllm_args, message):
-    fit_error(ValueError, message, callback=hf_callback(engine="vllm_server", vllm_args=vllm_args))
+def test_cpu_server_prefill_settings_rejected_before_any_server_starts(settings, message):
+    fit_error(ValueError, message, callback=hf_callback(engine="vllm_server", server=cpu_server(**settings)))
+
+
+def test_cpu_kv_cache_must_be_set(monkeypatch):
+    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    fit_error(ValueError, r"^rollout.vllm.kv_cache_memory_bytes is not set: on CPU vLLM would reserve about 90% of a NUMA node",
+              callback=hf_callback(engine="vllm", vllm=VLLMArgs()))  # fmt: skip
+    fit_error(ValueError, r"^rollout.server.kv_cache_memory_bytes is not set",
+              callback=hf_callback(engine="vllm_server", server=ServerSettings()))  # fmt: skip
 
 
 def test_max_new_tokens_beyond_hf_policy_positions():
-    fit_error(ValueError, r"\+ rollout.sampling.max_new_tokens \(600\) = 605 tokens exceeds the policy's max_position_embeddings \(engine 'hf'\) \(512\)",
+    fit_error(ValueError, r"^the policy's max_position_embeddings \(engine 'hf'\)=512 is smaller than the longest prompt \(5 tokens\) \+ "
+              r"rollout.sampling.max_new_tokens \(600\) = 605$",
               callback=hf_callback(sampling=SamplingConfig(n=4, max_new_tokens=600)))  # fmt: skip
 
 
@@ -139,12 +159,40 @@ def test_vllm_engine_bad_argument(monkeypatch, tiny_model_path, kwargs, message)
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # rejected before vLLM is even imported
     with pytest.raises(ValueError, match=message):
-        VLLMEngine(str(tiny_model_path), **kwargs)
+        VLLMEngine(str(tiny_model_path), VLLMArgs(**kwargs))
 
 
-def test_vllm_args_with_hf_engine():
-    fit_error(ValueError, r"rollout.vllm_args \['max_model_len'\] are for engine 'vllm', but rollout.engine is 'hf'",
-              callback=hf_callback(vllm_args={"max_model_len": 64}))  # fmt: skip
+def test_engine_sections_of_another_engine():
+    with pytest.raises(ValueError, match=r"^rollout.vllm is set \(max_model_len=64\), but rollout.engine is 'hf' \(the section is engine "
+                       r"vllm's\): remove it \(on the command line: --rollout.vllm '\{\"max_model_len\": null\}'\)$"):
+        hf_callback(vllm=VLLMArgs(max_model_len=64))
+    with pytest.raises(ValueError, match=r"^rollout.server is set \(num_servers=2\), but rollout.engine is 'vllm'"):
+        hf_callback(engine="vllm", server=ServerSettings(num_servers=2))
+    with pytest.raises(ValueError, match=r"^rollout.vllm is set \(kv_cache_memory_bytes=67108864\), but rollout.engine is 'vllm_server'"):
+        hf_callback(engine="vllm_server", vllm=cpu_vllm())
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: EvaluationSettings(samples=-1), r"^rollout.evaluation.samples must be an integer >= 0 \(0 = greedy only\), got -1$"),
+        (lambda: EvaluationSettings(samples=2, pass_k=[1, 3]), r"^rollout.evaluation.pass_k: each k must be in 1..rollout.evaluation.samples=2, got 3$"),
+        (lambda: SelectionSettings(max_generation_rounds=0), r"^rollout.selection.max_generation_rounds must be an integer >= 1, got 0$"),
+        (lambda: WeightSyncSettings(lora="both"), r"^rollout.weight_sync.lora must be 'merged' or 'adapter', got 'both'$"),
+        (lambda: VLLMArgs(max_model_len=0), r"^rollout.vllm.max_model_len must be an integer >= 1 or null, got 0$"),
+        (lambda: VLLMArgs(extra_llm_kwargs={"max_model_len": 64}), r"^rollout.vllm.extra_llm_kwargs.max_model_len: set rollout.vllm.max_model_len instead$"),
+    ],
+    ids=["samples", "pass_k", "rounds", "lora", "max_model_len", "extra-max_model_len"],
+)
+def test_rollout_sections_reject_bad_values_with_the_field(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_max_staleness_needs_the_loss_correction():
+    callback = hf_callback(engine="vllm_server", max_staleness=1, server=cpu_server(urls=["http://127.0.0.1:9"]))
+    fit_error(ValueError, r"^rollout.max_staleness=1 trains on batches sampled by older weights, but the loss has no off-policy "
+              r"correction: set model.loss.init_args.off_policy.correction \(e.g. tis_token\)$", callback=callback)  # fmt: skip
 
 
 def test_hf_engine_without_eos(tiny_model_path):
@@ -161,19 +209,21 @@ def test_hf_engine_without_eos(tiny_model_path):
 # ================================================================ 7. incompatible options
 def test_lora_sync_adapter_without_enable_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
-    fit_error(ValueError, r"rollout.lora_sync='adapter' needs rollout.vllm_args.enable_lora: true",
-              module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))), callback=hf_callback(engine="vllm", lora_sync="adapter"))  # fmt: skip
+    fit_error(ValueError, r"rollout.weight_sync.lora='adapter' needs rollout.vllm.enable_lora: true",
+              module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))),
+              callback=hf_callback(engine="vllm", weight_sync=WeightSyncSettings(lora="adapter")))  # fmt: skip
 
 
 def test_lora_sync_adapter_with_hf_engine():
-    fit_error(ValueError, r"rollout.lora_sync='adapter' hands the LoRA adapter to vLLM, but rollout.engine is 'hf'",
-              module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))), callback=hf_callback(lora_sync="adapter"))  # fmt: skip
+    fit_error(ValueError, r"rollout.weight_sync.lora='adapter' hands the LoRA adapter to vLLM, but rollout.engine is 'hf'",
+              module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))),
+              callback=hf_callback(weight_sync=WeightSyncSettings(lora="adapter")))  # fmt: skip
 
 
 def test_lora_sync_adapter_without_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
-    callback = hf_callback(engine="vllm", lora_sync="adapter", vllm_args={"enable_lora": True})
-    fit_error(ValueError, r"rollout.lora_sync='adapter' needs a LoRA policy, but model.lora is not set", callback=callback)
+    callback = hf_callback(engine="vllm", weight_sync=WeightSyncSettings(lora="adapter"), vllm=cpu_vllm(enable_lora=True))
+    fit_error(ValueError, r"rollout.weight_sync.lora='adapter' needs a LoRA policy, but model.lora is not set", callback=callback)
 
 
 def test_reference_adapter_without_lora():
@@ -194,10 +244,6 @@ def test_kl_in_reward_with_reference_none():
 def test_temperature_zero_for_training():
     with pytest.raises(ValueError, match=r"rollout.sampling.temperature must be > 0 for training \(0 is greedy decoding\)"):
         hf_callback(sampling=SamplingConfig(temperature=0.0))
-
-
-def test_forward_rows_zero():
-    fit_error(ValueError, r"rollout.forward_rows must be an integer >= 1, got 0", callback=hf_callback(forward_rows=0))
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,10 @@ import yaml
 
 from lightning_grpo.cli.errors import condense
 
-from tests.bad_input_helpers import cli, tiny_cache, write_config  # noqa: F401
+from tests.bad_input_helpers import HF_ENGINE, cli, tiny_cache, write_config  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
-HF = ["--rollout.engine", "hf", "--rollout.vllm_args", "null"]
+HF = HF_ENGINE
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 
 
@@ -76,17 +76,21 @@ def test_help_lists_the_rollout_options_not_every_torch_module(capsys):
         main(["fit", "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    for option in ("--rollout.engine", "--rollout.sampling.n N", "--rollout.rewards", "--rollout.vllm_args", "--model.model MODEL"):
+    for option in ("--rollout.engine", "--rollout.sampling.n N", "--rollout.rewards", "--rollout.vllm.max_model_len MAX_MODEL_LEN",
+                   "--rollout.vllm.gpu_memory_utilization GPU_MEMORY_UTILIZATION", "--rollout.server.urls", "--model.model MODEL"):
         assert option in out, option
     assert "torch.nn.Linear" not in out and "--model.model.help" not in out
-    # 1,137 lines when --model.model listed about 450 torch.nn classes; every option is one to a few lines
-    assert len(out.splitlines()) < 1000
+    # --model.model listed about 450 torch.nn classes (some 500 lines more); every option is one to a few lines
+    # (1,073 lines with the typed rollout.vllm / rollout.server sections)
+    assert len(out.splitlines()) < 1300
 
 
 @pytest.mark.vllm
 def test_print_config_without_a_recipe_is_a_recipe_that_trains(tmp_path, monkeypatch, capsys, vllm_engine):
-    """``fit --model.model tiny:chars --data.source lightning_grpo.DigitTask --print_config > x.yaml`` then ``fit -c x.yaml --trainer.max_steps 2`` (the printed engine is
-    vLLM: the rollout callback gets the session's engine instead of building a second one)."""
+    """``fit --model.model tiny:chars --data.source lightning_grpo.DigitTask --print_config > x.yaml`` then
+    ``fit -c x.yaml --trainer.max_steps 2`` (the printed engine is vLLM: the rollout callback gets the session's
+    engine instead of building a second one). The engine's defaults suit a GPU: on CPU the KV cache is set on
+    the command line."""
     from lightning_grpo import RolloutCallback
     from lightning_grpo.cli import main
 
@@ -106,7 +110,7 @@ def test_print_config_without_a_recipe_is_a_recipe_that_trains(tmp_path, monkeyp
         return self.engine
 
     monkeypatch.setattr(RolloutCallback, "_ensure_engine", session_engine)
-    built = cli(["fit", "-c", "x.yaml", "--trainer.max_steps", "2"])
+    built = cli(["fit", "-c", "x.yaml", "--trainer.max_steps", "2", "--rollout.vllm.kv_cache_memory_bytes", "67108864"])
     assert built.trainer.global_step == 2 and _rollout(built.trainer).engine_name == "vllm"
     loss = float(built.trainer.callback_metrics["train/loss"])
     assert math.isfinite(loss)  # the run trained

@@ -11,8 +11,8 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import (DistillSettings, ForwardSettings, GRPOModule, PolicySettings, PromptDataModule,
-                            RewardSpec, RolloutCallback, SamplingConfig)  # fmt: skip
+from lightning_grpo import (DistillSettings, ForwardSettings, GRPOLoss, GRPOModule, OffPolicySettings, PolicySettings,
+                            PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig)  # fmt: skip
 from lightning_grpo.core import logprobs_from_logits
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.training.packing import padded_token_logprobs
@@ -257,7 +257,8 @@ def test_distillation_under_the_asynchronous_pipeline(tiny_model_path, digit_tea
     callback = RolloutCallback(engine="vllm_server", max_staleness=1, sampling=SamplingConfig(n=4, max_new_tokens=2),
                                rewards=[RewardSpec("prefix_match")], seed=0)  # fmt: skip
     callback.use_engine(ServerEngine([ServerClient(vllm_server)]))
-    module = GRPOModule(model=str(tiny_model_path), distillation=DistillSettings(teacher=str(digit_teacher_path)))
+    module = GRPOModule(model=str(tiny_model_path), loss=GRPOLoss(off_policy=OffPolicySettings(correction="tis_token")),  # max_staleness needs a correction
+                        distillation=DistillSettings(teacher=str(digit_teacher_path)))  # fmt: skip
     trainer = L.Trainer(max_steps=3, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=2))

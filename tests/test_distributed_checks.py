@@ -10,7 +10,7 @@ import pytest
 
 from lightning_grpo.callbacks.distributed import local_log_dir
 
-from tests.bad_input_helpers import cli, tiny_cache  # noqa: F401
+from tests.bad_input_helpers import HF_ENGINE, cli, tiny_cache  # noqa: F401
 from tests.run_helpers import ROOT
 
 
@@ -19,7 +19,7 @@ def _build(monkeypatch, caplog, devices: int, cores: int, *extra: str) -> list[s
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="lightning_grpo.callbacks.distributed"):
         cli(["-c", str(ROOT / "recipes" / "quickstart.yaml"), f"--trainer.devices={devices}", "--trainer.strategy=ddp",
-             "--rollout.engine=hf", "--rollout.vllm_args=null", *extra], run=False)  # fmt: skip
+             *HF_ENGINE, *extra], run=False)  # fmt: skip
     return [r.getMessage() for r in caplog.records if r.name == "lightning_grpo.callbacks.distributed"]
 
 
@@ -38,10 +38,10 @@ def test_distributed_timeout_sets_the_strategys_process_group_timeout(monkeypatc
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     built = cli(["-c", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.devices=2", "--trainer.strategy=ddp",
-                 "--rollout.engine=hf", "--rollout.vllm_args=null", "--distributed_timeout=42"], run=False)  # fmt: skip
+                 *HF_ENGINE, "--distributed_timeout=42"], run=False)  # fmt: skip
     assert built.trainer.strategy._timeout == timedelta(seconds=42)
     default = cli(["-c", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.devices=2", "--trainer.strategy=ddp",
-                   "--rollout.engine=hf", "--rollout.vllm_args=null"], run=False)  # fmt: skip
+                   *HF_ENGINE], run=False)  # fmt: skip
     assert default.trainer.strategy._timeout == timedelta(seconds=600)
 
 

@@ -13,7 +13,7 @@ from lightning_grpo.callbacks.evaluation import evaluate_prompts, pass_at_k
 from lightning_grpo.data.reward_set import RewardSet
 from lightning_grpo.rollout.base import Rollout
 
-from tests.bad_input_helpers import cli, tiny_cache  # noqa: F401
+from tests.bad_input_helpers import HF_ENGINE, cli, tiny_cache  # noqa: F401
 from tests.run_helpers import ROOT, train_recipe
 
 
@@ -73,7 +73,7 @@ def _validate(tmp_path, *args: str) -> dict[str, float]:
     """``lightning-grpo validate`` of the quickstart recipe (HF engine, 50 held-out prompts, 8 samples each)."""
     logger = '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "val"}}' % (tmp_path / "runs")
     args = ["validate", "-c", str(ROOT / "recipes" / "quickstart.yaml"), *args,
-            "--rollout.engine=hf", "--rollout.vllm_args=null", "--rollout.val_samples=8", "--rollout.val_pass_k=[1,2,8]",
+            *HF_ENGINE, "--rollout.evaluation.samples=8", "--rollout.evaluation.pass_k=[1,2,8]",
             "--data.val_batch_size=50", "--trainer.enable_progress_bar=false", f"--trainer.logger={logger}"]  # fmt: skip
     return {k: float(v) for k, v in cli(args).trainer.callback_metrics.items()}
 

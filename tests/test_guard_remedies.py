@@ -17,6 +17,7 @@ from lightning_grpo import (
     RewardSpec,
     RolloutCallback,
     SamplingConfig,
+    SelectionSettings,
     ZeroStdGuard,
 )
 from lightning_grpo.data.tasks import DigitTask
@@ -47,7 +48,7 @@ def constant_reward(completions, **columns):
 def test_zero_std_fix_switches_on_dynamic_sampling_then_raises_the_temperature(tiny_model_path):
     module = GRPOModule(model=_policy(tiny_model_path))
     rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=2),
-                              rewards=[RewardSpec(constant_reward)], seed=3, max_generation_rounds=2)  # fmt: skip
+                              rewards=[RewardSpec(constant_reward)], seed=3, selection=SelectionSettings(max_generation_rounds=2))  # fmt: skip
     temperatures = []
 
     class Seen(L.Callback):

@@ -24,6 +24,7 @@ from lightning_grpo import (
     RewardSpec,
     RolloutCallback,
     SamplingConfig,
+    WeightSyncSettings,
     ZeroStdGuard,
 )
 from lightning_grpo.data.tasks import DigitTask
@@ -177,7 +178,7 @@ class SharedSeedEngine(RolloutEngine):
         rep = lambda xs: [x for x in xs for _ in range(G)]  # noqa: E731
         return Rollout(one.prompt_ids, rep(one.completion_ids), rep(one.logprobs), rep(one.finished), group_size=G)
 
-    def load_weights(self, weights):
+    def load_weights(self, weights, version=None):
         pass
 
 
@@ -210,7 +211,7 @@ def test_zero_std_alarm_suggests_dynamic_sampling(tiny_model_path):
     _fit(module, [guard], steps=3, rewards=[RewardSpec(constant_reward)])
     assert [a["step"] for a in guard.alarms] == [1, 2]  # from the first full window on
     assert guard.alarms[0]["message"].startswith("100% of groups have zero reward std over the last 2 batches (reward mean 0.5)")
-    assert "rollout.dynamic_sampling: true" in guard.alarms[0]["message"]
+    assert "rollout.selection.dynamic_sampling: true" in guard.alarms[0]["message"]
 
 
 # --------------------------------------------------------------------- alarm records
@@ -272,7 +273,7 @@ def test_destructive_learning_rate_trips_the_entropy_alarm(tiny_model_path, lr, 
 def test_stale_engine_trips_the_mismatch_alarm(tiny_model_path, vllm_engine, weight_sync):
     module = GRPOModule(model=_policy(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     rollout = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=3),
-                              rewards=[RewardSpec("prefix_match")], seed=3, weight_sync=weight_sync)  # fmt: skip
+                              rewards=[RewardSpec("prefix_match")], seed=3, weight_sync=WeightSyncSettings(enabled=weight_sync))  # fmt: skip
     rollout.use_engine(vllm_engine)
     guard = MismatchGuard(max_k3=1e-3)
     _fit(module, [rollout, guard], steps=6)

@@ -47,10 +47,10 @@ def fit_lines(tmp_path: Path, capsys, **overrides) -> list[str]:
 
 def test_vllm_server_url_refusing_connections(tmp_path, capsys):
     url = refusing_url()
-    lines = fit_lines(tmp_path, capsys, **{"rollout.engine": "vllm_server", "rollout.vllm_args": {"urls": [url]}})
+    lines = fit_lines(tmp_path, capsys, **{"rollout.engine": "vllm_server", "rollout.server": {"urls": [url]}})
     assert lines[-1] == (
-        f"lightning-grpo: error: rollout.vllm_args.urls: {url} refused the connection (nothing listens there): start the "
-        "vLLM server first (docs/distributed.md), or drop vllm_args.urls to have the run start its own"
+        f"lightning-grpo: error: rollout.server.urls: {url} refused the connection (nothing listens there): start the "
+        "vLLM server first (docs/distributed.md), or drop rollout.server.urls to have the run start its own"
     )
     assert len(lines) <= 3, lines
 

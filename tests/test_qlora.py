@@ -9,8 +9,9 @@ import torch
 
 pytest.importorskip("bitsandbytes")  # the qlora extra, part of dev (CI installs it)
 
-from lightning_grpo import (GRPOLoss, GRPOModule, KLSettings, LoraSettings, PolicySettings, QuantizationSettings,
-                            RewardSpec, RolloutCallback, SamplingConfig)  # noqa: E402
+from lightning_grpo import (GRPOLoss, GRPOModule, KLSettings, LoraSettings, PolicySettings,
+                            QuantizationSettings, RewardSpec, RolloutCallback, SamplingConfig, VLLMArgs,
+                            WeightSyncSettings)  # noqa: E402
 from lightning_grpo.callbacks.weight_push import PolicyPush  # noqa: E402
 from lightning_grpo.models.quantization import keep_float_kernels, load_quantized  # noqa: E402
 from lightning_grpo.models.weights import policy_weights_for_engine  # noqa: E402
@@ -58,7 +59,7 @@ def test_pushed_weights_compute_what_the_4bit_policy_computes(tiny_model_path, q
 
 
 def test_adapter_free_push_is_the_dequantised_base(tiny_model_path):
-    """merge_lora=False (lora_sync: adapter) pushes the same base the disabled adapter leaves."""
+    """merge_lora=False (weight_sync.lora: adapter) pushes the same base the disabled adapter leaves."""
     policy = _qlora_policy(tiny_model_path)
     base = dict(policy_weights_for_engine(policy, merge_lora=False))
     with policy.disable_adapter():
@@ -170,7 +171,7 @@ def test_qlora_training_keeps_engine_and_policy_together(vllm_engine, tiny_model
     module = GRPOModule(model=str(tiny_model_path), loss=GRPOLoss(kl=KLSettings(beta=0.04)), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings()), optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2))  # fmt: skip
     callback = RolloutCallback(
         engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3), rewards=[RewardSpec("prefix_match")], seed=3,
-        lora_sync=lora_sync, vllm_args={"enable_lora": True},
+        weight_sync=WeightSyncSettings(lora=lora_sync), vllm=VLLMArgs(enable_lora=True),
     )  # fmt: skip
     callback.use_engine(vllm_engine)
     _, recorder = _fit(module, callback, steps=3)

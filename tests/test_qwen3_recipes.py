@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.bad_input_helpers import HF_ENGINE
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACKS = ["tool", "text"]
 
@@ -46,9 +48,9 @@ def test_the_stages_name_each_other_and_pose_the_same_task(track):
 #: per track: SFT options for a small run, GRPO options for the HF engine and a small step
 SMALL = {
     "tool": (["--data.source.init_args.num_train", "16", "--data.source.init_args.num_val", "4"],
-             ["--rollout.init_args.engine", "hf", "--rollout.init_args.vllm_args", "null", "--rollout.init_args.sampling.n", "4"]),
+             [*HF_ENGINE, "--rollout.init_args.sampling.n", "4"]),
     "text": (["--data.source.init_args.num_train", "16", "--data.source.init_args.num_val", "4", "--data.source.init_args.num_test", "4"],
-             ["--rollout.engine", "hf", "--rollout.vllm_args", "null", "--rollout.sampling.n", "4",
+             [*HF_ENGINE, "--rollout.sampling.n", "4",
               "--data.source.init_args.num_train", "16", "--data.source.init_args.num_val", "4", "--data.source.init_args.num_test", "4"]),
 }  # fmt: skip
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.bad_input_helpers import HF_ENGINE
 from tests.run_helpers import ROOT, communicate_or_kill
 from tests.test_distributed import _LAUNCH_PREFIXES, _LAUNCH_VARS
 
@@ -30,7 +31,7 @@ def _command(tmp_path: Path, steps: int, *extra: str) -> list[str]:
             "--trainer.devices=2", "--trainer.strategy=ddp", f"--trainer.max_steps={steps}",
             "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
             f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-            "--rollout.engine=hf", "--rollout.vllm_args=null", *extra]  # fmt: skip
+            *HF_ENGINE, *extra]  # fmt: skip
 
 
 def _fault(tmp_path: Path, kind: str, step: int = 1, rank: int = 1) -> str:

@@ -33,8 +33,6 @@ RUN_RECIPES = [p for p in RECIPES if p not in TWO_STAGE]
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 #: Policy losses that report ratio and clip fractions (``ppo``-style).
 CLIPPED_LOSSES = {"ppo", "dual_clip", "delta_clip", "gspo", "gspo_token", "cispo", "clip_cov", "dppo_tv", "dppo_kl", "geo_mean", "reinforce"}
-#: The session engine's limits (conftest.py: VLLMEngine defaults).
-ENGINE_MAX_MODEL_LEN = 512
 
 def test_recipes_exist():
     assert len(RECIPES) >= 15, [p.name for p in RECIPES]
@@ -157,7 +155,7 @@ def tiny_substitute(cfg: dict[str, Any]) -> dict[str, Any]:
     cfg["trainer"].update(accelerator="cpu", precision="32-true")
     rollout = _rollout_args(cfg)
     rollout["sampling"]["max_new_tokens"] = 4
-    rollout["vllm_args"] = {"dtype": "float32", "max_model_len": 64, "kv_cache_memory_bytes": 64 * 1024**2}
+    rollout["vllm"] = {"dtype": "float32", "kv_cache_memory_bytes": 64 * 1024**2}  # max_model_len: derived
     if "environment_args" in rollout:  # agent recipes: the digit task's prompts open the episodes
         rollout["environment_args"].update(prompt_key="prompt", system_prompt=None)
     return cfg
@@ -191,7 +189,9 @@ def _prepared(path: Path, tmp_path: Path, train: bool = False, teacher: str | No
         cfg, changed = tiny_substitute(cfg), True
     other_vocabulary = cfg["model"].get("model") in ("tiny:tools", "tiny:text")  # than the session engine's model
     if not HAS_VLLM or (train and other_vocabulary):
-        _rollout_args(cfg).update(engine="hf", vllm_args=None)
+        _rollout_args(cfg).update(engine="hf")
+        _rollout_args(cfg).pop("vllm", None)  # the engines' sections (engine hf refuses them)
+        _rollout_args(cfg).pop("server", None)
         _rollout_args(cfg).pop("max_staleness", None)  # asynchronous rollouts need vLLM servers
         changed = True
     if not changed:
@@ -266,21 +266,31 @@ def test_recipe_lengths_agree(path):
     for reward in rollout.get("rewards") or []:
         if reward["name"] == "soft_overlong":
             assert reward["kwargs"]["max_length"] == max_new
-    vllm_args = rollout.get("vllm_args") or {}
+    engine = rollout.get("vllm") or rollout.get("server") or {}
     prompt = cfg["data"].get("format", {}).get("max_prompt_length") or 5  # the digit task: "4821="
-    assert vllm_args.get("max_model_len", ENGINE_MAX_MODEL_LEN) >= prompt + max_new
+    if engine.get("max_model_len") is not None:  # else derived from the data
+        assert engine["max_model_len"] >= prompt + max_new
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=IDS)
+def test_cpu_recipes_size_the_kv_cache(path):
+    """The engine defaults suit a GPU (vLLM sizes the KV cache); a CPU recipe sets its KV cache."""
+    cfg = _load(path)
+    rollout = _rollout_args(cfg)
+    if cfg["trainer"].get("accelerator") != "cpu" or rollout.get("engine", "vllm") == "hf":
+        return
+    section = "server" if rollout.get("engine") == "vllm_server" else "vllm"
+    assert isinstance((rollout.get(section) or {}).get("kv_cache_memory_bytes"), int), f"rollout.{section}.kv_cache_memory_bytes"
 
 
 @pytest.mark.parametrize("path", [p for p in RUN_RECIPES if _is_real_model(_load(p))], ids=lambda p: p.stem)
 def test_real_model_recipe_settings(path):
     cfg = _load(path)
     model, data, trainer, policy = cfg["model"], cfg["data"], cfg["trainer"], _policy_args(cfg)
-    vllm_args = _rollout_args(cfg)["vllm_args"]
+    vllm_args = _rollout_args(cfg)["vllm"]
     assert model["model"] == data["tokenizer_path"], "the policy and its tokenizer come from the same path"
     assert trainer["accelerator"] == "gpu"
-    assert "kv_cache_memory_bytes" in vllm_args and vllm_args["kv_cache_memory_bytes"] is None, (
-        "on a GPU the KV cache must come from gpu_memory_utilization, not the 64 MiB CPU default"
-    )
+    assert vllm_args.get("kv_cache_memory_bytes") is None, "on a GPU the KV cache comes from gpu_memory_utilization"
     assert 0 < vllm_args["gpu_memory_utilization"] < 1
     if policy.get("lora") is not None:
         assert policy["gradient_checkpointing"] is True
@@ -384,12 +394,13 @@ def _check_algorithm_metrics(cfg: dict[str, Any], module, metrics: dict[str, flo
         assert batch.old_logp is not None
         # the last step trains on a batch sampled two optimizer steps earlier: off-policy
         assert metrics["train/ratio_max"] != 1.0 or metrics["train/ratio_min"] != 1.0
-    if rollout.get("dynamic_sampling"):
+    selection = rollout.get("selection") or {}
+    if selection.get("dynamic_sampling"):
         rounds = metrics["train/generation_rounds"]
-        assert 1 <= rounds <= rollout.get("max_generation_rounds", 4)
+        assert 1 <= rounds <= selection.get("max_generation_rounds", 4)
         assert 0 <= metrics["train/kept_groups"] <= cfg["data"].get("batch_size", 8)
-    if rollout.get("gfpo_keep") is not None:
-        assert batch.group_size == rollout["gfpo_keep"] < rollout["sampling"]["n"]
+    if selection.get("gfpo_keep") is not None:
+        assert batch.group_size == selection["gfpo_keep"] < rollout["sampling"]["n"]
         assert len(batch) == batch.group_size * cfg["data"].get("batch_size", 8)
     if algorithm.get("advantage") == "qae":
         # the baseline is one of the group's rewards: in every group some advantage is exactly 0

@@ -11,7 +11,7 @@ import pytest
 
 from lightning_grpo import report
 
-from tests.bad_input_helpers import cli, tiny_cache  # noqa: F401
+from tests.bad_input_helpers import HF_ENGINE, cli, tiny_cache  # noqa: F401
 from tests.run_helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
@@ -55,7 +55,7 @@ def test_ckpt_path_last_resumes_the_newest_checkpoint_and_the_report_stitches(tm
     version_0's last.ckpt), and ``lightning-grpo report runs/run`` covers steps 0-4; the progress bar
     counts steps of max_steps."""
     logger = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "runs"), "name": "run"}})
-    base = ["fit", "-c", str(ROOT / "recipes" / "quickstart.yaml"), "--rollout.engine=hf", "--rollout.vllm_args=null",
+    base = ["fit", "-c", str(ROOT / "recipes" / "quickstart.yaml"), *HF_ENGINE,
             "--trainer.log_every_n_steps=1", "--trainer.limit_val_batches=0", f"--trainer.logger={logger}"]  # fmt: skip
     first = cli([*base, "--trainer.max_steps=3", "--trainer.enable_progress_bar=false"])
     assert first.trainer.global_step == 3

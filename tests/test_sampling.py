@@ -24,7 +24,7 @@ class ScriptedEngine(RolloutEngine):
         return Rollout([list(p) for p in prompt_ids], completions, [[-1.0, -1.0]] * len(completions),
                        [True] * len(completions), group_size=sampling.n)  # fmt: skip
 
-    def load_weights(self, weights):
+    def load_weights(self, weights, version=None):
         pass
 
 
@@ -65,10 +65,11 @@ def test_filter_on_accuracy_drops_them_and_refills(tiny_model_path):
 
 
 def test_dynamic_sampling_reward_must_name_a_configured_reward():
-    from lightning_grpo import RolloutCallback
+    from lightning_grpo import RolloutCallback, SelectionSettings
 
-    with pytest.raises(ValueError, match=r"dynamic_sampling_reward 'acc' is not one of the configured rewards \['prefix_match'\]"):
-        RolloutCallback(engine="hf", rewards=[RewardSpec("prefix_match")], dynamic_sampling=True, dynamic_sampling_reward="acc")
+    with pytest.raises(ValueError, match=r"rollout.selection.dynamic_sampling_reward 'acc' is not one of the configured rewards \['prefix_match'\]"):
+        RolloutCallback(engine="hf", rewards=[RewardSpec("prefix_match")],
+                        selection=SelectionSettings(dynamic_sampling=True, dynamic_sampling_reward="acc"))
 
 
 def test_wrong_completion_length_is_the_mean_over_unrewarded_samples():

@@ -8,7 +8,8 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import (GRPOLoss, GRPOModule, OffPolicySettings, PromptDataModule, RewardSpec, RolloutCallback,
+                            SamplingConfig, ServerSettings, WeightSyncSettings)  # fmt: skip
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.server_client import ServerClient
 
@@ -50,9 +51,13 @@ class PushProbe(L.Callback):
         self._measure(pl_module)
 
 
-def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None):
+#: The loss of asynchronous runs: the off-policy correction max_staleness >= 1 needs.
+ASYNC_LOSS = {"off_policy": OffPolicySettings(correction="tis_token")}
+
+
+def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None, loss=None):
     L.seed_everything(0)
-    module = GRPOModule(model=str(model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    module = GRPOModule(model=str(model_path), loss=GRPOLoss(**(loss or {})), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     trainer = L.Trainer(
         max_steps=steps, callbacks=callbacks, accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=root,
@@ -61,10 +66,10 @@ def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None):
     return trainer, module
 
 
-def _server_callback(url, transfer="shm", **kwargs):
+def _server_callback(url, transfer="shm", weight_sync=True, **kwargs):
     return RolloutCallback(
-        engine="vllm_server", vllm_args={"urls": [url], "transfer": transfer}, sampling=SamplingConfig(n=4, max_new_tokens=3),
-        rewards=[RewardSpec("prefix_match")], seed=3, **kwargs,
+        engine="vllm_server", server=ServerSettings(urls=[url], transfer=transfer), sampling=SamplingConfig(n=4, max_new_tokens=3),
+        rewards=[RewardSpec("prefix_match")], seed=3, weight_sync=WeightSyncSettings(enabled=weight_sync), **kwargs,
     )  # fmt: skip
 
 
@@ -102,7 +107,7 @@ def test_async_run_distinct_seeds_diverse_groups_bounded_staleness(vllm_server, 
     log = SeedLog(monkeypatch)
     guard, recorder = IdenticalSamplesGuard(), Recorder()
     rollout = _server_callback(vllm_server, max_staleness=1)
-    _, module = _fit([rollout, guard, recorder], tiny_model_path, steps=4, root=tmp_path)
+    _, module = _fit([rollout, guard, recorder], tiny_model_path, steps=4, root=tmp_path, loss=ASYNC_LOSS)
     # seed 004: every sample of every request of every step has its own seed (vLLM: sample i = seed + i)
     sample_seeds = [seed + i for seed, n in log.seeds for i in range(n)]
     assert len(log.seeds) >= 4 * 4  # 4 prompts x 4 trained batches (+ the batch sampled ahead, if it started)
@@ -111,7 +116,7 @@ def test_async_run_distinct_seeds_diverse_groups_bounded_staleness(vllm_server, 
     assert all(step["train/frac_identical_groups"] < 0.5 for step in recorder.steps)
     # step 0 trains a batch sampled by its own weights, later steps one sampled a step earlier
     assert [step["train/staleness_max"] for step in recorder.steps] == [0.0, 1.0, 1.0, 1.0]
-    assert module.loss_fn.correction_fn is not None  # async_correction (tis_token) switched on
+    assert module.loss_fn.correction == "tis_token"  # the loss's correction
     assert all("train/is_weight_mean" in step for step in recorder.steps)
 
 
@@ -137,11 +142,12 @@ def test_identical_samples_guard_fires_on_a_deliberately_shared_seed(vllm_server
 def test_resume_restarts_the_pipeline_with_the_restored_weights(vllm_server, tiny_model_path, tmp_path):
     from tests.test_training import Recorder
 
-    trainer, _ = _fit([_server_callback(vllm_server, max_staleness=1)], tiny_model_path, steps=2, root=tmp_path)
+    trainer, _ = _fit([_server_callback(vllm_server, max_staleness=1)], tiny_model_path, steps=2, root=tmp_path, loss=ASYNC_LOSS)
     path = str(tmp_path / "two.ckpt")
     trainer.save_checkpoint(path)
     recorder = Recorder()
-    _fit([_server_callback(vllm_server, max_staleness=1), recorder], tiny_model_path, steps=4, root=tmp_path, ckpt_path=path)
+    _fit([_server_callback(vllm_server, max_staleness=1), recorder], tiny_model_path, steps=4, root=tmp_path, ckpt_path=path,
+         loss=ASYNC_LOSS)  # fmt: skip
     # the first resumed step trains a batch sampled by the restored weights (version 2), not one
     # left over from before the checkpoint; the next is one step stale again
     assert [s["train/weight_version_min"] for s in recorder.steps] == [2.0, 2.0]

@@ -16,6 +16,8 @@ from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.data.sft import collate
 from lightning_grpo.training.packing import choose_plan
 
+from tests.bad_input_helpers import HF_ENGINE
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -170,7 +172,7 @@ def test_sft_then_export_then_grpo(tiny_model_path, tmp_path, monkeypatch):
     from lightning_grpo.cli import build_cli
 
     cli = build_cli(["-c", str(ROOT / "recipes/quickstart.yaml"), *run, "--model.model", str(tmp_path / "sft_model"),
-                     "--rollout.engine", "hf", "--rollout.vllm_args", "{}", "--trainer.max_steps", "1"], run=False)  # fmt: skip
+                     *HF_ENGINE, "--trainer.max_steps", "1"], run=False)  # fmt: skip
     cli.trainer.fit(cli.model, cli.datamodule)
     assert cli.model.model_source == str(tmp_path / "sft_model") and cli.trainer.global_step == 1
 

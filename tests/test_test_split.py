@@ -12,7 +12,7 @@ import torch
 
 from lightning_grpo.data.tasks import digit_splits, digit_task
 
-from tests.bad_input_helpers import cli, tiny_cache  # noqa: F401
+from tests.bad_input_helpers import HF_ENGINE, cli, tiny_cache  # noqa: F401
 from tests.run_helpers import ROOT, train_recipe
 
 
@@ -74,7 +74,7 @@ def test_test_stage_reports_the_test_split_of_a_checkpoint(tmp_path, tiny_model_
 
     logger = '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "test"}}' % (tmp_path / "runs")
     args = ["test", "-c", str(ROOT / "recipes" / "quickstart.yaml"), "--ckpt_path", str(tmp_path / "teacher.ckpt"),
-            "--rollout.engine=hf", "--rollout.vllm_args=null", "--rollout.val_samples=0", "--data.val_batch_size=20",
+            *HF_ENGINE, "--rollout.evaluation.samples=0", "--data.val_batch_size=20",
             "--trainer.enable_progress_bar=false", f"--trainer.logger={logger}"]  # fmt: skip
     metrics = {k: float(v) for k, v in cli(args).trainer.callback_metrics.items()}
     _, dev, test = digit_splits(0, 300, 50, 50)

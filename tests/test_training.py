@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLSettings, LoraSettings, PolicySettings,
-                            PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig)  # fmt: skip
+                            PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig, WeightSyncSettings)  # fmt: skip
 from lightning_grpo.data.tasks import DigitTask
 
 
@@ -148,7 +148,7 @@ def test_callback_keeps_vllm_in_step_with_the_policy(tiny_model_path, vllm_engin
     module = GRPOModule(model=str(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2))
     callback = RolloutCallback(
         engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3, temperature=0.9), rewards=[RewardSpec("prefix_match")],
-        weight_sync=weight_sync,
+        weight_sync=WeightSyncSettings(enabled=weight_sync),
     )  # fmt: skip
     callback.use_engine(vllm_engine)
     _, recorder = _fit(module, callback, steps=4)

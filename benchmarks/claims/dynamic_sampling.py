@@ -1,7 +1,7 @@
 """Claim: dynamic sampling (DAPO) keeps every trained group informative and reaches a given
 accuracy in fewer training steps, at the cost of more generated samples per step.
 
-Arms, on the quickstart recipe, 3 seeds: ``plain`` and ``dynamic`` (dynamic_sampling true,
+Arms, on the quickstart recipe, 3 seeds: ``plain`` and ``dynamic`` (selection.dynamic_sampling true,
 max_generation_rounds 4). Reported per arm: the fraction of zero-signal groups as sampled, the
 samples generated, dev greedy accuracy against steps and against generated samples, and the test
 greedy accuracy of each run's last checkpoint.
@@ -19,7 +19,7 @@ SAMPLES_PER_ROUND = 8 * 8  # prompts x group size of the quickstart
 def configs() -> dict[str, dict]:
     base = recipe({})
     dyn = recipe({})
-    dyn["rollout"] = {**dyn["rollout"], "dynamic_sampling": True, "max_generation_rounds": 4}
+    dyn["rollout"] = {**dyn["rollout"], "selection": {"dynamic_sampling": True, "max_generation_rounds": 4}}
     return {"plain": base, "dynamic": dyn}
 
 
@@ -82,7 +82,7 @@ SECTION = """
 **Claim** (DAPO, Yu et al. 2025): dropping groups whose rewards are all equal and refilling the
 batch keeps the number of informative groups constant; DAPO reports reaching the same accuracy
 in fewer training steps despite the extra sampling. **Setup**: the quickstart with and without
-`dynamic_sampling: true` (`max_generation_rounds: 4`). Held-out: **test** = greedy accuracy of each
+`selection.dynamic_sampling: true` (`max_generation_rounds: 4`). Held-out: **test** = greedy accuracy of each
 run's last checkpoint on the 50 test prompts (none trained on or used for any choice); dev = the 50
 validation prompts, checked every 250 steps during the run (the only accuracy along the run: the
 recipe keeps `last.ckpt` alone). `python benchmarks/claims/dynamic_sampling.py --write`.

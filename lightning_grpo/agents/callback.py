@@ -46,7 +46,10 @@ class AgentRolloutCallback(RolloutCallback):
             episodes may face different tasks, so its baseline is the mean reward over those tasks
             (refused otherwise; docs/agents.md).
         **kwargs: the arguments of :class:`~lightning_grpo.RolloutCallback` (engine, sampling,
-            rewards (default: ``env_reward``), seed, vllm_args, dynamic_sampling, gfpo_keep, ...).
+            vllm, server, sampling, rewards (default: ``env_reward``), selection, evaluation, seed, ...).
+            The engine's ``max_model_len``, when not set, is the longest prompt + ``max_episode_tokens`` +
+            ``sampling.max_new_tokens`` (one turn: + ``max_new_tokens``); with several turns and no
+            ``max_episode_tokens`` set it must be set.
     """
 
     def __init__(
@@ -90,8 +93,21 @@ class AgentRolloutCallback(RolloutCallback):
         tools = list(getattr(self.make_env(), "tools", None) or [])
         self.renderer = ChatRenderer(tokenizer, tools) if getattr(tokenizer, "chat_template", None) else None
         self.sampling.stop_token_ids = self._stop_ids(tokenizer)
-        self.limits.max_model_len = getattr(engine, "max_model_len", None)
+        self.limits.max_model_len = engine.max_model_len
         self._tokenizer = tokenizer
+
+    def probe_rewards(self, records: list[dict], tokenizer: Any) -> None:
+        """Not probed: the episodes' reward columns come from the environment (:meth:`score`)."""
+
+    def completion_budget(self) -> tuple[int | None, str]:
+        """Tokens an episode may take after its prompt: one turn's, or ``max_episode_tokens`` plus a last
+        turn's room (episodes stop a turn that would not fit); None with several turns and no budget."""
+        limits, new = self.limits, self.sampling.max_new_tokens
+        if limits.max_turns == 1:
+            return new, "rollout.sampling.max_new_tokens"
+        if limits.max_episode_tokens is not None:
+            return limits.max_episode_tokens + new, "rollout.max_episode_tokens + rollout.sampling.max_new_tokens"
+        return None, f"rollout.max_episode_tokens (max_turns={limits.max_turns})"
 
     def _stop_ids(self, tokenizer: Any) -> list[int]:
         if self.stop_tokens is not None:

@@ -22,30 +22,36 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+import torch
+
+from ..rollout.base import Rollout, RolloutEngine, SamplingConfig
 
 
-class VersionRecorder:
+class VersionRecorder(RolloutEngine):
     """Wraps an engine and records the weight version of every sample it returns (engines that
     report versions, such as :class:`~lightning_grpo.rollout.server_engine.ServerEngine`)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: RolloutEngine) -> None:
         self.engine = engine
         self.versions: list[int] = []
+        self.needs_weight_sync = engine.needs_weight_sync
+        self.max_model_len = engine.max_model_len
 
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        rollout = self.engine.generate(*args, **kwargs)
-        self.versions.extend(getattr(rollout, "versions", None) or [])
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
+        rollout = self.engine.generate(prompt_ids, sampling, seed)
+        self.versions.extend(rollout.versions or [])
         return rollout
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
+        self.engine.load_weights(weights, version=version)
 
     def metrics(self) -> dict[str, float]:
         """``weight_version_min`` / ``weight_version_mean`` of what was sampled (empty without versions)."""
         if not self.versions:
             return {}
         return {"weight_version_min": float(min(self.versions)), "weight_version_mean": sum(self.versions) / len(self.versions)}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
 
 
 def staleness_metrics(metrics: dict[str, float], step: int, limit: int | None) -> dict[str, float]:

@@ -1,43 +1,57 @@
-"""Setup for server and asynchronous rollouts: config checks, the default off-policy correction,
-and a checkpoint written before a run stops because no vLLM server answers any more."""
+"""Setup for server and asynchronous rollouts: config checks (staleness, the loss's off-policy correction,
+engine sections) and a checkpoint written before a run stops because no vLLM server answers any more."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-from typing import Iterator
+from dataclasses import fields
+from typing import Any, Iterator
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info
 
-from ..core import CORRECTIONS
 from .distributed import local_log_dir
 from ..rollout.server_engine import NoServerLeftError
+from ..rollout.vllm_args import VLLMArgs
+from ..rollout.vllm_server import ServerSettings
 
 
-def check_async_config(engine: str, max_staleness: int, async_correction: str | None) -> None:
-    """One clear error for a bad ``max_staleness`` / ``async_correction`` before any work."""
+def check_async_config(engine: str, max_staleness: int) -> None:
+    """One clear error for a bad ``max_staleness`` before any work."""
     if not isinstance(max_staleness, int) or max_staleness < 0:
         raise ValueError(f"rollout.max_staleness must be an integer >= 0 (0 = synchronous), got {max_staleness!r}")
     if max_staleness > 0 and engine != "vllm_server":
         raise ValueError(
             f"rollout.max_staleness={max_staleness} (asynchronous rollouts) needs engine: vllm_server, got {engine!r}"
         )
-    if async_correction is not None and async_correction not in CORRECTIONS:
+
+
+def check_async_loss(max_staleness: int, loss: Any) -> None:
+    """Asynchronous batches are sampled by older weights: the loss must correct for the behaviour policy."""
+    if max_staleness > 0 and loss is not None and not loss.needs_rollout_logprobs:
         raise ValueError(
-            f"rollout.async_correction {async_correction!r} is not a correction; expected one of "
-            f"{sorted(CORRECTIONS.names())} or null"
+            f"rollout.max_staleness={max_staleness} trains on batches sampled by older weights, but the loss has no "
+            "off-policy correction: set model.loss.init_args.off_policy.correction (e.g. tis_token)"
         )
 
 
-def install_async_correction(module: L.LightningModule, name: str | None) -> None:
-    """Asynchronous batches are sampled by older weights: unless the loss already corrects for the
-    behaviour policy (``off_policy.correction`` or ``off_policy.sequence_mask_delta``), use ``name`` (e.g. ``tis_token``)."""
-    loss = getattr(module, "loss_fn", None)
-    if name is None or loss is None or loss.needs_rollout_logprobs:
-        return
-    loss.set_correction(name)
-    rank_zero_info(f"RolloutCallback: asynchronous rollouts, off-policy correction {name!r} on (async_correction)")
+def check_engine_sections(engine: str, vllm: VLLMArgs, server: ServerSettings) -> None:
+    """Settings of an engine the run does not use: one error naming them instead of ignoring them."""
+    for key, owner, settings in (("vllm", "vllm", vllm), ("server", "vllm_server", server)):
+        changed = _changed_fields(settings, type(settings)())
+        if engine != owner and changed:
+            values = ", ".join(f"{name}={value!r}" for name, value in changed)
+            reset = json.dumps({name: getattr(type(settings)(), name) for name, _ in changed})
+            raise ValueError(
+                f"rollout.{key} is set ({values}), but rollout.engine is {engine!r} (the section is engine {owner}'s): "
+                f"remove it (on the command line: --rollout.{key} '{reset}')"
+            )
+
+
+def _changed_fields(settings: Any, default: Any) -> list[tuple[str, Any]]:
+    values = [(f.name, getattr(settings, f.name), getattr(default, f.name)) for f in fields(settings)]
+    return [(name, value) for name, value, default_value in values if value != default_value]
 
 
 @contextlib.contextmanager

@@ -103,7 +103,7 @@ class LengthGuard(Guard):
     name = "length"
     SETTINGS = ("window", "rise_factor", "min_tokens", "min_reward_gain", "reward")
     KNOBS = ("a length-neutral aggregation (token_mean, or seq_mean_token_sum_norm: Dr.GRPO), a length penalty "
-             "(rewards: soft_overlong) or overlong_filter, and check that no reward pays for length")  # fmt: skip
+             "(rewards: soft_overlong) or rollout.selection.overlong_filter, and check that no reward pays for length")  # fmt: skip
 
     def __init__(
         self,

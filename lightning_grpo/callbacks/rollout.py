@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -28,106 +28,89 @@ from ..core.batch import BatchGeometry, RolloutBatch
 from ..core import SELECTIONS
 from ..data.reward_set import RewardSet, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed, test_seed
+from ..rollout.vllm_args import VLLMArgs
+from ..rollout.vllm_server import ServerSettings
 from ..checks.validation import check_fit_config
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
-from .async_setup import check_async_config, checkpoint_on_server_failure, install_async_correction
+from .async_setup import check_async_config, check_engine_sections, checkpoint_on_server_failure
 from .completions import CompletionLog, CompletionLogSettings
 from .evaluation import evaluate_prompts
+from .settings import EvaluationSettings, SelectionSettings, WeightSyncSettings
 from .sampling import GroupSelector, SampleResult, sample_groups, score_rollout
 from .weight_push import PolicyPush
+
+
+@runtime_checkable
+class RolloutListener(Protocol):
+    """A Trainer callback that inspects each fresh rollout batch before it trains (the guards)."""
+
+    def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None: ...
 
 
 class RolloutCallback(Callback):
     """Drives rollouts for :class:`~lightning_grpo.GRPOModule`.
 
     Args:
-        engine: "vllm" (in-process vLLM, weights pushed after each optimizer step), "vllm_server"
-            (vLLM servers, started here or given as ``vllm_args.urls``; weights pushed through
-            vLLM's RL API; docs/distributed.md) or "hf" (transformers ``generate`` on the live policy).
-        sampling: group size ``n`` (G, or G' with GFPO), temperature, top_p, top_k,
-            max_new_tokens.
+        engine: "vllm" (in-process vLLM, weights pushed after each optimizer step; settings in ``vllm``),
+            "vllm_server" (vLLM servers, started here or given as ``server.urls``; weights pushed through
+            vLLM's RL API; settings in ``server``; docs/distributed.md) or "hf" (transformers ``generate``
+            on the live policy; no settings).
+        vllm: the in-process engine's settings (:class:`~lightning_grpo.VLLMArgs`: dtype, max_model_len,
+            kv_cache_memory_bytes, gpu_memory_utilization, enable_lora, sleep_level, ...).
+        server: the vLLM servers' settings (:class:`~lightning_grpo.ServerSettings`: urls, num_servers, ...).
+        sampling: group size ``n`` (G, or G' with GFPO), temperature, top_p, top_k, max_new_tokens.
         rewards: reward functions with weights (default: exact match against ``answer``).
-        seed: run seed; each rank and generation samples with a seed derived from it. None: the
-            seed given to ``seed_everything`` (LightningCLI's ``--seed_everything``), else 0.
-        vllm_args: keyword arguments of :class:`~lightning_grpo.rollout.vllm.VLLMEngine`
-            (dtype, max_model_len, kv_cache_memory_bytes, enable_lora, sleep_level, ...); for "vllm_server" the
-            fields of :class:`~lightning_grpo.rollout.vllm_server.ServerSettings` (urls, num_servers, ...).
-        dynamic_sampling: drop groups whose rewards are all equal and refill (DAPO).
-        dynamic_sampling_reward: the reward function (its name / alias) whose spread decides which
-            groups dynamic sampling keeps (verl ``filter_groups.metric``, e.g. the accuracy reward
-            when a length penalty is added); None = the weighted total.
-        max_generation_rounds: generation rounds per batch with dynamic sampling (verl
-            ``max_num_gen_batches``); after that the batch trains with what it has.
-        gfpo_keep: GFPO: keep this many of the ``n`` completions per prompt (None = off).
-        gfpo_metric: selection in ``SELECTIONS`` ("gfpo_length" or "gfpo_reward_per_token").
-        overlong_filter: mask the loss of completions truncated without EOS (DAPO).
-        weight_sync: push the policy into the engine after optimizer steps. Switch off only
-            to measure the staleness it prevents.
-        lora_sync: "merged" pushes W + delta_W as plain weights; "adapter" saves the adapter
-            and lets vLLM apply it (needs ``vllm_args.enable_lora``).
-        val_samples: n, the sampled completions per validation prompt for ``val/reward_mean``,
-            ``val/mean@n`` and ``val/pass@k`` (0 = greedy accuracy only).
-        val_pass_k: the k of ``val/pass@k`` (each in 1..n; unbiased estimator); None = [n].
-        val_pass_threshold: a sample passes when the first reward function scores it at least this.
-        forward_rows: rows per no-grad forward pass (reference / old log-probs).
+        selection: which samples train (:class:`~lightning_grpo.SelectionSettings`): dynamic sampling (DAPO),
+            GFPO, the overlong filter, generation rounds.
+        evaluation: held-out metrics (:class:`~lightning_grpo.EvaluationSettings`): samples per prompt,
+            pass@k, the pass threshold.
+        weight_sync: pushing the policy into the engine (:class:`~lightning_grpo.WeightSyncSettings`):
+            on / off, LoRA merged or as an adapter.
         max_staleness: k >= 1 samples the next k generation batches on the servers while the
             trainer trains (engine "vllm_server"); a batch never trains with weights more than k
-            optimizer steps newer than those that sampled it. 0 = synchronous.
-        async_correction: with ``max_staleness >= 1``, the off-policy correction (``CORRECTIONS``)
-            the loss uses when it has none of its own (behaviour = sampling weights); None = off.
+            optimizer steps newer than those that sampled it. It needs an off-policy correction in the
+            loss (``model.loss.init_args.off_policy.correction``). 0 = synchronous.
         log_completions: every how many optimizer steps, and how many groups of, the sampled
             completions go to ``completions.jsonl`` and the logger's table (:mod:`.completions`).
+        seed: run seed; each rank and generation samples with a seed derived from it. None: the
+            seed given to ``seed_everything`` (LightningCLI's ``--seed_everything``), else 0.
     """
 
     def __init__(
         self,
         engine: Literal["vllm", "vllm_server", "hf"] = "vllm",
-        sampling: SamplingConfig = SamplingConfig(),  # noqa: B008 - copied below; shown by --help / --print_config
+        vllm: VLLMArgs = VLLMArgs(),  # noqa: B008 - copied below; shown by --help / --print_config
+        server: ServerSettings = ServerSettings(),  # noqa: B008 - copied below
+        sampling: SamplingConfig = SamplingConfig(),  # noqa: B008 - copied below
         rewards: list[RewardSpec] | None = None,
-        seed: int | None = None,
-        vllm_args: dict[str, Any] | None = None,
-        dynamic_sampling: bool = False,
-        dynamic_sampling_reward: str | None = None,
-        max_generation_rounds: int = 4,
-        gfpo_keep: int | None = None,
-        gfpo_metric: str = "gfpo_length",
-        overlong_filter: bool = False,
-        weight_sync: bool = True,
-        lora_sync: Literal["merged", "adapter"] = "merged",
-        val_samples: int = 4,
-        val_pass_k: list[int] | None = None,
-        val_pass_threshold: float = 1.0,
-        forward_rows: int = 64,
+        selection: SelectionSettings = SelectionSettings(),  # noqa: B008 - copied below
+        evaluation: EvaluationSettings = EvaluationSettings(),  # noqa: B008 - copied below
+        weight_sync: WeightSyncSettings = WeightSyncSettings(),  # noqa: B008 - copied below
         max_staleness: int = 0,
-        async_correction: str | None = "tis_token",
         log_completions: CompletionLogSettings = CompletionLogSettings(),  # noqa: B008 - copied below
+        seed: int | None = None,
     ) -> None:
-        check_async_config(engine, max_staleness, async_correction)
+        check_async_config(engine, max_staleness)
+        check_engine_sections(engine, vllm, server)
         self.engine_name = engine
+        self.vllm = replace(vllm)
+        self.server = replace(server)
         self.sampling = replace(sampling or SamplingConfig())  # a copy: guards and agents change it
         if self.sampling.greedy:
             raise ValueError("rollout.sampling.temperature must be > 0 for training (0 is greedy decoding)")
         self.reward_set = RewardSet(rewards or [RewardSpec("exact_match")])
         self.seed = seed
-        self.vllm_args = dict(vllm_args or {})
+        self.selection = replace(selection)
         self.selector = GroupSelector(
             group_size=self.sampling.n,
-            keep=gfpo_keep,
-            selection=SELECTIONS.get(gfpo_metric) if gfpo_keep is not None else None,
-            dynamic_sampling=dynamic_sampling,
-            signal_column=self._reward_column(dynamic_sampling_reward),
+            keep=selection.gfpo_keep,
+            selection=SELECTIONS.get(selection.gfpo_metric) if selection.gfpo_keep is not None else None,
+            dynamic_sampling=selection.dynamic_sampling,
+            signal_column=self._reward_column(selection.dynamic_sampling_reward),
         )
-        if max_generation_rounds < 1:
-            raise ValueError(f"max_generation_rounds must be >= 1, got {max_generation_rounds}")
-        self.max_generation_rounds = max_generation_rounds
-        self.overlong_filter = overlong_filter
-        self.weight_sync = weight_sync
-        self.lora_sync = lora_sync
-        self._push = PolicyPush(lora_sync)
-        self.val_samples = val_samples
-        self.val_pass_k = list(val_pass_k) if val_pass_k is not None else None
-        self.val_pass_threshold = val_pass_threshold
-        self.forward_rows = forward_rows
+        self.evaluation = replace(evaluation)
+        self.weight_sync = replace(weight_sync)
+        self._push = PolicyPush(weight_sync.lora)
         self.engine: RolloutEngine | None = None
         self._owns_engine = False
         self._engine_version = -1  # the trainer.global_step (optimizer steps) the engine's weights reflect
@@ -135,12 +118,18 @@ class RolloutCallback(Callback):
         self._batch_start = 0.0
         self.generations = 0
         self.max_staleness = max_staleness
-        self.async_correction = async_correction
         self._pipeline: AsyncRollout | None = None
         self.completion_log = CompletionLog(replace(log_completions or CompletionLogSettings()))
         self._eval_batch = 0  # index of the validation / test batch being evaluated (test batches' seeds)
+        self._rewards_probed = False  # the CLI probes them before fit, setup would again
+        self._max_model_len: int | None = None  # derived from the data in setup when not set
         #: The run's batch geometry (:class:`~lightning_grpo.core.batch.BatchGeometry`), built in :meth:`setup`.
         self.geometry: BatchGeometry | None = None
+
+    @property
+    def max_generation_rounds(self) -> int:
+        """Generation rounds per batch (``rollout.selection.max_generation_rounds``)."""
+        return self.selection.max_generation_rounds
 
     # ------------------------------------------------------------------------ engine
     def _reward_column(self, name: str | None) -> int | None:
@@ -148,7 +137,7 @@ class RolloutCallback(Callback):
             return None
         if name not in self.reward_set.names:
             raise ValueError(
-                f"rollout.dynamic_sampling_reward {name!r} is not one of the configured rewards "
+                f"rollout.selection.dynamic_sampling_reward {name!r} is not one of the configured rewards "
                 f"{self.reward_set.names}"
             )
         return self.reward_set.names.index(name)
@@ -160,18 +149,51 @@ class RolloutCallback(Callback):
 
     def _ensure_engine(self, trainer: L.Trainer, module: L.LightningModule) -> RolloutEngine:
         if self.engine is None:
-            from ..rollout.factory import build_engine
+            from ..rollout.factory import EngineContext, build_engine
 
-            self.engine = build_engine(self.engine_name, module, trainer.datamodule.tokenizer, self.seed, self.vllm_args)
+            broadcast = (lambda obj: trainer.strategy.broadcast(obj, src=0)) if trainer.world_size > 1 else (lambda obj: obj)
+            context = EngineContext(trainer.global_rank, trainer.world_size, trainer.log_dir, broadcast)
+            self.engine = build_engine(self.engine_name, module, trainer.datamodule.tokenizer, self.seed,
+                                       self.engine_settings(), context)  # fmt: skip
             self._owns_engine = True
         return self.engine
+
+    def engine_settings(self) -> VLLMArgs | ServerSettings | None:
+        """The settings the engine is built with: ``rollout.vllm`` / ``rollout.server`` with ``max_model_len``
+        derived from the data (in :meth:`setup`) when it is not set; None for engine "hf"."""
+        if self.engine_name == "hf":
+            return None
+        settings = self.vllm if self.engine_name == "vllm" else self.server
+        if settings.max_model_len is None and self._max_model_len is not None:
+            return replace(settings, max_model_len=self._max_model_len)
+        return settings
+
+    def completion_budget(self) -> tuple[int | None, str]:
+        """Tokens a sample may take after its prompt, and the option that sets them (None: no bound known,
+        so ``max_model_len`` must be set)."""
+        return self.sampling.max_new_tokens, "rollout.sampling.max_new_tokens"
+
+    def use_context_length(self, max_model_len: int | None) -> None:
+        """The engine's ``max_model_len`` when the settings leave it unset (derived from the data by
+        :func:`~lightning_grpo.checks.validation.check_lengths`)."""
+        self._max_model_len = max_model_len
+
+    def probe_rewards(self, records: list[dict], tokenizer: Any) -> None:
+        """Run every reward function on stand-in completions of ``records`` (:mod:`~lightning_grpo.data.reward_probe`)
+        once; later calls do nothing (the CLI probes before fit, :meth:`setup` again)."""
+        if self._rewards_probed:
+            return
+        from ..data.reward_probe import probe_rewards
+
+        probe_rewards(self.reward_set, records, tokenizer)
+        self._rewards_probed = True
 
     def sync_weights(self, module: L.LightningModule) -> float:
         """Push the policy into the engine if it changed since the last push; returns seconds."""
         step = module.trainer.global_step
         if not self.engine.needs_weight_sync:
             return 0.0
-        stale = self._engine_version != step and (self.weight_sync or self._engine_version < 0)
+        stale = self._engine_version != step and (self.weight_sync.enabled or self._engine_version < 0)
         if not stale and not self.engine.weights_discarded:  # (sleep level 2 dropped them: push anyway)
             return 0.0
         start = time.perf_counter()
@@ -192,8 +214,6 @@ class RolloutCallback(Callback):
         check_fit_config(trainer, pl_module, self)
         self.geometry = pl_module.batch_geometry(dm.batch_size, self.selector.out_group_size)
         dm.set_geometry(self.geometry)
-        if self.max_staleness > 0:
-            install_async_correction(pl_module, self.async_correction)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -213,7 +233,7 @@ class RolloutCallback(Callback):
         if self.engine is not None and self._owns_engine:
             self.engine.close()
             self.engine = None
-        elif self.engine is not None and self.lora_sync == "adapter":  # a user's engine: without our adapter
+        elif self.engine is not None and self.weight_sync.lora == "adapter":  # a user's engine: without our adapter
             self.engine.unload_lora_adapter()
         self._push.close()
         self._engine_version = -1
@@ -245,7 +265,7 @@ class RolloutCallback(Callback):
         if self.max_staleness == 0:
             sync = self.sync_weights(module)
             result = self._sample(trainer, generation)
-            self.engine.sleep()  # a colocated engine gives its memory back to the trainer (vllm_args.sleep_level)
+            self.engine.sleep()  # a colocated engine gives its memory back to the trainer (rollout.vllm.sleep_level)
             return result, {"time/sync": sync}
         if self._pipeline is None:
             self._pipeline = self._async_pipeline(trainer, module, per_gen)
@@ -284,7 +304,7 @@ class RolloutCallback(Callback):
         start = time.perf_counter()
         tensors = result.tensors
         mask = tensors.completion_mask
-        if self.overlong_filter:
+        if self.selection.overlong_filter:
             mask = mask * torch.tensor(result.finished, dtype=mask.dtype).unsqueeze(-1)
         batch = RolloutBatch(
             input_ids=tensors.input_ids,
@@ -305,9 +325,8 @@ class RolloutCallback(Callback):
         self.generations += 1
         self.completion_log.new_batch(trainer, module, result, self.reward_set.names)
         for callback in trainer.callbacks:  # guards inspect the fresh batch before it trains
-            hook = getattr(callback, "on_rollout_end", None)
-            if hook is not None:
-                hook(trainer, module, batch)
+            if isinstance(callback, RolloutListener):
+                callback.on_rollout_end(trainer, module, batch)
 
     def _sample_groups(self, trainer: L.Trainer, engine: RolloutEngine, prompts_for, seed_for) -> SampleResult:
         """One generation batch of kept groups (subclasses sample multi-turn episodes here)."""
@@ -343,8 +362,9 @@ class RolloutCallback(Callback):
         trainer = module.trainer
         engine = self._ensure_engine(trainer, module)
         seed = self.eval_seed(module, split)
-        args = (engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, self.val_samples, seed,
-                self.val_pass_k, self.val_pass_threshold, split)  # fmt: skip
+        settings = self.evaluation
+        args = (engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, settings.samples, seed,
+                settings.pass_k, settings.pass_threshold, split)  # fmt: skip
         if self._pipeline is not None:  # the worker owns the servers: queue behind its work
             return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
         self.sync_weights(module)

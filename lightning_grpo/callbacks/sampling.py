@@ -27,7 +27,9 @@ class GroupSelector:
 
     def __post_init__(self) -> None:
         if self.keep is not None and not 1 <= self.keep < self.group_size:
-            raise ValueError(f"gfpo_keep must be in [1, sampling.n) = [1, {self.group_size}), got {self.keep}")
+            raise ValueError(
+                f"rollout.selection.gfpo_keep must be in [1, rollout.sampling.n) = [1, {self.group_size}), got {self.keep}"
+            )
         self._group_filter = SELECTIONS.get("dynamic_sampling")
 
     @property

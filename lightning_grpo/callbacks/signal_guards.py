@@ -178,9 +178,9 @@ class ZeroStdGuard(Guard):
         rollout = find_callback(trainer, RolloutCallback, required=False)
         refilling = rollout is not None and rollout.dynamic_sampling
         fix = (
-            "dynamic sampling is on: raise rollout.max_generation_rounds to refill the batch"
+            "dynamic sampling is on: raise rollout.selection.max_generation_rounds to refill the batch"
             if refilling
-            else "enable dynamic sampling (rollout.dynamic_sampling: true, DAPO)"
+            else "enable dynamic sampling (rollout.selection.dynamic_sampling: true, DAPO)"
         )
         what = "got the lowest reward on every sample (pass / fail reward)" if pass_fail else "have zero reward std"
         return (
@@ -235,7 +235,7 @@ class MismatchGuard(Guard):
         message = (
             f"rollout and trainer log-probs disagree ({', '.join(found)}): correct for it "
             "(loss.init_args.off_policy.correction: tis_token / mis_token / mis_seq, or off_policy.sequence_mask_delta), "
-            "sample in float32 / fp16 rather than bf16, and check that weights reach the engine (rollout.weight_sync)"
+            "sample in float32 / fp16 rather than bf16, and check that weights reach the engine (rollout.weight_sync.enabled)"
         )
         self.fire(trainer, pl_module, message)
 

@@ -1,9 +1,9 @@
 """The policy -> engine weight push of :class:`~lightning_grpo.RolloutCallback`, for both LoRA modes.
 
-``lora_sync: merged`` (and every non-LoRA policy): one push of every weight, LoRA layers as
+``rollout.weight_sync.lora: merged`` (and every non-LoRA policy): one push of every weight, LoRA layers as
 ``W + delta_W`` (a 4-bit QLoRA base dequantised first; :mod:`lightning_grpo.models.weights`).
 
-``lora_sync: adapter``: vLLM applies the adapter itself. The base weights (dequantised for QLoRA)
+``rollout.weight_sync.lora: adapter``: vLLM applies the adapter itself. The base weights (dequantised for QLoRA)
 are pushed once, and again only when the engine lost them (sleep level 2) or when the policy trains
 weights outside the adapter (peft ``modules_to_save``); after every optimizer step the adapter is
 saved to a fresh directory (only its LoRA matrices: modules trained in full reach the engine with
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from typing import Any, Literal
+from typing import Literal
 
 from torch import nn
 
@@ -25,25 +25,22 @@ from ..rollout.base import RolloutEngine
 class PolicyPush:
     """Pushes the policy into a rollout engine (see the module docstring)."""
 
-    def __init__(self, lora_sync: Literal["merged", "adapter"] = "merged") -> None:
-        self.lora_sync = lora_sync
+    def __init__(self, lora: Literal["merged", "adapter"] = "merged") -> None:
+        self.lora = lora
         self._adapter_dir: str | None = None
 
     def __call__(self, engine: RolloutEngine, policy: nn.Module, step: int, first: bool) -> None:
         """Push ``policy`` as weight version ``step``; ``first``: the engine never got this policy's weights."""
         from ..models.weights import gathered_weights_for_engine
 
-        adapter = self.lora_sync == "adapter"
+        adapter = self.lora == "adapter"
         if not adapter or first or engine.weights_discarded or _trains_outside_adapter(policy):
             with gathered_weights_for_engine(policy, merge_lora=not adapter) as weights:  # full parameters under FSDP2
-                if getattr(engine, "versioned", False):  # servers tag each sample with the version
-                    engine.load_weights(weights, version=step)
-                else:
-                    engine.load_weights(weights)
+                engine.load_weights(weights, version=step)  # servers tag each sample with the version
         if adapter:
             self._push_adapter(engine, policy)
 
-    def _push_adapter(self, engine: Any, policy: nn.Module) -> None:
+    def _push_adapter(self, engine: RolloutEngine, policy: nn.Module) -> None:
         directory = tempfile.mkdtemp(prefix="lightning-grpo-adapter-")
         save_adapter(policy, directory)
         engine.load_lora_adapter(directory)

@@ -5,7 +5,7 @@ connection to every server the run will talk to and looks for every folder it wi
 that an unreachable server or a missing folder is one line at start-up (the URL or the path, and
 what to do) rather than a failure after the engine started:
 
-* ``rollout.vllm_args.urls`` (``engine: vllm_server`` with servers you run);
+* ``rollout.server.urls`` (``engine: vllm_server`` with servers you run);
 * ``rollout.environment_args.base_url`` (or any ``*_url`` there: an OpenEnv server, ...);
 * reward objects with a ``url`` / ``base_url`` (``llm_judge``, a reward-model server of your own);
 * distillation teachers given as folders (``model.distillation.teacher``): a missing folder names
@@ -45,9 +45,9 @@ def check_external(module: Any, callback: Any, recipes: Sequence[str | Path] = (
 def servers(callback: Any) -> Iterator[tuple[str, str, str]]:
     """(field, URL, what to do when it is down) of every server the run's rollout talks to."""
     if callback.engine is None and callback.engine_name == "vllm_server":
-        for url in callback.vllm_args.get("urls") or []:
-            yield ("rollout.vllm_args.urls", str(url),
-                   "start the vLLM server first (docs/distributed.md), or drop vllm_args.urls to have the run start its own")  # fmt: skip
+        for url in callback.server.urls or []:
+            yield ("rollout.server.urls", str(url),
+                   "start the vLLM server first (docs/distributed.md), or drop rollout.server.urls to have the run start its own")  # fmt: skip
     for key, value in (getattr(callback, "environment_args", None) or {}).items():
         if key == "url" or key.endswith("_url"):
             yield (f"rollout.environment_args.{key}", str(value),

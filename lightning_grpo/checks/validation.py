@@ -9,18 +9,20 @@ on every rank (also for drop-in use without the CLI). Each problem is one except
 names the option as written in a recipe (``data.batch_size``, ``model.algorithm.advantage``,
 ``rollout.sampling.n``, ...) and what was expected. It checks:
 
-* the engine: a known name; ``engine: vllm`` with vLLM installed; no ``vllm_args`` for ``hf``; on
-  CPU a prefill budget (``vllm_args.max_num_batched_tokens``) of at least ``max_model_len`` and no
-  chunked prefill (``rollout/prefill.py``);
-  ``lora_sync: adapter`` with engine vllm, ``vllm_args.enable_lora`` and ``model.lora``;
-  ``vllm_args.sleep_level: 2`` only with ``weight_sync`` on;
+* the engine: a known name; ``engine: vllm`` with vLLM installed; on CPU a KV cache size
+  (``rollout.vllm.kv_cache_memory_bytes``, ``rollout.server.kv_cache_memory_bytes``), a prefill budget
+  (``max_num_batched_tokens``) of at least ``max_model_len`` and no chunked prefill (``rollout/prefill.py``);
+  ``weight_sync.lora: adapter`` with engine vllm, ``rollout.vllm.enable_lora`` and ``model.policy.lora``;
+  ``rollout.vllm.sleep_level: 2`` only with ``weight_sync.enabled``; ``max_staleness >= 1`` only with a loss
+  that corrects for the behaviour policy;
 * the layout: no ``model.policy.quantization`` (QLoRA) and no ``engine: hf`` with ``trainer.strategy``
   ModelParallelStrategy (FSDP2);
 * the groups: at least 2 completions per prompt for a group-relative advantage (all built-in
   ones); no more training steps per generation batch than it has completions;
-* the reference: ``beta > 0`` or ``algorithm.kl_in_reward.coef`` with ``policy.reference: none``;
-* lengths: longest prompt + ``sampling.max_new_tokens`` within the engine's maximum length
-  (``vllm_args.max_model_len``, or the policy's ``max_position_embeddings`` for ``hf``);
+* the reference: ``kl.beta > 0`` or ``algorithm.kl_in_reward.coef`` with ``policy.reference: none``;
+* lengths: the engine's ``max_model_len`` (``rollout.vllm`` / ``rollout.server``) is derived when not set
+  (``data.format.max_prompt_length``, else the longest prompt of the data, + ``sampling.max_new_tokens``,
+  handed to the callback); a set one, or the policy's ``max_position_embeddings`` for ``hf``, must hold it;
 * the model: a local ``model.model`` directory holds ``config.json``; the tokenizer's vocabulary
   fits the policy's embedding;
 * the loss: ``model.loss`` runs on a small made-up batch (negative ``eps_high``, an unknown
@@ -28,7 +30,6 @@ names the option as written in a recipe (``data.batch_size``, ``model.algorithm.
 * LoRA: ``model.policy.lora`` rank, alpha and dropout in range, its peft config valid, and its
   ``target_modules`` present in the policy's architecture (matched on an empty ``meta`` copy);
 * the optimizer: it accepts its arguments and its learning rate is > 0;
-* rollout ranges: ``forward_rows >= 1``, ``val_samples >= 0``, ``val_pass_k`` in 1..``val_samples``;
 * pre-flight (:mod:`lightning_grpo.checks.preflight`): every server the run talks to (vLLM servers,
   environment servers, judges) accepts a connection, and every teacher folder exists;
 * the rewards: every reward function runs on stand-in completions of the first training rows
@@ -38,7 +39,6 @@ names the option as written in a recipe (``data.batch_size``, ``model.algorithm.
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 from importlib.util import find_spec
 from pathlib import Path
@@ -65,7 +65,6 @@ def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any =
     check_layout(trainer, module, callback)
     check_groups(trainer, module, callback, dm)
     check_reference(module)
-    check_callback_ranges(callback)
     check_model_source(module)
     check_loss(module)
     check_lora(module)
@@ -77,24 +76,20 @@ def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any =
         check_lengths(dm, module, callback)
         check_vocabulary(dm, module)
         check_rewards(dm, callback)
+    check_prefill(callback)
 
 
 def check_rewards(dm: Any, callback: Any) -> None:
-    """Every reward function runs on stand-in completions of real rows (:mod:`~lightning_grpo.data.reward_probe`);
-    not for a callback that scores its own way (``score``: episodes, whose columns come from the environment)."""
-    if getattr(callback, "score", None) is not None or getattr(dm, "tokenizer", None) is None:
+    """Every reward function runs on stand-in completions of real rows (:meth:`RolloutCallback.probe_rewards`)."""
+    if getattr(dm, "tokenizer", None) is None:
         return
-    if getattr(callback, "_rewards_probed", False):  # the CLI checks before fit, the callback again in setup
-        return
-    from ..data.reward_probe import probe_rewards
-
-    probe_rewards(callback.reward_set, dm.train_records, dm.tokenizer)
-    callback._rewards_probed = True
+    callback.probe_rewards(dm.train_records, dm.tokenizer)
 
 
 # ------------------------------------------------------------------------------------ engine
 def check_engine(module: Any, callback: Any) -> None:
-    """Engine name, vLLM installed, engine arguments and the LoRA sync mode."""
+    """Engine name, vLLM installed, engine settings, the LoRA sync mode and the staleness's correction."""
+    from ..callbacks.async_setup import check_async_loss
     from ..rollout.factory import ENGINES
 
     name = callback.engine_name
@@ -104,38 +99,49 @@ def check_engine(module: Any, callback: Any) -> None:
         from ..rollout.vllm import MISSING_VLLM
 
         raise ImportError(f"{MISSING_VLLM}; or set {CB}.engine: hf (transformers generate, no vLLM)")
-    if name == "hf" and callback.vllm_args:
+    if callback.engine is None:
+        _check_kv_cache(callback)
+    if name == "vllm" and callback.vllm.sleep_level == 2 and not callback.weight_sync.enabled:
         raise ValueError(
-            f"{CB}.vllm_args {sorted(callback.vllm_args)} are for engine 'vllm', but {CB}.engine is 'hf' "
-            "(which takes no engine arguments): remove vllm_args or set engine: vllm"
-        )
-    if name == "vllm_server" and callback.engine is None:
-        from ..rollout.vllm_server import ServerSettings
-
-        ServerSettings.from_args(callback.vllm_args)  # unknown or bad vllm_args: one clear error now
-    if name == "vllm" and callback.engine is None:
-        _check_vllm_prefill(callback.vllm_args)
-    if name == "vllm" and callback.vllm_args.get("sleep_level") == 2 and not callback.weight_sync:
-        raise ValueError(
-            f"{CB}.vllm_args.sleep_level=2 discards the engine's weights at every sleep, so it needs "
-            f"{CB}.weight_sync: true (or use sleep_level: 1, which keeps them in CPU memory)"
+            f"{CB}.vllm.sleep_level=2 discards the engine's weights at every sleep, so it needs "
+            f"{CB}.weight_sync.enabled: true (or use sleep_level: 1, which keeps them in CPU memory)"
         )
     _check_lora_sync(module, callback)
+    check_async_loss(callback.max_staleness, module.loss_fn)
 
 
-def _check_vllm_prefill(args: dict[str, Any]) -> None:
-    """On CPU the in-process engine prefills every prompt whole: its budget must hold ``max_model_len``
-    and chunked prefill must stay off (:mod:`~lightning_grpo.rollout.prefill`)."""
+def _check_kv_cache(callback: Any) -> None:
+    """On CPU a KV cache left to vLLM takes about 90% of a NUMA node: the size must be set."""
+    import os
+
+    from ..rollout.prefill import is_cpu_platform
+
+    if callback.engine_name == "vllm":
+        size, field = callback.vllm.kv_cache_memory_bytes, f"{CB}.vllm.kv_cache_memory_bytes"
+    elif callback.engine_name == "vllm_server" and callback.server.urls is None:
+        size, field = callback.server.kv_cache_memory_bytes, f"{CB}.server.kv_cache_memory_bytes"
+    else:
+        return
+    if size is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ and is_cpu_platform():
+        raise ValueError(
+            f"{field} is not set: on CPU vLLM would reserve about 90% of a NUMA node for the KV cache; set it "
+            "(67108864, 64 MiB, suits the tiny models)"
+        )
+
+
+def check_prefill(callback: Any) -> None:
+    """On CPU the engine prefills every prompt whole: its budget must hold ``max_model_len`` and chunked
+    prefill must stay off (:mod:`~lightning_grpo.rollout.prefill`). Needs ``max_model_len`` (set or derived)."""
     from ..rollout.prefill import cpu_llm_kwargs, is_cpu_platform
 
-    if not is_cpu_platform():
+    if callback.engine is not None or callback.engine_name == "hf":
         return
-    from ..rollout.vllm import VLLMEngine
-
-    defaults = inspect.signature(VLLMEngine.__init__).parameters
-    extra = dict(args.get("extra_llm_kwargs") or {})
-    max_model_len = extra.get("max_model_len", args.get("max_model_len", defaults["max_model_len"].default))
-    cpu_llm_kwargs(max_model_len, args.get("max_num_batched_tokens"), extra, f"{CB}.vllm_args")
+    settings = callback.engine_settings()
+    if callback.engine_name == "vllm_server":
+        settings.check_prefill()
+    elif settings.max_model_len is not None and is_cpu_platform():
+        extra = dict(settings.extra_llm_kwargs or {})
+        cpu_llm_kwargs(settings.max_model_len, settings.max_num_batched_tokens, extra, f"{CB}.vllm")
 
 
 def _vllm_installed() -> bool:
@@ -145,22 +151,19 @@ def _vllm_installed() -> bool:
 
 
 def _check_lora_sync(module: Any, callback: Any) -> None:
-    mode = callback.lora_sync
-    if mode not in ("merged", "adapter"):
-        raise ValueError(f"{CB}.lora_sync must be 'merged' or 'adapter', got {mode!r}")
-    if mode != "adapter":
+    if callback.weight_sync.lora != "adapter":
         return
     if callback.engine_name != "vllm":
         raise ValueError(
-            f"{CB}.lora_sync='adapter' hands the LoRA adapter to vLLM, but {CB}.engine is "
-            f"{callback.engine_name!r} (it samples from the live policy): use lora_sync: merged or engine: vllm"
+            f"{CB}.weight_sync.lora='adapter' hands the LoRA adapter to vLLM, but {CB}.engine is "
+            f"{callback.engine_name!r} (it samples from the live policy): use weight_sync.lora: merged or engine: vllm"
         )
     if getattr(module, "lora", None) is None:
-        raise ValueError(f"{CB}.lora_sync='adapter' needs a LoRA policy, but model.lora is not set")
-    if not callback.vllm_args.get("enable_lora"):
+        raise ValueError(f"{CB}.weight_sync.lora='adapter' needs a LoRA policy, but model.lora is not set")
+    if not callback.vllm.enable_lora:
         raise ValueError(
-            f"{CB}.lora_sync='adapter' needs {CB}.vllm_args.enable_lora: true (vLLM serves adapters only "
-            "when built with it), or use lora_sync: merged"
+            f"{CB}.weight_sync.lora='adapter' needs {CB}.vllm.enable_lora: true (vLLM serves adapters only "
+            "when built with it), or use weight_sync.lora: merged"
         )
 
 
@@ -189,7 +192,7 @@ def check_groups(trainer: Any, module: Any, callback: Any, dm: Any = None) -> No
     """G >= 2 for group-relative advantages; every training step of a generation gets rows."""
     advantage = module.algorithm.advantage
     keep = callback.selector.keep
-    field = f"{CB}.gfpo_keep" if keep is not None else f"{CB}.sampling.n"
+    field = f"{CB}.selection.gfpo_keep" if keep is not None else f"{CB}.sampling.n"
     group = callback.selector.out_group_size
     estimator = ADVANTAGES.get(advantage) if advantage in ADVANTAGES else None
     if group < 2 and getattr(estimator, "group_relative", False):
@@ -230,17 +233,6 @@ def check_reference(module: Any) -> None:
             f"model.algorithm.kl_in_reward.coef={coef} subtracts a KL to the reference model from the rewards, but "
             "model.policy.reference='none': set model.policy.reference: auto (or model.algorithm.kl_in_reward.coef: 0)"
         )
-
-
-def check_callback_ranges(callback: Any) -> None:
-    """RolloutCallback options the constructor leaves unchecked."""
-    if not isinstance(callback.forward_rows, int) or callback.forward_rows < 1:
-        raise ValueError(f"{CB}.forward_rows must be an integer >= 1, got {callback.forward_rows!r}")
-    if not isinstance(callback.val_samples, int) or callback.val_samples < 0:
-        raise ValueError(f"{CB}.val_samples must be an integer >= 0 (0 = greedy only), got {callback.val_samples!r}")
-    for k in getattr(callback, "val_pass_k", None) or []:
-        if not isinstance(k, int) or not 1 <= k <= callback.val_samples:
-            raise ValueError(f"{CB}.val_pass_k: each k must be in 1..{CB}.val_samples={callback.val_samples}, got {k!r}")
 
 
 # ------------------------------------------------------------------------------------- model
@@ -314,43 +306,40 @@ def _callable_name(factory: Any) -> str:
 
 # ----------------------------------------------------------------------------------- lengths
 def check_lengths(dm: Any, module: Any, callback: Any) -> None:
-    """Longest prompt + ``sampling.max_new_tokens`` fits the engine's maximum length."""
+    """The engine's ``max_model_len``: derived from the data when not set (handed to the callback); a set one
+    (or the policy's ``max_position_embeddings`` for ``hf``) must hold the longest prompt + ``max_new_tokens``."""
+    records = [*(dm.train_records or []), *(dm.val_records or []), *(dm.test_records or [])]
+    if not records:
+        return
+    prompt = dm.max_prompt_length or max(len(r["prompt_ids"]) for r in records)  # the bound a refreshed source keeps
+    what = "data.format.max_prompt_length" if dm.max_prompt_length else "the longest prompt"
     limit, limit_field = _engine_max_length(module, callback)
     if limit is None:
+        if callback.engine is not None or callback.engine_name == "hf":
+            return
+        budget, budget_field = callback.completion_budget()
+        if budget is None:
+            raise ValueError(
+                f"{limit_field} is not set, and {budget_field} does not bound an episode's tokens: set one of them"
+            )
+        callback.use_context_length(prompt + budget)
         return
     new = callback.sampling.max_new_tokens
-    if dm.max_prompt_length is not None:
-        prompt, prompt_field = dm.max_prompt_length, "data.format.max_prompt_length"
-    else:
-        records = list(dm.train_records or []) + list(dm.val_records or [])
-        if not records:
-            return
-        prompt = max(len(r["prompt_ids"]) for r in records)
-        prompt_field = "the longest prompt of the data (data.format.max_prompt_length is not set)"
     if prompt + new > limit:
         raise ValueError(
-            f"{prompt_field} ({prompt} tokens) + {CB}.sampling.max_new_tokens ({new}) = {prompt + new} tokens "
-            f"exceeds {limit_field} ({limit}): raise it, or lower one of the other two"
+            f"{limit_field}={limit} is smaller than {what} ({prompt} tokens) + "
+            f"{CB}.sampling.max_new_tokens ({new}) = {prompt + new}"
         )
 
 
 def _engine_max_length(module: Any, callback: Any) -> tuple[int | None, str]:
-    """(longest prompt + completion the engine takes, the option that sets it)."""
+    """(longest prompt + completion the engine takes as set (None: derived), the option that sets it)."""
     if callback.engine is not None:  # an engine given with use_engine()
-        return getattr(callback.engine, "max_model_len", None), "the engine's max_model_len"
+        return callback.engine.max_model_len, "the engine's max_model_len"
     if callback.engine_name == "vllm":
-        args = {**callback.vllm_args, **(callback.vllm_args.get("extra_llm_kwargs") or {})}
-        if "max_model_len" in args:
-            return args["max_model_len"], f"{CB}.vllm_args.max_model_len"
-        from ..rollout.vllm import VLLMEngine
-
-        default = inspect.signature(VLLMEngine.__init__).parameters["max_model_len"].default
-        return default, f"{CB}.vllm_args.max_model_len (default)"
+        return callback.vllm.max_model_len, f"{CB}.vllm.max_model_len"
     if callback.engine_name == "vllm_server":
-        from ..rollout.vllm_server import ServerSettings
-
-        limit = callback.vllm_args.get("max_model_len", ServerSettings.max_model_len)
-        return limit, f"{CB}.vllm_args.max_model_len" + ("" if "max_model_len" in callback.vllm_args else " (default)")
+        return callback.server.max_model_len, f"{CB}.server.max_model_len"
     policy = getattr(module, "policy", None)
     config = getattr(policy, "config", None)
     positions = getattr(config, "max_position_embeddings", None)

@@ -47,7 +47,24 @@ LOSS_RENAMES: dict[str, str] = {
 }
 
 # ---------------------------------------------------------------- rollout.* (RolloutCallback)
+# rollout.weight_sync (a bool) is now the section rollout.weight_sync (enabled, lora): the same key, so it is not
+# listed (its fields would be answered as renamed); `rollout.weight_sync: false` -> `rollout.weight_sync.enabled: false`.
 ROLLOUT_RENAMES: dict[str, str] = {
+    "rollout.vllm_args": "rollout.vllm (engine vllm: typed VLLMArgs fields) or rollout.server (engine vllm_server: "
+                         "ServerSettings fields)",
+    "rollout.dynamic_sampling": "rollout.selection.dynamic_sampling",
+    "rollout.dynamic_sampling_reward": "rollout.selection.dynamic_sampling_reward",
+    "rollout.max_generation_rounds": "rollout.selection.max_generation_rounds",
+    "rollout.gfpo_keep": "rollout.selection.gfpo_keep",
+    "rollout.gfpo_metric": "rollout.selection.gfpo_metric",
+    "rollout.overlong_filter": "rollout.selection.overlong_filter",
+    "rollout.val_samples": "rollout.evaluation.samples",
+    "rollout.val_pass_k": "rollout.evaluation.pass_k",
+    "rollout.val_pass_threshold": "rollout.evaluation.pass_threshold",
+    "rollout.lora_sync": "rollout.weight_sync.lora",
+    "rollout.forward_rows": "model.forward.rows_per_pass",
+    "rollout.async_correction": "model.loss.init_args.off_policy.correction (the loss's correction; rollout.max_staleness "
+                                ">= 1 needs one)",
 }
 
 # ---------------------------------------------------------------- data.* (PromptDataModule, SFTDataModule)

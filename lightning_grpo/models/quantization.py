@@ -10,8 +10,8 @@ model is the same network with the adapter switched off (no second copy).
 
 Rollout engines do not run the 4-bit layers: the weight push
 (:func:`~lightning_grpo.models.weights.policy_weights_for_engine`) gives them the dequantised base
-with the adapter merged (``lora_sync: merged``), or the dequantised base once and the adapter after
-every step (``lora_sync: adapter``), so the engine computes exactly what the policy computes. ``lightning-grpo export`` rebuilds a QLoRA
+with the adapter merged (``rollout.weight_sync.lora: merged``), or the dequantised base once and the adapter after
+every step (``weight_sync.lora: adapter``), so the engine computes exactly what the policy computes. ``lightning-grpo export`` rebuilds a QLoRA
 checkpoint's policy in its 4-bit layout (:func:`rebuild_quantized`) and writes the same dense,
 merged weights (no ``quantization_config``: any engine serves the folder).
 

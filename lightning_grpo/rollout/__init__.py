@@ -10,6 +10,7 @@ from lightning_grpo.rollout.base import (
 )
 from lightning_grpo.rollout.hf import HFEngine
 from lightning_grpo.rollout.vllm import VLLMEngine
+from lightning_grpo.rollout.vllm_args import VLLMArgs
 from lightning_grpo.models.weights import gathered_weights_for_engine, policy_weights_for_engine
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "RolloutEngine",
     "RolloutTensors",
     "SamplingConfig",
+    "VLLMArgs",
     "VLLMEngine",
     "derive_seed",
     "gathered_weights_for_engine",

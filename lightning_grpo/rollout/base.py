@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 import torch
 
@@ -94,10 +94,13 @@ class Rollout:
     """P*G prompts, one per row, where the rows of a group were sampled from different prompts
     (episodes whose environment opened each one differently); None: row ``i``'s prompt is
     ``prompt_ids[i // group_size]``."""
+    versions: list[int] | None = None
+    """P*G weight versions that sampled each row (the ``trainer.global_step`` of the push; -1 = weights
+    this run never pushed), from engines that report them (vLLM servers); None = not reported."""
 
     def __post_init__(self) -> None:
         expected = len(self.prompt_ids) * self.group_size
-        rows = ("completion_ids", "logprobs", "finished", "turn_ids", "row_prompt_ids")
+        rows = ("completion_ids", "logprobs", "finished", "turn_ids", "row_prompt_ids", "versions")
         for field in [f for f in rows if getattr(self, f) is not None]:
             got = len(getattr(self, field))
             if got != expected:
@@ -171,23 +174,49 @@ def rollout_to_tensors(rollout: Rollout, pad_id: int) -> RolloutTensors:
 
 
 class RolloutEngine(abc.ABC):
-    """Samples completions for prompts given as token ids."""
+    """Samples completions for prompts given as token ids.
+
+    This class declares everything a caller (the :class:`~lightning_grpo.RolloutCallback`, the weight push,
+    the agents) may use of an engine; the defaults suit an engine that samples from the live policy."""
 
     needs_weight_sync: bool = True
     """True when the engine holds its own copy of the weights, which the trainer must refresh with
     :meth:`load_weights` after every optimizer step (False for engines that sample from the live policy)."""
 
+    max_model_len: int | None = None
+    """Longest prompt + completion the engine takes, in tokens; None = no limit the engine knows of."""
+
     @abc.abstractmethod
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
-        """Sample ``sampling.n`` completions for each prompt; the same ``seed`` reproduces the rollout."""
+        """Sample ``sampling.n`` completions for each prompt; the same ``seed`` reproduces the rollout.
+        Engines that know which weights sampled a row report it in :attr:`Rollout.versions`."""
 
     @abc.abstractmethod
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the engine's weights with ``(hf_name, tensor)`` pairs named as in an HF checkpoint."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
+        """Replace the engine's weights with ``(hf_name, tensor)`` pairs named as in an HF checkpoint;
+        ``version``: the trainer's optimizer step they come from (engines that tag samples with it)."""
 
-    weights_discarded: bool = False
-    """True when the engine dropped its weights (vLLM sleep level 2): push them even if the policy
-    did not change."""
+    def prepare_push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Any:
+        """Snapshot ``weights`` for a later :meth:`send_push` (the caller may change them afterwards);
+        by default a detached copy of every tensor."""
+        return [(name, tensor.detach().clone()) for name, tensor in weights]
+
+    def send_push(self, prepared: Any, version: int) -> None:
+        """Load weights snapshotted by :meth:`prepare_push` as ``version`` (may run on another thread)."""
+        self.load_weights(prepared, version=version)
+
+    @property
+    def weights_discarded(self) -> bool:
+        """True when the engine dropped its weights (vLLM sleep level 2): push them even if the policy
+        did not change."""
+        return False
+
+    def load_lora_adapter(self, path: str) -> None:
+        """Sample with the peft adapter saved in ``path`` from now on (engines that serve adapters)."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve LoRA adapters (rollout.weight_sync.lora: merged)")
+
+    def unload_lora_adapter(self) -> None:
+        """Stop applying the adapter of :meth:`load_lora_adapter` (no-op when none is loaded)."""
 
     def sleep(self) -> None:
         """Release memory until the next :meth:`load_weights` or :meth:`generate` (engines with a

@@ -3,49 +3,66 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..core.registry import Registry
 from .base import RolloutEngine
+from .vllm_args import VLLMArgs
+
+if TYPE_CHECKING:
+    from .vllm_server import ServerSettings
 
 ENGINES: Registry = Registry("rollout engine")
 
 
+def _same(obj: Any) -> Any:
+    return obj
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """Where the engine runs: handed over by the caller (the RolloutCallback reads them from its Trainer)."""
+
+    rank: int = 0
+    """This process's global rank."""
+    world_size: int = 1
+    """Processes in the run."""
+    log_dir: str | None = None
+    """The run's log directory (started vLLM servers write their logs under it); None = a temporary one."""
+    broadcast: Callable[[Any], Any] = _same
+    """Rank 0's value on every rank (every rank calls it together); the identity for one process."""
+
+
 @ENGINES.register("hf")
-def _hf_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutEngine:
+def _hf_engine(module, tokenizer, seed: int, settings: Any, context: EngineContext) -> RolloutEngine:
     from .hf import HFEngine
 
-    if args:
-        raise ValueError(
-            f"engine 'hf' takes no engine arguments (rollout.vllm_args are for engine 'vllm'), got {sorted(args)}"
-        )
+    if settings is not None:
+        raise ValueError(f"engine 'hf' takes no engine settings, got {type(settings).__name__}")
     return HFEngine(module.policy, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
 
 
 @ENGINES.register("vllm")
-def _vllm_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutEngine:
+def _vllm_engine(module, tokenizer, seed: int, settings: VLLMArgs | None, context: EngineContext) -> RolloutEngine:
     """vLLM loads the architecture from a checkpoint directory: the module's model path when it
     has one, otherwise the live policy saved to a temporary directory. The current weights are
     pushed right after (the callback does it before the first generation)."""
     from .vllm import VLLMEngine
 
-    return VLLMEngine(_model_dir(module, tokenizer), seed=seed, **args)
+    return VLLMEngine(_model_dir(module, tokenizer), settings, seed=seed)
 
 
 @ENGINES.register("vllm_server")
-def _vllm_server_engine(module, tokenizer, seed: int, args: dict[str, Any]) -> RolloutEngine:
+def _vllm_server_engine(module, tokenizer, seed: int, settings: ServerSettings | None, context: EngineContext) -> RolloutEngine:
     """vLLM servers (``rollout/vllm_server.py``): the user's (``urls``) or started on the model directory."""
     from .vllm_server import ServerSettings, build_server_engine
 
-    settings = ServerSettings.from_args(args)
-    trainer = module._trainer
-    rank = trainer.global_rank if trainer is not None else 0
-    log_dir = (trainer.log_dir if trainer is not None else None) or tempfile.mkdtemp(prefix="lightning-grpo-servers-")
+    settings = settings if settings is not None else ServerSettings()
+    log_dir = context.log_dir or tempfile.mkdtemp(prefix="lightning-grpo-servers-")
     model_dir = _model_dir(module, tokenizer) if settings.urls is None else None
-    if trainer is not None and trainer.world_size > 1:
-        return build_server_engine(settings, model_dir, rank, log_dir, lambda obj: trainer.strategy.broadcast(obj, src=0))
-    return build_server_engine(settings, model_dir, rank, log_dir)
+    return build_server_engine(settings, model_dir, context.rank, log_dir, context.broadcast)
 
 
 def _model_dir(module, tokenizer) -> str:
@@ -96,6 +113,9 @@ def _save_for_engine(policy, tokenizer) -> str:
     return str(directory)
 
 
-def build_engine(name: str, module, tokenizer, seed: int, args: dict[str, Any] | None = None) -> RolloutEngine:
-    """The engine called ``name`` ("vllm", "vllm_server" or "hf") for ``module``'s policy."""
-    return ENGINES.get(name)(module, tokenizer, seed, dict(args or {}))
+def build_engine(name: str, module, tokenizer, seed: int, settings: VLLMArgs | ServerSettings | None = None,
+                 context: EngineContext = EngineContext()) -> RolloutEngine:  # fmt: skip
+    """The engine called ``name`` ("vllm", "vllm_server" or "hf") for ``module``'s policy, with its settings
+    (:class:`~lightning_grpo.rollout.vllm_args.VLLMArgs`, :class:`~lightning_grpo.rollout.vllm_server.ServerSettings`
+    or None for "hf")."""
+    return ENGINES.get(name)(module, tokenizer, seed, settings, context)

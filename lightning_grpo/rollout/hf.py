@@ -86,7 +86,7 @@ class HFEngine(RolloutEngine):
         stops = {self.eos_token_id, *(sampling.stop_token_ids or ())}
         return self._cut_at_eos(prompt_ids, new_tokens.tolist(), token_logprobs.tolist(), sampling.n, stops)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """No-op: the engine samples from the live policy."""
 
     def _left_pad(self, prompt_ids: list[list[int]], n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

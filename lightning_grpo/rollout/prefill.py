@@ -50,7 +50,7 @@ def cpu_prefill_budget(max_model_len: int, max_num_batched_tokens: int | None, f
 
 
 def cpu_llm_kwargs(
-    max_model_len: int, max_num_batched_tokens: int | None, extra: dict[str, Any], where: str = "vllm_args"
+    max_model_len: int, max_num_batched_tokens: int | None, extra: dict[str, Any], where: str = "rollout.vllm"
 ) -> dict[str, Any]:
     """``vllm.LLM`` scheduler arguments for a CPU engine: chunked prefill off, the prefill budget of
     :func:`cpu_prefill_budget`. ``extra`` (the user's other ``LLM`` arguments, ``{where}.extra_llm_kwargs``)
@@ -71,13 +71,13 @@ def cpu_server_args(max_model_len: int, max_num_batched_tokens: int | None, serv
     for arg in server_args:
         name = str(arg).split("=", 1)[0]
         if name in ("--enable-chunked-prefill", "--enable_chunked_prefill"):
-            raise ValueError(f"vllm_args.server_args {arg!r}: {CHUNKED_PREFILL_ON_CPU}; remove the option")
+            raise ValueError(f"rollout.server.server_args {arg!r}: {CHUNKED_PREFILL_ON_CPU}; remove the option")
         if name in ("--max-num-batched-tokens", "--max_num_batched_tokens"):
             raise ValueError(
-                f"vllm_args.server_args {arg!r}: set the prefill budget with vllm_args.max_num_batched_tokens "
+                f"rollout.server.server_args {arg!r}: set the prefill budget with rollout.server.max_num_batched_tokens "
                 "(checked against max_model_len before the server starts)"
             )
-    budget = cpu_prefill_budget(max_model_len, max_num_batched_tokens, "vllm_args.max_num_batched_tokens")
+    budget = cpu_prefill_budget(max_model_len, max_num_batched_tokens, "rollout.server.max_num_batched_tokens")
     return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
@@ -37,21 +36,13 @@ class NoServerLeftError(RuntimeError):
     """Every vLLM server of the engine stopped answering."""
 
 
-@dataclass
-class ServerRollout(Rollout):
-    """A :class:`Rollout` that also records, per completion, the weight version that sampled it."""
-
-    versions: list[int] = field(default_factory=list)
-    """P*G weight versions (the ``trainer.global_step`` of the push; -1 = the server's initial weights)."""
-
-
 class ServerEngine(RolloutEngine):
     """Samples on vLLM servers; see the module docstring.
 
     Args:
         clients: one :class:`ServerClient` per server.
         dtype: the servers' dtype (pushed weights are cast to it).
-        max_model_len: the servers' longest prompt + completion (checked before sending).
+        max_model_len: the servers' longest prompt + completion (checked before sending; None = unchecked).
         pusher: this process pushes weights (DDP: rank 0 only). Other processes' ``load_weights``
             waits until every server reports the version instead.
         bucket_bytes: bytes per shared-memory bucket (one ``/update_weights`` call each).
@@ -65,14 +56,13 @@ class ServerEngine(RolloutEngine):
     """
 
     needs_weight_sync = True
-    versioned = True  # load_weights(weights, version=step): the callback passes the trainer's step
 
     def __init__(
         self,
         clients: list[ServerClient],
         *,
         dtype: str = "float32",
-        max_model_len: int = 512,
+        max_model_len: int | None = None,
         pusher: bool = True,
         bucket_bytes: int = BUCKET_BYTES,
         processes: list | None = None,
@@ -115,13 +105,13 @@ class ServerEngine(RolloutEngine):
         self.dead.setdefault(client.url, str(err))
 
     # -------------------------------------------------------------- generation
-    def generate(
-        self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int, stop_token_ids: list[int] | None = None
-    ) -> ServerRollout:
-        """Sample ``sampling.n`` completions per prompt on the servers (``stop_token_ids``: extra
-        token ids that end a completion, e.g. a multi-turn agent's end-of-turn)."""
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
+        """Sample ``sampling.n`` completions per prompt on the servers; every row carries the weight
+        version that sampled it (:attr:`Rollout.versions`)."""
         validate_prompts(prompt_ids)
-        check_fits(prompt_ids, sampling.max_new_tokens, self.max_model_len, "servers'", "vllm_args.max_model_len")
+        if self.max_model_len is not None:
+            check_fits(prompt_ids, sampling.max_new_tokens, self.max_model_len, "servers'", "rollout.server.max_model_len")
+        stop_token_ids = sampling.stop_token_ids
         base = {
             "n": sampling.n,
             "temperature": sampling.temperature,
@@ -209,10 +199,10 @@ class ServerEngine(RolloutEngine):
         self.processes = []
 
 
-def _to_rollout(prompt_ids: list[list[int]], results: list[list[Sample]], n: int, base: int = 0) -> ServerRollout:
+def _to_rollout(prompt_ids: list[list[int]], results: list[list[Sample]], n: int, base: int = 0) -> Rollout:
     """Samples as one rollout; versions in this run's numbering (-1: weights this run never pushed)."""
     samples = [s for per_prompt in results for s in per_prompt]
-    return ServerRollout(
+    return Rollout(
         prompt_ids=[list(p) for p in prompt_ids],
         completion_ids=[s.token_ids for s in samples],
         logprobs=[s.logprobs for s in samples],

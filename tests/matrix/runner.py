@@ -116,7 +116,7 @@ def cell_config(cell: dict[str, str], folder: Path, version: str, server_url: st
     at every step, every completion logged, the logits probe)."""
     config = yaml.safe_load(RECIPE.read_text())
     rollout = dict(config.pop("rollout"))
-    rollout.pop("vllm_args", None)  # every engine value sets its own
+    rollout.pop("vllm", None)  # every engine value sets its own section
     config["rollout"] = {"class_path": "lightning_grpo.RolloutCallback", "init_args": rollout}
     for dimension, value in cell.items():
         config = merge(config, DIMENSIONS[dimension][value])

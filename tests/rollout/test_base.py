@@ -99,8 +99,8 @@ def test_vllm_engine_from_a_hub_id_that_cannot_be_fetched_names_it(monkeypatch):
 def test_check_fits_names_the_lengths_the_engine_and_the_setting():
     check_fits([[1, 2, 3], [4] * 10], max_new_tokens=6, max_model_len=16, whose="engine's", remedy="X")  # 10 + 6 = 16 fits
     with pytest.raises(ValueError) as err:
-        check_fits([[1, 2, 3], [4] * 10], max_new_tokens=7, max_model_len=16, whose="servers'", remedy="vllm_args.max_model_len")
+        check_fits([[1, 2, 3], [4] * 10], max_new_tokens=7, max_model_len=16, whose="servers'", remedy="rollout.server.max_model_len")
     assert str(err.value) == (
         "longest prompt (10 tokens) + max_new_tokens (7) exceeds the servers' max_model_len (16); "
-        "raise vllm_args.max_model_len"
+        "raise rollout.server.max_model_len"
     )

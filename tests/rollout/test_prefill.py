@@ -40,5 +40,7 @@ def test_drop_in_engine_rejects_chunked_prefill(tiny_model_path):
     pytest.importorskip("vllm")
     from lightning_grpo.rollout.vllm import VLLMEngine
 
-    with pytest.raises(ValueError, match=r"vllm_args.extra_llm_kwargs.enable_chunked_prefill=True: chunked prefill is not supported"):
-        VLLMEngine(str(tiny_model_path), extra_llm_kwargs={"enable_chunked_prefill": True})
+    from lightning_grpo.rollout.vllm_args import VLLMArgs
+
+    with pytest.raises(ValueError, match=r"rollout.vllm.extra_llm_kwargs.enable_chunked_prefill=True: chunked prefill is not supported"):
+        VLLMEngine(str(tiny_model_path), VLLMArgs(extra_llm_kwargs={"enable_chunked_prefill": True}))

@@ -1,4 +1,4 @@
-"""Sleep mode of the colocated vLLM engine (``vllm_args.sleep_level``): the order of the calls.
+"""Sleep mode of the colocated vLLM engine (``rollout.vllm.sleep_level``): the order of the calls.
 
 On CPU vLLM's sleep / wake_up free nothing, but the engine makes the same calls as on a GPU, so the
 order is checked here: a recording double of ``vllm.LLM`` (the session engine's own LLM behind a
@@ -12,7 +12,8 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import (EvaluationSettings, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback,
+                            SamplingConfig, VLLMArgs)  # fmt: skip
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.sleep import EngineSleep
 
@@ -70,15 +71,16 @@ def test_level_0_makes_no_call():
 
 @pytest.mark.parametrize("level", [3, -1, "1"])
 def test_bad_sleep_level(level):
-    with pytest.raises(ValueError, match=r"vllm_args.sleep_level must be 0 \(off\), 1 or 2"):
+    with pytest.raises(ValueError, match=r"rollout.vllm.sleep_level must be 0 \(off\), 1 or 2"):
         EngineSleep(level)
 
 
 def test_sleep_level_2_without_weight_sync_is_refused():
-    from tests.bad_input_helpers import fit_error, hf_callback
+    from lightning_grpo import WeightSyncSettings
+    from tests.bad_input_helpers import cpu_vllm, fit_error, hf_callback
 
-    fit_error(ValueError, r"rollout.vllm_args.sleep_level=2 discards the engine's weights .* needs rollout.weight_sync: true",
-              callback=hf_callback(engine="vllm", weight_sync=False, vllm_args={"sleep_level": 2}))  # fmt: skip
+    fit_error(ValueError, r"rollout.vllm.sleep_level=2 discards the engine's weights .* needs rollout.weight_sync.enabled: true",
+              callback=hf_callback(engine="vllm", weight_sync=WeightSyncSettings(enabled=False), vllm=cpu_vllm(sleep_level=2)))  # fmt: skip
 
 
 # ------------------------------------------------------------------ the real engine, in training
@@ -112,8 +114,8 @@ def recording_engine(vllm_engine, monkeypatch):
     calls: list[str] = []
     original_push = vllm_engine.load_weights
 
-    def push(weights):
-        original_push(weights)
+    def push(weights, version=None):
+        original_push(weights, version=version)
         calls.append("push")
 
     monkeypatch.setattr(vllm_engine, "_llm", RecordingLLM(vllm_engine._llm, calls))
@@ -137,7 +139,7 @@ def tiny_cache_env(tiny_model_path, monkeypatch):
 def _train(engine, steps: int, evaluate_first: bool) -> None:
     L.seed_everything(0)
     callback = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3), rewards=[RewardSpec("prefix_match")],
-                               seed=3, val_samples=2)  # fmt: skip
+                               seed=3, evaluation=EvaluationSettings(samples=2))  # fmt: skip
     callback.use_engine(engine)
     trainer = L.Trainer(
         max_steps=steps, callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
@@ -176,7 +178,8 @@ def test_sleep_frees_gpu_memory(tiny_model_path, level):
     from transformers import AutoModelForCausalLM
 
     kv_bytes = 256 * 1024**2
-    engine = VLLMEngine(str(tiny_model_path), sleep_level=level, kv_cache_memory_bytes=kv_bytes, gpu_memory_utilization=0.2)
+    engine = VLLMEngine(str(tiny_model_path), VLLMArgs(max_model_len=512, sleep_level=level, kv_cache_memory_bytes=kv_bytes,
+                                                       gpu_memory_utilization=0.2))  # fmt: skip
     try:
         weights = list(AutoModelForCausalLM.from_pretrained(str(tiny_model_path)).state_dict().items())
         sampling = SamplingConfig(n=4, max_new_tokens=8)

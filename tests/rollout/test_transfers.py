@@ -102,19 +102,19 @@ def test_tcp_connect_reports_missing_workers():
 
     transport = TcpTransport("127.0.0.1", 0, timeout=0.5)
     try:
-        with pytest.raises(ConnectionError, match=r"0 of 2 workers connected to 127.0.0.1:\d+ within 0 s \(can the server reach this address\? vllm_args.transfer_host\)"):
+        with pytest.raises(ConnectionError, match=r"0 of 2 workers connected to 127.0.0.1:\d+ within 0 s \(can the server reach this address\? rollout.server.transfer_host\)"):
             transport.push(Silent(world=2), transport.prepare(_weights(), torch.float32, 1 << 20), 0)
     finally:
         transport.close()
 
 
 @pytest.mark.parametrize("args, message", [
-    ({"transfer": "rdma"}, r"vllm_args.transfer must be one of shm, tcp, nccl, got 'rdma'"),
-    ({"transfer": "tcp", "transfer_port": 70000}, r"vllm_args.transfer_port must be a TCP port \(0 = any free one\), got 70000"),
+    ({"transfer": "rdma"}, r"rollout.server.transfer must be one of shm, tcp, nccl, got 'rdma'"),
+    ({"transfer": "tcp", "transfer_port": 70000}, r"rollout.server.transfer_port must be a TCP port \(0 = any free one\), got 70000"),
 ])  # fmt: skip
 def test_bad_transfer_settings(args, message):
     with pytest.raises(ValueError, match=message):
-        ServerSettings.from_args({"urls": ["http://10.0.0.2:8000"], **args})
+        ServerSettings(urls=["http://10.0.0.2:8000"], **args)
 
 
 # ------------------------------------------------------------------------------------- NCCL
@@ -199,5 +199,5 @@ def test_nccl_transport_drives_vllms_trainer_engine(monkeypatch):
 def test_nccl_needs_cuda_in_the_trainer():
     from lightning_grpo.rollout.nccl_transfer import NcclTransport
 
-    with pytest.raises(RuntimeError, match=r"vllm_args.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp"):
+    with pytest.raises(RuntimeError, match=r"rollout.server.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp"):
         NcclTransport().prepare([("w", torch.zeros(2))], torch.bfloat16, 1 << 20)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import torch
 
 import lightning_grpo.rollout.vllm as vllm_module
 from lightning_grpo.rollout.vllm import MISSING_VLLM, VLLMEngine
+from lightning_grpo.rollout.vllm_args import VLLMArgs
 
 
 def test_missing_vllm_raises_the_install_hint(monkeypatch, tiny_model_path):
@@ -47,7 +50,7 @@ def test_construction_passes_the_engine_settings_and_keeps_the_global_rng(fake_v
     np.random.seed(1234)
     states = (torch.random.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
     extra = {"max_num_seqs": 64, "enable_prefix_caching": False}  # extra_llm_kwargs may override our settings
-    VLLMEngine(str(tiny_model_path), seed=7, block_size=32, extra_llm_kwargs=extra)
+    VLLMEngine(str(tiny_model_path), VLLMArgs(kv_cache_memory_bytes=64 * 1024**2, block_size=32, extra_llm_kwargs=extra), seed=7)
     assert torch.equal(torch.random.get_rng_state(), states[0])
     assert random.getstate() == states[1]
     assert np.array_equal(np.random.get_state()[1], states[2])
@@ -58,10 +61,19 @@ def test_construction_passes_the_engine_settings_and_keeps_the_global_rng(fake_v
     assert kwargs["enforce_eager"] is True and kwargs["block_size"] == 32
     assert kwargs["max_num_seqs"] == 64 and kwargs["enable_prefix_caching"] is False
     assert "enable_lora" not in kwargs
+    config = json.loads((Path(tiny_model_path) / "config.json").read_text())
+    assert kwargs["max_model_len"] == config["max_position_embeddings"]  # not set: the model's own
+
+
+def test_defaults_leave_the_kv_cache_to_vllm(fake_vllm, tiny_model_path):
+    """The defaults suit a GPU: vLLM sizes the KV cache from gpu_memory_utilization."""
+    engine = VLLMEngine(str(tiny_model_path), VLLMArgs(max_model_len=40))
+    kwargs = _ReseedingLLM.last_kwargs
+    assert "kv_cache_memory_bytes" not in kwargs and kwargs["max_model_len"] == engine.max_model_len == 40
 
 
 def test_lora_settings_are_passed_when_enabled(fake_vllm, tiny_model_path):
-    VLLMEngine(str(tiny_model_path), enable_lora=True, max_lora_rank=32)
+    VLLMEngine(str(tiny_model_path), VLLMArgs(enable_lora=True, max_lora_rank=32))
     kwargs = _ReseedingLLM.last_kwargs
     assert kwargs["enable_lora"] is True and kwargs["max_lora_rank"] == 32
 
@@ -69,6 +81,6 @@ def test_lora_settings_are_passed_when_enabled(fake_vllm, tiny_model_path):
 def test_rejects_a_bad_dtype_and_a_missing_checkpoint(fake_vllm, tiny_model_path, tmp_path):
     expected = r"VLLMEngine dtype must be one of \['bfloat16', 'float16', 'float32'\], got 'fp8'"
     with pytest.raises(ValueError, match=expected):
-        VLLMEngine(str(tiny_model_path), dtype="fp8")
+        VLLMEngine(str(tiny_model_path), VLLMArgs(dtype="fp8"))
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         VLLMEngine(str(tmp_path))
