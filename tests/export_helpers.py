@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_grpo import report
+from lightning_grpo.cli import report
 
 SEQUENCE = "4821=5"
 

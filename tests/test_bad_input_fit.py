@@ -162,14 +162,20 @@ def test_vllm_engine_bad_argument(monkeypatch, tiny_model_path, kwargs, message)
         VLLMEngine(str(tiny_model_path), VLLMArgs(**kwargs))
 
 
-def test_engine_sections_of_another_engine():
-    with pytest.raises(ValueError, match=r"^rollout.vllm is set \(max_model_len=64\), but rollout.engine is 'hf' \(the section is engine "
-                       r"vllm's\): remove it \(on the command line: --rollout.vllm '\{\"max_model_len\": null\}'\)$"):
-        hf_callback(vllm=VLLMArgs(max_model_len=64))
-    with pytest.raises(ValueError, match=r"^rollout.server is set \(num_servers=2\), but rollout.engine is 'vllm'"):
-        hf_callback(engine="vllm", server=ServerSettings(num_servers=2))
-    with pytest.raises(ValueError, match=r"^rollout.vllm is set \(kv_cache_memory_bytes=67108864\), but rollout.engine is 'vllm_server'"):
-        hf_callback(engine="vllm_server", vllm=cpu_vllm())
+def test_engine_sections_of_another_engine_are_said_not_refused(caplog):
+    """A recipe switched to another engine on the command line keeps working; the unused section is one line."""
+    from lightning_grpo.callbacks.async_setup import unused_engine_sections
+
+    assert unused_engine_sections("hf", VLLMArgs(max_model_len=64), ServerSettings()) == [
+        "rollout.vllm is set (max_model_len=64) but not used: rollout.engine is 'hf'"]
+    assert unused_engine_sections("vllm", VLLMArgs(), ServerSettings(num_servers=2)) == [
+        "rollout.server is set (num_servers=2) but not used: rollout.engine is 'vllm'"]
+    assert unused_engine_sections("vllm_server", cpu_vllm(), ServerSettings()) == [
+        "rollout.vllm is set (kv_cache_memory_bytes=67108864) but not used: rollout.engine is 'vllm_server'"]
+    assert unused_engine_sections("vllm", cpu_vllm(), ServerSettings()) == []
+    with caplog.at_level("INFO"):
+        callback = hf_callback(vllm=VLLMArgs(max_model_len=64))
+    assert callback.engine_name == "hf"
 
 
 @pytest.mark.parametrize(

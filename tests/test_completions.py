@@ -12,7 +12,7 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
-from lightning_grpo import report
+from lightning_grpo.cli import report
 from lightning_grpo.callbacks.completions import CompletionLogSettings, log_table
 
 from tests.run_helpers import train_recipe as _train

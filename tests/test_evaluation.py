@@ -85,7 +85,7 @@ def test_validate_a_quickstart_checkpoint(tmp_path, digit_teacher_path):
     checkpoint would report the untrained policy's), and pass@k that rises with k up to 1."""
     from transformers import AutoModelForCausalLM
 
-    from lightning_grpo import report
+    from lightning_grpo.cli import report
 
     _, run_dir = train_recipe(tmp_path, "quickstart.yaml", 3)
     untrained = report.load_run(run_dir).series["val/greedy_accuracy"][-1][1]

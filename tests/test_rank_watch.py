@@ -51,3 +51,19 @@ def test_one_process_runs_are_not_watched(user_handler):
     trainer.world_size = 1
     watch.on_train_start(trainer, None)
     assert signal.getsignal(signal.SIGTERM) is _mine
+
+
+def test_the_command_line_attaches_one_rank_watch_that_handles_signals(tmp_path, tiny_model_path, monkeypatch):
+    """``lightning-grpo fit`` adds RankWatch(handle_signals=True); a recipe that lists its own keeps only that one."""
+    from pathlib import Path
+
+    from tests.bad_input_helpers import cli
+
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml")
+    common = ["-c", recipe, "--rollout.engine=hf", "--trainer.logger=false", f"--trainer.default_root_dir={tmp_path}"]
+    watches = [c for c in cli(common, run=False).trainer.callbacks if isinstance(c, RankWatch)]
+    assert len(watches) == 1 and watches[0].handle_signals
+    own = '--trainer.callbacks+={"class_path": "lightning_grpo.callbacks.distributed.RankWatch", "init_args": {"grace": 7.0}}'
+    watches = [c for c in cli([*common, own], run=False).trainer.callbacks if isinstance(c, RankWatch)]
+    assert [(w.grace, w.handle_signals) for w in watches] == [(7.0, False)]

@@ -13,7 +13,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from lightning_grpo import report
+from lightning_grpo.cli import report
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 20

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_grpo import report
+from lightning_grpo.cli import report
 
 from tests.bad_input_helpers import HF_ENGINE, cli, tiny_cache  # noqa: F401
 from tests.run_helpers import ROOT

@@ -4,7 +4,6 @@ engine sections) and a checkpoint written before a run stops because no vLLM ser
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from dataclasses import fields
 from typing import Any, Iterator
@@ -36,17 +35,16 @@ def check_async_loss(max_staleness: int, loss: Any) -> None:
         )
 
 
-def check_engine_sections(engine: str, vllm: VLLMArgs, server: ServerSettings) -> None:
-    """Settings of an engine the run does not use: one error naming them instead of ignoring them."""
+def unused_engine_sections(engine: str, vllm: VLLMArgs, server: ServerSettings) -> list[str]:
+    """One line per section set for an engine the run does not use (a recipe switched to ``--rollout.engine hf``
+    keeps its ``vllm`` section: said, not refused)."""
+    lines = []
     for key, owner, settings in (("vllm", "vllm", vllm), ("server", "vllm_server", server)):
         changed = _changed_fields(settings, type(settings)())
         if engine != owner and changed:
             values = ", ".join(f"{name}={value!r}" for name, value in changed)
-            reset = json.dumps({name: getattr(type(settings)(), name) for name, _ in changed})
-            raise ValueError(
-                f"rollout.{key} is set ({values}), but rollout.engine is {engine!r} (the section is engine {owner}'s): "
-                f"remove it (on the command line: --rollout.{key} '{reset}')"
-            )
+            lines.append(f"rollout.{key} is set ({values}) but not used: rollout.engine is {engine!r}")
+    return lines
 
 
 def _changed_fields(settings: Any, default: Any) -> list[tuple[str, Any]]:

@@ -131,13 +131,13 @@ class RankWatch(Callback):
         self._deadline: float | None = None  # monotonic time after which this rank is ended
         self._exit_status: int | None = None
         self._pipe: tuple[int, int] | None = None
-        self._trainer: Any = None
+        self._fit_trainer: Any = None
 
     # ---------------------------------------------------------------------------- lifecycle
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if trainer.world_size < 2:
             return
-        self._trainer, self._rank = trainer, trainer.global_rank
+        self._fit_trainer, self._rank = trainer, trainer.global_rank
         procs = list(getattr(trainer.strategy.launcher, "procs", None) or [])  # Lightning's subprocess launcher
         first = trainer.node_rank * trainer.num_devices + 1
         self._procs = {first + i: proc for i, proc in enumerate(procs)}
@@ -169,7 +169,7 @@ class RankWatch(Callback):
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """This rank's fit failed: name the rank that stopped answering (a collective timeout) or
         exited, end the ranks this process launched, and make sure this one ends too."""
-        if self._trainer is None or self._done.is_set():
+        if self._fit_trainer is None or self._done.is_set():
             return
         silent = self._silent_ranks(trainer) if _is_timeout(exception) else []
         for rank in silent:  # named already; no second report of the kill
@@ -222,7 +222,7 @@ class RankWatch(Callback):
                     continue
                 self._reported.add(rank)
                 _say(f"lightning-grpo: rank {rank} (pid {proc.pid}) exited with status {status} at step "
-                     f"{self._trainer.global_step}; stopping the run")  # fmt: skip
+                     f"{self._fit_trainer.global_step}; stopping the run")  # fmt: skip
                 self._arm()
             if self._parent is not None and os.getppid() != self._parent:
                 _say(f"lightning-grpo: rank {self._rank}: the launcher (rank 0, pid {self._parent}) is gone; stopping")

@@ -22,6 +22,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from ..core.batch import BatchGeometry, RolloutBatch
@@ -32,7 +33,7 @@ from ..rollout.vllm_args import VLLMArgs
 from ..rollout.vllm_server import ServerSettings
 from ..checks.validation import check_fit_config
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
-from .async_setup import check_async_config, check_engine_sections, checkpoint_on_server_failure
+from .async_setup import check_async_config, checkpoint_on_server_failure, unused_engine_sections
 from .completions import CompletionLog, CompletionLogSettings
 from .evaluation import evaluate_prompts
 from .settings import EvaluationSettings, SelectionSettings, WeightSyncSettings
@@ -91,7 +92,8 @@ class RolloutCallback(Callback):
         seed: int | None = None,
     ) -> None:
         check_async_config(engine, max_staleness)
-        check_engine_sections(engine, vllm, server)
+        for line in unused_engine_sections(engine, vllm, server):
+            rank_zero_info(line)
         self.engine_name = engine
         self.vllm = replace(vllm)
         self.server = replace(server)

@@ -97,11 +97,11 @@ def condense(message: str, parser: Any = None, config: Any = None) -> str:
     the key of a ``class_path`` when the message names none, as instantiation errors do)."""
     line = _condense(message, parser, config)
     key, sep, text = line.partition(": ")
-    if sep and ("not an option" in text or text.startswith("unrecognized arguments")):
-        renamed = renamed_key_message(key)
-        if renamed is not None:
-            return renamed
-    return line
+    if key == "unrecognized arguments":  # --model.num_iterations 2: the first option given
+        key = next((a[2:].split("=")[0] for a in text.split() if a.startswith("--")), "")
+    elif not (sep and "not an option" in text):
+        return line
+    return renamed_key_message(key) or line
 
 
 def _condense(message: str, parser: Any = None, config: Any = None) -> str:

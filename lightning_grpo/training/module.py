@@ -121,7 +121,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         if self.reference_mode == "copy" and self.reference is None:
             self.reference = copy.deepcopy(self.policy).eval().requires_grad_(False)
         if self.distiller is not None:  # teachers loaded and checked against the tokenizer before training
-            datamodule = self.trainer.datamodule if self._trainer is not None else None
+            trainer = self.attached_trainer
+            datamodule = trainer.datamodule if trainer is not None else None
             self.distiller.build(getattr(datamodule, "tokenizer", None), getattr(datamodule, "train_records", None))
         mesh = self.device_mesh  # set by ModelParallelStrategy: shard with FSDP2 over data parallelism
         if mesh is not None and not fsdp_units(self.policy):

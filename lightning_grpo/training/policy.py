@@ -84,20 +84,31 @@ class PolicyMixin:
             self.policy.gradient_checkpointing_enable()
         self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
 
+    @property
+    def attached_trainer(self) -> Any:
+        """The Trainer this module is attached to, or None (built, or used, outside a fit)."""
+        try:
+            return self.trainer
+        except RuntimeError:  # Lightning: "... is not attached to a `Trainer`"
+            return None
+
     def _load_policy(self) -> nn.Module:
         self._model_source = self.model_source  # the run seed's folder of a built-in model, fixed from now on
-        device = self.trainer.strategy.root_device if self._trainer is not None else torch.device("cpu")
+        trainer = self.attached_trainer
+        device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
         return load_policy(self.model_source, self.policy_settings.dtype, self.lora, self.quantization, device)
 
     def precision_context(self):
         """The trainer's autocast context (training_step's), so no-grad forwards match the trained log-probs."""
-        return self.trainer.precision_plugin.forward_context() if self._trainer is not None else nullcontext()
+        trainer = self.attached_trainer
+        return trainer.precision_plugin.forward_context() if trainer is not None else nullcontext()
 
     def _save_export_info(self, checkpoint: dict[str, Any]) -> None:
         """Store what ``lightning-grpo export`` needs besides the weights (config, tokenizer files, LoRA)."""
         from ..models.export import EXPORT_KEY, export_info
 
-        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        trainer = self.attached_trainer
+        datamodule = trainer.datamodule if trainer is not None else None
         if self.policy is not None:
             checkpoint[EXPORT_KEY] = export_info(self, getattr(datamodule, "tokenizer", None))
 
@@ -108,8 +119,9 @@ class PolicyMixin:
     def _global_sum(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` summed over the ranks (float32, on this module's device)."""
         value = value.to(self.device, torch.float32)
-        if self._trainer is not None and self.trainer.world_size > 1:
-            value = self.trainer.strategy.reduce(value.clone(), reduce_op="sum")
+        trainer = self.attached_trainer
+        if trainer is not None and trainer.world_size > 1:
+            value = trainer.strategy.reduce(value.clone(), reduce_op="sum")
         return value
 
     def configure_optimizers(self):
