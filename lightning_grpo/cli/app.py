@@ -15,6 +15,7 @@ as one line (:mod:`lightning_grpo.cli.errors`), and the fit-time checks run befo
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,9 +37,8 @@ EPILOG = (
 
 
 def _debug_mode() -> bool:
-    from jsonargparse._common import debug_mode_active  # private, but the same switch jsonargparse's error() reads
-
-    return debug_mode_active()
+    """jsonargparse's documented switch for full error output (``JSONARGPARSE_DEBUG``)."""
+    return bool(os.environ.get("JSONARGPARSE_DEBUG"))
 
 
 class GRPOArgumentParser(LightningArgumentParser):
@@ -51,21 +51,31 @@ class GRPOArgumentParser(LightningArgumentParser):
         self._logger.error(message)
         print_and_exit(condense(message, getattr(ex, "subcommand_parser", None) or self))
 
-    def _load_config_parser_mode(self, content: str, path: Any = "", *args: Any, **kwargs: Any) -> Any:
-        """jsonargparse's YAML load, whose error names ``<unicode string>``: name the file instead."""
-        try:
-            return super()._load_config_parser_mode(content, path, *args, **kwargs)
-        except TypeError as err:
-            where = os.path.abspath(str(path))  # jsonargparse passes the file's name, from inside its folder
-            if path and err.__cause__ is not None and (text := yaml_error(where, err.__cause__, content)):
-                raise TypeError(text) from err.__cause__
-            raise
-
     def format_help(self) -> str:
         text = super().format_help()
         if ROLLOUT_KEY in getattr(self, "callback_keys", []):
             text += "\n" + rollout_options_help()
         return text
+
+
+def check_config_files(args: list[str]) -> None:
+    """Read every ``-c`` / ``--config`` file of ``args`` as YAML first: a file that does not parse is one
+    error line naming the file, line and column (jsonargparse would name ``<unicode string>``)."""
+    import yaml
+
+    paths = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-c", "--config")]
+    paths += [a.split("=", 1)[1] for a in args if a.startswith(("--config=", "-c="))]
+    for path in paths:
+        if not os.path.isfile(path):
+            continue  # jsonargparse says it
+        with open(path, encoding="utf-8", errors="replace") as f:
+            content = f.read()
+        try:
+            yaml.safe_load(content)
+        except yaml.YAMLError as err:
+            text = yaml_error(os.path.abspath(path), err, content)
+            if text is not None:
+                print_and_exit(text)
 
 
 def yaml_error(path: str, err: BaseException, content: str) -> str | None:
@@ -252,6 +262,7 @@ def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[L
     from ..training.module import GRPOModule
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docstrings in --help
+    check_config_files(sys.argv[1:] if args is None else list(args))
     return cli_class(
         model_class or GRPOModule,
         datamodule_class or PromptDataModule,
