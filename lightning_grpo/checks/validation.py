@@ -158,7 +158,7 @@ def _check_lora_sync(module: Any, callback: Any) -> None:
             f"{CB}.weight_sync.lora='adapter' hands the LoRA adapter to vLLM, but {CB}.engine is "
             f"{callback.engine_name!r} (it samples from the live policy): use weight_sync.lora: merged or engine: vllm"
         )
-    if getattr(module, "lora", None) is None:
+    if module.lora is None:
         raise ValueError(f"{CB}.weight_sync.lora='adapter' needs a LoRA policy, but model.lora is not set")
     if not callback.vllm.enable_lora:
         raise ValueError(
@@ -174,7 +174,7 @@ def check_layout(trainer: Any, module: Any, callback: Any = None) -> None:
 
     if not isinstance(getattr(trainer, "strategy", None), ModelParallelStrategy):
         return
-    if getattr(module, "quantization", None) is not None:
+    if module.quantization is not None:
         raise ValueError(
             "model.policy.quantization (QLoRA) does not shard with trainer.strategy ModelParallelStrategy (FSDP2): "
             "use strategy ddp or one device, or train without model.policy.quantization"
@@ -221,7 +221,7 @@ def check_reference(module: Any) -> None:
     """A KL penalty needs a reference model."""
     if module.policy_settings.reference != "none":
         return
-    beta = getattr(getattr(module, "loss_fn", None), "beta", 0.0)
+    beta = module.loss_fn.beta
     if beta:
         raise ValueError(
             f"model.loss.init_args.kl.beta={beta} puts a KL to the reference model in the loss, but "
@@ -238,7 +238,7 @@ def check_reference(module: Any) -> None:
 # ------------------------------------------------------------------------------------- model
 def check_model_source(module: Any) -> None:
     """A local model path (absolute, or starting with ``.`` / ``~``) exists and holds config.json."""
-    source = getattr(module, "model_source", None)
+    source = module.model_source
     if not isinstance(source, str):
         return
     from ..models.hub import is_local_path
@@ -261,14 +261,14 @@ def check_vocabulary(dm: Any, module: Any) -> None:
     tokenizer = getattr(dm, "tokenizer", None)
     if tokenizer is None:
         return
-    policy = getattr(module, "policy", None)
+    policy = module.policy
     if policy is not None and hasattr(policy, "get_input_embeddings"):
         rows, where = policy.get_input_embeddings().num_embeddings, type(policy).__name__
     else:
         config = model_config(module)
         if config is None or not isinstance(config.get("vocab_size"), int):
             return
-        rows, where = config["vocab_size"], getattr(module, "model_source", None) or "the built-in tiny model"
+        rows, where = config["vocab_size"], module.model_source or "the built-in tiny model"
     if len(tokenizer) > rows:
         source = dm.tokenizer_path or type(tokenizer).__name__
         raise ValueError(
@@ -279,7 +279,7 @@ def check_vocabulary(dm: Any, module: Any) -> None:
 
 def check_optimizer(module: Any) -> None:
     """``model.optimizer`` accepts its arguments and has a learning rate > 0 (probed on one tensor)."""
-    factory = getattr(module, "optimizer_factory", None)
+    factory = module.optimizer_factory
     if factory is None:
         return
     name = _callable_name(factory)
@@ -340,7 +340,7 @@ def _engine_max_length(module: Any, callback: Any) -> tuple[int | None, str]:
         return callback.vllm.max_model_len, f"{CB}.vllm.max_model_len"
     if callback.engine_name == "vllm_server":
         return callback.server.max_model_len, f"{CB}.server.max_model_len"
-    policy = getattr(module, "policy", None)
+    policy = module.policy
     config = getattr(policy, "config", None)
     positions = getattr(config, "max_position_embeddings", None)
     if positions is None:
