@@ -229,7 +229,7 @@ def test_lora_sync_adapter_with_hf_engine():
 def test_lora_sync_adapter_without_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     callback = hf_callback(engine="vllm", weight_sync=WeightSyncSettings(lora="adapter"), vllm=cpu_vllm(enable_lora=True))
-    fit_error(ValueError, r"rollout.weight_sync.lora='adapter' needs a LoRA policy, but model.lora is not set", callback=callback)
+    fit_error(ValueError, r"rollout.weight_sync.lora='adapter' needs a LoRA policy, but model.policy.lora is not set", callback=callback)
 
 
 def test_reference_adapter_without_lora():

@@ -159,7 +159,7 @@ def _check_lora_sync(module: Any, callback: Any) -> None:
             f"{callback.engine_name!r} (it samples from the live policy): use weight_sync.lora: merged or engine: vllm"
         )
     if module.lora is None:
-        raise ValueError(f"{CB}.weight_sync.lora='adapter' needs a LoRA policy, but model.lora is not set")
+        raise ValueError(f"{CB}.weight_sync.lora='adapter' needs a LoRA policy, but model.policy.lora is not set")
     if not callback.vllm.enable_lora:
         raise ValueError(
             f"{CB}.weight_sync.lora='adapter' needs {CB}.vllm.enable_lora: true (vLLM serves adapters only "
