@@ -26,15 +26,6 @@ def check_async_config(engine: str, max_staleness: int) -> None:
         )
 
 
-def check_async_loss(max_staleness: int, loss: Any) -> None:
-    """Asynchronous batches are sampled by older weights: the loss must correct for the behaviour policy."""
-    if max_staleness > 0 and loss is not None and not loss.needs_rollout_logprobs:
-        raise ValueError(
-            f"rollout.max_staleness={max_staleness} trains on batches sampled by older weights, but the loss has no "
-            "off-policy correction: set model.loss.init_args.off_policy.correction (e.g. tis_token)"
-        )
-
-
 def unused_engine_sections(engine: str, vllm: VLLMArgs, server: ServerSettings) -> list[str]:
     """One line per section set for an engine the run does not use (a recipe switched to ``--rollout.engine hf``
     keeps its ``vllm`` section: said, not refused)."""

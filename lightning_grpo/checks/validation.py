@@ -86,10 +86,18 @@ def check_rewards(dm: Any, callback: Any) -> None:
     callback.probe_rewards(dm.train_records, dm.tokenizer)
 
 
+def check_async_loss(max_staleness: int, loss: Any) -> None:
+    """Asynchronous batches are sampled by older weights: the loss must correct for the behaviour policy."""
+    if max_staleness > 0 and loss is not None and not loss.needs_rollout_logprobs:
+        raise ValueError(
+            f"rollout.max_staleness={max_staleness} trains on batches sampled by older weights, but the loss has no "
+            "off-policy correction: set model.loss.init_args.off_policy.correction (e.g. tis_token)"
+        )
+
+
 # ------------------------------------------------------------------------------------ engine
 def check_engine(module: Any, callback: Any) -> None:
     """Engine name, vLLM installed, engine settings, the LoRA sync mode and the staleness's correction."""
-    from ..callbacks.async_setup import check_async_loss
     from ..rollout.factory import ENGINES
 
     name = callback.engine_name
