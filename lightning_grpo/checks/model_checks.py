@@ -12,9 +12,7 @@ import torch
 
 def check_loss(module: Any) -> None:
     """``model.loss`` computes a loss on a made-up batch of 4 completions x 3 tokens (all inputs given)."""
-    loss = getattr(module, "loss_fn", None)
-    if loss is None or not callable(loss):
-        return
+    loss = module.loss_fn
     generator = torch.Generator().manual_seed(0)
     logp = -torch.rand(4, 3, generator=generator) - 0.1  # [B, T]
     mask = torch.ones(4, 3)  # [B, T]
@@ -46,7 +44,7 @@ def _loss_field(loss: Any, err: BaseException) -> str:
 
 def check_lora(module: Any) -> None:
     """``model.policy.lora``: ranges, the peft config, and target modules that exist in the architecture."""
-    lora = getattr(module, "lora", None)
+    lora = module.lora
     if lora is None:
         return
     if not isinstance(lora.r, int) or lora.r < 1:
@@ -73,29 +71,20 @@ def check_lora(module: Any) -> None:
 def _meta_policy(module: Any) -> Any:
     """The policy's architecture without weights (``meta`` device), from its config.json; None when
     the policy is a built module or a hub id not on disk."""
-    if getattr(module, "policy", None) is not None:
+    if module.policy is not None:
         return None
     config = model_config(module)
     if config is None:
         return None
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    source = getattr(module, "model_source", None)
-    if source is None:
-        from ..models.tiny import DEFAULT_BUILTIN, builtin_model_path
-
-        source = builtin_model_path(DEFAULT_BUILTIN)  # the built-in tiny model of the run's seed
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(Path(source).expanduser()))
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(Path(module.model_source).expanduser()))
 
 
 def model_config(module: Any) -> dict[str, Any] | None:
     """The policy's config.json as a dict when it is on disk (None for a hub id or a built module)."""
-    source = getattr(module, "model_source", None)
-    if source is None and getattr(module, "policy", None) is None:
-        from ..models.tiny import DEFAULT_BUILTIN, builtin_model_path
-
-        source = builtin_model_path(DEFAULT_BUILTIN)  # the built-in tiny model of the run's seed
+    source = module.model_source  # None: the policy was given as a built module
     if not isinstance(source, str):
         return None
     file = Path(source).expanduser() / "config.json"

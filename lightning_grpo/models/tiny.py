@@ -205,9 +205,6 @@ def tiny_model_dir(config: TinyModelConfig | None = None, cache_dir: str | os.Pa
 #: ``model.model`` / ``data.tokenizer_path`` values naming a built-in tiny model: ``"tiny:chars"``, ``"tiny:tools"``,
 #: optionally with a pinned initialisation seed: ``"tiny:chars@3"``.
 BUILTIN_PREFIX = "tiny:"
-#: The quickstart's built-in model (``model.model: tiny:chars``); model.model has no default.
-DEFAULT_BUILTIN = "tiny:chars"
-
 
 def run_seed() -> int:
     """The run's seed: the value ``lightning.seed_everything`` stored in ``$PL_GLOBAL_SEED`` (LightningCLI's

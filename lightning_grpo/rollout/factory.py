@@ -66,19 +66,16 @@ def _vllm_server_engine(module, tokenizer, seed: int, settings: ServerSettings |
 
 
 def _model_dir(module, tokenizer) -> str:
-    """A checkpoint directory vLLM can load: the module's model path when it has one, otherwise
-    the live policy saved to a temporary directory (the built-in tiny model without a policy)."""
-    path = module.model_source
+    """A checkpoint directory vLLM can load: the module's model path when it has one (a hub id is
+    downloaded), otherwise the live policy saved to a temporary directory."""
     from ..models.hub import is_local_path
 
-    if path is not None and not is_local_path(path):  # a hub id: vLLM needs the files on disk
-        path = _download(path)
-    elif path is None and module.policy is not None:
-        path = _save_for_engine(module.policy, tokenizer)
-    elif path is None:
-        from ..models.tiny import DEFAULT_BUILTIN, builtin_model_path
+    path = module.model_source
 
-        path = builtin_model_path(DEFAULT_BUILTIN)  # the built-in tiny model of the run's seed
+    if path is None:  # the policy was given as a built module
+        path = _save_for_engine(module.policy, tokenizer)
+    elif not is_local_path(path):  # a hub id: vLLM needs the files on disk
+        path = _download(path)
     return str(path)
 
 
