@@ -21,6 +21,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from ..training.module import GRPOModule
+
 
 class ReferenceSync(Callback):
     """Hard (``every``) or soft (``alpha``) updates of the reference toward the policy.
@@ -43,11 +45,12 @@ class ReferenceSync(Callback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if getattr(pl_module, "reference_mode", None) != "copy":
+        mode = pl_module.reference_mode if isinstance(pl_module, GRPOModule) else None
+        if mode != "copy":
             raise ValueError(
                 "ReferenceSync needs a reference model that is a separate copy of the policy (GRPOModule with "
                 "loss beta > 0 or model.algorithm.kl_in_reward.coef and no LoRA, or model.policy.reference: copy); got reference mode "
-                f"{getattr(pl_module, 'reference_mode', None)!r}"
+                f"{mode!r}"
             )
 
     @override

@@ -57,7 +57,7 @@ class SavePretrained(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Refuse, before training, a ``dirpath`` that holds something other than a saved model (it is
         replaced whole), and ``merge_lora: false`` without LoRA."""
-        if not self.merge_lora and getattr(pl_module, "lora", None) is None:
+        if not self.merge_lora and pl_module.lora is None:
             raise ValueError("SavePretrained.merge_lora=false saves a LoRA adapter, but model.policy.lora is not set")
         path = self.dirpath
         if path is not None and path.exists() and (not path.is_dir() or (any(path.iterdir()) and not _is_model_folder(path))):
@@ -95,7 +95,7 @@ class SavePretrained(Callback):
                 self._shift_previous(out)
                 write_model_folder(pl_module.policy, tokenizer, out, dtype=self.dtype, adapter=not self.merge_lora,
                                    weights=None if not self.merge_lora else weights,
-                                   base_model=getattr(pl_module, "model_source", None))  # fmt: skip
+                                   base_model=pl_module.model_source)  # fmt: skip
                 (out / STEP_FILE).write_text(json.dumps({"global_step": step}) + "\n")
         self._saved_step = step
         return out

@@ -52,8 +52,8 @@ def servers(callback: Any) -> Iterator[tuple[str, str, str]]:
         if key == "url" or key.endswith("_url"):
             yield (f"rollout.environment_args.{key}", str(value),
                    "start the environment's server first (docs/environments.md) and check the port")  # fmt: skip
-    reward_set = getattr(callback, "reward_set", None)
-    for i, (spec, fn) in enumerate(zip(reward_set.specs, reward_set.fns) if reward_set is not None else ()):
+    reward_set = callback.reward_set
+    for i, (spec, fn) in enumerate(zip(reward_set.specs, reward_set.fns)):
         url = getattr(fn, "base_url", None) or getattr(fn, "url", None)
         if isinstance(url, str) and url.startswith(("http://", "https://")):
             yield (f"rollout.rewards[{i}] ({spec.label})", url,
@@ -85,7 +85,7 @@ def unreachable(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
 # ----------------------------------------------------------------------------------- teachers
 def check_teachers(module: Any, recipes: Sequence[str | Path] = ()) -> None:
     """Every teacher given as a folder (or ``adapter:<folder>``) exists."""
-    distiller = getattr(module, "distiller", None)
+    distiller = module.distiller
     if distiller is None:
         return
     named = distiller.settings.named_teachers
