@@ -125,8 +125,7 @@ class RolloutCallback(Callback):
         self._eval_batch = 0  # index of the validation / test batch being evaluated (test batches' seeds)
         self._rewards_probed = False  # the CLI probes them before fit, setup would again
         self._max_model_len: int | None = None  # derived from the data in setup when not set
-        #: The run's batch geometry (:class:`~lightning_grpo.core.batch.BatchGeometry`), built in :meth:`setup`.
-        self.geometry: BatchGeometry | None = None
+        self.geometry: BatchGeometry | None = None  #: the run's (core.batch.BatchGeometry), built in :meth:`setup`
 
     @property
     def max_generation_rounds(self) -> int:
@@ -262,7 +261,6 @@ class RolloutCallback(Callback):
 
     def _next_batch(self, trainer: L.Trainer, module: L.LightningModule) -> tuple[SampleResult, dict[str, float]]:
         """The generation batch for this step: sampled now (synchronous) or by the pipeline."""
-        per_gen = self.geometry.optimizer_steps
         generation = self.geometry.generation(trainer.global_step)
         if self.max_staleness == 0:
             sync = self.sync_weights(module)
@@ -270,7 +268,7 @@ class RolloutCallback(Callback):
             self.engine.sleep()  # a colocated engine gives its memory back to the trainer (rollout.vllm.sleep_level)
             return result, {"time/sync": sync}
         if self._pipeline is None:
-            self._pipeline = self._async_pipeline(trainer, module, per_gen)
+            self._pipeline = self._async_pipeline(trainer, module)
         return self._pipeline.next_batch(generation, trainer.global_step)
 
     def _sample(self, trainer: L.Trainer, generation: int) -> SampleResult:
@@ -290,7 +288,7 @@ class RolloutCallback(Callback):
         result.metrics.update(engine.metrics())
         return result
 
-    def _async_pipeline(self, trainer: L.Trainer, module: L.LightningModule, per_gen: int) -> AsyncRollout:
+    def _async_pipeline(self, trainer: L.Trainer, module: L.LightningModule) -> AsyncRollout:
         from ..models.weights import gathered_weights_for_engine
 
         def prepare(step: int):
@@ -298,7 +296,8 @@ class RolloutCallback(Callback):
             with gathered_weights_for_engine(module.policy) as weights:  # snapshot taken inside (FSDP2: gathered)
                 return self.engine.prepare_push(weights)
 
-        return AsyncRollout(self.max_staleness, per_gen, prepare, self.engine.send_push, lambda g: self._sample(trainer, g))
+        steps = self.geometry.optimizer_steps  # per generation batch
+        return AsyncRollout(self.max_staleness, steps, prepare, self.engine.send_push, lambda g: self._sample(trainer, g))
 
     def _use_batch(self, trainer: L.Trainer, module: L.LightningModule, result: SampleResult, times: dict[str, float]) -> None:
         times["time/generate"], times["time/reward"] = result.generate_time, result.reward_time
