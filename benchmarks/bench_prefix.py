@@ -119,7 +119,10 @@ def load_policy(model: str):
         raise SystemExit(f"--model {model} runs on a CUDA device; this machine has none")
     path = build_model(model, GPU_ROOT / "runs" / "gpu-check-models")
     policy = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa", dtype=torch.float32).cuda().train()
-    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
+
+    def autocast() -> torch.autocast:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+
     return policy, autocast, f"random-init {model} (float32 weights, bf16 autocast as the bf16-mixed trainer)"
 
 

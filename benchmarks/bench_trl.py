@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_step import SIZES  # noqa: E402
+from bench_step import SIZES  # noqa: E402 - after the sys.path insert
 
 MAX_NEW, PROMPTS, G, LR = 64, 8, 8, 1e-4  # the digit-task defaults; --prompt-tokens etc. for the long shape
 ROLLOUT = ("sync", "generate", "reward", "prepare", "rollout_rest")  # ours; the rest is the training batch

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLAIMS_MD = ROOT / "docs" / "claims.md"
 PLOTS = ROOT / "docs" / "claims"
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from quickstart_seeds import forget_test, test_checkpoint  # noqa: E402
+from quickstart_seeds import forget_test, test_checkpoint  # noqa: E402 - after the sys.path insert
 
 
 def merge(base: dict, overrides: dict) -> dict:

@@ -20,7 +20,7 @@ import math
 import sys
 from pathlib import Path
 
-from .run_files import Run, RunDirError, load_run, points as _points, read_alarms, read_metrics, resolve_run_dir  # noqa: F401
+from .run_files import Run, RunDirError, load_run, points as _points, read_alarms, read_metrics, resolve_run_dir  # noqa: F401 - the readers, re-exported
 
 #: Dashboard panels: (title, [(column, label), ...]); panels with none of their columns say so.
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
