@@ -45,8 +45,17 @@ def child(row: str, steps: int, warmup: int) -> None:
     import lightning as L
     import torch
 
-    from lightning_grpo import (GRPOLoss, GRPOModule, OffPolicySettings, PromptDataModule, RewardSpec, RolloutCallback,
-                                SamplingConfig, ServerSettings, VLLMArgs)  # fmt: skip
+    from lightning_grpo import (
+        GRPOLoss,
+        GRPOModule,
+        OffPolicySettings,
+        PromptDataModule,
+        RewardSpec,
+        RolloutCallback,
+        SamplingConfig,
+        ServerSettings,
+        VLLMArgs,
+    )
     from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
@@ -71,12 +80,12 @@ def child(row: str, steps: int, warmup: int) -> None:
     callback = RolloutCallback(
         engine=engine, sampling=SamplingConfig(n=GROUP, max_new_tokens=NEW_TOKENS), rewards=[RewardSpec("prefix_match")],
         vllm=VLLMArgs(**args) if engine == "vllm" else VLLMArgs(), server=server, seed=0, max_staleness=k,
-    )  # fmt: skip
+    )
     loss = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token")) if k else None  # asynchronous batches need the loss's correction
     module = GRPOModule(model=path, loss=loss, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5))
     trainer = L.Trainer(max_steps=steps, callbacks=[callback, Clock()], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0, default_root_dir=f"/tmp/bench_async_{row}")  # fmt: skip
+                        limit_val_batches=0, default_root_dir=f"/tmp/bench_async_{row}")
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=path, batch_size=PROMPTS))
     measured = steps - warmup
     seconds = marks["end"] - marks["start"]
@@ -84,12 +93,12 @@ def child(row: str, steps: int, warmup: int) -> None:
     print("RESULT " + json.dumps({"row": row, "seconds": seconds, "steps": measured, "params": params,
                                   "push_ms": 1000 * statistics.median(syncs[1:] or [0.0]),
                                   "phases_ms": {k: 1000 * statistics.median(p.get(k, 0.0) for p in phases[1:])
-                                                for k in phases[-1]}}))  # fmt: skip
+                                                for k in phases[-1]}}))
 
 
 def run_row(row: str, steps: int, warmup: int) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", row, "--steps", str(steps), "--warmup", str(warmup)],
-                         check=True, capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+                         check=True, capture_output=True, text=True, cwd=ROOT)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT ") :])
 

@@ -37,7 +37,7 @@ def child(hidden: int, gemm: str) -> None:
 
     config = TinyModelConfig() if hidden == 64 else TinyModelConfig(
         hidden_size=hidden, num_hidden_layers=4, num_attention_heads=hidden // 32, num_key_value_heads=hidden // 32,
-        intermediate_size=4 * hidden)  # fmt: skip
+        intermediate_size=4 * hidden)
     path = str(tiny_model_dir(config))
     rows: list[dict] = []
 
@@ -48,15 +48,15 @@ def child(hidden: int, gemm: str) -> None:
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             rows.append({"wall": time.perf_counter() - self.start + pl_module.rollout_metrics["time/generate"]
                          + pl_module.rollout_metrics["time/sync"] + pl_module.rollout_metrics["time/reward"],
-                         **{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")}})  # fmt: skip
+                         **{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")}})
 
     settings = VLLMArgs(max_model_len=128, kv_cache_memory_bytes=256 * 2**20, cpu_gemm=gemm)
     callback = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=8, max_new_tokens=2),
-                               rewards=[RewardSpec("prefix_match")], seed=0, vllm=settings)  # fmt: skip
+                               rewards=[RewardSpec("prefix_match")], seed=0, vllm=settings)
     module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     trainer = L.Trainer(max_steps=STEPS, callbacks=[callback, Timer()], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)  # fmt: skip
+                        limit_val_batches=0)
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=path, batch_size=8))
     medians = {k: statistics.median(r[k] for r in rows[5:]) for k in ("wall", "time/generate", "time/sync")}
     print("RESULT " + json.dumps(medians))

@@ -40,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lightning_grpo.core.logprobs import logprobs_from_hidden  # noqa: E402
+from lightning_grpo.core.logprobs import logprobs_from_hidden  # noqa: E402 - after the sys.path insert
 
 SECTION = "## Chunked hidden-state log-probs"
 DOC = ROOT / "docs" / "benchmarks.md"

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_step import ROOT, size_config, versions, write_section  # noqa: E402
+from bench_step import ROOT, size_config, versions, write_section
 
 SECTION = "## Long prompts on CPU: prefill settings"
 SETTINGS = {
@@ -44,8 +44,8 @@ def child(size: str, prompt_len: int, prompts: int, group: int, new_tokens: int,
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
-    from lightning_grpo.rollout.base import SamplingConfig
     from lightning_grpo.rollout import vllm as vllm_engine
+    from lightning_grpo.rollout.base import SamplingConfig
 
     max_len = max(512, 1 << (prompt_len + new_tokens - 1).bit_length())
     path = str(tiny_model_dir(TinyModelConfig(**size_config(size), max_position_embeddings=max_len)))
@@ -77,13 +77,13 @@ def child(size: str, prompt_len: int, prompts: int, group: int, new_tokens: int,
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
     return {"start_s": started, "generate_s": statistics.median(times[1:]) if not error else None, "error": error,
             "chunked": sched.enable_chunked_prefill, "budget": sched.max_num_batched_tokens, "rss_gib": rss,
-            "batch_tokens": batch_tokens}  # fmt: skip
+            "batch_tokens": batch_tokens}
 
 
 def run(args, prompt_len: int, setting: str) -> dict:
     cmd = [sys.executable, __file__, "--child", setting, "--size", args.size, "--prompt-len", str(prompt_len),
            "--prompts", str(args.prompts), "--group", str(args.group), "--new-tokens", str(args.new_tokens),
-           "--reps", str(args.reps)]  # fmt: skip
+           "--reps", str(args.reps)]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -102,13 +102,13 @@ def table(rows: list[tuple[int, str, dict]], args) -> str:
         f"{' '.join(map(str, args.prompt_lens))} --reps {args.reps} --write`", "",
         "| prompt tokens | batch prompt tokens | setting | chunked | budget | engine start (s) | generate (s) | vs ours | peak RSS (GiB) |",
         "|---:|---:|---|---|---:|---:|---:|---:|---:|",
-    ]  # fmt: skip
+    ]
     for prompt_len, setting, r in rows:
         gen = r.get("generate_s")
         ratio = f"{gen / base[prompt_len]:.2f}x" if gen and base.get(prompt_len) else "-"
         shown = f"{gen:.3f}" if gen else f"crashed: {r.get('error')}"
         lines.append(f"| {prompt_len} | {r.get('batch_tokens', '-')} | {setting} | {r.get('chunked', '-')} | {r.get('budget', '-')} | "
-                     f"{r.get('start_s', 0):.1f} | {shown} | {ratio} | {r.get('rss_gib', 0):.2f} |")  # fmt: skip
+                     f"{r.get('start_s', 0):.1f} | {shown} | {ratio} | {r.get('rss_gib', 0):.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ import math
 import platform
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -49,7 +50,7 @@ def ragged_batch(rows: int, vocab: int, min_len: int, max_len: int, seed: int):
         input_ids=ids, attention_mask=attn, completion_mask=attn[:, Lp:].float(),
         advantages=torch.randn(rows, generator=gen), rollout_logp=torch.zeros(rows, Lc),
         prompt_length=Lp, group_size=8, temperature=1.0,
-    )  # fmt: skip
+    )
     return batch, sum(comp) / len(comp) / max(comp)
 
 
@@ -69,10 +70,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
+    from transformers import AutoModelForCausalLM
+
     from lightning_grpo import ForwardSettings, GRPOModule
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
     from lightning_grpo.training.packing import PackPlan
-    from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir(TinyModelConfig(**MODEL)))).train()
     params = sum(p.numel() for p in policy.parameters())
@@ -85,7 +87,7 @@ def main() -> None:
     def train(module):
         out = module.token_logprobs(policy, batch, compute_entropy=True)
         result = module.loss_fn(out.logp, batch.completion_mask, batch.advantages, entropy=out.entropy,
-                                num_tokens=total, num_sequences=torch.tensor(float(len(batch))))  # fmt: skip
+                                num_tokens=total, num_sequences=torch.tensor(float(len(batch))))
         result.loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -98,7 +100,7 @@ def main() -> None:
     for r in range(args.rounds + 1):  # round 0 warms up
         for kind, fn in (("train", train), ("no_grad", no_grad)):
             for mode, module in (modules.items() if r % 2 else reversed(modules.items())):
-                t = timed(lambda: fn(module))
+                t = timed(partial(fn, module))
                 if r:
                     times[(kind, mode)].append(t)
     lines = [
@@ -111,7 +113,7 @@ def main() -> None:
         f"Machine: {platform.machine()}, 2 cores; torch {torch.__version__}.", "",
         f"Command: `python benchmarks/bench_packing.py --rows {args.rows} --rounds {args.rounds} --write`", "",
         "| phase | padded (s) | packed (s) | packed / padded |", "|---|---:|---:|---:|",
-    ]  # fmt: skip
+    ]
     for kind, label in (("train", "train (log-probs + loss + backward + AdamW)"), ("no_grad", "no-grad log-probs (ref / old)")):
         pad, pack = times[(kind, "off")], times[(kind, "on")]
         lines.append(

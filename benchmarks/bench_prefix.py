@@ -24,13 +24,14 @@ import argparse
 import platform
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_packing import log_uniform_lengths, timed  # noqa: E402
-from bench_step import SIZES, versions, write_section  # noqa: E402
+from bench_packing import log_uniform_lengths, timed
+from bench_step import SIZES, versions, write_section
 
 SECTION = "## Shared-prefix forwards: long prompts"
 CUDA_SECTION = "## Shared-prefix forwards on CUDA"
@@ -54,7 +55,7 @@ def grouped_batch(prompt: int, group: int, rows: int, vocab: int, seed: int, max
         input_ids=ids, attention_mask=attn, completion_mask=attn[:, prompt:].float(),
         advantages=torch.randn(rows, generator=gen), rollout_logp=torch.zeros(rows, max_len),
         prompt_length=prompt, group_size=group, temperature=1.0,
-    )  # fmt: skip
+    )
     return batch, sum(comp) / len(comp)
 
 
@@ -76,7 +77,7 @@ def measure(policy, batch, rounds: int, autocast=None) -> tuple[dict, dict]:
         with autocast():
             out = module.token_logprobs(policy, batch, compute_entropy=True)
         module.loss_fn(out.logp, batch.completion_mask, batch.advantages, entropy=out.entropy, num_tokens=total,
-                       num_sequences=seqs).loss.backward()  # fmt: skip
+                       num_sequences=seqs).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -95,7 +96,7 @@ def measure(policy, batch, rounds: int, autocast=None) -> tuple[dict, dict]:
     for r in range(rounds + 1):  # round 0 warms up
         for kind, fn in (("train", train), ("no_grad", no_grad)):
             for name, module in order if r % 2 else order[::-1]:
-                t = timed(lambda: fn(module))
+                t = timed(partial(fn, module))
                 if r:
                     times[(kind, name)].append(t)
     return times, slots
@@ -118,7 +119,10 @@ def load_policy(model: str):
         raise SystemExit(f"--model {model} runs on a CUDA device; this machine has none")
     path = build_model(model, GPU_ROOT / "runs" / "gpu-check-models")
     policy = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa", dtype=torch.float32).cuda().train()
-    autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
+
+    def autocast() -> torch.autocast:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+
     return policy, autocast, f"random-init {model} (float32 weights, bf16 autocast as the bf16-mixed trainer)"
 
 
@@ -139,13 +143,13 @@ def cell(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=["128:8", "128:16", "512:8", "512:16", "2048:8", "2048:16"],
-                        help="PROMPT:G")  # fmt: skip
+                        help="PROMPT:G")
     parser.add_argument("--rows", type=int, default=16, help="rows of the micro-batch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--load", default="nothing else running", help="what else ran on the machine (for the table's note)")
     parser.add_argument("--model", default="10m", choices=["10m", "qwen2.5-0.5b", "qwen2.5-1.5b"],
-                        help="10m: the CPU table's model; a Qwen2.5 size: random-init, on CUDA, bf16 autocast")  # fmt: skip
+                        help="10m: the CPU table's model; a Qwen2.5 size: random-init, on CUDA, bf16 autocast")
     args = parser.parse_args()
     policy, autocast, described = load_policy(args.model)
     device = next(policy.parameters()).device
@@ -161,7 +165,7 @@ def main() -> None:
         f"--rounds {args.rounds}{'' if args.model == '10m' else f' --model {args.model}'} --write`", "",
         "| P | G | mean completion | layout | slots | train (s) | vs padded | vs packed | no-grad (s) | vs padded | auto picks |",
         "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
-    ]  # fmt: skip
+    ]
     for shape in args.shapes:
         prompt, group = map(int, shape.split(":"))
         batch, mean = grouped_batch(prompt, group, args.rows, policy.config.vocab_size, seed=0)

@@ -37,7 +37,7 @@ SIZES = {
                 intermediate_size=1152),
     "70m": dict(hidden_size=768, num_hidden_layers=10, num_attention_heads=12, num_key_value_heads=12,
                 intermediate_size=2048),
-}  # fmt: skip
+}
 PHASES = ["generate", "reward", "prepare", "train", "sync"]
 
 
@@ -47,10 +47,10 @@ def size_config(size: str) -> dict:
         return SIZES[size]
     hidden = int(size[1:])
     return dict(hidden_size=hidden, num_hidden_layers=4, num_attention_heads=hidden // 32,
-                num_key_value_heads=hidden // 32, intermediate_size=4 * hidden)  # fmt: skip
+                num_key_value_heads=hidden // 32, intermediate_size=4 * hidden)
 
 PROFILE = ["sync", "generate", "reward", "prepare", "rollout_rest", "forward", "backward", "step_hook", "optimizer",
-           "lightning", "other"]  # fmt: skip
+           "lightning", "other"]
 SECTION = "## Training step: phases"
 PROFILE_SECTION = "## Training step: profile"
 
@@ -114,7 +114,7 @@ def profiler(L, callback, now=time.perf_counter):
 
 
 def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int, profile: bool = False,
-          packing: str = "auto", prompt_tokens: int = 0, lr: float = 1e-4) -> None:  # fmt: skip
+          packing: str = "auto", prompt_tokens: int = 0, lr: float = 1e-4) -> None:
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -123,9 +123,8 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
     import lightning as L
     import torch
 
-    from long_shape import datamodule, kv_cache_bytes, model_dir
-
     from lightning_grpo import ForwardSettings, GRPOModule, RewardSpec, RolloutCallback, SamplingConfig, VLLMArgs
+    from long_shape import datamodule, kv_cache_bytes, model_dir
 
     path = str(model_dir(size_config(size), prompt_tokens, max_new_tokens))  # long prompts: the "10m" text model
     rows: list[dict] = []
@@ -137,7 +136,7 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             # the next generation's timers report this step's train time: record both sides
             rows.append({**{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")},
-                         "tail": time.perf_counter() - self.start})  # fmt: skip
+                         "tail": time.perf_counter() - self.start})
 
     engine, push, gemm = (engine.split("-") + ["auto", "auto"])[:3]  # "vllm-inplace-packed", "vllm-reload"
     max_len = max(128, 1 << (prompt_tokens + max_new_tokens - 1).bit_length())
@@ -146,12 +145,12 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
     callback = RolloutCallback(
         engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],
         vllm=settings if engine == "vllm" else VLLMArgs(), seed=0,
-    )  # fmt: skip
+    )
     module = GRPOModule(model=path, forward=ForwardSettings(packing=packing), optimizer=lambda p: torch.optim.AdamW(p, lr=lr))
     prof = profiler(L, callback) if profile else None
     trainer = L.Trainer(max_steps=steps, callbacks=[c for c in (prof, callback, Timer()) if c], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)  # fmt: skip
+                        limit_val_batches=0)
     trainer.fit(module, datamodule=datamodule(path, prompts, prompt_tokens, steps))
     params = sum(p.numel() for p in module.policy.parameters())
     if prof is not None:
@@ -164,10 +163,8 @@ def summarize(rows: list[dict]) -> dict[str, float]:
     out = {}
     for phase in PHASES:
         key = f"time/{phase}"
-        if phase == "train":  # reported by the next generation; the last step's comes from the tail
-            values = [r[key] for r in rows[1:]]
-        else:
-            values = [r[key] for r in rows]
+        # train: reported by the next generation; the last step's comes from the tail
+        values = [r[key] for r in rows[1:]] if phase == "train" else [r[key] for r in rows]
         out[phase] = statistics.median(values)
     out["step"] = sum(out[p] for p in PHASES)
     return out
@@ -181,7 +178,7 @@ def summarize_profile(rows: list[dict]) -> dict[str, float]:
 def run_row(engine: str, size: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", engine, size, "--steps", str(args.steps),
            "--max-new-tokens", str(args.max_new_tokens), "--prompts", str(args.prompts), "--packing", args.packing,
-           *(["--profile"] if args.profile else [])]  # fmt: skip
+           *(["--profile"] if args.profile else [])]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
     payload = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
     summary = summarize_profile(payload["rows"]) if args.profile else summarize(payload["rows"])
@@ -198,7 +195,7 @@ def profile_table(results: list[dict], args) -> str:
         f"{args.max_new_tokens} --steps {args.steps} --packing {args.packing}`", "",
         "| phase | " + " | ".join(f"{r['engine']} {r['params'] / 1e6:.1f}M" for r in results) + " |",
         "|---|" + "---:|" * len(results),
-    ]  # fmt: skip
+    ]
     for key in [*PROFILE, "wall"]:
         cells = [f"{r[key] * 1000:.1f} ({r[key] / r['wall']:.0%})" for r in results]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")

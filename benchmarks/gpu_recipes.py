@@ -44,8 +44,8 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_step import write_section  # noqa: E402
-from gpu_check import ROOT, build_model, machine  # noqa: E402
+from bench_step import write_section
+from gpu_check import ROOT, build_model, machine
 
 SECTION = "## GPU recipes: the training side, measured"
 ARCH = {"0.5B": "qwen2.5-0.5b", "1.5B": "qwen2.5-1.5b", "7B": "qwen2.5-7b"}
@@ -54,7 +54,7 @@ CARD_GIB = {"24gb": 23.99, "32gb": 31.75}  # 32 GB: V100 32 GB (31.75), RTX 5090
 CUDA_CONTEXT_GIB = 0.5  # the CUDA context and cuBLAS workspaces outside PyTorch's allocator (one process)
 #: --smoke: the tiny model on CPU, short rows, full precision, no quantisation (the mechanics only)
 SMOKE = {"trainer": {"accelerator": "cpu", "precision": "32-true", "accumulate_grad_batches": 2},
-         "data": {"batch_size": 2, "format": {"max_prompt_length": 16}}, "max_new_tokens": 4}  # fmt: skip
+         "data": {"batch_size": 2, "format": {"max_prompt_length": 16}}, "max_new_tokens": 4}
 CUDA = torch.cuda.is_available()
 
 
@@ -103,13 +103,13 @@ class Probe(L.Callback):
         synchronize()
         now = time.perf_counter()
         self.rows.append({"step_s": now - self.start, "generate_s": self.generate_s,
-                          "train_peak": memory("max_memory_allocated"), "reserved_peak": memory("max_memory_reserved")})  # fmt: skip
+                          "train_peak": memory("max_memory_allocated"), "reserved_peak": memory("max_memory_reserved")})
         self.start, self.generate_s, self.step = now, 0.0, trainer.global_step
 
     def on_train_end(self, trainer, module):
         trainable = sum(p.numel() for p in module.policy.parameters() if p.requires_grad)
         Path(self.out).write_text(json.dumps({"steps": self.rows, "resident": self.resident, "generate_peak": self.generate_peak,
-                                              "trainable": trainable}))  # fmt: skip
+                                              "trainable": trainable}))
 
 
 def derived_config(recipe: dict, model_dir: Path, data_file: Path, steps: int, out: Path, smoke: bool = False) -> dict:
@@ -125,7 +125,7 @@ def derived_config(recipe: dict, model_dir: Path, data_file: Path, steps: int, o
     # the recipe's own callbacks go (ModelCheckpoint); the module attaches the default guards
     trainer.update(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
                    val_check_interval=None, enable_model_summary=False,
-                   callbacks=[{"class_path": "gpu_recipes.Probe", "init_args": {"out": str(out)}}])  # fmt: skip
+                   callbacks=[{"class_path": "gpu_recipes.Probe", "init_args": {"out": str(out)}}])
     rollout = cfg["rollout"].get("init_args", cfg["rollout"])  # an agent recipe names its callback class
     sampling = dict(rollout["sampling"])
     sampling["max_new_tokens"] = SMOKE["max_new_tokens"] if smoke else rollout.get("max_episode_tokens", sampling["max_new_tokens"])
@@ -156,7 +156,7 @@ def child(recipe_path: Path, steps: int, cache: Path, smoke: bool = False) -> di
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "lightning_grpo", "fit", "-c", str(work / "config.yaml")], env=env, cwd=work,
-                          capture_output=True, text=True)  # fmt: skip
+                          capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{recipe_path.name}: exit {done.returncode}\n{done.stderr[-4000:]}")
     return {"recipe": recipe_path.name, "arch": arch, **measured(json.loads(out.read_text()))}
@@ -168,7 +168,7 @@ def measured(probe: dict) -> dict:
     return {"trainable": probe["trainable"], "resident_gib": max(probe["resident"]) / gib,
             "train_peak_gib": max(s["train_peak"] for s in probe["steps"]) / gib,
             "reserved_peak_gib": max(s["reserved_peak"] for s in probe["steps"]) / gib,
-            "train_s": last["step_s"] - last["generate_s"]}  # fmt: skip
+            "train_s": last["step_s"] - last["generate_s"]}
 
 
 def budget(row: dict, recipe_dir: Path = ROOT / "recipes") -> dict:
@@ -203,14 +203,14 @@ def table(rows: list[dict], command: str, measured_on: str | None = None) -> str
              "| recipe | trainable parameters | trainer resident (GiB) | training peak allocated / reserved (GiB) | "
              "optimizer step without generation (s) | vLLM's share | smallest card that holds it (GiB) | "
              "on the recipe's card: while generating / while training (GiB) |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in map(budget, rows):
         on_card = (f"{r['generate_total']:.1f} / {r['train_total']:.1f} of {r['card_gib']} "
                    f"({max(r['generate_total'], r['train_total']) / r['card_gib']:.0%})" if r.get("card_gib")
-                   else "no card named")  # fmt: skip
+                   else "no card named")
         lines.append(f"| {r['recipe']} | {r['trainable']:,} | {r['resident_gib']:.2f} | {r['train_peak_gib']:.2f} / "
                      f"{r['reserved_peak_gib']:.2f} | {r['train_s']:.1f} | {r['util']:.0%}{' (sleeps)' if r['sleeps'] else ''} | "
-                     f"{r['smallest_card_gib']:.1f} | {on_card} |")  # fmt: skip
+                     f"{r['smallest_card_gib']:.1f} | {on_card} |")
     return "\n".join(lines) + "\n"
 
 

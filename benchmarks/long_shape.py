@@ -24,9 +24,8 @@ def long_model_dir(max_len: int) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
-
     from bench_step import SIZES
+    from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     positions = max(1024, 1 << (max_len - 1).bit_length())
     base = tiny_model_dir(TinyModelConfig(**SIZES["10m"], tokenizer="text", max_position_embeddings=positions))

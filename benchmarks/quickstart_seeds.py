@@ -44,7 +44,7 @@ def run(
     if not (reuse and wall_file.is_file()):  # --reuse: a run of this seed finished earlier (seeds one per command)
         forget_test(save)
         cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
-               "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
+               "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]
         env = dict(os.environ)
         if core is not None:  # one core (util-linux taskset), one thread
             env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -115,7 +115,7 @@ def test_checkpoint(config: Path, checkpoint: Path, save: Path, extra: list[str]
     cached = save / "test_metrics.json"
     if not cached.is_file():
         cmd = [sys.executable, "-m", "lightning_grpo", *command, "-c", str(config), "--ckpt_path", str(checkpoint),
-               "--trainer.logger.init_args.save_dir", str(save / "test"), "--trainer.enable_progress_bar", "false", *extra]  # fmt: skip
+               "--trainer.logger.init_args.save_dir", str(save / "test"), "--trainer.enable_progress_bar", "false", *extra]
         env = dict(os.environ)
         if core is not None:
             env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")

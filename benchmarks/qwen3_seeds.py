@@ -46,7 +46,7 @@ def _stage(track: str, name: str, seed: int, save: Path, extra: list[str], core:
         return float(done.read_text())
     forget_test(save / "runs")  # a new run replaces the checkpoint the cached test figures came from
     cmd = [sys.executable, "-m", "lightning_grpo", *stages(track)[name], "--seed_everything", str(seed),
-           "--trainer.logger.init_args.save_dir", str(save / "runs"), "--trainer.enable_progress_bar", "false", *extra]  # fmt: skip
+           "--trainer.logger.init_args.save_dir", str(save / "runs"), "--trainer.enable_progress_bar", "false", *extra]
     env = dict(os.environ)
     if core is not None:
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -74,17 +74,17 @@ def run(track: str, seed: int, out: Path, extra: list[str], core: int | None) ->
     test = test_split(ROOT / stages(track)["grpo"][-1], seed, save / "runs", grpo_args, core)["test/greedy_accuracy"]
     return {"seed": seed, "sft_steps": sft_acc[-1][0] + 1, "sft_dev": sft_acc[-1][1], "sft_s": sft_s, "grpo_s": grpo_s,
             "start": held_out[0][1], "end": held_out[-1][1], "best": max(v for _, v in held_out), "curve": held_out,
-            "test": test}  # fmt: skip
+            "test": test}
 
 
 def table(results: list[dict]) -> str:
     lines = ["| seed (= init) | SFT steps | SFT dev accuracy at stop | dev, GRPO step 0 | dev, end (best) | **test**, end | "
              "SFT + GRPO wall time, min | dev curve (step: accuracy) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|"]  # fmt: skip
+             "|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         curve = ", ".join(f"{s}: {v:.2f}" for s, v in r["curve"])
         lines.append(f"| {r['seed']} | {r['sft_steps']} | {r['sft_dev']:.2f} | {r['start']:.2f} | {r['end']:.2f} ({r['best']:.2f}) "
-                     f"| **{r['test']:.2f}** | {r['sft_s'] / 60:.1f} + {r['grpo_s'] / 60:.1f} | {curve} |")  # fmt: skip
+                     f"| **{r['test']:.2f}** | {r['sft_s'] / 60:.1f} + {r['grpo_s'] / 60:.1f} | {curve} |")
     return "\n".join(lines)
 
 

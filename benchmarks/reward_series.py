@@ -45,7 +45,7 @@ SETS = {
         ("tool_control", "tool_quickstart_control", [5, 6], []),
         ("quickstart", "quickstart", [3, 4, 5, 6, 7], []),
     ]),
-}  # fmt: skip
+}
 #: fixture key -> metrics.csv column, every step (the inputs of the step- and rollout-level guards)
 METRICS = {
     "reward_mean": "train/reward_mean",
@@ -78,7 +78,7 @@ def read_run(save: Path, full: bool) -> dict:
             series[key] = [round(v, 4) for v in values.values()]
     if full:
         series["val_reward_mean"] = [[int(r["step"]), round(float(r["val/reward_mean"]), 4)]
-                                     for r in rows if r.get("val/reward_mean")]  # fmt: skip
+                                     for r in rows if r.get("val/reward_mean")]
         alarms_file = metrics.parent / "alarms.jsonl"
         records = [json.loads(line) for line in alarms_file.open()] if alarms_file.exists() else []
         series["alarms"] = {g: sorted({r["step"] for r in records if r["guard"] == g}) for g in {r["guard"] for r in records}}
@@ -104,7 +104,7 @@ def main() -> None:
         for seed in seeds:
             name = f"{prefix}_seed{seed}"
             series[name] = {"set": args.which, "recipe": f"recipes/{recipe}.yaml", "seed": seed, "overrides": overrides,
-                            **read_run(run_out / f"seed{seed}", full=args.which != "design")}  # fmt: skip
+                            **read_run(run_out / f"seed{seed}", full=args.which != "design")}
             if recipe == "tool_quickstart_control":
                 series[name]["recipe"] = "recipes/tool_quickstart.yaml with environment_args.tools_enabled: false"
             rewards = series[name]["reward_mean"]

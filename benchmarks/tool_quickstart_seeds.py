@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
+
 from quickstart_seeds import forget_test, newest, test_split
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def run(seed: int, out: Path, tools: bool, extra: list[str], core: int | None = 
     save = out / f"{'tools' if tools else 'control'}-seed{seed}"
     forget_test(save)
     cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe(out, tools)),
-           "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]  # fmt: skip
+           "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]
     env = dict(os.environ)
     if core is not None:  # one core (util-linux taskset), one thread
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")

@@ -73,7 +73,7 @@ def step_table(results: dict) -> list[str]:
         + " | ".join(f"/ TRL {TRL_PATHS[t]}" for t in trls) + " | "
         + " | ".join(f"CPU / TRL {TRL_PATHS[t]}" for t in trls) + " |",
         "|---|---:|---:|---|---:|" + "---:|" * 2 * len(trls),
-    ]  # fmt: skip
+    ]
     for name, values in results["step_medians"].items():
         kept, cpu = _kept(values), _kept(results["cpu_medians"].get(name, []))
         step = seconds(statistics.median(kept)) if kept else "failed"
@@ -126,7 +126,7 @@ def tables(results: dict) -> str:
         "(min-max) of the rounds."
         + (f" {results['note']}" if results.get("note") else ""),
         "",
-    ]  # fmt: skip
+    ]
     body = [*step_table(results), "", "Where the step goes (medians of the per-run medians):", "", *phase_table(results)]
     tail = sync_lines(results)
     return "\n".join(head + body + ([""] + tail if tail else []))

@@ -57,7 +57,7 @@ _LAZY = {
     "DistillSettings": "lightning_grpo.training.distill",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__"] + list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

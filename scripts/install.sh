@@ -31,6 +31,6 @@ import importlib
 for name in ("torch", "transformers", "lightning", "peft", "datasets", "vllm", "lightning_grpo"):
     mod = importlib.import_module(name)
     print(f"  {name:15s} {getattr(mod, '__version__', '?')}")
-from transformers import Qwen2ForCausalLM  # noqa: F401  (fails if a CUDA torchvision is left)
+from transformers import Qwen2ForCausalLM  # noqa: F401 - fails if a CUDA torchvision is left
 print("install OK")
 PY

@@ -25,7 +25,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --no-compile -c "$constraints" -e ".[verifiers]" pytest pytest-timeout
 "$VENV/bin/python" - <<'PY'
-import torch, verifiers, verifiers.v1  # noqa: F401
+import torch, verifiers, verifiers.v1  # noqa: F401 - imported to check that they import
 print(f"  verifiers venv: torch {torch.__version__}, verifiers {verifiers.__version__}")
 PY
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m verifiers tests/integrations/test_verifiers.py tests/integrations/test_environments_doc.py

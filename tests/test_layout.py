@@ -1,180 +1,36 @@
-"""The package's folders are its layers: imports go one way, no module imports itself back, the
-README's "Layout" lists exactly the folders there are, and the module paths before the layered
-folders still import (with a warning) for one release."""
+"""The package's folders are its layers. Which folder may import which (and that no module imports
+itself back, and that ``core`` imports torch only) is import-linter's: the contracts in
+pyproject.toml ``[tool.importlinter]``, checked by ``lint-imports``. Here: every folder says what it
+holds, and the README's "Layout" lists exactly the folders there are, in the layer order."""
 
 from __future__ import annotations
 
 import ast
-import os
 import re
-import subprocess
-import sys
-from importlib.util import resolve_name
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lightning_grpo"
 
-#: Which folder of lightning_grpo/ may import which (imports inside functions count too). Listed
-#: bottom-up; each may import only folders listed before it. ``lightning_grpo`` itself (the lazy
-#: facade, no imports of its own) may be imported from anywhere.
-LAYERS: dict[str, set[str]] = {
-    "core": set(),
-    "models": {"core"},
-    "data": {"core", "models"},
-    "rollout": {"core", "models"},
-    "training": {"core", "models", "rollout"},
-    "checks": {"core", "models", "data", "rollout"},
-    "callbacks": {"core", "models", "data", "rollout", "training", "checks"},
-    "agents": {"core", "models", "data", "rollout", "training", "checks", "callbacks"},
-    "integrations": {"core", "models", "data", "rollout", "training", "checks", "callbacks", "agents"},
-    "cli": {"core", "models", "data", "rollout", "training", "checks", "callbacks", "agents", "integrations"},
-}
-#: The one import against the layers: ``GRPOModule.configure_callbacks`` (Lightning's hook for the callbacks a module
-#: brings) returns the default guard set, imported when the hook runs.
-LAYER_EXCEPTIONS = {("lightning_grpo.training.module", "lightning_grpo.callbacks.guard_set")}
-#: The package root holds no module of its own besides these.
-ROOT_FILES = {"__init__.py", "__main__.py", "vllm_entry.py"}
 
-
-def _modules() -> dict[str, tuple[Path, bool]]:
-    """Dotted name -> (file, is a package) for every module of lightning_grpo/."""
-    out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        is_package = parts[-1] == "__init__"
-        out[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
-    return out
-
-
-def _imports(path: Path, package: str) -> list[tuple[str, list[str]]]:
-    """Each import statement of the file (at any depth) as (module, names imported from it)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            name = resolve_name("." * node.level + (node.module or ""), package) if node.level else node.module
-            found.append((name, [a.name for a in node.names]))
-        elif isinstance(node, ast.Import):
-            found += [(a.name, []) for a in node.names]
-    return found
-
-
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports. ``from pkg import name`` counts as an import of
-    ``pkg.name`` when that is a module, else of ``pkg``; a module's own parent packages are left
-    out (Python imports them first anyway: that is no choice of the module's)."""
-    modules = _modules()
-    graph: dict[str, set[str]] = {}
-    for name, (path, is_package) in modules.items():
-        package = name if is_package else name.rpartition(".")[0]
-        edges = set()
-        for target, names in _imports(path, package):
-            subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in modules]
-            edges.update(subs or ([target] if target in modules else []))
-        graph[name] = {t for t in edges if t != name and not name.startswith(t + ".")}
-    return graph
-
-
-def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    cycles = []
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = len(index)
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    cycles.append(sorted(component))
-    return cycles
-
-
-def _folder(module: str) -> str | None:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else None
-
-
-def test_the_package_root_holds_only_the_entry_points():
-    assert {p.name for p in PACKAGE.glob("*.py")} == ROOT_FILES
+def layers() -> list[str]:
+    """The folders of the layers contract, bottom first (siblings ``a | b`` as ``b``, ``a``)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (contract,) = [c for c in config["contracts"] if c["id"] == "layers"]
+    return [name.strip() for layer in reversed(contract["layers"]) for name in reversed(layer.split("|"))]
 
 
 def test_every_folder_is_a_layer_with_a_docstring():
     folders = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
-    assert folders == set(LAYERS)
+    assert folders == set(layers())
     for folder in sorted(folders):
         doc = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text()))
         assert doc, f"lightning_grpo/{folder}/__init__.py has no docstring saying what it holds"
-
-
-def test_the_layer_table_is_one_way():
-    order = list(LAYERS)
-    for folder, allowed in LAYERS.items():
-        above = set(order[order.index(folder):])
-        assert not allowed & above, f"{folder} may import {sorted(allowed & above)}, listed at or after it"
-
-
-def test_each_folder_imports_only_the_layers_below_it():
-    """Imports inside functions and under ``if TYPE_CHECKING`` count: a lazy import is still a dependency."""
-    wrong = []
-    for module, targets in import_graph().items():
-        source = _folder(module)
-        for target in sorted(targets):
-            dest = _folder(target)
-            if source is None:  # the root: __init__, __main__, vllm_entry
-                continue
-            if dest is not None and dest != source and dest not in LAYERS[source] and (module, target) not in LAYER_EXCEPTIONS:
-                wrong.append(f"{module} imports {target} ({source}/ may import {sorted(LAYERS[source])})")
-    assert wrong == []
-
-
-def test_no_import_cycles():
-    assert strongly_connected(import_graph()) == []
-
-
-def test_the_cycle_finder_finds_a_cycle():
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
-    assert strongly_connected(graph) == [["a", "b", "c"]]
-
-
-THIRD_PARTY_IN_CORE = {"torch"}
-
-
-def test_core_imports_torch_only():
-    found = []
-    for path in sorted((PACKAGE / "core").glob("*.py")):
-        for target, _ in _imports(path, "lightning_grpo.core"):
-            top = target.split(".")[0]
-            if top not in sys.stdlib_module_names and top not in THIRD_PARTY_IN_CORE | {"lightning_grpo"}:
-                found.append(f"{path.name}: {target}")
-    assert found == []
 
 
 def readme_layout_folders(text: str) -> list[str]:
@@ -189,4 +45,4 @@ def test_the_readme_layout_lists_the_folders_there_are():
     real = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert sorted(listed) == real, f"README Layout lists {sorted(listed)}, lightning_grpo/ has {real}"
     assert len(listed) == len(set(listed))
-    assert listed == list(LAYERS), "the README lists the folders in the layer order of tests/test_layout.py"
+    assert listed == layers(), "the README lists the folders in the layer order of pyproject.toml [tool.importlinter]"

@@ -34,7 +34,7 @@ def main() -> None:
             cols = runs[arm][s]
             high = cols.get("train/clip_frac_high", [])
             rows.append(f"| {s} | {arm} | {tail_mean(cols['train/entropy']):.3f} | {sum(v for _, v in high) / max(1, len(high)):.2%} | "
-                        f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")  # fmt: skip
+                        f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")
         wins += final(runs["eps_0.28"][s]["test/greedy_accuracy"]) > final(runs["eps_0.2"][s]["test/greedy_accuracy"])
         dev_wins += final(runs["eps_0.28"][s]["val/greedy_accuracy"]) > final(runs["eps_0.2"][s]["val/greedy_accuracy"])
     table = "\n".join(rows)
@@ -42,7 +42,7 @@ def main() -> None:
     print(f"eps_high 0.28 ends higher on {wins}/{len(a.seeds)} seeds (test), {dev_wins} (dev)")
     if a.write:
         plot(runs, [("train/entropy", "token entropy"), ("train/reward_mean", "training reward"),
-                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "clip_higher.png")  # fmt: skip
+                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "clip_higher.png")
         write_section("clip_higher", SECTION.format(table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds)))
 
 

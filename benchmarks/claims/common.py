@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLAIMS_MD = ROOT / "docs" / "claims.md"
 PLOTS = ROOT / "docs" / "claims"
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from quickstart_seeds import forget_test, test_checkpoint  # noqa: E402
+from quickstart_seeds import forget_test, test_checkpoint  # noqa: E402 - after the sys.path insert
 
 
 def merge(base: dict, overrides: dict) -> dict:
@@ -54,11 +54,11 @@ def run(config: dict, seed: int, out: Path) -> dict[str, list[tuple[int, float]]
     if not metrics.exists():
         forget_test(out)  # a new run replaces the checkpoint the cached test figures came from
         config = merge(config, {"seed_everything": seed, "trainer": {"logger": {
-            "class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(out), "name": "", "version": ""}}}})  # fmt: skip
+            "class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(out), "name": "", "version": ""}}}})
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "lightning_grpo", "fit", "-c", str(path)], cwd=ROOT,
-                              capture_output=True, text=True)  # fmt: skip
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"run {out} failed:\n{proc.stderr[-4000:]}")
         (out / "wall_s.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
@@ -110,7 +110,7 @@ def plot(runs: dict[str, dict[int, dict]], panels: list[tuple[str, str]], path: 
                 k = smooth if len(values) > 3 * smooth and not column.startswith("val/") else 1
                 values = [sum(values[max(0, j - k + 1) : j + 1]) / len(values[max(0, j - k + 1) : j + 1]) for j in range(len(values))]
                 ax.plot(steps, values, styles[i % 3], color=color, lw=1, marker="o" if column.startswith("val/") else None,
-                        ms=3, label=f"{arm}, seed {seed}")  # fmt: skip
+                        ms=3, label=f"{arm}, seed {seed}")
         ax.set(title=title, xlabel="optimizer step")
     save_figure(fig, axes, path)
 

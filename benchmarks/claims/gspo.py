@@ -36,7 +36,7 @@ def main() -> None:
         for arm in runs:
             cols = runs[arm][s]
             rows.append(f"| {s} | {arm} | {clip_frac(cols):.2%} | {tail_mean(cols['train/reward_mean']):.3f} | "
-                        f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")  # fmt: skip
+                        f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")
         wins += final(runs["gspo"][s]["test/greedy_accuracy"]) >= final(runs["token"][s]["test/greedy_accuracy"])
         dev_wins += final(runs["gspo"][s]["val/greedy_accuracy"]) >= final(runs["token"][s]["val/greedy_accuracy"])
     ratios = [clip_frac(runs["gspo"][s]) / clip_frac(runs["token"][s]) for s in a.seeds]
@@ -45,7 +45,7 @@ def main() -> None:
     print(f"gspo ends at least as high on {wins}/{len(a.seeds)} seeds (test), {dev_wins} (dev)")
     if a.write:
         plot(runs, [("train/clip_frac_high", "clip fraction (high side)"), ("train/reward_mean", "training reward"),
-                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "gspo.png")  # fmt: skip
+                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "gspo.png")
         write_section("gspo", SECTION.format(table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds), low=min(ratios), high=max(ratios)))
 
 

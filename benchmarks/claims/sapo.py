@@ -30,7 +30,7 @@ def main() -> None:
     a = args(__doc__)
     runs = {arm: {s: run(cfg, s, a.out / "sapo" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
     rows = ["| seed | arm | PPO: tokens clipped (run mean) | SAPO: gate weight (run mean) / tokens below 0.5 | entropy, last tenth | "
-            "reward, last tenth | dev greedy accuracy, end | **test** greedy accuracy, end |", "|---:|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+            "reward, last tenth | dev greedy accuracy, end | **test** greedy accuracy, end |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
     wins = dev_wins = 0
     for s in a.seeds:
         for arm in runs:
@@ -38,7 +38,7 @@ def main() -> None:
             clip = run_mean(cols, "train/clip_frac_low") + run_mean(cols, "train/clip_frac_high")
             gate = f"{run_mean(cols, 'train/gate_weight_mean'):.4f} / {run_mean(cols, 'train/gate_frac_below_half'):.2%}" if arm == "sapo" else "-"
             rows.append(f"| {s} | {arm} | {clip:.2%} | {gate} | {tail_mean(cols['train/entropy']):.3f} | "
-                        f"{tail_mean(cols['train/reward_mean']):.3f} | {final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")  # fmt: skip
+                        f"{tail_mean(cols['train/reward_mean']):.3f} | {final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")
         wins += final(runs["sapo"][s]["test/greedy_accuracy"]) >= final(runs["ppo"][s]["test/greedy_accuracy"])
         dev_wins += final(runs["sapo"][s]["val/greedy_accuracy"]) >= final(runs["ppo"][s]["val/greedy_accuracy"])
     table = "\n".join(rows)
@@ -46,7 +46,7 @@ def main() -> None:
     print(f"sapo ends at least as high on {wins}/{len(a.seeds)} seeds (test), {dev_wins} (dev)")
     if a.write:
         plot(runs, [("train/ratio_max", "largest ratio in the step"), ("train/reward_mean", "training reward"),
-                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "sapo.png")  # fmt: skip
+                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "sapo.png")
         write_section("sapo", SECTION.format(table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds)))
 
 

@@ -1,9 +1,8 @@
 """Agentic GRPO: multi-turn environments, tool calls, token-in-token-out episodes (docs/agents.md)."""
 
+from . import calculator as _calculator, secret_digit as _secret_digit  # noqa: F401 - importing them registers them
 from .environment import ENVIRONMENTS, Environment, Step, Turn, resolve_environment
 from .tools import ToolEnvironment, parse_tool_calls, tool_schema
-from . import calculator as _calculator  # noqa: E402,F401  (registers "calculator")
-from . import secret_digit as _secret_digit  # noqa: E402,F401  (registers "secret_digit")
 
 __all__ = [
     "ENVIRONMENTS",

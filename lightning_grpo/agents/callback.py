@@ -15,8 +15,6 @@ from ..callbacks.rollout import RolloutCallback
 from ..callbacks.sampling import SampleResult, sample_groups
 from ..data.reward_set import RewardScores, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, request_seed
-from . import calculator as _calculator  # noqa: F401  (registers the built-in environments)
-from . import secret_digit as _secret_digit  # noqa: F401
 from .chat import ChatRenderer
 from .environment import resolve_environment
 from .episodes import EpisodeLimits, EpisodeRollout, run_episodes
@@ -134,7 +132,7 @@ class AgentRolloutCallback(RolloutCallback):
         self._prepare(tokenizer, engine)
         sampling.stop_token_ids = self.sampling.stop_token_ids
         return run_episodes(engine, self.make_env, tokenizer, self.renderer, records, sampling, seed, self.limits,
-                            reset_seed=self.reset_seed)  # fmt: skip
+                            reset_seed=self.reset_seed)
 
     def score(self, rollout: EpisodeRollout, records: list[dict]) -> RewardScores:
         """Reward functions on each episode's final answer, with the episode columns (data.rewards)."""
@@ -164,7 +162,7 @@ class AgentRolloutCallback(RolloutCallback):
             engine, self.reward_set, tokenizer, self.sampling, self.selector, prompts_for, seed_for,
             target_groups=trainer.datamodule.batch_size, max_rounds=self.max_generation_rounds,
             generate=generate, score=self.score,
-        )  # fmt: skip
+        )
         result.metrics.update(episode_metrics(rounds[0].episodes, sum(r.env_time for r in rounds)))
         return result
 

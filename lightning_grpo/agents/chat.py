@@ -12,7 +12,8 @@ that stopped at ``</tool_call>``, or the ``\\n`` after ``<|im_end|>``).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .environment import Messages
 

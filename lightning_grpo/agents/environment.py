@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from lightning_grpo.core.registry import Registry
 from lightning_grpo.core.resolve import resolve_callable

@@ -25,10 +25,12 @@ runs once (in the thread pool): its return value is added to the episode's envir
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from ..rollout.base import Rollout, RolloutEngine, SamplingConfig, request_seed
 from .chat import ChatRenderer
@@ -69,7 +71,7 @@ ResetSeed = Literal["group", "episode"]
 
 
 def start_episodes(make_env: Callable[[], Any], records: list[dict], group_size: int, seed: int, tokenizer: Any,
-                   renderer: ChatRenderer | None, reset_seed: ResetSeed = "group") -> list[EpisodeState]:  # fmt: skip
+                   renderer: ChatRenderer | None, reset_seed: ResetSeed = "group") -> list[EpisodeState]:
     """G episodes per record (row p*G+g = record p), each with its own environment; the reset seed is
     the record's (``reset_seed="group"``: the group faces one task) or the episode's own ("episode")."""
     states = []
@@ -111,7 +113,7 @@ def _check_one_opening(states: list[EpisodeState], group_size: int) -> None:
 
 def run_episodes(engine: RolloutEngine, make_env: Callable[[], Any], tokenizer: Any, renderer: ChatRenderer | None,
                  records: list[dict], sampling: SamplingConfig, seed: int, limits: EpisodeLimits,
-                 reset_seed: ResetSeed = "group") -> EpisodeRollout:  # fmt: skip
+                 reset_seed: ResetSeed = "group") -> EpisodeRollout:
     """Run ``sampling.n`` episodes per record to the end; rows group-contiguous as in :class:`Rollout`,
     each row with its own opening (``row_prompt_ids``)."""
     G = sampling.n
@@ -168,10 +170,8 @@ def _finish(s: EpisodeState) -> float:
 
 def _finish_quietly(states: list[EpisodeState]) -> None:
     for s in states:
-        try:
+        with contextlib.suppress(Exception):  # an earlier error is already propagating
             _finish(s)
-        except Exception:  # noqa: BLE001 - an earlier error is already propagating
-            pass
 
 
 def _room(s: EpisodeState, sampling: SamplingConfig, limits: EpisodeLimits) -> bool:
@@ -200,7 +200,7 @@ def _append(s: EpisodeState, ids: list[int], lps: list[float], turn: int) -> Non
 
 
 def _apply_step(s: EpisodeState, turn: Turn, step: Step, renderer: ChatRenderer | None, tokenizer: Any,
-                limits: EpisodeLimits, last_turn: bool) -> None:  # fmt: skip
+                limits: EpisodeLimits, last_turn: bool) -> None:
     """Record the environment's answer; append its tokens unless the episode ends here."""
     s.reward += float(step.reward)
     assistant = step.assistant or {"role": "assistant", "content": _strip_end(turn.text, tokenizer, renderer)}

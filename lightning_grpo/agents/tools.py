@@ -14,7 +14,8 @@ tool messages.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..data.reward_set import CallExpired, call_with_timeout
 from .environment import Environment, Messages, Step, Turn

@@ -21,8 +21,9 @@ weights, so no sample drawn before the checkpoint trains after it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import fields
-from typing import Any, Iterator
+from typing import Any
 
 import lightning as L
 
-from .distributed import local_log_dir
 from ..rollout.server_engine import NoServerLeftError
 from ..rollout.vllm_args import VLLMArgs
 from ..rollout.vllm_server import ServerSettings
+from .distributed import local_log_dir
 
 
 def check_async_config(engine: str, max_staleness: int) -> None:
@@ -54,6 +55,6 @@ def checkpoint_on_server_failure(trainer: L.Trainer) -> Iterator[None]:
         path = os.path.join(directory, f"server-failure-step{trainer.global_step}.ckpt")
         try:
             trainer.save_checkpoint(path)
-        except Exception as save_err:  # still report the outage
+        except Exception as save_err:  # noqa: BLE001 - whatever the save raised, the outage is still reported
             raise NoServerLeftError(f"{err}; writing a checkpoint to {path} failed too: {save_err}") from err
         raise NoServerLeftError(f"{err}; training stopped at step {trainer.global_step}, checkpoint written to {path}") from err

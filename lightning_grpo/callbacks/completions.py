@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
@@ -70,7 +71,7 @@ class CompletionLog:
             return
         step = trainer.global_step
         rows = completion_rows(self._batch[0], self._batch[1], module.rollout_batch, trainer.datamodule.tokenizer, step,
-                               self.settings.groups)  # fmt: skip
+                               self.settings.groups)
         self._logged_at = step
         # rank 0 writes; trainer.log_dir would broadcast, which the other ranks never join here
         log_dir = local_log_dir(trainer) if trainer.global_rank == 0 and trainer.loggers else None
@@ -107,7 +108,7 @@ def completion_rows(result: Any, reward_names: list[str], batch: Any, tokenizer:
             "rewards": {name: float(v) for name, v in zip(reward_names, result.rewards[b].tolist())},
             "reward": float(total[b]), "advantage": float(advantages[b]),
             "length": int(tensors.completion_mask[b].sum()), "truncated": not bool(result.finished[b]),
-        }  # fmt: skip
+        }
         if tensors.turn_ids is not None:  # an episode: the whole transcript after the prompt, tool calls included
             turns = tensors.turn_ids[b]
             row["transcript"] = tokenizer.decode(completion_ids, skip_special_tokens=False)

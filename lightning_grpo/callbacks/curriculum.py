@@ -129,7 +129,7 @@ class CurriculumCallback(Callback):
             self.raises.append({"step": trainer.global_step, "task": task, "accuracy": accuracy[task], "level": level})
             if trainer.global_rank == 0:
                 log.info("[curriculum] step %d: %s accuracy %.2f >= %.2f -> level %d", trainer.global_step, task,
-                         accuracy[task], self.threshold, level)  # fmt: skip
+                         accuracy[task], self.threshold, level)
         if raise_tasks:
             trainer.datamodule.refresh_train()
         metrics = {}

@@ -205,10 +205,10 @@ class RankWatch(Callback):
             silent = [0] if self._rank != 0 else others
         for rank in silent:
             _say(f"lightning-grpo: rank {rank} stopped answering: a collective of rank {self._rank} at step {step} {waited} "
-                 "for it (--distributed_timeout); stopping the run")  # fmt: skip
+                 "for it (--distributed_timeout); stopping the run")
         if not silent:
             _say(f"lightning-grpo: every rank timed out in a collective at step {step}: the ranks called different "
-                 "collectives (one reached by some ranks only, e.g. under `if trainer.is_global_zero`)")  # fmt: skip
+                 "collectives (one reached by some ranks only, e.g. under `if trainer.is_global_zero`)")
         return silent
 
     def _check_ranks(self) -> None:
@@ -222,7 +222,7 @@ class RankWatch(Callback):
                     continue
                 self._reported.add(rank)
                 _say(f"lightning-grpo: rank {rank} (pid {proc.pid}) exited with status {status} at step "
-                     f"{self._fit_trainer.global_step}; stopping the run")  # fmt: skip
+                     f"{self._fit_trainer.global_step}; stopping the run")
                 self._arm()
             if self._parent is not None and os.getppid() != self._parent:
                 _say(f"lightning-grpo: rank {self._rank}: the launcher (rank 0, pid {self._parent}) is gone; stopping")

@@ -45,7 +45,7 @@ class RewardHackingGuard(Guard):
     SETTINGS = ("window", "min_train_rise", "max_heldout_share")
     KNOBS = ("compare the completions that score on the training prompts with the held-out ones: tighten the "
              "reward (format-only credit, a parser loophole), deduplicate training prompts, check that the "
-             "held-out split follows the same rules")  # fmt: skip
+             "held-out split follows the same rules")
 
     def __init__(
         self, window: int = 3, min_train_rise: float = 0.1, max_heldout_share: float = 0.25, action: Action = "warn"
@@ -103,7 +103,7 @@ class LengthGuard(Guard):
     name = "length"
     SETTINGS = ("window", "rise_factor", "min_tokens", "min_reward_gain", "reward")
     KNOBS = ("a length-neutral aggregation (token_mean, or seq_mean_token_sum_norm: Dr.GRPO), a length penalty "
-             "(rewards: soft_overlong) or rollout.selection.overlong_filter, and check that no reward pays for length")  # fmt: skip
+             "(rewards: soft_overlong) or rollout.selection.overlong_filter, and check that no reward pays for length")
 
     def __init__(
         self,

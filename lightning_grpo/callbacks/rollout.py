@@ -25,19 +25,19 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from ..core.batch import BatchGeometry, RolloutBatch
+from ..checks.validation import check_fit_config
 from ..core import SELECTIONS
+from ..core.batch import BatchGeometry, RolloutBatch
 from ..data.reward_set import RewardSet, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed, test_seed
 from ..rollout.vllm_args import VLLMArgs
 from ..rollout.vllm_server import ServerSettings
-from ..checks.validation import check_fit_config
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
 from .async_setup import check_async_config, checkpoint_on_server_failure, unused_engine_sections
 from .completions import CompletionLog, CompletionLogSettings
 from .evaluation import evaluate_prompts
+from .sampling import GroupSelector, SampleResult, sample_groups
 from .settings import EvaluationSettings, SelectionSettings, WeightSyncSettings
-from .sampling import GroupSelector, SampleResult, sample_groups, score_rollout
 from .weight_push import PolicyPush
 
 
@@ -155,7 +155,7 @@ class RolloutCallback(Callback):
             broadcast = (lambda obj: trainer.strategy.broadcast(obj, src=0)) if trainer.world_size > 1 else (lambda obj: obj)
             context = EngineContext(trainer.global_rank, trainer.world_size, trainer.log_dir, broadcast)
             self.engine = build_engine(self.engine_name, module, trainer.datamodule.tokenizer, self.seed,
-                                       self.engine_settings(), context)  # fmt: skip
+                                       self.engine_settings(), context)
             self._owns_engine = True
         return self.engine
 
@@ -335,17 +335,17 @@ class RolloutCallback(Callback):
         return sample_groups(
             engine, self.reward_set, dm.tokenizer, self.sampling, self.selector, prompts_for, seed_for,
             target_groups=dm.batch_size, max_rounds=self.max_generation_rounds,
-        )  # fmt: skip
+        )
 
     # -------------------------------------------------------------------- validation
     @override
     def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int,
-                                  dataloader_idx: int = 0) -> None:  # fmt: skip
+                                  dataloader_idx: int = 0) -> None:
         self._eval_batch = batch_idx
 
     @override
     def on_test_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int,
-                            dataloader_idx: int = 0) -> None:  # fmt: skip
+                            dataloader_idx: int = 0) -> None:
         self._eval_batch = batch_idx
 
     def eval_seed(self, module: L.LightningModule, split: str) -> int:
@@ -365,7 +365,7 @@ class RolloutCallback(Callback):
         seed = self.eval_seed(module, split)
         settings = self.evaluation
         args = (engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, settings.samples, seed,
-                settings.pass_k, settings.pass_threshold, split)  # fmt: skip
+                settings.pass_k, settings.pass_threshold, split)
         if self._pipeline is not None:  # the worker owns the servers: queue behind its work
             return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
         self.sync_weights(module)
@@ -392,7 +392,7 @@ class RolloutCallback(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "generations": self.generations, "dynamic_sampling": self.dynamic_sampling,
-                "temperature": self.sampling.temperature}  # fmt: skip
+                "temperature": self.sampling.temperature}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -4,8 +4,9 @@ sampling) and refill, plus the statistics of what the policy sampled."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -133,9 +134,15 @@ def sample_groups(
     ``generate(records, seed)`` and ``score(rollout, records)`` replace the engine call and the
     reward scoring (multi-turn episodes, :mod:`lightning_grpo.agents`)."""
     if generate is None:
-        generate = lambda records, seed: engine.generate([r["prompt_ids"] for r in records], sampling, seed)  # noqa: E731
+
+        def generate(records: list[dict], seed: int) -> Rollout:
+            return engine.generate([r["prompt_ids"] for r in records], sampling, seed)
+
     if score is None:
-        score = lambda rollout, records: score_rollout(rollout, reward_set, tokenizer, records)  # noqa: E731
+
+        def score(rollout: Rollout, records: list[dict]) -> RewardScores:
+            return score_rollout(rollout, reward_set, tokenizer, records)
+
     k = selector.out_group_size
     kept: list[Rollout] = []
     kept_rewards: list[Tensor] = []

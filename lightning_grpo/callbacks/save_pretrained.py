@@ -40,7 +40,7 @@ class SavePretrained(Callback):
     """
 
     def __init__(self, dirpath: str | None = None, every_n_steps: int = 0, keep_last: int = 1, merge_lora: bool = True,
-                 dtype: Literal["float32", "bfloat16", "float16"] | None = None) -> None:  # fmt: skip
+                 dtype: Literal["float32", "bfloat16", "float16"] | None = None) -> None:
         if dirpath is not None and not str(dirpath).strip():
             raise ValueError("SavePretrained.dirpath must name the directory to write (or be null: the run folder)")
         if not isinstance(every_n_steps, int) or every_n_steps < 0:
@@ -95,7 +95,7 @@ class SavePretrained(Callback):
                 self._shift_previous(out)
                 write_model_folder(pl_module.policy, tokenizer, out, dtype=self.dtype, adapter=not self.merge_lora,
                                    weights=None if not self.merge_lora else weights,
-                                   base_model=pl_module.model_source)  # fmt: skip
+                                   base_model=pl_module.model_source)
                 (out / STEP_FILE).write_text(json.dumps({"global_step": step}) + "\n")
         self._saved_step = step
         return out
@@ -109,7 +109,7 @@ class SavePretrained(Callback):
             out.rename(kept)
         pattern = re.compile(rf"^{re.escape(out.name)}-step(\d+)$")
         older = sorted((p for p in out.parent.glob(f"{out.name}-step*") if pattern.match(p.name)),
-                       key=lambda p: int(pattern.match(p.name).group(1)))  # fmt: skip
+                       key=lambda p: int(pattern.match(p.name).group(1)))
         for stale in older[: max(0, len(older) - (self.keep_last - 1))]:
             shutil.rmtree(stale, ignore_errors=True)
 

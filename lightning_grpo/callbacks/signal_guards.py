@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
-from ..core.batch import RolloutBatch
 from ..core import CORRECTIONS, GRPOLoss
+from ..core.batch import RolloutBatch
 from .guards import Action, Guard, log
 from .lookup import find_callback
 from .rollout import RolloutCallback

@@ -20,7 +20,7 @@ def check_loss(module: Any) -> None:
     try:
         loss(logp.clone().requires_grad_(True), mask, torch.tensor([1.0, -1.0, 0.5, -0.5]), old_logp=near, ref_logp=near,
              rollout_logp=near, entropy=torch.full((4, 3), 0.5), num_tokens=torch.tensor(12.0),
-             num_sequences=torch.tensor(4.0), turn_ids=torch.zeros(4, 3, dtype=torch.long))  # fmt: skip
+             num_sequences=torch.tensor(4.0), turn_ids=torch.zeros(4, 3, dtype=torch.long))
     except (ValueError, TypeError, KeyError) as err:
         raise ValueError(f"{_loss_field(loss, err)}: {err}") from err
 

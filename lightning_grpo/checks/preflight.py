@@ -21,8 +21,9 @@ from __future__ import annotations
 import re
 import socket
 import urllib.parse
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 #: Seconds one connection attempt may take (a refused connection answers at once).
 CONNECT_TIMEOUT_S = 3.0
@@ -47,17 +48,17 @@ def servers(callback: Any) -> Iterator[tuple[str, str, str]]:
     if callback.engine is None and callback.engine_name == "vllm_server":
         for url in callback.server.urls or []:
             yield ("rollout.server.urls", str(url),
-                   "start the vLLM server first (docs/distributed.md), or drop rollout.server.urls to have the run start its own")  # fmt: skip
+                   "start the vLLM server first (docs/distributed.md), or drop rollout.server.urls to have the run start its own")
     for key, value in (getattr(callback, "environment_args", None) or {}).items():
         if key == "url" or key.endswith("_url"):
             yield (f"rollout.environment_args.{key}", str(value),
-                   "start the environment's server first (docs/environments.md) and check the port")  # fmt: skip
+                   "start the environment's server first (docs/environments.md) and check the port")
     reward_set = callback.reward_set
     for i, (spec, fn) in enumerate(zip(reward_set.specs, reward_set.fns)):
         url = getattr(fn, "base_url", None) or getattr(fn, "url", None)
         if isinstance(url, str) and url.startswith(("http://", "https://")):
             yield (f"rollout.rewards[{i}] ({spec.label})", url,
-                   "start the reward's server first (docs/reward_models.md) and check its base_url")  # fmt: skip
+                   "start the reward's server first (docs/reward_models.md) and check its base_url")
 
 
 def unreachable(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
@@ -76,7 +77,7 @@ def unreachable(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
         return f"is unknown: the host name {parts.hostname!r} does not resolve"
     except ConnectionRefusedError:
         return "refused the connection (nothing listens there)"
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         return f"did not answer within {timeout_s:g} s"
     except OSError as err:
         return f"cannot be reached ({err.strerror or err})"
@@ -103,7 +104,7 @@ def check_teachers(module: Any, recipes: Sequence[str | Path] = ()) -> None:
         todo = f"make it first: {command}" if command else (
             "make it first, e.g. train a teacher with --trainer.callbacks+=lightning_grpo.SavePretrained "
             f"--trainer.callbacks.dirpath={folder}, or give a hub name 'org/name'"
-        )  # fmt: skip
+        )
         raise FileNotFoundError(f"{where}: {folder} does not exist (expected {what}); {todo}")
 
 

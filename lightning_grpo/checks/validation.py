@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Sequence
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

@@ -18,8 +18,8 @@ import os
 import sys
 
 from .app import GRPOCLI, GRPOArgumentParser, build_cli as _build_cli
-from .quiet import quiet_expected_messages
 from .errors import is_marked, print_and_exit
+from .quiet import quiet_expected_messages
 
 
 def _prepare_environment() -> None:
@@ -71,7 +71,7 @@ def main(args: list[str] | None = None) -> int | None:
             build_sft_cli(argv[1:])
         else:
             build_cli(args)
-    except Exception as err:  # noqa: BLE001 - only the marked ones: errors in training keep their traceback
+    except Exception as err:  # only the marked ones: errors in training keep their traceback
         if not is_marked(err):
             raise
         print_and_exit(str(err))

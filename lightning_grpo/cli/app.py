@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from jsonargparse.typing import PositiveFloat
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..callbacks.distributed import DEFAULT_TIMEOUT_S, RankWatch, set_collective_timeout, warn_if_oversubscribed
@@ -108,7 +108,7 @@ def _plain_model_option(parser: LightningArgumentParser) -> None:
     from Python, so the option is not parsed as (and its help does not list) every torch module."""
     for action in list(parser._actions):
         if action.dest == "model.model":
-            action._typehint = Optional[str]
+            action._typehint = str | None
             action.help = (action.help or "").split("(type:")[0].strip()
         elif action.dest == "model.model.help":
             parser._remove_action(action)
@@ -145,7 +145,7 @@ class GRPOCLI(LightningCLI):
             "--distributed_timeout", type=PositiveFloat, default=DEFAULT_TIMEOUT_S,
             help="Multi-process runs (DDP / FSDP): seconds a collective waits for every rank before the run "
                  "stops, naming the rank that stopped answering",
-        )  # fmt: skip
+        )
 
     def instantiate_classes(self) -> None:
         """Build everything; a constructor's error is reported with the option it came from."""
@@ -159,7 +159,8 @@ class GRPOCLI(LightningCLI):
             text = str(err)
             if "Given value" in text or "Does not validate" in text:  # jsonargparse's dump around the real error
                 raise mark(type(err)(condense(text, config=config))) from None
-            raise mark(err)
+            mark(err)
+            raise
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         """The rollout callback runs before the guards (it samples the batch they inspect), as it
@@ -202,7 +203,8 @@ class GRPOCLI(LightningCLI):
                 if isinstance(callback, RolloutCallback):
                     check_fit_config(self.trainer, self.model, callback, datamodule, self._recipes())
         except (ValueError, TypeError, FileNotFoundError, ImportError, ConnectionError) as err:
-            raise mark(err)
+            mark(err)
+            raise
 
 
     def before_validate(self) -> None:
@@ -253,7 +255,7 @@ class GRPOCLI(LightningCLI):
 
 
 def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = GRPOCLI,
-              model_class: type | None = None, datamodule_class: type | None = None, epilog: str = EPILOG) -> LightningCLI:  # fmt: skip
+              model_class: type | None = None, datamodule_class: type | None = None, epilog: str = EPILOG) -> LightningCLI:
     """The CLI over GRPOModule and PromptDataModule, or ``model_class`` and ``datamodule_class`` (the
     ``sft`` command's; ``run=False``: parse and instantiate only)."""
     from jsonargparse import set_parsing_settings

@@ -20,7 +20,7 @@ import math
 import sys
 from pathlib import Path
 
-from .run_files import Run, RunDirError, load_run, points as _points, read_alarms, read_metrics, resolve_run_dir  # noqa: F401
+from .run_files import Run, RunDirError, load_run, points as _points, read_alarms, read_metrics, resolve_run_dir  # noqa: F401 - the readers, re-exported
 
 #: Dashboard panels: (title, [(column, label), ...]); panels with none of their columns say so.
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
@@ -152,7 +152,7 @@ def _completion_lines(run: Run) -> list[str]:
             lines.append(f"  {label}: reward {float(r.get('reward', float('nan'))):.3f}, advantage "
                          f"{float(r.get('advantage', float('nan'))):+.3f}, {r.get('length', '?')} tokens"
                          f"{' (truncated)' if r.get('truncated') else ''}: {_clip(str(r.get('prompt', '')), 40)!r} -> "
-                         f"{_clip(str(r.get('transcript', r.get('completion', ''))))!r}")  # fmt: skip
+                         f"{_clip(str(r.get('transcript', r.get('completion', ''))))!r}")
     return lines
 
 
@@ -222,7 +222,7 @@ def _draw_panel(ax, run: Run, title: str, specs: list[tuple[str, str]]) -> None:
         _band(ax, [(s, max(v - std[s], low.get(s, -math.inf)), min(v + std[s], high.get(s, math.inf)))
                    for s, v in _points(run, "train/reward_mean") if s in std])  # mean ± std within the rewards seen
         for column, label, marker in (("val/greedy_accuracy", "held-out greedy accuracy", "o"),
-                                      ("val/reward_mean", "held-out reward", "s")):  # fmt: skip
+                                      ("val/reward_mean", "held-out reward", "s")):
             drawn.append(_line(ax, run, column, label, marker=marker, ls="none", ms=4))
     if title == "completion length":
         low = dict(run.series.get("train/completion_length_min", []))

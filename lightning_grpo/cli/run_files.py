@@ -166,17 +166,16 @@ def load_run(path: str | Path) -> Run:
             for step, value in column_points:
                 if start is None or step < start:
                     target[step] = value
-        kept = lambda r: start is None or int(r["step"]) < start  # noqa: E731
         any_jsonl |= (version / "alarms.jsonl").is_file()
-        alarm_records += [r for r in read_jsonl(version / "alarms.jsonl") if kept(r)]
-        completions += [r for r in read_jsonl(version / "completions.jsonl") if kept(r)]
+        alarm_records += [r for r in read_jsonl(version / "alarms.jsonl") if start is None or int(r["step"]) < start]
+        completions += [r for r in read_jsonl(version / "completions.jsonl") if start is None or int(r["step"]) < start]
     merged = {column: sorted(p.items()) for column, p in series.items()}
     alarms, from_jsonl = read_alarms(latest, merged, alarm_records if any_jsonl else None)
     others = [p for p in latest.parent.glob("version_*") if p not in chain and (p / "metrics.csv").is_file()] \
-        if latest.name.startswith("version_") else []  # fmt: skip
+        if latest.name.startswith("version_") else []
     return Run(path=latest, series=merged, alarms=alarms, alarms_from_jsonl=from_jsonl,
                completions=sorted(completions, key=lambda r: int(r["step"])), versions=chain,
-               other_versions=sorted(others, key=_version_number))  # fmt: skip
+               other_versions=sorted(others, key=_version_number))
 
 
 def _first_step(version: Path) -> int | None:

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve_command(folder: Path, host: str, port: int, max_model_len: int | None, kv_cache_bytes: int | None,
-                  extra: list[str]) -> tuple[dict[str, str], list[str]]:  # fmt: skip
+                  extra: list[str]) -> tuple[dict[str, str], list[str]]:
     """(the environment to add, the command line) serving ``folder``; a ValueError for a folder it cannot serve."""
     from ..rollout.prefill import CHUNKED_PREFILL_ON_CPU, cpu_prefill_budget, is_cpu_platform
 
@@ -81,7 +81,7 @@ def serve_command(folder: Path, host: str, port: int, max_model_len: int | None,
     length = max_model_len or int(config.get("max_position_embeddings") or 2048)
     kv = kv_cache_bytes if kv_cache_bytes is not None else max(MIN_KV_CACHE_BYTES, KV_CACHE_SEQUENCES * length * _kv_bytes_per_token(config, dtype))
     command += ["--dtype", dtype, "--enforce-eager", "--kv-cache-memory-bytes", str(kv), "--no-enable-chunked-prefill",
-                "--max-num-batched-tokens", str(cpu_prefill_budget(length, None, "--max-model-len"))]  # fmt: skip
+                "--max-num-batched-tokens", str(cpu_prefill_budget(length, None, "--max-model-len"))]
     return {"TORCHDYNAMO_DISABLE": "1"}, command + extra
 
 
@@ -91,13 +91,13 @@ def _model_config(folder: Path) -> dict:
         raise ValueError(f"{folder} is not a folder (expected a model folder written by lightning-grpo export)")
     if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
         raise ValueError(f"{folder} holds a LoRA adapter (adapter_config.json), not a model: serve the merged export "
-                         "(lightning-grpo export RUN --out FOLDER, without --adapter)")  # fmt: skip
+                         "(lightning-grpo export RUN --out FOLDER, without --adapter)")
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder} has no config.json: not a model folder (write one with lightning-grpo export)")
     config = json.loads((folder / "config.json").read_text())
     if (config.get("quantization_config") or {}).get("quant_method") == "bitsandbytes":
         raise ValueError(f"{folder} holds a 4-bit (bitsandbytes) model: export the QLoRA run again with this version "
-                         "(it writes the dequantised, merged weights)")  # fmt: skip
+                         "(it writes the dequantised, merged weights)")
     return config
 
 

@@ -39,12 +39,13 @@ Multi-reward (``REWARD_AGGREGATIONS``), rewards [B, R] with weights [R]:
 from __future__ import annotations
 
 import math
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from .groups import as_groups, bessel_std, center_groups, check_std_group, constant_rows, whiten_signal  # noqa: F401 - as_groups re-exported
+from .groups import as_groups, bessel_std, center_groups, check_std_group, constant_rows, whiten_signal
 from .registry import ADVANTAGES, REWARD_AGGREGATIONS
 
 QuantileInterpolation = Literal["inverted_cdf", "linear", "lower", "higher", "midpoint", "nearest"]
@@ -268,6 +269,6 @@ def normalize_then_sum(
 # these estimators compares a completion with the others of its group, so it needs G >= 2 to give
 # any signal; grpo also divides by the group's reward std. A custom estimator may set them too.
 for _estimator in (grpo_advantages, dr_grpo_advantages, batch_std_advantages, rloo_advantages,
-                   reinforce_pp_baseline_advantages, qae_advantages, opo_advantages, gpg_advantages):  # fmt: skip
+                   reinforce_pp_baseline_advantages, qae_advantages, opo_advantages, gpg_advantages):
     _estimator.group_relative = True
 grpo_advantages.divides_by_group_std = True

@@ -47,7 +47,7 @@ class RolloutBatch:
     def completion_ids(self) -> Tensor:  # [B, Lc]
         return self.input_ids[:, self.prompt_length :]
 
-    def select(self, rows: Tensor) -> "RolloutBatch":
+    def select(self, rows: Tensor) -> RolloutBatch:
         """The sub-batch of the given row indices (tensors indexed, scalars kept)."""
         changes = {}
         for f in fields(self):
@@ -56,7 +56,7 @@ class RolloutBatch:
                 changes[f.name] = value[rows]
         return replace(self, **changes)
 
-    def to(self, device: torch.device | str) -> "RolloutBatch":
+    def to(self, device: torch.device | str) -> RolloutBatch:
         changes = {f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
         return replace(self, **changes)
 

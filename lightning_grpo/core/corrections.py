@@ -152,7 +152,7 @@ def mis_seq(
 # Read by GRPOLoss instead of branching on names: the level a weight lives at (batch normalisation
 # averages tokens or sequences).
 for _fn, _level in ((tis_token, "token"), (tis_seq, "sequence"), (tis_seq_geo, "sequence"),
-                    (mis_token, "token"), (mis_seq, "sequence")):  # fmt: skip
+                    (mis_token, "token"), (mis_seq, "sequence")):
     _fn.level = _level
 
 

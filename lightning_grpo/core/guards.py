@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
 #: Default clamp of a log-ratio before ``exp`` (verl: ``torch.clamp(log_ratio, -20, 20)``).
 LOG_RATIO_LIMIT: float = 20.0
 

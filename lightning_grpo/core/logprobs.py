@@ -108,7 +108,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, ids, temperature, compute_entropy, chunk_size, save_probs):
         with torch.autocast(device_type=hidden.device.type, enabled=False):  # float32 even under AMP
             return _ChunkedLogProbs._forward(ctx, hidden, weight, bias, ids, temperature, compute_entropy, chunk_size,
-                                             save_probs)  # fmt: skip
+                                             save_probs)
 
     @staticmethod
     def _forward(ctx, hidden, weight, bias, ids, temperature, compute_entropy, chunk_size, save_probs):
@@ -200,7 +200,7 @@ def _softmax_into(z: Tensor, out: Tensor, ent: Tensor | None) -> Tensor:
 
 
 def _grad_from_probs(p: Tensor, ids: Tensor, g_logp: Tensor | None, g_ent: Tensor | None,
-                     ent: Tensor | None) -> Tensor:  # fmt: skip
+                     ent: Tensor | None) -> Tensor:
     """:func:`_grad_wrt_logits` from the saved softmax p [C, V] (left unchanged) -> a new [C, V]."""
     if g_ent is not None:  # the entropy term needs log p: p = 0 entries add 0 (clamped log)
         return _grad_wrt_logits(p.log().clamp_(min=torch.finfo(p.dtype).min), ids, g_logp, g_ent, ent)

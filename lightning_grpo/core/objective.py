@@ -36,14 +36,15 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from .guards import check_finite
 from .corrections import is_weight_sums, mismatch_metrics, normalize_is_weight
+from .guards import check_finite
 from .logprobs import masked_mean
 from .registry import AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, TOKEN_MASKS, TOKEN_TERMS
 from .rejection import check_rejection, rejection_mask

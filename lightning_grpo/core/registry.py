@@ -7,7 +7,8 @@ elsewhere looks variants up by name here and never branches on the name itself.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
 

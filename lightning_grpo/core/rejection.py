@@ -34,7 +34,8 @@ total, the fraction of valid tokens and of non-empty sequences it masked.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor

@@ -36,7 +36,15 @@ import torch
 from torch import Tensor
 
 from .logprobs import masked_mean
-from .ratios import LossInputs, PolicyLossOutput, loss_output, prepare_inputs, ratio_metrics, token_ratio, valid_fraction
+from .ratios import (
+    LossInputs,
+    PolicyLossOutput,
+    loss_output,
+    prepare_inputs,
+    ratio_metrics,
+    token_ratio,
+    valid_fraction,
+)
 from .registry import POLICY_LOSSES
 
 __all__ = ["sapo_loss", "dppo_tv_loss", "dppo_kl_loss"]

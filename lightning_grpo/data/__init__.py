@@ -6,7 +6,7 @@ Sources and the datamodule (:mod:`.sources`, :mod:`.tasks`, :mod:`.datamodule`, 
 and reasoning-gym rewards registered in it, and the reward set that calls them (:mod:`.reward_set`).
 
 May import: ``core``, ``models`` (the tiny tokenizer). Knows neither the rollout engines nor the
-trainer's callbacks (tests/data/test_layering.py).
+trainer's callbacks (the import-linter contracts in pyproject.toml).
 """
 
 from __future__ import annotations

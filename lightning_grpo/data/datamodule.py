@@ -17,14 +17,21 @@ the current generation batch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_grpo.core.batch import BatchGeometry
-from lightning_grpo.data.records import PromptFormat, RecordBuilder, apply_record_map, check_tokenizer, resolve_record_map
+from lightning_grpo.data.records import (
+    PromptFormat,
+    RecordBuilder,
+    apply_record_map,
+    check_tokenizer,
+    resolve_record_map,
+)
 from lightning_grpo.data.schedule import generation_indices, permutation, refill_indices
 from lightning_grpo.data.sources import DataSource, FileShortcut
 from lightning_grpo.models.tiny import builtin_tokenizer_path
@@ -95,7 +102,7 @@ class PromptDataModule(L.LightningDataModule):
         val_files: str | list[str] | None = None,
         test_files: str | list[str] | None = None,
         tokenizer_path: str | None = None,
-        format: PromptFormat = PromptFormat(),
+        format: PromptFormat = PromptFormat(),  # noqa: B008 - a settings value shown by --help, read and never mutated
         batch_size: int = 8,
         val_batch_size: int | None = None,
         val_fraction: float | None = None,
@@ -278,7 +285,7 @@ NO_DATA = (
 
 
 def _check_options(source: Any, train_files: Any, val_files: Any, test_files: Any, format: Any, batch_size: Any,
-                   val_batch_size: Any, val_fraction: Any) -> None:  # fmt: skip
+                   val_batch_size: Any, val_fraction: Any) -> None:
     """Reject missing, contradictory or out-of-range options of :class:`PromptDataModule`."""
     files = {"train_files": train_files, "val_files": val_files, "test_files": test_files}
     if source is not None:

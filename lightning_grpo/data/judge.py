@@ -36,10 +36,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Literal, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple
 
-from lightning_grpo.data.options import check_bool, check_choice, check_int, check_number, fail, is_int, is_number, prompt_column
+from lightning_grpo.data.options import (
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+    fail,
+    is_int,
+    is_number,
+    prompt_column,
+)
 from lightning_grpo.data.registry import REWARDS, RewardError
 
 #: The default ``template``: the question, the reference answer and the response, scored 0-10.

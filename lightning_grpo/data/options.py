@@ -5,7 +5,8 @@ was given; and where a batch's prompts are found."""
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, NoReturn, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 #: The record column holding the prompt as the data holds it (text or chat messages), before the
 #: policy's chat template; ``prompt`` holds the text fed to the policy.

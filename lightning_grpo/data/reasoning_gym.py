@@ -28,9 +28,10 @@ import difflib
 import json
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from lightning_grpo.data.registry import REWARDS, validated_by
 from lightning_grpo.data.sources import DataSource, Split
@@ -46,7 +47,7 @@ def import_reasoning_gym():
     """The ``reasoning_gym`` module, or an ImportError naming the extra that installs it."""
     try:
         import reasoning_gym
-        import reasoning_gym.factory  # noqa: F401 - DATASETS, create_curriculum
+        import reasoning_gym.factory  # DATASETS, create_curriculum
     except ImportError as err:
         raise ImportError(
             "reasoning-gym tasks need the reasoning-gym package: pip install 'lightning-grpo[reasoning-gym]'"

@@ -13,8 +13,9 @@ Reward functions receive every key of the record as a column of the same name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
 

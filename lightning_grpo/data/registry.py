@@ -7,7 +7,7 @@ anything that uses rewards) fills the registry. Nothing here imports a reward mo
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from lightning_grpo.core.registry import Registry
 from lightning_grpo.core.resolve import resolve_callable

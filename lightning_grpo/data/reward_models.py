@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-from pathlib import Path
 from typing import Any, Literal
 
 import torch

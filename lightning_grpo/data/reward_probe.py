@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from lightning_grpo.data.reward_set import RewardSet
 from lightning_grpo.data.rewards import RewardError

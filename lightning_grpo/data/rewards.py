@@ -18,10 +18,14 @@ from __future__ import annotations
 import re
 import threading
 import warnings
-from typing import Any, Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import torch
 
+# Importing them registers the model-backed rewards (llm_judge, reward_model; classes, built once) and
+# reasoning-gym's verifiers ("reasoning_gym"; reasoning_gym itself is imported on first use).
+from lightning_grpo.data import judge as _judge, reasoning_gym as _reasoning_gym, reward_models as _reward_models  # noqa: F401 - they register
 from lightning_grpo.data.registry import (  # noqa: F401 - re-exported: the registry and its types, from where they were
     REWARDS,
     RewardError,
@@ -204,9 +208,3 @@ def tool_call_made(
     ``max_turns`` / a length limit) count, so calling again and again is not rewarded."""
     return [1.0 if n > 0 and not (require_answer and t) else 0.0 for n, t in zip(tool_calls, truncated)]
 
-
-# ------------------------------------------------------- model-backed rewards (classes, built once)
-from lightning_grpo.data import judge as _judge, reward_models as _reward_models  # noqa: E402,F401  registers llm_judge, reward_model
-
-# reasoning-gym's verifiers ("reasoning_gym"): registered here, reasoning_gym itself imported on first use
-from lightning_grpo.data import reasoning_gym as _reasoning_gym  # noqa: E402, F401

@@ -54,7 +54,7 @@ class SFTDataModule(PromptDataModule):
         val_files: str | list[str] | None = None,
         test_files: str | list[str] | None = None,
         tokenizer_path: str | None = None,
-        format: PromptFormat = PromptFormat(),
+        format: PromptFormat = PromptFormat(),  # noqa: B008 - a settings value shown by --help, read and never mutated
         messages_column: str = "messages",
         tools_column: str = "tools",
         last_turn_weight: float = 1.0,
@@ -66,7 +66,7 @@ class SFTDataModule(PromptDataModule):
         seed: int = 0,
     ) -> None:
         changed = [n for n, v, d in (("max_prompt_length", format.max_prompt_length, None),
-                                     ("on_long_prompt", format.on_long_prompt, "error")) if v != d]  # fmt: skip
+                                     ("on_long_prompt", format.on_long_prompt, "error")) if v != d]
         if changed:
             raise ValueError(f"data.format.{changed[0]} limits RL prompts; an SFT example is limited by data.max_length")
         if format.answer_column is None:
@@ -77,18 +77,18 @@ class SFTDataModule(PromptDataModule):
             source, train_files=train_files, val_files=val_files, test_files=test_files, tokenizer_path=tokenizer_path,
             format=format, batch_size=batch_size, val_batch_size=val_batch_size, val_fraction=val_fraction,
             shuffle=shuffle, seed=seed,
-        )  # fmt: skip
+        )
         self._builder = SFTFormat(
             prompt_column=format.prompt_column, answer_column=format.answer_column, messages_column=messages_column,
             tools_column=tools_column, use_chat_template=format.use_chat_template, system_prompt=format.system_prompt,
             max_length=max_length, chat_template_kwargs=format.chat_template_kwargs, last_turn_weight=last_turn_weight,
-        )  # fmt: skip
+        )
 
     def _loader(self, examples: list[dict[str, Any]], batch_size: int, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)
         pad = self.tokenizer.pad_token_id
         return DataLoader(examples, batch_size=batch_size, shuffle=shuffle, generator=generator,
-                          collate_fn=lambda rows: collate(rows, pad))  # fmt: skip
+                          collate_fn=lambda rows: collate(rows, pad))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self._records("train"), self.batch_size, self.shuffle)

@@ -83,10 +83,10 @@ class SFTFormat:
             where = f"row {i} of {source}"
             if kind == "messages":
                 ids, mask = assistant_mask(row[self.messages_column], tokenizer, where, row.get(self.tools_column),
-                                           self.chat_template_kwargs, self.last_turn_weight)  # fmt: skip
+                                           self.chat_template_kwargs, self.last_turn_weight)
             elif self.use_chat_template:
                 ids, mask = assistant_mask(self._as_messages(row, where), tokenizer, where, None, self.chat_template_kwargs,
-                                           self.last_turn_weight)  # fmt: skip
+                                           self.last_turn_weight)
             else:
                 ids, mask = self._plain(row, tokenizer, where)
             if not any(mask):
@@ -121,15 +121,15 @@ def _text(value: Any, column: str, where: str) -> str:
 
 
 def render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool,
-               template_kwargs: dict[str, Any] | None = None) -> list[int]:  # fmt: skip
+               template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """Token ids of the chat template's rendering (the template writes its own special tokens)."""
     text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                         add_generation_prompt=generation_prompt, **(template_kwargs or {}))  # fmt: skip
+                                         add_generation_prompt=generation_prompt, **(template_kwargs or {}))
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def assistant_mask(messages: Any, tokenizer: Any, where: str, tools: Any = None, template_kwargs: dict[str, Any] | None = None,
-                   last_turn_weight: float = 1.0) -> tuple[list[int], list[float]]:  # fmt: skip
+                   last_turn_weight: float = 1.0) -> tuple[list[int], list[float]]:
     """(token ids of the whole transcript, the loss weight of each token: 1 on its assistant turns' tokens,
     ``last_turn_weight`` on the last assistant turn's, 0 elsewhere); see the module docstring."""
     if not is_chat(messages) or not messages:

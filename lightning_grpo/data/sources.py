@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import codecs
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from lightning_grpo.models.hub import is_local_path
 
@@ -214,7 +215,7 @@ class Files(_SplitSource):
     FIELDS: dict[Split, str] = {"train": "data.source.train", "val": "data.source.val", "test": "data.source.test"}
 
     def __init__(self, train: str | list[str], val: str | list[str] | None = None, test: str | list[str] | None = None,
-                 cache_dir: str | None = None) -> None:  # fmt: skip
+                 cache_dir: str | None = None) -> None:
         if train is None:
             raise ValueError(f"{self.FIELDS['train']} must name the training file(s), got None")
         given = {"train": train, "val": val, "test": test}
@@ -336,7 +337,7 @@ class HubDataset(DataSource):
 
             try:
                 data = datasets.load_from_disk(str(Path(self.path).expanduser()))
-            except Exception as err:  # noqa: BLE001 - datasets raises many types; name the folder
+            except Exception as err:  # datasets raises many types; name the folder
                 raise ValueError(f"data.source.path: could not read {self.path} with datasets.load_from_disk: {err}") from err
             self._saved_splits = dict(data) if isinstance(data, datasets.DatasetDict) else {"train": data}
         return self._saved_splits
@@ -353,12 +354,12 @@ class HubDataset(DataSource):
             return datasets.load_dataset(
                 self._load_path, self.name, split=split, revision=self.revision, data_files=self.data_files,
                 cache_dir=self.cache_dir,
-            )  # fmt: skip
+            )
         except ValueError as err:
             if str(err).startswith("Unknown split"):
                 raise ValueError(self._unknown_split(field, split, self._split_names())) from err
             raise ValueError(self._load_error(split, err)) from err
-        except Exception as err:  # noqa: BLE001 - datasets raises many types; name the source
+        except Exception as err:  # datasets raises many types; name the source
             raise ValueError(self._load_error(split, err)) from err
 
     def _split_names(self) -> list[str] | str:

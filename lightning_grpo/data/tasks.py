@@ -14,7 +14,8 @@ one to ten characters (``"4823="`` -> ``"0123"``), for claims about completion l
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lightning_grpo.core.registry import Registry
 from lightning_grpo.data.sources import DataSource, Split
@@ -147,7 +148,7 @@ class DigitTask(DataSource):
     """
 
     def __init__(self, seed: int = 0, rule: str = "last_plus_one", num_train: int = 300, num_val: int = 50,
-                 num_test: int = 50) -> None:  # fmt: skip
+                 num_test: int = 50) -> None:
         if rule not in DIGIT_RULES:
             raise ValueError(f"data.source.rule must be one of {', '.join(DIGIT_RULES.names())}, got {rule!r}")
         for name, value, low in (("num_train", num_train, 1), ("num_val", num_val, 0), ("num_test", num_test, 0)):
@@ -159,7 +160,7 @@ class DigitTask(DataSource):
 
     def _split(self, index: int) -> list[dict[str, Any]]:
         splits = digit_splits(seed=self.seed, rule=self.rule, num_train=self.num_train, num_val=self.num_val,
-                              num_test=self.num_test)  # fmt: skip
+                              num_test=self.num_test)
         return splits[index]
 
     def train_rows(self) -> list[dict[str, Any]]:
@@ -173,4 +174,4 @@ class DigitTask(DataSource):
 
     def describe(self, split: Split) -> str:
         return {"train": "the digit task's training split", "val": "the digit task's validation split",
-                "test": "the digit task's test split"}[split]  # fmt: skip
+                "test": "the digit task's test split"}[split]

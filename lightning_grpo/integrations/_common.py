@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
-from typing import Any, Callable, Coroutine
+from typing import Any
 
 from lightning_grpo.core.registry import Registry
 from lightning_grpo.core.resolve import resolve_callable

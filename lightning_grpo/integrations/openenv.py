@@ -31,7 +31,8 @@ from __future__ import annotations
 import inspect
 import json
 import typing
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from ..agents.environment import Environment, Messages, Step, Turn
 from ..data.records import dataset_row, is_chat
@@ -114,7 +115,7 @@ class _OpenEnvBase(Environment):
     def __init__(self, action: str | type | None, action_field: str | None, action_from_text: str | Callable | None,
                  observation_to_text: str | Callable | None, prompt_key: str | None, system_prompt: str | None,
                  reset_kwargs: dict[str, Any] | None, reset_columns: list[str] | None,
-                 invalid_action: Literal["message", "raise"]) -> None:  # fmt: skip
+                 invalid_action: Literal["message", "raise"]) -> None:
         where = type(self).__name__
         if invalid_action not in ("message", "raise"):
             raise ValueError(f"{where}.invalid_action must be 'message' or 'raise', got {invalid_action!r}")
@@ -216,7 +217,7 @@ class OpenEnvEnvironment(_OpenEnvBase):
                  action_field: str | None = None, action_from_text: str | Callable | None = None,
                  observation_to_text: str | Callable | None = None, prompt_key: str | None = None,
                  system_prompt: str | None = None, reset_kwargs: dict[str, Any] | None = None,
-                 reset_columns: list[str] | None = None, invalid_action: Literal["message", "raise"] = "message") -> None:  # fmt: skip
+                 reset_columns: list[str] | None = None, invalid_action: Literal["message", "raise"] = "message") -> None:
         server = require("openenv.core.env_server", EXTRA, "OpenEnvEnvironment")
         make = resolve(env, "OpenEnvEnvironment.env", "'my_pkg.server.MyEnvironment'")
         self.env = make(**dict(env_args or {}))
@@ -229,7 +230,7 @@ class OpenEnvEnvironment(_OpenEnvBase):
         self.action_cls = _generic_arg(cls, "Environment", server.Action) or _step_action(cls, server.Action)
         self._observation_cls = server.Observation
         super().__init__(action, action_field, action_from_text, observation_to_text, prompt_key, system_prompt,
-                         reset_kwargs, reset_columns, invalid_action)  # fmt: skip
+                         reset_kwargs, reset_columns, invalid_action)
         self._reset_names, self._reset_any = reset_arguments(self.env.reset)
         for field, names in (("reset_kwargs", self.reset_kwargs), ("reset_columns", self.reset_columns)):
             refused = [n for n in names if not self._reset_any and n not in self._reset_names]
@@ -286,7 +287,7 @@ class OpenEnvClientEnvironment(_OpenEnvBase):
                  observation_to_text: str | Callable | None = None, prompt_key: str | None = None,
                  system_prompt: str | None = None, reset_kwargs: dict[str, Any] | None = None,
                  reset_columns: list[str] | None = None, invalid_action: Literal["message", "raise"] = "message",
-                 connect_timeout_s: float = 10.0, message_timeout_s: float = 60.0) -> None:  # fmt: skip
+                 connect_timeout_s: float = 10.0, message_timeout_s: float = 60.0) -> None:
         core = require("openenv.core", EXTRA, "OpenEnvClientEnvironment")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://", "ws://", "wss://")):
             raise ValueError(f"OpenEnvClientEnvironment.base_url must be an http(s):// or ws(s):// URL, got {base_url!r}")
@@ -299,11 +300,11 @@ class OpenEnvClientEnvironment(_OpenEnvBase):
         self.base_url, self.timeouts = base_url, (connect_timeout_s, message_timeout_s)
         self.client: Any = None
         super().__init__(action, action_field, action_from_text, observation_to_text, prompt_key, system_prompt,
-                         reset_kwargs, reset_columns, invalid_action)  # fmt: skip
+                         reset_kwargs, reset_columns, invalid_action)
 
     def _reset(self, seed: int, kwargs: dict[str, Any]) -> Any:
         self.client = self.client_cls(base_url=self.base_url, connect_timeout_s=self.timeouts[0],
-                                      message_timeout_s=self.timeouts[1]).sync()  # fmt: skip
+                                      message_timeout_s=self.timeouts[1]).sync()
         try:
             self.client.connect()
             return self.client.reset(seed=seed, **kwargs).observation

@@ -20,7 +20,8 @@ environment renders the chat itself, with its tools.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..agents.environment import Messages, check_reward
 from ..agents.tools import ToolEnvironment, tool_schema
@@ -52,7 +53,7 @@ class TRLEnvironment(ToolEnvironment):
     """
 
     def __init__(self, factory: str | Callable[..., Any], factory_args: dict[str, Any] | None = None,
-                 prompt_key: str = "prompt", system_prompt: str | None = None, timeout_s: float | None = 10.0) -> None:  # fmt: skip
+                 prompt_key: str = "prompt", system_prompt: str | None = None, timeout_s: float | None = 10.0) -> None:
         make = resolve(factory, "TRLEnvironment.factory", "'my_pkg.envs.WordleEnv'")
         self.env = make(**dict(factory_args or {}))
         name = type(self.env).__name__

@@ -26,7 +26,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from ..data.datamodule import PromptDataModule
 from ..data.records import PromptFormat
@@ -140,7 +141,7 @@ def score_traces(completions: Sequence[str], tasks: Sequence[Any]) -> list[Any]:
         messages.append(vf.AssistantMessage(content=completion))
         nodes = [MessageNode(message=m, parent=i - 1 if i else None, sampled=i == len(messages) - 1) for i, m in enumerate(messages)]
         traces.append(vf.Trace(task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
-                               agent=vf.AgentInfo(config=vf.AgentConfig()), nodes=nodes))  # fmt: skip
+                               agent=vf.AgentInfo(config=vf.AgentConfig()), nodes=nodes))
 
     async def score_all() -> None:
         import asyncio
@@ -192,7 +193,7 @@ def taskset_reward_specs(taskset: Any, taskset_args: dict[str, Any] | None = Non
     if not hooks:
         raise ValueError(f"task {type(task).__name__} has no @vf.reward method")
     return [RewardSpec(verifiers_reward, weight=float(getattr(fn, "_vf_weight", 1.0)), kwargs={"reward": fn.__name__},
-                       alias=fn.__name__) for fn in hooks]  # fmt: skip
+                       alias=fn.__name__) for fn in hooks]
 
 
 class TasksetDataModule(PromptDataModule):
@@ -210,11 +211,11 @@ class TasksetDataModule(PromptDataModule):
     def __init__(self, taskset: Any, taskset_args: dict[str, Any] | None = None, limit: int | None = None,
                  val_fraction: float | None = None, tokenizer_path: str | None = None, batch_size: int = 8,
                  val_batch_size: int | None = None, max_prompt_length: int | None = None,
-                 on_long_prompt: Literal["error", "truncate"] = "error", seed: int = 0, shuffle: bool = True) -> None:  # fmt: skip
+                 on_long_prompt: Literal["error", "truncate"] = "error", seed: int = 0, shuffle: bool = True) -> None:
         records = taskset_records(taskset, taskset_args, limit)
         fmt = PromptFormat(answer_column=None, use_chat_template=True, max_prompt_length=max_prompt_length, on_long_prompt=on_long_prompt)
         super().__init__(Rows(records), tokenizer_path=tokenizer_path, format=fmt, val_fraction=val_fraction, batch_size=batch_size,
-                         val_batch_size=val_batch_size, seed=seed, shuffle=shuffle)  # fmt: skip
+                         val_batch_size=val_batch_size, seed=seed, shuffle=shuffle)
 
 
 def main(argv: list[str] | None = None) -> None:

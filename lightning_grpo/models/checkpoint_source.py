@@ -9,11 +9,11 @@ else pass unchanged."""
 from __future__ import annotations
 
 import fcntl
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from .checkpoints import ExportError, is_distributed_checkpoint, find_checkpoint
+from .checkpoints import ExportError, find_checkpoint, is_distributed_checkpoint
 
 
 def is_checkpoint_source(path: Path) -> bool:

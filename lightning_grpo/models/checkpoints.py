@@ -38,7 +38,7 @@ def locate_checkpoint(source: str | Path) -> tuple[Path, list[Path]]:
             raise ExportError(f"{path} is not a Lightning checkpoint (expected a .ckpt file written by Trainer / ModelCheckpoint)")
         return path, []
     versions = [path] if (path / "checkpoints").is_dir() else sorted(
-        path.glob("version_*"), key=lambda p: int(re.sub(r"\D", "", p.name) or -1), reverse=True)  # fmt: skip
+        path.glob("version_*"), key=lambda p: int(re.sub(r"\D", "", p.name) or -1), reverse=True)
     for i, version in enumerate(versions):
         found = _checkpoint_in(version / "checkpoints")
         if found is not None:
@@ -104,7 +104,7 @@ def _safe_globals() -> list[Any]:
     from .quantization import QuantizationSettings
 
     allowed: list[Any] = [LoraSettings, QuantizationSettings, pathlib.PosixPath, pathlib.PurePosixPath,
-                          pathlib.WindowsPath, pathlib.PureWindowsPath]  # fmt: skip
+                          pathlib.WindowsPath, pathlib.PureWindowsPath]
     try:
         from transformers.utils.quantization_config import QuantizationMethod
 
@@ -148,7 +148,7 @@ def _load_distributed_state(path: Path) -> dict[str, torch.Tensor]:
 
     state: dict[str, Any] = {}
     _load_state_dict(state, storage_reader=FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}),
-                     no_dist=True)  # fmt: skip
+                     no_dist=True)
     if not isinstance(state.get("state_dict"), dict):
         raise ExportError(f"{path} is a distributed checkpoint without a model state_dict (not written by Lightning)")
     return state["state_dict"]

@@ -29,10 +29,11 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,7 +58,7 @@ def export_info(module: Any, tokenizer: Any) -> dict[str, Any]:
     policy = module.policy
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     info: dict[str, Any] = {"model_source": getattr(module, "model_source", None), "lora": None, "tokenizer_files": {},
-                            "quantization": None, "dtype": module.policy_settings.dtype}  # fmt: skip
+                            "quantization": None, "dtype": module.policy_settings.dtype}
     if getattr(module, "lora", None) is not None:
         info["lora"] = asdict(module.lora)
     if getattr(module, "quantization", None) is not None:  # QLoRA: the 4-bit layout is rebuilt from these on export
@@ -87,7 +88,7 @@ def check_output(out: str | Path, force: bool = False) -> Path:
 
 def write_model_folder(policy: nn.Module, tokenizer: Any, out: str | Path, *, dtype: str | None = None,
                        adapter: bool = False, weights: Iterable[tuple[str, torch.Tensor]] | None = None,
-                       base_model: str | None = None) -> Path:  # fmt: skip
+                       base_model: str | None = None) -> Path:
     """Write ``policy`` (and ``tokenizer``) as a model folder at ``out``, replacing it whole.
 
     ``weights``: the ``(hf_name, tensor)`` pairs to save (default: the policy's, LoRA merged; under
@@ -121,7 +122,7 @@ def _write_merged(policy: nn.Module, folder: Path, dtype: str | None, weights: I
 
 
 def save_dense(policy: nn.Module, folder: str | Path, *, weights: Iterable[tuple[str, torch.Tensor]] | None = None,
-               dtype: str | None = None) -> None:  # fmt: skip
+               dtype: str | None = None) -> None:
     """Save ``policy`` as a plain dense model folder (``model.safetensors``, ``config.json``,
     ``generation_config.json``): LoRA merged, a 4-bit (QLoRA) base dequantised, and the config without
     its ``quantization_config`` (transformers would save the 4-bit layout, vLLM load it as such). The
@@ -194,7 +195,7 @@ def _set_config_dtype(file: Path, dtype: str) -> None:
 
 # ------------------------------------------------------------------------------------- export
 def export(source: str | Path, out: str | Path, *, dtype: str | None = None, adapter: bool = False,
-           force: bool = False) -> Path:  # fmt: skip
+           force: bool = False) -> Path:
     """Export the policy of checkpoint / run directory ``source`` to the model folder ``out``
     (see the module docstring). Raises :class:`ExportError` before writing anything on bad input."""
     out = check_output(out, force)

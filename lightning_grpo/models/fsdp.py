@@ -18,8 +18,9 @@ log-prob path as a root forward, and gathering full weights for the rollout engi
 from __future__ import annotations
 
 import types
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map

@@ -59,12 +59,12 @@ class QuantizationSettings:
             )
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "QuantizationSettings":
+    def from_config(cls, config: dict[str, Any]) -> QuantizationSettings:
         """The settings of a model config's ``quantization_config`` (bitsandbytes 4-bit, as ``to_dict`` writes it)."""
         compute = config.get("bnb_4bit_compute_dtype")
         return cls(quant_type=config.get("bnb_4bit_quant_type", "nf4"), double_quant=bool(config.get("bnb_4bit_use_double_quant")),
                    compute_dtype=None if compute is None else str(compute).removeprefix("torch."),
-                   skip_modules=config.get("llm_int8_skip_modules"))  # fmt: skip
+                   skip_modules=config.get("llm_int8_skip_modules"))
 
     def to_bitsandbytes(self, dtype: str) -> Any:
         """The ``BitsAndBytesConfig`` for a model loaded in ``dtype`` (the dtype of what stays unquantised)."""
@@ -144,7 +144,7 @@ def split_peft_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Te
 
 
 def rebuild_quantized(state: dict[str, torch.Tensor], config: dict[str, Any], settings: QuantizationSettings, dtype: str,
-                      peft_config: Any) -> nn.Module:  # fmt: skip
+                      peft_config: Any) -> nn.Module:
     """A QLoRA checkpoint's policy as it was trained: the base's 4-bit weights loaded as they were saved
     (transformers reads a pre-quantised bitsandbytes folder; nothing is quantised again), the LoRA
     adapter ``peft_config`` on top with its trained tensors. ``state``: the peft model's state dict,
@@ -161,7 +161,7 @@ def rebuild_quantized(state: dict[str, torch.Tensor], config: dict[str, Any], se
     expected = {name for name in model.state_dict() if _ADAPTER_NAME.search(name)}
     if set(adapter) != expected:
         raise ValueError(f"the checkpoint's adapter does not match its LoRA settings: missing {sorted(expected - set(adapter))[:4]}, "
-                         f"unexpected {sorted(set(adapter) - expected)[:4]}")  # fmt: skip
+                         f"unexpected {sorted(set(adapter) - expected)[:4]}")
     model.load_state_dict(adapter, strict=False)
     return model.eval()
 

@@ -266,7 +266,7 @@ def save_tiny_reward_model(
         TinyModelConfig(seed=seed), len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
         initializer_range=0.5,  # a wide spread of scores, so that tests see differences
         num_labels=num_labels, tie_word_embeddings=False,
-    )  # fmt: skip
+    )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = Qwen2ForSequenceClassification(config)

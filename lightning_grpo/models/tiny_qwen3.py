@@ -90,7 +90,7 @@ def build_tiny_qwen3(config: TinyQwen3Config, tokenizer):
         raise ValueError(f"TinyQwen3Config.vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)}")
     fields = {k: v for k, v in asdict(config).items() if k not in ("seed", "embedding_std")}
     hf = Qwen3Config(**fields, pad_token_id=tokenizer.pad_token_id,
-                     eos_token_id=tokenizer.eos_token_id, bos_token_id=None, torch_dtype="float32")  # fmt: skip
+                     eos_token_id=tokenizer.eos_token_id, bos_token_id=None, torch_dtype="float32")
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         model = Qwen3ForCausalLM(hf)

@@ -17,8 +17,8 @@ one collective per FSDP2 unit) for the push and reshards afterwards.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 from torch import nn

@@ -1,5 +1,6 @@
 """Rollout engines: sample G completions per prompt with their log-probs (transformers or vLLM)."""
 
+from lightning_grpo.models.weights import gathered_weights_for_engine, policy_weights_for_engine
 from lightning_grpo.rollout.base import (
     Rollout,
     RolloutEngine,
@@ -11,7 +12,6 @@ from lightning_grpo.rollout.base import (
 from lightning_grpo.rollout.hf import HFEngine
 from lightning_grpo.rollout.vllm import VLLMEngine
 from lightning_grpo.rollout.vllm_args import VLLMArgs
-from lightning_grpo.models.weights import gathered_weights_for_engine, policy_weights_for_engine
 
 __all__ = [
     "HFEngine",

@@ -12,8 +12,9 @@ This module imports torch only; heavy libraries are imported by the engines that
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -215,14 +216,14 @@ class RolloutEngine(abc.ABC):
         """Sample with the peft adapter saved in ``path`` from now on (engines that serve adapters)."""
         raise NotImplementedError(f"{type(self).__name__} does not serve LoRA adapters (rollout.weight_sync.lora: merged)")
 
-    def unload_lora_adapter(self) -> None:
+    def unload_lora_adapter(self) -> None:  # noqa: B027 - optional hook, a no-op unless the engine overrides it
         """Stop applying the adapter of :meth:`load_lora_adapter` (no-op when none is loaded)."""
 
-    def sleep(self) -> None:
+    def sleep(self) -> None:  # noqa: B027 - optional hook, a no-op unless the engine overrides it
         """Release memory until the next :meth:`load_weights` or :meth:`generate` (engines with a
         sleep mode; no-op by default). The RolloutCallback calls it after each generation batch."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op unless the engine overrides it
         """Release the engine's resources (no-op by default)."""
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..core.registry import Registry
 from .base import RolloutEngine
@@ -111,7 +112,7 @@ def _save_for_engine(policy, tokenizer) -> str:
 
 
 def build_engine(name: str, module, tokenizer, seed: int, settings: VLLMArgs | ServerSettings | None = None,
-                 context: EngineContext = EngineContext()) -> RolloutEngine:  # fmt: skip
+                 context: EngineContext = EngineContext()) -> RolloutEngine:
     """The engine called ``name`` ("vllm", "vllm_server" or "hf") for ``module``'s policy, with its settings
     (:class:`~lightning_grpo.rollout.vllm_args.VLLMArgs`, :class:`~lightning_grpo.rollout.vllm_server.ServerSettings`
     or None for "hf")."""

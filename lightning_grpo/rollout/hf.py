@@ -8,7 +8,7 @@ that is being trained, so :attr:`HFEngine.needs_weight_sync` is False and
 from __future__ import annotations
 
 import numbers
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn

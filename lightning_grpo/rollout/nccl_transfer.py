@@ -17,7 +17,8 @@ Needs CUDA on the trainer and the ``vllm`` (GPU) package; not run on this projec
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import urllib.error
 import urllib.request
-from typing import Any, Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 
 class ServerUnavailableError(ConnectionError):
@@ -63,7 +63,7 @@ class ServerClient:
         except urllib.error.HTTPError as err:
             detail = err.read().decode(errors="replace")[:500]
             raise ServerRequestError(f"vLLM server {self.url}{path} answered {err.code}: {detail}") from err
-        except (urllib.error.URLError, ConnectionError, socket.timeout, TimeoutError) as err:
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
             raise ServerUnavailableError(self.url, f"{path}: {getattr(err, 'reason', err)}") from err
         return json.loads(payload) if payload else None
 

@@ -20,8 +20,9 @@ machine (:mod:`~lightning_grpo.rollout.shm_transfer`), TCP for CPU servers anywh
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 

@@ -24,8 +24,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning_grpo
 from lightning_grpo.vllm_entry import ENV as PLUGIN_ENV
@@ -74,7 +75,7 @@ def server_command(
         "--weight-transfer-config", json.dumps({"backend": transfer_backend}),
         "--enable-prefix-caching", "--disable-uvicorn-access-log",
         *extra_args,
-    ]  # fmt: skip
+    ]  # fmt: skip  # option and value pairs, one group a line
 
 
 class ServerProcess:
@@ -111,7 +112,7 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         """Launch the child; raise ServerStartError right away if the port is taken or the model
         directory has no ``config.json``."""
         if port_in_use(self.port, self.host):
@@ -133,14 +134,11 @@ class ServerProcess:
             "VLLM_LOGGING_LEVEL": os.environ.get("LIGHTNING_GRPO_SERVER_LOG_LEVEL", "INFO"),
             **self.env,
         }
-        log = open(self.log_path, "ab")
-        try:
+        with open(self.log_path, "ab") as log:  # the child holds its own descriptor
             pin = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None
             self.process = subprocess.Popen(
                 self.command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=pin
             )
-        finally:
-            log.close()
         return self
 
     def wait_healthy(self, timeout: float, is_healthy: Callable[[], bool]) -> None:

@@ -14,9 +14,10 @@ This module imports torch only; the server side is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -66,10 +67,8 @@ class ShmBuckets:
 
     def unlink(self) -> None:
         for path in self.paths:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
 
 
 def pack_buckets(

@@ -24,11 +24,13 @@ is :class:`lightning_grpo.rollout.vllm_plugin.TcpWeightTransferEngine`.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
 import uuid
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -137,7 +139,7 @@ class TcpTransport:
         while len(workers) < world:
             try:
                 sock, _ = listener.accept()
-            except socket.timeout as err:
+            except TimeoutError as err:
                 raise ConnectionError(
                     f"vLLM server {client.url}: {len(workers)} of {world} workers connected to {host}:{port} "
                     f"within {self.timeout:.0f} s (can the server reach this address? rollout.server.transfer_host)"
@@ -238,7 +240,5 @@ def send_while(request: Callable[[], Any], send: Callable[[], None], abort: Call
 
 
 def _shutdown(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass

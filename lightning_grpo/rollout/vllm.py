@@ -24,11 +24,19 @@ with that adapter on top of the engine's base weights (push those with
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Literal
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
-from lightning_grpo.rollout.base import Rollout, RolloutEngine, SamplingConfig, check_fits, request_seed, validate_prompts
+from lightning_grpo.rollout.base import (
+    Rollout,
+    RolloutEngine,
+    SamplingConfig,
+    check_fits,
+    request_seed,
+    validate_prompts,
+)
 from lightning_grpo.rollout.vllm_args import VLLMArgs
 from lightning_grpo.rollout.vllm_env import (
     export_rank_for_external_launcher,
@@ -116,7 +124,7 @@ class VLLMEngine(RolloutEngine):
             "skip_tokenizer_init": True,  # prompts and completions stay token ids
             "enable_prefix_caching": True,
             **optional_llm_kwargs(args.kv_cache_memory_bytes, args.block_size, args.enable_lora, args.max_lora_rank,
-                                  args.gpu_memory_utilization),  # fmt: skip
+                                  args.gpu_memory_utilization),
             **sleep_kwargs(args.sleep_level),
             **(args.extra_llm_kwargs or {}),  # last: overrides any of the above
         }

@@ -8,7 +8,8 @@ import contextlib
 import logging
 import os
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ KNOWN_HARMLESS = {
     "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
     "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
     "torch._library.triton": ("Triton not available",),
-}  # fmt: skip
+}
 
 
 def prefix_filter(table: dict[str, tuple[str, ...]]) -> Callable[[logging.LogRecord], bool]:

@@ -13,8 +13,9 @@ with started servers each rank starts and updates its own.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from .server_client import ServerClient, version_number
 from .server_engine import ServerEngine
@@ -120,7 +121,7 @@ def build_server_engine(
     common = dict(
         dtype=settings.dtype, max_model_len=settings.max_model_len, bucket_bytes=settings.bucket_bytes,
         transport=build_transport(settings),
-    )  # fmt: skip
+    )
     if settings.urls is not None:
         clients = [ServerClient(url, settings.request_timeout) for url in settings.urls]
         for client in clients:
@@ -144,7 +145,7 @@ def build_server_engine(
         extra_args=list(settings.server_args),
         cpus=settings.server_cpus,
         transfer_backend=TRANSFER_BACKENDS[settings.transfer],
-    )  # fmt: skip
+    )
     clients = [ServerClient(p.url, settings.request_timeout) for p in processes]
     return ServerEngine(clients, processes=processes, pusher=True, **common)
 

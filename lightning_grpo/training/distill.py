@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import os
 import random
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -83,7 +84,7 @@ class DistillSettings:
         if isinstance(self.teacher, dict) and len(self.teacher) > 1 and not self.teacher_key:
             raise ValueError(f"{FIELD}.teacher_key must name the record column that picks one of the teachers {sorted(self.teacher)}")
         for name, value, ok in (("coef", self.coef, self.coef >= 0), ("gkd_coef", self.gkd_coef, self.gkd_coef >= 0),
-                                ("beta", self.beta, 0 <= self.beta <= 1), ("lmbda", self.lmbda, 0 <= self.lmbda <= 1)):  # fmt: skip
+                                ("beta", self.beta, 0 <= self.beta <= 1), ("lmbda", self.lmbda, 0 <= self.lmbda <= 1)):
             if not ok:
                 raise ValueError(f"{FIELD}.{name} out of range: {value} (coef, gkd_coef >= 0; beta, lmbda in [0, 1])")
         if not (self.coef or self.gkd_coef or self.use_task_rewards):
@@ -106,7 +107,7 @@ class DistillContext:
     the reference's (packing, precision, rows per pass)."""
     global_sum: Callable[[Tensor], Tensor]
     """A scalar summed over the ranks (float32, on the student's device)."""
-    precision: Callable[[], ContextManager]
+    precision: Callable[[], AbstractContextManager]
     """The trainer's autocast context (training_step's)."""
     tokenizer: Callable[[], Any]
     """The student's tokenizer (GKD's reference answers, lmbda < 1)."""
@@ -124,7 +125,7 @@ class Distiller:
     """Builds the teachers, scores each generation batch and adds GKD's term (``GRPOModule.distiller``)."""
 
     @classmethod
-    def of(cls, settings: DistillSettings | dict | None, context: DistillContext) -> "Distiller | None":
+    def of(cls, settings: DistillSettings | dict | None, context: DistillContext) -> Distiller | None:
         """A distiller for ``settings`` (a dict from LightningCLI / hparams is accepted), None for None."""
         if settings is None:
             return None
@@ -155,7 +156,7 @@ class Distiller:
                 theirs, ours = (m.get_output_embeddings().weight.shape[0] for m in (self._models[name], self.ctx.policy()))
                 if theirs != ours:
                     raise ValueError(f"{where}: GKD compares full next-token distributions, but the teacher's LM head has "
-                                     f"{theirs} rows and the student's {ours}")  # fmt: skip
+                                     f"{theirs} rows and the student's {ours}")
 
     def _load(self, name: str, spec: TeacherSpec) -> nn.Module | None:
         where = f"{FIELD}.teacher[{name!r}]"
@@ -185,7 +186,7 @@ class Distiller:
             teacher = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         except OSError as err:
             raise ValueError(f"{where} {spec!r}: no model there ({err.__class__.__name__}: {str(err)[:200]}); give a model "
-                             "directory (SavePretrained writes one), a hub name, 'base' or 'adapter:<dir>'") from err  # fmt: skip
+                             "directory (SavePretrained writes one), a hub name, 'base' or 'adapter:<dir>'") from err
         return teacher.eval().requires_grad_(False)
 
     @contextmanager
@@ -298,7 +299,7 @@ def reference_batch(records: list[dict] | None, tokenizer: Any, answer_key: str,
     completion_mask = attention_mask[:, Lp:].float()  # [B, Lc]
     return RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
                         advantages=torch.zeros(len(records)), rollout_logp=torch.zeros_like(completion_mask),
-                        prompt_length=Lp, group_size=1, temperature=temperature).to(device)  # fmt: skip
+                        prompt_length=Lp, group_size=1, temperature=temperature).to(device)
 
 
 def check_teacher(where: str, spec: TeacherSpec, teacher: nn.Module, tokenizer: Any) -> None:

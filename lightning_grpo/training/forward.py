@@ -24,7 +24,7 @@ __all__ = ["layout_token_logprobs"]
 
 
 def layout_token_logprobs(model: nn.Module, batch: RolloutBatch, forward: ForwardSettings,
-                          compute_entropy: bool = False) -> TokenLogProbs:  # fmt: skip
+                          compute_entropy: bool = False) -> TokenLogProbs:
     """Log-probs (and entropy) [B, Lc] of the completion tokens at the sampling temperature, scored by
     ``LOGPROBS[forward.logprob_path]`` (models without a decoder / LM head are scored from their logits), with a
     shared prefix, packed or padded as ``forward.prefix_sharing`` and ``forward.packing`` say (``forward.save_probs``:

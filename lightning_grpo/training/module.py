@@ -14,8 +14,9 @@ reads the micro-step index from the dataloader batch (``batch["micro"]``).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -68,9 +69,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self,
         model: str | nn.Module,
         loss: GRPOLoss | None = None,
-        algorithm: AlgorithmSettings = AlgorithmSettings(),
-        policy: PolicySettings = PolicySettings(),
-        forward: ForwardSettings = ForwardSettings(),
+        algorithm: AlgorithmSettings = AlgorithmSettings(),  # noqa: B008 - a settings value shown by --help, read and never mutated
+        policy: PolicySettings = PolicySettings(),  # noqa: B008 - a settings value shown by --help, read and never mutated
+        forward: ForwardSettings = ForwardSettings(),  # noqa: B008 - a settings value shown by --help, read and never mutated
         distillation: DistillSettings | None = None,
         default_guards: bool = True,
         optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -82,7 +83,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.forward_settings = as_settings(ForwardSettings, forward)
         self.default_guards = default_guards
         self.save_hyperparameters({"algorithm": settings_dict(self.algorithm), "policy": settings_dict(self.policy_settings),
-                                   "forward": settings_dict(self.forward_settings), "default_guards": default_guards})  # fmt: skip
+                                   "forward": settings_dict(self.forward_settings), "default_guards": default_guards})
         self.loss_fn = loss if loss is not None else GRPOLoss()
         self._advantage_fn = ADVANTAGES.get(self.algorithm.advantage)
         self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(self.algorithm.reward_aggregation)
@@ -148,14 +149,14 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         vLLM engine built before ``trainer.fit``): Lightning then keeps that group, and with one rank
         per group DDP and the global token counts silently stop synchronising."""
         world = self.trainer.world_size
-        if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            if torch.distributed.get_world_size() != world:
-                raise RuntimeError(
-                    f"the default torch.distributed process group has {torch.distributed.get_world_size()} rank(s) "
-                    f"but the Trainer runs {world}: something initialised torch.distributed before trainer.fit "
-                    "(a vLLM engine built before the fit does). Build rollout engines inside the fit "
-                    "(RolloutCallback builds its engine lazily) or after Lightning set up the process group."
-                )
+        initialized = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if world > 1 and initialized and torch.distributed.get_world_size() != world:
+            raise RuntimeError(
+                f"the default torch.distributed process group has {torch.distributed.get_world_size()} rank(s) "
+                f"but the Trainer runs {world}: something initialised torch.distributed before trainer.fit "
+                "(a vLLM engine built before the fit does). Build rollout engines inside the fit "
+                "(RolloutCallback builds its engine lazily) or after Lightning set up the process group."
+            )
 
     # ------------------------------------------------------------------------ hand-overs
     def use_rollout(self, batch: RolloutBatch, metrics: dict[str, float] | None = None) -> None:
@@ -184,7 +185,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         module's ``num_iterations`` / ``steps_per_generation`` and the Trainer's ``accumulate_grad_batches``."""
         return BatchGeometry(prompts=prompts, group_size=group_size, num_iterations=self.algorithm.num_iterations,
                              steps_per_generation=self.algorithm.steps_per_generation,
-                             accumulate=self.trainer.accumulate_grad_batches)  # fmt: skip
+                             accumulate=self.trainer.accumulate_grad_batches)
 
     def _geometry_of(self, batch: RolloutBatch) -> BatchGeometry:
         return self.batch_geometry(max(1, len(batch) // batch.group_size), batch.group_size)
@@ -333,7 +334,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                               global_sum=lambda value: self._global_sum(value), precision=lambda: self.precision_context(),
                               tokenizer=lambda: self.trainer.datamodule.tokenizer,
                               device=lambda: self.device, step=lambda: self.trainer.global_step, dtype=self.policy_settings.dtype,
-                              micro_step=lambda rows, i: self._geometry_of(self._rollout_batch).micro_step(rows, i))  # fmt: skip
+                              micro_step=lambda rows, i: self._geometry_of(self._rollout_batch).micro_step(rows, i))
 
     # -------------------------------------------------------------- optimizer step, guards
     def skip_optimizer_step(self, reason: str) -> None:

@@ -20,14 +20,15 @@ loss and everything after it is unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from ..core.batch import RolloutBatch, position_ids
 from ..core import TokenLogProbs
+from ..core.batch import RolloutBatch, position_ids
 
 #: transformers attention backends that build their mask through ``create_causal_mask`` and so
 #: honour packed position ids.
@@ -50,7 +51,7 @@ class PackPlan:
     owner: Tensor | None = None  # [B, L] bool: the tokens that fill their slot (None: every real token)
 
     @classmethod
-    def from_mask(cls, attention_mask: Tensor, prompt_length: int) -> "PackPlan":
+    def from_mask(cls, attention_mask: Tensor, prompt_length: int) -> PackPlan:
         """First-fit decreasing of the rows' real tokens into rows of the longest row's length.
 
         Real tokens need not be contiguous: they keep their order (what ``position_ids`` counts)."""
@@ -191,7 +192,7 @@ def padded_token_logprobs(
             out.last_hidden_state[:, lp - 1 : -1][keep],  # [N, H] states that predict the sampled tokens
             head.weight, ids[:, lp:][keep], bias=head.bias, temperature=batch.temperature,
             compute_entropy=compute_entropy, chunk_size=chunk_size, save_probs=save_probs,
-        )  # fmt: skip
+        )
         return TokenLogProbs(_scatter(keep, res.logp), _scatter(keep, res.entropy) if compute_entropy else None)
     logits = padded_completion_logits(model, batch)  # [B, Lc, V]
     return score(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
@@ -227,7 +228,7 @@ def packed_token_logprobs(
             hidden.reshape(-1, hidden.shape[-1])[pred[keep]],  # [N, H]
             head.weight, targets[keep], bias=head.bias, temperature=batch.temperature,
             compute_entropy=compute_entropy, chunk_size=chunk_size, save_probs=save_probs,
-        )  # fmt: skip
+        )
         out = TokenLogProbs(_scatter(keep, res.logp), _scatter(keep, res.entropy) if compute_entropy else None)  # [Nc]
     else:
         logits = model(**kwargs).logits  # [R, W, V]

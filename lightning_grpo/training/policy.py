@@ -19,7 +19,7 @@ from torch import nn
 
 from ..models.loading import apply_lora, load_policy
 from ..models.lora import LoraSettings
-from ..models.quantization import QuantizationSettings, check_quantization, take_quant_state
+from ..models.quantization import check_quantization, take_quant_state
 from .settings import PolicySettings
 
 

@@ -51,7 +51,7 @@ class SharedPrefixPlan(PackPlan):
     member: Tensor | None = None  # [R, W] long: the batch row of a completion slot, -1 for prompt and empty slots
 
     @classmethod
-    def from_batch(cls, batch: RolloutBatch, pack: bool = True) -> "SharedPrefixPlan":
+    def from_batch(cls, batch: RolloutBatch, pack: bool = True) -> SharedPrefixPlan:
         """The shared-prefix layout of ``batch``: rows with equal prompts form one segment; segments
         packed first-fit decreasing into rows of the longest segment's length (``pack``) or one per row."""
         valid, lp = batch.attention_mask.bool(), batch.prompt_length  # [B, L]

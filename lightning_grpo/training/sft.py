@@ -34,8 +34,8 @@ from torch import Tensor, nn
 
 from ..core import LOGPROBS
 from ..core.batch import RolloutBatch, position_ids
-from .metrics import total_grad_norm
 from .forward import layout_token_logprobs
+from .metrics import total_grad_norm
 from .policy import PolicyMixin
 from .settings import ForwardSettings, PolicySettings, as_settings, settings_dict
 
@@ -58,8 +58,8 @@ class SFTModule(PolicyMixin, L.LightningModule):
     def __init__(
         self,
         model: str | nn.Module,
-        policy: PolicySettings = PolicySettings(),
-        forward: ForwardSettings = ForwardSettings(),
+        policy: PolicySettings = PolicySettings(),  # noqa: B008 - a settings value shown by --help, read and never mutated
+        forward: ForwardSettings = ForwardSettings(),  # noqa: B008 - a settings value shown by --help, read and never mutated
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -69,7 +69,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         defaults = (PolicySettings(), ForwardSettings())
         for section, settings, default, name in (("policy", self.policy_settings, defaults[0], "reference"),
                                                  ("forward", self.forward_settings, defaults[1], "prefix_sharing"),
-                                                 ("forward", self.forward_settings, defaults[1], "rows_per_pass")):  # fmt: skip
+                                                 ("forward", self.forward_settings, defaults[1], "rows_per_pass")):
             if getattr(settings, name) != getattr(default, name):
                 raise ValueError(f"model.{section}.{name} does not apply to SFTModule (GRPOModule only): leave it unset")
         self.save_hyperparameters({"policy": settings_dict(self.policy_settings), "forward": settings_dict(self.forward_settings)})
@@ -96,7 +96,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         zeros = torch.zeros_like(targets)
         turns = torch.where(targets > 0, 0, -1)  # [B, L-start] other turns (a tool result) are context: no LM head
         return RolloutBatch(ids, attention, targets, zeros[:, 0], zeros, prompt_length=start, group_size=1, temperature=1.0,
-                            turn_ids=turns)  # fmt: skip
+                            turn_ids=turns)
 
     def token_logprobs(self, batch: RolloutBatch) -> Tensor:
         """[B, Lc] log-probs of the completion tokens of each row, packed or padded as ``packing`` says."""
