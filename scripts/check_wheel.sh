@@ -32,7 +32,9 @@ grep -E "^Successfully built" "$work/build.log"
 "$TOOLS_VENV/bin/python" -m twine check --strict "$work"/dist/*
 
 echo "== contents: every tracked file of lightning_grpo/ in the wheel, LICENSE in both"
-git ls-files lightning_grpo > "$work/tracked.txt"
+# the tracked files; a checkout without git metadata: every file but bytecode
+git ls-files lightning_grpo > "$work/tracked.txt" 2>/dev/null \
+  || find lightning_grpo -type f -not -path "*/__pycache__/*" -not -name "*.pyc" | sort > "$work/tracked.txt"
 "$TOOLS_VENV/bin/python" - "$work/dist" "$work/tracked.txt" <<'PY'
 import re, sys, tarfile, zipfile
 from pathlib import Path
