@@ -1,5 +1,5 @@
-"""Measured per-step metrics of recipe runs, to check the guards' defaults on (tests/test_reward_drop_guard.py,
-tests/test_guards_heldout.py).
+"""Measured per-step metrics of recipe runs, to check the guards' defaults on (tests/callbacks/test_reward_drop_guard.py,
+tests/callbacks/test_guards_heldout.py).
 
 Two sets, each written to its own fixture, each run pinned to one core with one thread as
 benchmarks/quickstart_seeds.py runs them, with ``--trainer.log_every_n_steps 1``:

@@ -23,7 +23,7 @@ def tiny_model_path(tmp_path_factory):
 @pytest.fixture(scope="session")
 def digit_teacher_path(tiny_model_path, tmp_path_factory):
     """The tiny model taught the quickstart's digit rule by supervised steps (a distillation teacher)."""
-    from .distill_helpers import train_digit_teacher
+    from tests.helpers.distill import train_digit_teacher
 
     return train_digit_teacher(tiny_model_path, tmp_path_factory.mktemp("digit-teacher"))
 

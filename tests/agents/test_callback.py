@@ -12,7 +12,7 @@ from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, LossTerms, 
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.agents.callback import AgentRolloutCallback
 
-from .helpers import BatchCatcher, CALL_TEXT, caller_model_dir, ids_of
+from tests.helpers.agents import BatchCatcher, CALL_TEXT, caller_model_dir, ids_of
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.agents.secret_digit import SecretDigitEnv
 from lightning_grpo.rollout.base import SamplingConfig, rollout_to_tensors
 
-from .helpers import ScriptedEngine, ids_of, tools_tokenizer
+from tests.helpers.agents import ScriptedEngine, ids_of, tools_tokenizer
 
 CALL_TEXT = '<tool_call>\n{"name": "secret_digit", "arguments": {}}\n</tool_call>'
 

@@ -20,7 +20,7 @@ from lightning_grpo.agents.environment import Environment, Step
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.callbacks.completions import CompletionLogSettings
 
-from .helpers import BatchCatcher, ScriptedEngine, ids_of, tools_tokenizer
+from tests.helpers.agents import BatchCatcher, ScriptedEngine, ids_of, tools_tokenizer
 
 MODEL = "tiny:tools"  # the built-in tiny model with the chat-template tokenizer
 

@@ -14,7 +14,7 @@ from lightning_grpo.agents.secret_digit import SecretDigitEnv, SecretDigitTransc
 from lightning_grpo.data.sft_format import assistant_mask
 from lightning_grpo.rollout.base import SamplingConfig
 
-from .helpers import ScriptedEngine
+from tests.helpers.agents import ScriptedEngine
 
 QUESTION = "What is the secret digit? Call the tool to find out, then reply with the digit only."
 IM_END, TOOL_CALL_END = 151645, 151658

@@ -15,7 +15,7 @@ from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.secret_digit import SecretDigitEnv
 from lightning_grpo.data.tasks import DigitTask, digit_task
 
-from .helpers import ids_of
+from tests.helpers.agents import ids_of
 
 CALL = '<tool_call>\n{"name": "secret_digit", "arguments": {}}\n</tool_call>'
 NUM_TRAIN = 8  # digit-task prompts: the model is taught on exactly the openings the run samples from

@@ -13,7 +13,7 @@ from lightning_grpo.agents.report import episode_metrics
 from lightning_grpo.agents.tools import ToolEnvironment, parse_tool_calls, tool_schema
 from lightning_grpo.rollout.base import SamplingConfig
 
-from .helpers import ScriptedEngine, ids_of, tools_tokenizer
+from tests.helpers.agents import ScriptedEngine, ids_of, tools_tokenizer
 
 
 def add(a: int, b: int) -> int:

@@ -14,7 +14,7 @@ import pytest
 from lightning_grpo.data.judge import NUMBER, LLMJudge
 from lightning_grpo.data.reward_set import RewardError, RewardSet, RewardSpec
 from lightning_grpo.rollout.server_process import free_port
-from tests.data.judge_stub import StubJudge, user_text
+from tests.helpers.judge_stub import StubJudge, user_text
 
 
 @pytest.fixture

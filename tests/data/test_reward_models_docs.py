@@ -10,7 +10,7 @@ import yaml
 
 from lightning_grpo.data.reward_set import RewardSet, RewardSpec
 from lightning_grpo.models.tiny import save_tiny_reward_model
-from tests.data.judge_stub import StubJudge
+from tests.helpers.judge_stub import StubJudge
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "reward_models.md"
 

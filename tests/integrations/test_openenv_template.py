@@ -22,7 +22,7 @@ from lightning_grpo.integrations.openenv import OpenEnvEnvironment  # noqa: E402
 
 from .echo_env.models import EchoAction  # noqa: E402
 from .echo_env.server.echo_env_environment import EchoEnvironment  # noqa: E402
-from .helpers import fit, openenv_callback, turn_texts  # noqa: E402
+from tests.helpers.integrations import fit, openenv_callback, turn_texts  # noqa: E402
 
 TEMPLATE = "tests.integrations.echo_env.server.echo_env_environment.EchoEnvironment"
 

@@ -1,6 +1,6 @@
 """TRL-style ``environment_factory`` classes trained unchanged (TRL itself is not needed).
 
-The training run uses the tiny tools model taught to call ``secret_digit`` (tests/agents/helpers.py),
+The training run uses the tiny tools model taught to call ``secret_digit`` (tests/helpers/agents.py),
 so episodes really call the class's public method as a tool; every episode is then replayed on a
 fresh instance (reset with the record, the same tool calls, get_reward) and the rewards the trainer
 scored and logged must be exactly those."""
@@ -20,8 +20,8 @@ from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.integrations.trl import TRLEnvironment
 
-from ..agents.helpers import CALL_TEXT, ScriptedEngine, caller_model_dir, ids_of, tools_tokenizer
-from .helpers import fit
+from tests.helpers.agents import CALL_TEXT, ScriptedEngine, caller_model_dir, ids_of, tools_tokenizer
+from tests.helpers.integrations import fit
 
 
 class SecretEnv:

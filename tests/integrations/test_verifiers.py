@@ -19,7 +19,7 @@ from lightning_grpo import RewardSpec, SamplingConfig
 from lightning_grpo.callbacks.rollout import RolloutCallback
 from lightning_grpo.data.reward_set import RewardSet
 
-from .helpers import fit
+from tests.helpers.integrations import fit
 
 TASKS = "tests.integrations.verifiers_tasks"
 verifiers = pytest.mark.verifiers

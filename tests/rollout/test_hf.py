@@ -9,7 +9,7 @@ import torch
 
 from lightning_grpo.rollout.base import SamplingConfig
 from lightning_grpo.rollout.hf import HFEngine
-from tests.rollout import assert_eos_handling, max_logprob_gap
+from tests.helpers.rollout import assert_eos_handling, max_logprob_gap
 
 EOS, PAD = 1, 0
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [20]]  # different lengths: left padding is exercised

@@ -77,7 +77,7 @@ def test_bad_sleep_level(level):
 
 def test_sleep_level_2_without_weight_sync_is_refused():
     from lightning_grpo import WeightSyncSettings
-    from tests.bad_input_helpers import cpu_vllm, fit_error, hf_callback
+    from tests.helpers.bad_input import cpu_vllm, fit_error, hf_callback
 
     fit_error(ValueError, r"rollout.vllm.sleep_level=2 discards the engine's weights .* needs rollout.weight_sync.enabled: true",
               callback=hf_callback(engine="vllm", weight_sync=WeightSyncSettings(enabled=False), vllm=cpu_vllm(sleep_level=2)))  # fmt: skip

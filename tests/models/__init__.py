@@ -1,0 +1,1 @@
+"""Tests of lightning_grpo/models."""
