@@ -11,7 +11,6 @@ from lightning_grpo.agents.environment import Environment, Step
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.agents.secret_digit import SecretDigitEnv
 from lightning_grpo.rollout.base import SamplingConfig, rollout_to_tensors
-
 from tests.helpers.agents import ScriptedEngine, ids_of, tools_tokenizer
 
 CALL_TEXT = '<tool_call>\n{"name": "secret_digit", "arguments": {}}\n</tool_call>'

@@ -13,7 +13,6 @@ from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.agents.secret_digit import SecretDigitEnv, SecretDigitTranscripts
 from lightning_grpo.data.sft_format import assistant_mask
 from lightning_grpo.rollout.base import SamplingConfig
-
 from tests.helpers.agents import ScriptedEngine
 
 QUESTION = "What is the secret digit? Call the tool to find out, then reply with the digit only."

@@ -14,7 +14,6 @@ from lightning_grpo.agents.environment import Turn
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.agents.tools import parse_tool_calls, tool_schema
 from lightning_grpo.rollout.base import SamplingConfig, rollout_to_tensors
-
 from tests.helpers.agents import ScriptedEngine, ids_of
 
 IM_END, TOOL_CALL, TOOL_CALL_END = 151645, 151657, 151658  # <|im_end|>, <tool_call>, </tool_call> (Qwen2.5 / Qwen3)

@@ -12,7 +12,6 @@ from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.agents.report import episode_metrics
 from lightning_grpo.agents.tools import ToolEnvironment, parse_tool_calls, tool_schema
 from lightning_grpo.rollout.base import SamplingConfig
-
 from tests.helpers.agents import ScriptedEngine, ids_of, tools_tokenizer
 
 

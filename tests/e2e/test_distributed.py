@@ -54,7 +54,11 @@ def ddp_update(tiny_model_path, tmp_path_factory):
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_two_rank_update_equals_one_rank_update_on_the_concatenated_batch(ddp_update, tiny_model_path, aggregation):
-    from tests.helpers.distributed_worker import _module, rollout_half, single_process_update
+    from tests.helpers.distributed_worker import (
+        _module,
+        rollout_half,
+        single_process_update,
+    )
 
     rank0, rank1 = ddp_update
     assert rank0["info"] == {"rank": 0, "backend": "gloo", "world_size": 2}

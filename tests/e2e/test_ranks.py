@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.e2e.test_distributed import _LAUNCH_PREFIXES, _LAUNCH_VARS
 from tests.helpers.bad_input import HF_ENGINE
 from tests.helpers.runs import ROOT, communicate_or_kill
-from tests.e2e.test_distributed import _LAUNCH_PREFIXES, _LAUNCH_VARS
 
 pytestmark = [
     pytest.mark.slow,

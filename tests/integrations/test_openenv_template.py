@@ -19,10 +19,10 @@ from openenv.core.env_server import Action, Environment, Observation, State  # n
 from lightning_grpo import GRPOModule, PromptDataModule  # noqa: E402
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.integrations.openenv import OpenEnvEnvironment  # noqa: E402
+from tests.helpers.integrations import fit, openenv_callback, turn_texts  # noqa: E402
 
 from .echo_env.models import EchoAction  # noqa: E402
 from .echo_env.server.echo_env_environment import EchoEnvironment  # noqa: E402
-from tests.helpers.integrations import fit, openenv_callback, turn_texts  # noqa: E402
 
 TEMPLATE = "tests.integrations.echo_env.server.echo_env_environment.EchoEnvironment"
 
