@@ -22,7 +22,7 @@ autocast to that dtype (what ``bf16-mixed`` / ``16-mixed`` training does): mean 
 ``|logp_train - logp_sample|`` (Qi et al. 2025 compare bf16 and fp16 this way).
 
     python benchmarks/gpu_check.py --write       # CUDA machine: all rows, the table into docs/benchmarks.md
-    python benchmarks/gpu_check.py --reduced     # the same code on CPU with the tiny model (tests/package/test_gpu_check.py)
+    python benchmarks/gpu_check.py --reduced     # the same code on CPU with the tiny model (tests/e2e/test_gpu_check.py)
 """
 
 from __future__ import annotations

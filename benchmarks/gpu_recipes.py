@@ -24,7 +24,7 @@ its memory back while the trainer trains). Budget on the recipe's card = trainer
 
     python benchmarks/gpu_recipes.py --write                     # CUDA: every GPU recipe, into docs/benchmarks.md
     python benchmarks/gpu_recipes.py --recipes recipes/qwen2.5-0.5b_gsm8k.yaml
-    python benchmarks/gpu_recipes.py --smoke      # CPU: the same code on the tiny model, short rows (tests/package/test_gpu_check.py)
+    python benchmarks/gpu_recipes.py --smoke      # CPU: the same code on the tiny model, short rows (tests/e2e/test_gpu_recipes.py)
 """
 
 from __future__ import annotations

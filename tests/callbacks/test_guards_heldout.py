@@ -17,7 +17,6 @@ from tests.helpers.guards import replay
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 HELDOUT = json.loads((FIXTURES / "guard_series_heldout.json").read_text())
-DESIGN = json.loads((FIXTURES / "reward_series.json").read_text())
 #: the always-on guards as every recipe configures them (recipes/*.yaml), by alarm name
 RECIPE_GUARDS = {
     "entropy": lambda: EntropyGuard(floor=0.05, max_reward=0.9),
@@ -53,14 +52,6 @@ ZERO_STD_DEFAULT = {"quickstart_seed4": [(610, 616), (621, 634), (637, 659), (73
                     "quickstart_seed7": [(520, 532), (551, 551), (808, 855), (867, 872), (895, 944), (973, 983)]}  # fmt: skip
 
 
-def test_the_heldout_runs_are_not_the_design_runs():
-    design = {(run["recipe"], run["seed"], tuple(run["overrides"])) for run in DESIGN.values()}
-    assert len(HELDOUT) == 9
-    for name, run in HELDOUT.items():
-        assert run["set"] == "heldout" and run["overrides"] == [], name  # the seed's own initialisation
-        assert (run["recipe"], run["seed"], ()) not in design and run["seed"] != 0, name  # seed 0: the seed-0 init
-
-
 def _steps(spans):
     return [step for first, last in spans for step in range(first, last + 1)]
 
@@ -73,15 +64,6 @@ def test_the_recipe_guards_replayed_fire_where_they_fired_in_the_run(run):
     assert {name: _steps(spans) for name, spans in IN_RUN[run].items()} == recorded
     for name, make in RECIPE_GUARDS.items():
         assert replay(make(), HELDOUT[run]) == recorded.get(name, []), name
-
-
-@pytest.mark.parametrize(("run", "steps"), IDENTICAL_STEPS.items())
-def test_identical_groups_of_a_confident_policy_did_not_trip_the_identical_samples_guard(run, steps):
-    """IdenticalSamplesGuard needs each group's tokens and the sampler's log-probs, which are not logged: it is
-    checked in the runs. At up to 799 of 1000 steps a quarter or more of the groups were token-identical (a confident
-    policy: the quickstart's one-digit answer, the control's guess) and it never fired (IN_RUN: no alarm)."""
-    assert sum(frac >= 0.25 for frac in HELDOUT[run]["frac_identical_groups"]) == steps
-    assert "identical_samples" not in HELDOUT[run]["alarms"]
 
 
 @pytest.mark.parametrize(("run", "spans"), REWARD_DROP.items())

@@ -20,16 +20,6 @@ def _gpu_check():
     return module
 
 
-@pytest.mark.parametrize("name, parameters", [("qwen2.5-0.5b", 494_032_768), ("qwen2.5-1.5b", 1_543_714_304), ("qwen2.5-7b", 7_615_616_512)])
-def test_configs_are_the_published_models(name, parameters):
-    """The random models have the published parameter counts (built on the meta device: no memory)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    with torch.device("meta"):
-        model = Qwen2ForCausalLM(Qwen2Config(**_gpu_check().CONFIGS[name]))
-    assert sum(p.numel() for p in model.parameters()) == parameters
-
-
 @pytest.mark.slow
 def test_reduced_gpu_check_on_cpu(tmp_path, tiny_model_path, monkeypatch, capsys):
     pytest.importorskip("bitsandbytes")  # the qlora row (the qlora extra is part of dev)
