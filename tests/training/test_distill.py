@@ -1,6 +1,6 @@
 """On-policy distillation in GRPOModule: teachers (path, module, several, LoRA base / adapter),
 the token advantage, packing and dtype, GKD, the checks made before training, multi-turn episodes
-and the asynchronous pipeline. That a student learns from a teacher: tests/package/test_recipes.py
+and the asynchronous pipeline. That a student learns from a teacher: tests/e2e/test_recipes_learn.py
 (test_recipe_learns[distill_quickstart])."""
 
 from __future__ import annotations
