@@ -57,6 +57,19 @@ ROLL = _t([[-1.3, -1.4, -1.5], [-1.8, -1.9, NAN], [NAN, NAN, NAN]])
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]])
 
 
+@pytest.mark.parametrize("correction", [tis_token, tis_seq, tis_seq_geo])
+def test_a_ratio_equal_to_the_cap_is_not_counted_as_truncated(correction):
+    """is_frac_truncated counts rho > cap only: identical log-probs give rho = 1 exactly, and with cap = 1
+    every weight is 1 (the cap) and nothing is truncated; one token above the cap is."""
+    logp = _t([[-1.0, -2.0], [-0.5, -0.25]])
+    mask = torch.ones(2, 2)
+    out = correction(logp, logp, mask, cap=1.0)
+    assert_close(out.weight, torch.ones(2, 2), atol=0, rtol=0)
+    assert_close(out.metrics["is_frac_truncated"], torch.tensor(0.0), atol=0, rtol=0)
+    above = correction(logp + _t([[0.0, 0.0], [0.5, 0.5]]), logp, mask, cap=1.0)
+    assert_close(above.metrics["is_frac_truncated"], torch.tensor(0.5), atol=1e-6, rtol=0)
+
+
 def test_tis_seq_product_vs_geometric_mean():
     prod = tis_seq(OLD, ROLL, MASK, cap=3.0)
     geo = tis_seq_geo(OLD, ROLL, MASK, cap=3.0)

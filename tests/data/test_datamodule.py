@@ -51,6 +51,13 @@ def test_files_of_every_format(make_dm, tmp_path, fmt):
         assert record["id"] == row["id"]
 
 
+def test_batch_size_prompts_are_enough_and_one_fewer_is_one_error(make_dm):
+    """The boundary of the training split's size check: exactly data.batch_size prompts make a batch."""
+    assert len(make_dm(source=Rows(ROWS[:4]), batch_size=4).train_records) == 4
+    with pytest.raises(ValueError, match=r"holds 3 prompts, fewer than data.batch_size=4"):
+        make_dm(source=Rows(ROWS[:3]), batch_size=4)
+
+
 def test_a_datasets_dataset_and_a_list_of_dicts(make_dm):
     import datasets
 
