@@ -1,6 +1,6 @@
 """The guards' thresholds on runs none of them was designed on: tests/fixtures/guard_series_heldout.json
 (``python benchmarks/reward_series.py --set heldout``), each run from its own seed's initialisation.
-The guards are replayed on the logged metrics of every step (tests/guard_helpers.replay); the recipes'
+The guards are replayed on the logged metrics of every step (tests/helpers/guards.replay); the recipes'
 always-on guards also ran in the runs themselves, and the replay must give the alarms the runs recorded.
 docs/stability.md reports the figures."""
 
