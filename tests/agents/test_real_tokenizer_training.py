@@ -14,7 +14,6 @@ from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.secret_digit import SecretDigitEnv
 from lightning_grpo.data.tasks import DigitTask, digit_task
-
 from tests.helpers.agents import ids_of
 
 CALL = '<tool_call>\n{"name": "secret_digit", "arguments": {}}\n</tool_call>'

@@ -11,8 +11,8 @@ import torch
 from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.models.tiny import save_tiny_reward_model
-from tests.helpers.judge_stub import StubJudge, user_text
 from tests.data.test_reward_models import chatml, direct
+from tests.helpers.judge_stub import StubJudge, user_text
 from tests.training.test_training import Recorder
 
 

@@ -22,8 +22,8 @@ from lightning_grpo import SamplingConfig  # noqa: E402
 from lightning_grpo.agents.callback import AgentRolloutCallback  # noqa: E402
 from lightning_grpo.agents.environment import Turn  # noqa: E402
 from lightning_grpo.integrations.openenv import OpenEnvClientEnvironment, OpenEnvEnvironment  # noqa: E402
-
 from tests.helpers.integrations import fit, openenv_callback, turn_texts  # noqa: E402
+
 from .openenv_envs import DigitGuessEnv, GuessAction, NumberEnv  # noqa: E402
 
 ENVS = "tests.integrations.openenv_envs"

@@ -18,7 +18,6 @@ import torch
 from lightning_grpo import RewardSpec, SamplingConfig
 from lightning_grpo.callbacks.rollout import RolloutCallback
 from lightning_grpo.data.reward_set import RewardSet
-
 from tests.helpers.integrations import fit
 
 TASKS = "tests.integrations.verifiers_tasks"
