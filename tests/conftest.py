@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,23 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+ROOT = Path(__file__).resolve().parents[1]
+#: What a run writes where it is started when nothing points it elsewhere: Lightning's saved config
+#: (``config.yaml`` in ``trainer.log_dir``, the working directory when the logger is off), its default
+#: logger folder, and the recipes' relative ``runs/``.
+RUN_OUTPUTS = ("config.yaml", "lightning_logs", "runs")
+
+
+@pytest.fixture(autouse=True)
+def _nothing_written_into_the_checkout():
+    """A test writes into its tmp_path, never into the checkout (a run's saved config.yaml was once
+    committed from there): give the run ``--trainer.default_root_dir`` / a logger ``save_dir`` in tmp_path."""
+    before = {name for name in RUN_OUTPUTS if (ROOT / name).exists()}
+    yield
+    left = sorted(name for name in RUN_OUTPUTS if name not in before and (ROOT / name).exists())
+    assert not left, f"the test left {left} in {ROOT}: point its run at tmp_path"
 
 
 @pytest.fixture(scope="session")
