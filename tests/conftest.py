@@ -38,6 +38,12 @@ def tiny_model_path(tmp_path_factory):
     return tiny_model_dir(cache_dir=tmp_path_factory.mktemp("tiny-model-cache"))
 
 
+@pytest.fixture
+def tiny_cache(tiny_model_path, monkeypatch):
+    """The package's tiny model and tokenizer come from the session's copy (no second build, no ~/.cache)."""
+    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
+
+
 @pytest.fixture(scope="session")
 def digit_teacher_path(tiny_model_path, tmp_path_factory):
     """The tiny model taught the quickstart's digit rule by supervised steps (a distillation teacher)."""

@@ -7,12 +7,18 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, LossTerms, PromptDataModule, RewardSpec,
-                            SamplingConfig)  # fmt: skip
-from lightning_grpo.data.tasks import DigitTask
+from lightning_grpo import (
+    AlgorithmSettings,
+    GRPOLoss,
+    GRPOModule,
+    LossTerms,
+    PromptDataModule,
+    RewardSpec,
+    SamplingConfig,  # fmt: skip
+)
 from lightning_grpo.agents.callback import AgentRolloutCallback
-
-from tests.helpers.agents import BatchCatcher, CALL_TEXT, caller_model_dir, ids_of
+from lightning_grpo.data.tasks import DigitTask
+from tests.helpers.agents import CALL_TEXT, BatchCatcher, caller_model_dir, ids_of
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +92,8 @@ def test_vllm_engine_runs_turn_synchronous_episodes(vllm_engine, tiny_model_path
     from lightning_grpo.agents.environment import Environment, Step
     from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
     from lightning_grpo.core.batch import RolloutBatch
-    from lightning_grpo.rollout.base import rollout_to_tensors
     from lightning_grpo.models.weights import policy_weights_for_engine
+    from lightning_grpo.rollout.base import rollout_to_tensors
 
     class Count(Environment):
         def step(self, turn):

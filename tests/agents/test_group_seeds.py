@@ -13,13 +13,12 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import AlgorithmSettings, GRPOModule, PromptDataModule, SamplingConfig
-from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.environment import Environment, Step
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.callbacks.completions import CompletionLogSettings
-
+from lightning_grpo.data.tasks import DigitTask
 from tests.helpers.agents import BatchCatcher, ScriptedEngine, ids_of, tools_tokenizer
 
 MODEL = "tiny:tools"  # the built-in tiny model with the chat-template tokenizer

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import lightning as L
-import pytest
 import torch
 
 from lightning_grpo import AlgorithmSettings, GRPOModule, PromptDataModule, RewardSpec, SamplingConfig

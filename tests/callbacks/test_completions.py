@@ -12,11 +12,9 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
-from lightning_grpo.cli import report
 from lightning_grpo.callbacks.completions import CompletionLogSettings, log_table
-
+from lightning_grpo.cli import report
 from tests.helpers.runs import train_recipe as _train
-from tests.helpers.bad_input import tiny_cache  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 

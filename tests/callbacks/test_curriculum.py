@@ -92,7 +92,7 @@ def test_raises_the_level_past_the_threshold_logs_and_refreshes():
     tr = trainer(dm)
     callback = CurriculumCallback(threshold=0.8, check_every_n_steps=10, eval_prompts=2)
     callback.setup(tr, module, "fit")
-    run_steps(callback, tr, module, range(0, 10))  # no check before step 10 (and never at step 0)
+    run_steps(callback, tr, module, range(10))  # no check before step 10 (and never at step 0)
     assert module.evaluated == [] and dm.refreshes == 0
     run_steps(callback, tr, module, [10, 10])  # two micro-batches ending at step 10: one check
     assert module.evaluated == [("add", 2, {0}), ("spell", 2, {0})]

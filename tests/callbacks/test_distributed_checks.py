@@ -9,8 +9,7 @@ import lightning as L
 import pytest
 
 from lightning_grpo.callbacks.distributed import local_log_dir
-
-from tests.helpers.bad_input import HF_ENGINE, cli, tiny_cache  # noqa: F401
+from tests.helpers.bad_input import HF_ENGINE, cli
 from tests.helpers.runs import ROOT
 
 

@@ -10,7 +10,15 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
-from lightning_grpo import GRPOModule, LengthGuard, PromptDataModule, RewardHackingGuard, RewardSpec, RolloutCallback, SamplingConfig
+from lightning_grpo import (
+    GRPOModule,
+    LengthGuard,
+    PromptDataModule,
+    RewardHackingGuard,
+    RewardSpec,
+    RolloutCallback,
+    SamplingConfig,
+)
 from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.tasks import DigitTask, digit_task
 

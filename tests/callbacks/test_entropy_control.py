@@ -8,9 +8,17 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import EntropyController, GRPOLoss, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.data.tasks import DigitTask
+from lightning_grpo import (
+    EntropyController,
+    GRPOLoss,
+    GRPOModule,
+    PromptDataModule,
+    RewardSpec,
+    RolloutCallback,
+    SamplingConfig,
+)
 from lightning_grpo.callbacks.entropy_control import KnobRange
+from lightning_grpo.data.tasks import DigitTask
 
 
 class FakeModule:

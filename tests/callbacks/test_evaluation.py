@@ -12,8 +12,7 @@ from lightning_grpo import RewardSpec, SamplingConfig
 from lightning_grpo.callbacks.evaluation import evaluate_prompts, pass_at_k
 from lightning_grpo.data.reward_set import RewardSet
 from lightning_grpo.rollout.base import Rollout
-
-from tests.helpers.bad_input import HF_ENGINE, cli, tiny_cache  # noqa: F401
+from tests.helpers.bad_input import HF_ENGINE, cli
 from tests.helpers.runs import ROOT, train_recipe
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo import EntropyGuard, LengthGuard, MismatchGuard, RewardDropGuard, RewardHackingGuard, ZeroStdGuard
-
 from tests.helpers.guards import replay
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -8,7 +8,6 @@ import logging
 import pytest
 
 from lightning_grpo import ZeroStdGuard
-
 from tests.helpers.guards import drive
 
 

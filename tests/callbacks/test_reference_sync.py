@@ -6,8 +6,16 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import (GRPOLoss, GRPOModule, KLSettings, PromptDataModule, ReferenceSync, RewardSpec,
-                            RolloutCallback, SamplingConfig)  # fmt: skip
+from lightning_grpo import (
+    GRPOLoss,
+    GRPOModule,
+    KLSettings,
+    PromptDataModule,
+    ReferenceSync,
+    RewardSpec,
+    RolloutCallback,  # fmt: skip
+    SamplingConfig,
+)
 from lightning_grpo.data.tasks import DigitTask
 
 

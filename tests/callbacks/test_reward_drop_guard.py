@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo import RewardDropGuard
-
 from tests.helpers.guards import drive
 
 SERIES = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "reward_series.json").read_text())

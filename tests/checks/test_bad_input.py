@@ -10,23 +10,28 @@ step ran (:func:`tests.helpers.bad_input.fit_error`).
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
-from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLSettings, OffPolicySettings,
-                            PromptDataModule, RewardSpec, RolloutCallback, SelectionSettings)  # fmt: skip
+from lightning_grpo import (
+    AlgorithmSettings,
+    GRPOLoss,
+    GRPOModule,
+    KLSettings,
+    OffPolicySettings,
+    PromptDataModule,  # fmt: skip
+    RewardSpec,
+    SelectionSettings,
+)
+from lightning_grpo.core import REWARD_AGGREGATIONS
 from lightning_grpo.data.records import PromptFormat
+from lightning_grpo.data.reward_set import RewardError, RewardSet
 from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.tasks import DigitTask
-from lightning_grpo.core import REWARD_AGGREGATIONS
-from lightning_grpo.data.reward_set import RewardError, RewardSet
-
-from tests.helpers.bad_input import ROWS, cli, fit_error, hf_callback, tiny_cache, write_config  # noqa: F401
+from tests.helpers.bad_input import ROWS, cli, fit_error, hf_callback, write_config
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 

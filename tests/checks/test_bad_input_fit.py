@@ -4,22 +4,32 @@ tests/checks/test_bad_input.py for the rules every case follows."""
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
 
-from lightning_grpo import (AlgorithmSettings, EvaluationSettings, GRPOLoss, GRPOModule, KLInRewardSettings,
-                            KLSettings, LoraSettings, PolicySettings, PromptDataModule, RolloutCallback,
-                            SamplingConfig, SelectionSettings, ServerSettings, VLLMArgs, WeightSyncSettings)  # fmt: skip
+from lightning_grpo import (
+    AlgorithmSettings,
+    EvaluationSettings,
+    GRPOLoss,
+    GRPOModule,
+    KLInRewardSettings,
+    KLSettings,
+    LoraSettings,
+    PolicySettings,
+    PromptDataModule,
+    SamplingConfig,  # fmt: skip
+    SelectionSettings,
+    ServerSettings,
+    VLLMArgs,
+    WeightSyncSettings,
+)
+from lightning_grpo.core import ADVANTAGES
 from lightning_grpo.data.records import PromptFormat
 from lightning_grpo.data.tasks import DigitTask
-from lightning_grpo.core import ADVANTAGES
-
-from tests.helpers.bad_input import cpu_server, cpu_vllm, fit_error, hf_callback, tiny_cache  # noqa: F401
+from tests.helpers.bad_input import cpu_server, cpu_vllm, fit_error, hf_callback
 
 ROOT = Path(__file__).resolve().parents[2]
 

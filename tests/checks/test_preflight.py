@@ -13,8 +13,7 @@ from unittest import mock
 import pytest
 
 from lightning_grpo.checks.preflight import making_command, unreachable
-
-from tests.helpers.bad_input import tiny_cache, write_config  # noqa: F401
+from tests.helpers.bad_input import write_config
 from tests.helpers.runs import ROOT
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")

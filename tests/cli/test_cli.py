@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from lightning_grpo.cli.errors import condense
-
-from tests.helpers.bad_input import HF_ENGINE, cli, tiny_cache, write_config  # noqa: F401
+from tests.helpers.bad_input import HF_ENGINE, cli, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 HF = HF_ENGINE

@@ -10,8 +10,7 @@ from unittest import mock
 import pytest
 
 from lightning_grpo import PromptDataModule
-
-from tests.helpers.bad_input import cli, tiny_cache, write_config  # noqa: F401
+from tests.helpers.bad_input import cli, write_config
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 

@@ -178,11 +178,6 @@ def test_report_module_does_not_import_vllm():
 
 
 # ------------------------------------------------------------------ a real quickstart run
-@pytest.fixture
-def tiny_cache(tiny_model_path, monkeypatch):
-    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
-
-
 def test_report_from_quickstart_run(tmp_path, tiny_cache):
     """30 quickstart steps (HF engine, validation every 10 steps, the recipe's guards and at least
     ZeroStdGuard on), then the report."""

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from lightning_grpo.cli import report
-
-from tests.helpers.bad_input import HF_ENGINE, cli, tiny_cache  # noqa: F401
+from tests.helpers.bad_input import HF_ENGINE, cli
 from tests.helpers.runs import ROOT
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
@@ -33,14 +32,14 @@ def test_report_stitches_the_versions_of_a_resumed_run_by_step(tmp_path):
     """version_0: steps 0-5 (crashed after its checkpoint at step 4); version_1 resumed from it at step 4;
     version_2 resumed from version_1; version_3 is another run (no ckpt_path)."""
     run = tmp_path / "run"
-    v0 = _version(run / "version_0", range(0, 6), 0.1, alarms=[1, 5])
+    v0 = _version(run / "version_0", range(6), 0.1, alarms=[1, 5])
     v1 = _version(run / "version_1", range(4, 8), 0.5, resumed_from=v0, alarms=[6])
     _version(run / "version_2", range(8, 10), 0.9, resumed_from=v1)
     loaded = report.load_run(run / "version_2")
     assert [p.name for p in loaded.versions] == ["version_0", "version_1", "version_2"]
     assert loaded.series["train/reward_mean"] == [(s, 0.1) for s in range(4)] + [(s, 0.5) for s in range(4, 8)] + [(8, 0.9), (9, 0.9)]
     assert [a["step"] for a in loaded.alarms["entropy"]] == [1, 6]  # version_0's step-5 alarm was re-run by version_1
-    _version(run / "version_3", range(0, 3), 0.0)
+    _version(run / "version_3", range(3), 0.0)
     text, _ = report.write_report(run, png=False)  # the latest version is another run: it alone is read
     assert "steps: 3 optimizer steps (last logged step 2)" in text
     assert "read version_3 only; other runs there: version_0, version_1, version_2 (pass one as RUN_DIR to read it)" in text

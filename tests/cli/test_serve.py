@@ -14,8 +14,6 @@ import urllib.request
 import pytest
 
 from lightning_grpo.models.export import export
-
-from tests.helpers.bad_input import tiny_cache  # noqa: F401
 from tests.helpers.runs import train_recipe
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")

@@ -10,18 +10,14 @@ import torch
 
 from lightning_grpo.core.advantages import (
     as_groups,
-    batch_std_advantages,
-    dr_grpo_advantages,
     expand_to_tokens,
     grpo_advantages,
     normalize_then_sum,
     qae_advantages,
     reinforce_pp_baseline_advantages,
-    rloo_advantages,
     sum_then_normalize,
 )
 from lightning_grpo.core.registry import ADVANTAGES, REWARD_AGGREGATIONS
-
 from tests.core import EPS, close, t
 
 

@@ -16,7 +16,6 @@ from lightning_grpo.core.shaping import (
     gfpo_reward_per_token_selection,
     soft_overlong_punishment,
 )
-
 from tests.core import EPS, close, t
 
 

@@ -11,8 +11,8 @@ import torch
 from lightning_grpo.core import GRPOLoss
 from lightning_grpo.core.pg_losses import dro_loss, gpg_loss, reinforce_loss
 from lightning_grpo.core.policy_losses import cispo_loss, geo_mean_loss
-from lightning_grpo.core.trust_region_losses import dppo_kl_loss, dppo_tv_loss, sapo_loss
 from lightning_grpo.core.registry import POLICY_LOSSES
+from lightning_grpo.core.trust_region_losses import dppo_kl_loss, dppo_tv_loss, sapo_loss
 
 NEW = ["sapo", "dppo_tv", "dppo_kl", "dro", "geo_mean", "gpg", "reinforce"]
 ARGS = {"dro": {"beta": 0.5}}

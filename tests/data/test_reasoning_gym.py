@@ -133,7 +133,7 @@ def test_bad_sizes_and_seeds(kwargs, match):
 def test_tasks_as_dataclasses():
     source = ReasoningGymSource(tasks=[ReasoningGymTask("spell_backward", config={"min_word_len": 3, "max_word_len": 3})], size=3, val_size=1)
     assert [r["task"] for r in source.train_rows()] == ["spell_backward"] * 3
-    assert "ReasoningGymSource [spell_backward] split 'val' (seed 1)" == source.describe("val")
+    assert source.describe("val") == "ReasoningGymSource [spell_backward] split 'val' (seed 1)"
 
 
 # -------------------------------------------------------------------------------------- reward

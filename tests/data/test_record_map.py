@@ -12,9 +12,8 @@ import pytest
 
 from lightning_grpo.callbacks.sampling import score_rollout
 from lightning_grpo.data.records import PromptFormat
-from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.reward_set import RewardSet, RewardSpec
-from lightning_grpo.data.sources import HubDataset
+from lightning_grpo.data.sources import HubDataset, Rows
 from lightning_grpo.rollout.base import Rollout
 
 ROWS = [{"question": f"{10 + i}", "solution": str(i), "topic": "add" if i % 2 else "sub"} for i in range(4)]

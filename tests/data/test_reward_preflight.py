@@ -14,8 +14,7 @@ import torch
 
 from lightning_grpo.data.records import RAW_PROMPT
 from lightning_grpo.data.reward_set import RewardSet, RewardSpec
-
-from tests.helpers.bad_input import tiny_cache, write_config  # noqa: F401
+from tests.helpers.bad_input import write_config
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 

@@ -9,9 +9,9 @@ import pytest
 
 from lightning_grpo.data.records import PromptFormat
 from lightning_grpo.data.sft import SFTDataModule, collate
+from lightning_grpo.data.sft_format import SFTFormat, _turn_end, assistant_mask
 from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.tasks import DigitTask
-from lightning_grpo.data.sft_format import SFTFormat, _turn_end, assistant_mask
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]  # fmt: skip

@@ -14,8 +14,7 @@ from lightning_grpo.data.datamodule import PromptDataModule
 from lightning_grpo.data.records import PromptFormat
 from lightning_grpo.data.sources import DataSource, HubDataset
 from lightning_grpo.models.tiny import ALPHABET, SPECIAL_TOKENS
-
-from tests.helpers.bad_input import cli, tiny_cache, write_config  # noqa: F401
+from tests.helpers.bad_input import cli, write_config
 
 VOCAB = {token: i for i, token in enumerate(SPECIAL_TOKENS + ALPHABET)}
 TRAIN = [{"prompt": f"{1000 + 7 * i}=", "answer": str((7 * i + 1) % 10), "level": i % 3} for i in range(6)]

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from lightning_grpo.data.tasks import digit_splits, digit_task
-
-from tests.helpers.bad_input import HF_ENGINE, cli, tiny_cache  # noqa: F401
+from tests.helpers.bad_input import HF_ENGINE, cli
 from tests.helpers.runs import ROOT, train_recipe
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from lightning_grpo.data.datamodule import PromptDataModule
 from lightning_grpo.data.records import PromptFormat
-from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.reward_set import RewardSet, RewardSpec
 from lightning_grpo.data.rewards import RewardError
+from lightning_grpo.data.sources import Rows
 
 RECEIVED: dict[str, dict] = {}
 

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 from lightning_grpo.data.records import PromptFormat
-from lightning_grpo.data.word_problems import CountingWordProblems
 from lightning_grpo.data.sft_format import SFTFormat
+from lightning_grpo.data.word_problems import CountingWordProblems
 
 THINK = "<think>\n\n</think>\n\n"
 

@@ -8,8 +8,17 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import (GRPOLoss, GRPOModule, OffPolicySettings, PromptDataModule, RewardSpec, RolloutCallback,
-                            SamplingConfig, ServerSettings, WeightSyncSettings)  # fmt: skip
+from lightning_grpo import (
+    GRPOLoss,
+    GRPOModule,
+    OffPolicySettings,
+    PromptDataModule,
+    RewardSpec,
+    RolloutCallback,
+    SamplingConfig,  # fmt: skip
+    ServerSettings,
+    WeightSyncSettings,
+)
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.server_client import ServerClient
 

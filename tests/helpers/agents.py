@@ -3,9 +3,9 @@ secret-digit tool, for the agent tests (and the TRL-style adapter's)."""
 
 from __future__ import annotations
 
-import lightning as L
+from collections.abc import Callable
 
-from typing import Callable
+import lightning as L
 
 from lightning_grpo.rollout.base import Rollout, RolloutEngine, SamplingConfig
 

@@ -10,20 +10,21 @@ import lightning as L
 import pytest
 import yaml
 
-from lightning_grpo import (GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig,
-                            ServerSettings, VLLMArgs)  # fmt: skip
+from lightning_grpo import (
+    GRPOModule,
+    PromptDataModule,
+    RewardSpec,
+    RolloutCallback,
+    SamplingConfig,
+    ServerSettings,  # fmt: skip
+    VLLMArgs,
+)
 from lightning_grpo.data.tasks import DigitTask
 
 ROWS = [{"prompt": "12=", "answer": "3"}, {"prompt": "4821=", "answer": "2"}]
 #: Command-line options that switch a recipe to engine hf: its rollout.vllm section back to the defaults
 #: (engine hf refuses a set one).
 HF_ENGINE = ["--rollout.engine=hf", '--rollout.vllm={"kv_cache_memory_bytes": null, "max_model_len": null, "max_num_batched_tokens": null}']
-
-
-@pytest.fixture
-def tiny_cache(tiny_model_path, monkeypatch):
-    """The package's tiny model and tokenizer come from the session's copy (no ~/.cache)."""
-    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
 
 
 # ------------------------------------------------------------------------------------ helpers

@@ -28,14 +28,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
-from lightning_grpo import GRPOLoss, GRPOModule  # noqa: E402
-from lightning_grpo.core.batch import RolloutBatch  # noqa: E402
-from lightning_grpo.data.datamodule import GenerationTicks  # noqa: E402
+from lightning_grpo import GRPOLoss, GRPOModule
+from lightning_grpo.core.batch import RolloutBatch
+from lightning_grpo.data.datamodule import GenerationTicks
 
 WORLD = 2
 AGGREGATIONS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
@@ -189,8 +189,8 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
 
     from lightning_grpo import RolloutCallback, ServerSettings, VLLMArgs
     from lightning_grpo.data.datamodule import PromptDataModule
-    from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.data.reward_set import RewardSpec
+    from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.rollout.base import SamplingConfig
 
     pushes: list[bool] = []  # per weight push: did this rank send the weights (or wait for them)?

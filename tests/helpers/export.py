@@ -50,7 +50,6 @@ def vllm_serves_the_policy(engine, folder: Path | None, built, run_dir: Path, mi
     from safetensors.torch import load_file
 
     from lightning_grpo.rollout.base import SamplingConfig
-
     from tests.helpers.rollout import max_logprob_gap
 
     if folder is not None:

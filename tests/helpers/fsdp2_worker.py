@@ -24,16 +24,16 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-from lightning.pytorch.callbacks import Callback  # noqa: E402
-from lightning.pytorch.strategies import ModelParallelStrategy  # noqa: E402
-from torch.utils.data import DataLoader  # noqa: E402
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.utils.data import DataLoader
 
-from lightning_grpo import ForwardSettings  # noqa: E402
-from lightning_grpo.data.datamodule import GenerationTicks  # noqa: E402
-from lightning_grpo.models.fsdp import fsdp_units  # noqa: E402
-from tests.helpers.distributed_worker import WORLD, _module, digit_fraction, rollout_half  # noqa: E402
+from lightning_grpo import ForwardSettings
+from lightning_grpo.data.datamodule import GenerationTicks
+from lightning_grpo.models.fsdp import fsdp_units
+from tests.helpers.distributed_worker import WORLD, _module, digit_fraction, rollout_half
 
 
 def _trainer(steps: int, callbacks: list) -> L.Trainer:
@@ -92,8 +92,16 @@ def run_prefix(model_dir: str, out: Path) -> None:
 
 
 def run_e2e(model_dir: str, out: Path, steps: int) -> None:
-    from lightning_grpo import (GRPOLoss, GRPOModule, KLSettings, PromptDataModule, RewardSpec,
-                                RolloutCallback, SamplingConfig, VLLMArgs)  # fmt: skip
+    from lightning_grpo import (
+        GRPOLoss,
+        GRPOModule,
+        KLSettings,
+        PromptDataModule,
+        RewardSpec,
+        RolloutCallback,  # fmt: skip
+        SamplingConfig,
+        VLLMArgs,
+    )
     from lightning_grpo.data.tasks import DigitTask
 
     checks: list[dict] = []

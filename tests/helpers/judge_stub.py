@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 Reply = Callable[[dict[str, Any]], tuple[int, Any]]
 
@@ -28,7 +29,7 @@ class StubJudge:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with stub._lock:
                     stub.requests.append({"path": self.path, **body})

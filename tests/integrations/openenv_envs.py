@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any, Optional
+from typing import Any
 
 from openenv.core.env_server import Action, Environment, Observation, State, create_app
 
@@ -27,12 +27,12 @@ class DigitGuessEnv(Environment[GuessAction, GuessObservation, State]):
         self.target = 0
         self._state = State()
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> GuessObservation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> GuessObservation:
         self.target = random.Random(seed).randrange(10)
         self._state = State(episode_id=episode_id, step_count=0)
         return GuessObservation(feedback="guess a digit")
 
-    def step(self, action: GuessAction, timeout_s: Optional[float] = None, **kwargs: Any) -> GuessObservation:
+    def step(self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any) -> GuessObservation:
         self._state.step_count += 1
         digits = [int(c) for c in action.guess if c.isdigit()]
         if not digits:
@@ -58,11 +58,11 @@ class NumberObservation(Observation):
 class NumberEnv(Environment[NumberAction, NumberObservation, State]):
     """An action that is not a string (an int) and an observation with two fields."""
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> NumberObservation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> NumberObservation:
         self.kwargs = kwargs
         return NumberObservation(value=0, note="start")
 
-    def step(self, action: NumberAction, timeout_s: Optional[float] = None, **kwargs: Any) -> NumberObservation:
+    def step(self, action: NumberAction, timeout_s: float | None = None, **kwargs: Any) -> NumberObservation:
         return NumberObservation(value=action.number, note="ok", reward=float(action.number), done=True)
 
     @property

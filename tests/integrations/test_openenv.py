@@ -18,13 +18,13 @@ import torch
 
 pytest.importorskip("openenv")  # the dev extra installs openenv-core
 
-from lightning_grpo import SamplingConfig  # noqa: E402
-from lightning_grpo.agents.callback import AgentRolloutCallback  # noqa: E402
-from lightning_grpo.agents.environment import Turn  # noqa: E402
-from lightning_grpo.integrations.openenv import OpenEnvClientEnvironment, OpenEnvEnvironment  # noqa: E402
-from tests.helpers.integrations import fit, openenv_callback, turn_texts  # noqa: E402
+from lightning_grpo import SamplingConfig
+from lightning_grpo.agents.callback import AgentRolloutCallback
+from lightning_grpo.agents.environment import Turn
+from lightning_grpo.integrations.openenv import OpenEnvClientEnvironment, OpenEnvEnvironment
+from tests.helpers.integrations import fit, openenv_callback, turn_texts
 
-from .openenv_envs import DigitGuessEnv, GuessAction, NumberEnv  # noqa: E402
+from .openenv_envs import DigitGuessEnv, GuessAction, NumberEnv
 
 ENVS = "tests.integrations.openenv_envs"
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,22 +7,22 @@ environment fails while the trainer is set up, before the engine starts."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import lightning as L
 import pytest
 
 pytest.importorskip("openenv")  # the dev extra installs openenv-core
 
-from openenv.core.env_server import Action, Environment, Observation, State  # noqa: E402
+from openenv.core.env_server import Action, Environment, Observation, State
 
-from lightning_grpo import GRPOModule, PromptDataModule  # noqa: E402
+from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.data.tasks import DigitTask
-from lightning_grpo.integrations.openenv import OpenEnvEnvironment  # noqa: E402
-from tests.helpers.integrations import fit, openenv_callback, turn_texts  # noqa: E402
+from lightning_grpo.integrations.openenv import OpenEnvEnvironment
+from tests.helpers.integrations import fit, openenv_callback, turn_texts
 
-from .echo_env.models import EchoAction  # noqa: E402
-from .echo_env.server.echo_env_environment import EchoEnvironment  # noqa: E402
+from .echo_env.models import EchoAction
+from .echo_env.server.echo_env_environment import EchoEnvironment
 
 TEMPLATE = "tests.integrations.echo_env.server.echo_env_environment.EchoEnvironment"
 
@@ -66,10 +66,10 @@ def test_reset_gets_only_the_arguments_it_accepts():
 class UnknownAction(Environment):
     """Neither Environment[...] parameters nor an annotated step: the action class cannot be found."""
 
-    def reset(self, seed: Optional[int] = None, **kwargs: Any) -> Observation:
+    def reset(self, seed: int | None = None, **kwargs: Any) -> Observation:
         return Observation()
 
-    def step(self, action, **kwargs: Any) -> Observation:  # noqa: ANN001 - the point of the test
+    def step(self, action, **kwargs: Any) -> Observation:
         return Observation(done=True)
 
     @property

@@ -13,13 +13,12 @@ import pytest
 import torch
 
 from lightning_grpo import PromptDataModule, RewardSpec, SamplingConfig
-from lightning_grpo.data.records import PromptFormat
-from lightning_grpo.data.sources import Rows
 from lightning_grpo.agents.callback import AgentRolloutCallback
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
+from lightning_grpo.data.records import PromptFormat
+from lightning_grpo.data.sources import Rows
 from lightning_grpo.integrations.trl import TRLEnvironment
-
 from tests.helpers.agents import CALL_TEXT, ScriptedEngine, caller_model_dir, ids_of, tools_tokenizer
 from tests.helpers.integrations import fit
 

@@ -24,11 +24,11 @@ import pytest
 import torch
 
 from lightning_grpo.models.export import ExportError, export, find_checkpoint
-
-from tests.helpers.bad_input import tiny_cache  # noqa: F401
-from tests.helpers.export import sequence_logprobs as _sequence_logprobs
-from tests.helpers.export import vllm_reads as _vllm_reads
-from tests.helpers.export import vllm_serves_the_policy
+from tests.helpers.export import (
+    sequence_logprobs as _sequence_logprobs,
+    vllm_reads as _vllm_reads,
+    vllm_serves_the_policy,
+)
 from tests.helpers.runs import train_recipe as _train
 
 ROOT = Path(__file__).resolve().parents[2]

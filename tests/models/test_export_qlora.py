@@ -12,11 +12,9 @@ import torch
 
 pytest.importorskip("bitsandbytes")  # the qlora extra, part of dev
 
-from lightning_grpo.models.export import export  # noqa: E402
-
-from tests.helpers.bad_input import tiny_cache  # noqa: F401,E402
-from tests.helpers.export import sequence_logprobs, vllm_reads, vllm_serves_the_policy  # noqa: E402
-from tests.helpers.runs import train_recipe  # noqa: E402
+from lightning_grpo.models.export import export
+from tests.helpers.export import sequence_logprobs, vllm_reads, vllm_serves_the_policy
+from tests.helpers.runs import train_recipe
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 

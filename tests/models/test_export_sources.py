@@ -10,8 +10,6 @@ import pytest
 import torch
 
 from lightning_grpo.models.export import ExportError, export
-
-from tests.helpers.bad_input import tiny_cache  # noqa: F401
 from tests.helpers.runs import train_recipe
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")

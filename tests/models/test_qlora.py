@@ -9,12 +9,22 @@ import torch
 
 pytest.importorskip("bitsandbytes")  # the qlora extra, part of dev (CI installs it)
 
-from lightning_grpo import (GRPOLoss, GRPOModule, KLSettings, LoraSettings, PolicySettings,
-                            QuantizationSettings, RewardSpec, RolloutCallback, SamplingConfig, VLLMArgs,
-                            WeightSyncSettings)  # noqa: E402
-from lightning_grpo.callbacks.weight_push import PolicyPush  # noqa: E402
-from lightning_grpo.models.quantization import keep_float_kernels, load_quantized  # noqa: E402
-from lightning_grpo.models.weights import policy_weights_for_engine  # noqa: E402
+from lightning_grpo import (
+    GRPOLoss,
+    GRPOModule,
+    KLSettings,
+    LoraSettings,
+    PolicySettings,
+    QuantizationSettings,
+    RewardSpec,
+    RolloutCallback,
+    SamplingConfig,
+    VLLMArgs,
+    WeightSyncSettings,
+)
+from lightning_grpo.callbacks.weight_push import PolicyPush
+from lightning_grpo.models.quantization import keep_float_kernels, load_quantized
+from lightning_grpo.models.weights import policy_weights_for_engine
 
 CPU = torch.device("cpu")
 

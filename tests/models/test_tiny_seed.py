@@ -13,8 +13,7 @@ from safetensors.torch import load_file
 from lightning_grpo import GRPOModule, PromptDataModule
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.models.tiny import builtin_model_path
-
-from tests.helpers.bad_input import cli, tiny_cache, write_config  # noqa: F401
+from tests.helpers.bad_input import cli, write_config
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 #: The cache keys of the seed-0 built-in models before the seed was used: seed-0 runs reproduce to the digit.

@@ -201,12 +201,6 @@ def _run_args(tmp_path: Path, max_steps: int) -> list[str]:
 PARAMS = [pytest.param(p, id=p.stem) for p in RUN_RECIPES]
 
 
-@pytest.fixture
-def tiny_cache(tiny_model_path, monkeypatch):
-    """Point the package's tiny-model cache at the session's copy (no second build, no ~/.cache)."""
-    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
-
-
 # ------------------------------------------------------------------------ (a) parse, build
 @pytest.mark.parametrize("path", RECIPES, ids=IDS)
 def test_recipe_parses_as_written(path):
@@ -326,8 +320,8 @@ def _check_engine_checkpoint(module, tokenizer) -> None:
     set-up it does not run."""
     from safetensors import safe_open
 
-    from lightning_grpo.rollout.factory import _save_for_engine
     from lightning_grpo.models.weights import policy_weights_for_engine
+    from lightning_grpo.rollout.factory import _save_for_engine
 
     directory = Path(_save_for_engine(module.policy, tokenizer))
     try:

@@ -13,11 +13,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SFT_RECIPES = sorted([*(ROOT / "recipes").glob("sft_*.yaml"), *(ROOT / "recipes").glob("*_sft.yaml")])
 
 
-@pytest.fixture
-def tiny_cache(tiny_model_path, monkeypatch):
-    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
-
-
 @pytest.mark.parametrize("path", SFT_RECIPES, ids=lambda p: p.stem)
 def test_sft_recipe_parses_and_builds(path, tmp_path, tiny_cache):
     """The file builds an SFTModule and an SFTDataModule whose data loads."""

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_grpo.rollout.base import Rollout, SamplingConfig, check_fits, derive_seed, request_seed, rollout_to_tensors
+from lightning_grpo.rollout.base import (
+    Rollout,
+    SamplingConfig,
+    check_fits,
+    derive_seed,
+    request_seed,
+    rollout_to_tensors,
+)
 
 
 def test_rollout_to_tensors_layout_on_a_hand_example():

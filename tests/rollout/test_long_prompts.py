@@ -16,11 +16,11 @@ import lightning as L
 import pytest
 
 from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
-from lightning_grpo.data.sources import Rows
 from lightning_grpo.agents.environment import Environment, Step
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
-from lightning_grpo.rollout.base import RolloutEngine
+from lightning_grpo.data.sources import Rows
 from lightning_grpo.models.weights import policy_weights_for_engine
+from lightning_grpo.rollout.base import RolloutEngine
 
 pytestmark = pytest.mark.vllm
 

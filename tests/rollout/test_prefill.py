@@ -39,7 +39,6 @@ def test_server_process_command_carries_the_flags(tmp_path):
 def test_drop_in_engine_rejects_chunked_prefill(tiny_model_path):
     pytest.importorskip("vllm")
     from lightning_grpo.rollout.vllm import VLLMEngine
-
     from lightning_grpo.rollout.vllm_args import VLLMArgs
 
     with pytest.raises(ValueError, match=r"rollout.vllm.extra_llm_kwargs.enable_chunked_prefill=True: chunked prefill is not supported"):

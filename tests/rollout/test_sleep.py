@@ -12,8 +12,15 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import (EvaluationSettings, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback,
-                            SamplingConfig, VLLMArgs)  # fmt: skip
+from lightning_grpo import (
+    EvaluationSettings,
+    GRPOModule,
+    PromptDataModule,
+    RewardSpec,
+    RolloutCallback,
+    SamplingConfig,  # fmt: skip
+    VLLMArgs,
+)
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.sleep import EngineSleep
 
@@ -174,8 +181,9 @@ def test_call_order_in_training(recording_engine, tiny_cache_env, level):
 def test_sleep_frees_gpu_memory(tiny_model_path, level):
     """The KV cache (256 MiB here) and, at level 2 or offloaded at 1, the weights leave the GPU; after
     a push and a wake the engine samples the same tokens as before it slept."""
-    from lightning_grpo.rollout.vllm import VLLMEngine
     from transformers import AutoModelForCausalLM
+
+    from lightning_grpo.rollout.vllm import VLLMEngine
 
     kv_bytes = 256 * 1024**2
     engine = VLLMEngine(str(tiny_model_path), VLLMArgs(max_model_len=512, sleep_level=level, kv_cache_memory_bytes=kv_bytes,

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from lightning_grpo.rollout.base import Rollout, SamplingConfig, rollout_to_tensors
 from lightning_grpo.models.weights import policy_weights_for_engine
+from lightning_grpo.rollout.base import Rollout, SamplingConfig, rollout_to_tensors
 from tests.helpers.rollout import assert_eos_handling, max_logprob_gap
 
 pytestmark = pytest.mark.vllm

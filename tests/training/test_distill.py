@@ -11,13 +11,23 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import (DistillSettings, ForwardSettings, GRPOLoss, GRPOModule, OffPolicySettings, PolicySettings,
-                            PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig)  # fmt: skip
+from lightning_grpo import (
+    DistillSettings,
+    ForwardSettings,
+    GRPOLoss,
+    GRPOModule,
+    OffPolicySettings,
+    PolicySettings,
+    PromptDataModule,  # fmt: skip
+    RewardSpec,
+    RolloutCallback,
+    SamplingConfig,
+)
 from lightning_grpo.core import logprobs_from_logits
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.training.packing import padded_token_logprobs
-
 from tests.helpers.agents import BatchCatcher
+
 from .test_module import _policy, _rollout_batch, _ticks
 
 REWARDS = torch.tensor([[1.0], [0.0], [0.0], [1.0], [1.0], [1.0], [0.0], [0.0]])

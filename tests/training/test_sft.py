@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from lightning_grpo import ForwardSettings, LoraSettings, PolicySettings, SFTDataModule, SFTModule
-from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.data.sft import collate
+from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.training.packing import choose_plan
-
 from tests.helpers.bad_input import HF_ENGINE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,19 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import (AlgorithmSettings, GRPOLoss, GRPOModule, KLSettings, LoraSettings, PolicySettings,
-                            PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig, WeightSyncSettings)  # fmt: skip
+from lightning_grpo import (
+    AlgorithmSettings,
+    GRPOLoss,
+    GRPOModule,
+    KLSettings,
+    LoraSettings,
+    PolicySettings,
+    PromptDataModule,  # fmt: skip
+    RewardSpec,
+    RolloutCallback,
+    SamplingConfig,
+    WeightSyncSettings,
+)
 from lightning_grpo.data.tasks import DigitTask
 
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from lightning_grpo.agents.environment import Environment as AgentEnvironment
-from lightning_grpo.agents.environment import Messages, Step, Turn
+from lightning_grpo.agents.environment import Environment as AgentEnvironment, Messages, Step, Turn
 
 FIRST, SECOND = 1.0, 0.5  # the reward of a right answer at turn 0 / turn 1
 AGAIN = "again"

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from openenv.core.env_server import Action, Environment, Observation, State
 
@@ -28,12 +28,12 @@ class OpeningDigitsOpenEnv(Environment[DigitsAction, DigitsObservation, State]):
         self.opening, self.turn = "0000=", 0
         self._state = State()
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> DigitsObservation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> DigitsObservation:
         self.opening, self.turn = opening_of(int(seed or 0)), 0
         self._state = State(episode_id=episode_id, step_count=0)
         return DigitsObservation(text=self.opening)
 
-    def step(self, action: DigitsAction, timeout_s: Optional[float] = None, **kwargs: Any) -> DigitsObservation:
+    def step(self, action: DigitsAction, timeout_s: float | None = None, **kwargs: Any) -> DigitsObservation:
         reward = turn_reward(self.opening, action.guess, self.turn)
         self.turn += 1
         self._state.step_count = self.turn

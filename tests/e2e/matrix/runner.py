@@ -46,7 +46,7 @@ class Finished:
         frames = [line for line in lines if "lightning_grpo/" in line and "/cli/" not in line]
         return "\n".join(frames[-60:]) or self.tail()
 
-    def check(self, what: str) -> "Finished":
+    def check(self, what: str) -> Finished:
         if self.returncode is None:
             raise AssertionError(f"{what}: no exit after {TIMEOUT_S} s (killed: a hang); the stacks:\n{self.hang_stacks()}")
         if self.returncode != 0:

@@ -6,7 +6,6 @@
 
 """Echo Env Environment Client."""
 
-from typing import Dict
 
 from openenv.core import EnvClient
 from openenv.core.client_types import StepResult
@@ -44,7 +43,7 @@ class EchoEnv(
         ...     client.close()
     """
 
-    def _step_payload(self, action: EchoAction) -> Dict:
+    def _step_payload(self, action: EchoAction) -> dict:
         """
         Convert EchoAction to JSON payload for step message.
 
@@ -58,7 +57,7 @@ class EchoEnv(
             "message": action.message,
         }
 
-    def _parse_result(self, payload: Dict) -> StepResult[EchoObservation]:
+    def _parse_result(self, payload: dict) -> StepResult[EchoObservation]:
         """
         Parse server response into StepResult[EchoObservation].
 
@@ -83,7 +82,7 @@ class EchoEnv(
             done=payload.get("done", False),
         )
 
-    def _parse_state(self, payload: Dict) -> State:
+    def _parse_state(self, payload: dict) -> State:
         """
         Parse server response into State object.
 

@@ -14,7 +14,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "lightning_grpo"
 
 
