@@ -104,7 +104,7 @@ def test_group_rows_and_secrets(tok):
     again = run_episodes(ScriptedEngine(answer_secret(tok)), SecretDigitEnv, tok, renderer, records * 2, sampling, 1, limits)
     assert [e.env.secret for e in again.episodes] == secrets  # seeded
     mixed = run_episodes(ScriptedEngine(answer_secret(tok)), SecretDigitEnv, tok, renderer, records * 2, sampling, 1, limits,
-                         reset_seed="episode")  # fmt: skip
+                         reset_seed="episode")
     assert len({ep.env.secret for ep in mixed.episodes}) > 3  # drawn per episode
     assert all(ep.reward == 1.0 for ep in mixed.episodes)
 
@@ -187,7 +187,7 @@ class WrongResetEnv(Environment):
 def test_environment_reset_wrong_type(tok):
     with pytest.raises(TypeError, match=r"WrongResetEnv\.reset returned a value that must be a list of chat messages"):
         run_episodes(ScriptedEngine(lambda c, r, p: [1]), WrongResetEnv, tok, ChatRenderer(tok), [{"prompt_ids": [9]}],
-                     SamplingConfig(n=1), 0, EpisodeLimits())  # fmt: skip
+                     SamplingConfig(n=1), 0, EpisodeLimits())
 
 
 class FinishEnv(Environment):
@@ -211,7 +211,7 @@ def test_finish_runs_once_per_episode_and_adds_its_reward(tok):
     engine = ScriptedEngine(lambda c, r, p: [1])
     records = [{"prompt": "x", "prompt_ids": [9]}]
     for stop, turns, truncated in ((True, 2, False), (False, 3, True)):
-        out = run_episodes(engine, lambda: FinishEnv(stop), tok, None, records, SamplingConfig(n=2), 0, EpisodeLimits(max_turns=3))
+        out = run_episodes(engine, lambda stop=stop: FinishEnv(stop), tok, None, records, SamplingConfig(n=2), 0, EpisodeLimits(max_turns=3))
         for ep in out.episodes:  # done at turn 1 / truncated after 3 turns: finish ran once either way
             assert (ep.env.finished, ep.turns, ep.truncated, ep.reward) == (1, turns, truncated, turns * 1.0 + 0.25 * turns)
     with pytest.raises(TypeError, match=r"FinishEnv\.finish returned = 'x'; expected a finite float"):

@@ -34,7 +34,7 @@ class SeedOpening(Environment):
 
     def step(self, turn):
         return Step(messages=[{"role": "user", "content": "again"}], reward=float(turn.text[:1].isdigit()),
-                    done=turn.index == 1)  # fmt: skip
+                    done=turn.index == 1)
 
 
 class Counter(Environment):
@@ -55,7 +55,7 @@ def _episodes(env, **kwargs):
     engine = ScriptedEngine(lambda call, row, prompt: ids_of(tok, "7"), eos_id=tok.eos_token_id)
     records = [{"prompt": "a", "prompt_ids": [5]}, {"prompt": "b", "prompt_ids": [6]}]
     return run_episodes(engine, env, tok, ChatRenderer(tok, []), records, SamplingConfig(n=4, max_new_tokens=1), seed=3,
-                        limits=EpisodeLimits(max_turns=2), **kwargs)  # fmt: skip
+                        limits=EpisodeLimits(max_turns=2), **kwargs)
 
 
 def test_a_group_shares_its_reset_seed_and_opening_by_default():
@@ -119,7 +119,7 @@ def test_each_episode_trains_and_is_logged_on_its_own_opening(tmp_path):
         environment="tests.agents.test_group_seeds.SeedOpening", engine="hf", max_turns=2, seed=0,
         sampling=SamplingConfig(n=4, max_new_tokens=3), reset_seed="episode", allow_mixed_task_groups=True,
         log_completions=CompletionLogSettings(every_n_steps=1, groups=None),
-    )  # fmt: skip
+    )
     episodes, run = [], callback.run
 
     def recording_run(*args, **kwargs):
@@ -130,7 +130,7 @@ def test_each_episode_trains_and_is_logged_on_its_own_opening(tmp_path):
     callback.run = recording_run
     trainer = L.Trainer(max_steps=1, callbacks=[callback, catcher], accelerator="cpu", logger=CSVLogger(tmp_path),
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)  # fmt: skip
+                        limit_val_batches=0)
     trainer.fit(GRPOModule(model=MODEL, algorithm=AlgorithmSettings(num_iterations=2)), datamodule=PromptDataModule(DigitTask(), tokenizer_path=MODEL, batch_size=2))
     batch, eps = catcher.batches[0], episodes[0]  # 8 episodes
     openings = [ep.context[: ep.prompt_length] for ep in eps]

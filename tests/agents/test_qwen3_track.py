@@ -104,7 +104,7 @@ def test_transcripts_teach_the_tokens_an_episode_samples(qwen_tokenizer):
     sampling = SamplingConfig(n=1, max_new_tokens=32, stop_token_ids=[IM_END, TOOL_CALL_END])
     out = run_episodes(ScriptedEngine(say, eos_id=IM_END), lambda: SecretDigitEnv(question=QUESTION), tok,
                        ChatRenderer(tok, env.tools), [{"prompt": "x"}] * 3, sampling, seed=5,
-                       limits=EpisodeLimits(max_turns=2), reset_seed="episode")  # fmt: skip
+                       limits=EpisodeLimits(max_turns=2), reset_seed="episode")
     source = SecretDigitTranscripts(question=QUESTION, num_train=1)
     for row, episode in enumerate(out.episodes):
         assert episode.reward == 1.0

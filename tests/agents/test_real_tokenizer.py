@@ -38,7 +38,10 @@ def episodes(tok, script, n_rows=1):
     sampling = SamplingConfig(n=1, max_new_tokens=64, stop_token_ids=[IM_END, TOOL_CALL_END])
     engine = ScriptedEngine(script, eos_id=IM_END)
     records = [{"question": "What is (3 + 4) * 12?", "answer": "84"}] * n_rows
-    make = lambda: CalculatorEnv(system_prompt="You add up.")  # noqa: E731
+
+    def make():
+        return CalculatorEnv(system_prompt="You add up.")
+
     out = run_episodes(engine, make, tok, ChatRenderer(tok, env.tools), records, sampling, seed=0, limits=EpisodeLimits(max_turns=3))
     return engine, out
 
@@ -84,13 +87,13 @@ def test_calculator_episode_through_the_qwen3_template(qwen_tokenizer):
         assert out.completion_ids[row] == call + obs + answer
         assert out.turn_ids[row] == [0] * len(call) + [-1] * len(obs) + [1] * len(answer)
         assert out.logprobs[row] == pytest.approx([-(k + 1) / 10 - row / 100 for k in range(len(call))] + [0.0] * len(obs)
-                                                  + [-(k + 1) / 10 - row / 100 for k in range(len(answer))])  # fmt: skip
+                                                  + [-(k + 1) / 10 - row / 100 for k in range(len(answer))])
         assert ep.reward == 0.0 and not ep.truncated and ep.last_text == turns[row][1][: -len("<|im_end|>")]
         assert [m["role"] for m in ep.messages] == ["system", "user", "assistant", "tool", "assistant"]
         # what the model saw before its second turn = the template's rendering of the conversation so far
         assert engine.prompts[1][row] == ids_of(tok, ChatRenderer(tok, [calculate]).render(ep.messages[:4], add_generation_prompt=True))
     assert out.prompt_ids[0] == ids_of(tok, TOOLS_BLOCK.format(schema=json.dumps(tool_schema(calculate))) +
-                                       "<|im_start|>user\nWhat is (3 + 4) * 12?<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
+                                       "<|im_start|>user\nWhat is (3 + 4) * 12?<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_user_feedback_turn_through_the_qwen3_template(qwen_tokenizer):

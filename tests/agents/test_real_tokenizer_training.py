@@ -32,7 +32,7 @@ def taught_policy(tok):
 
     config = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
                          intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)  # fmt: skip
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(config)
@@ -127,12 +127,12 @@ def test_agent_steps_on_the_real_vocabulary(qwen_tokenizer):
     callback = AgentRolloutCallback(
         environment="secret_digit", engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=16), max_turns=3, seed=1,
         rewards=[RewardSpec("env_reward"), RewardSpec("tool_call_made"), RewardSpec("length", weight=0.01)],
-    )  # fmt: skip
+    )
     rec = Recorder(callback)
     dm = PromptDataModule(DigitTask(num_train=NUM_TRAIN, num_val=2), batch_size=2)
     dm.tokenizer = tok
     trainer = L.Trainer(max_steps=2, callbacks=[callback, rec], accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     # a small learning rate keeps the second pass over the batch inside the PPO clip range (a gradient there too)
     module = GRPOModule(model=policy, algorithm=AlgorithmSettings(num_iterations=2), optimizer=lambda params: torch.optim.AdamW(params, lr=1e-5))
     trainer.fit(module, datamodule=dm)

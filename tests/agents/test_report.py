@@ -23,7 +23,7 @@ def test_summary_lines_of_an_agent_run():
         "train/agent/malformed_calls": [1.0, 2.0],
         "train/agent/env_time": [0.01, 0.03],
         "val/tool_call_rate": [0.0, 1.0],
-    })  # fmt: skip
+    })
     assert summary_lines(run) == [
         "episodes (first tenth -> last tenth): turns 1.00 -> 2.00, tool calls 0.00 -> 1.00, tool-call rate 0.10 -> 0.90",
         "tokens per episode: sampled 2.00 -> 2.00, environment 0.00 -> 27.00",

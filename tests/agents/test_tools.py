@@ -70,7 +70,7 @@ def test_schema_from_signature_and_docstring():
             "parameters": {
                 "type": "object",
                 "properties": {"a": {"type": "integer", "description": "the first one"},
-                               "b": {"type": "integer", "description": "the second one"}},  # fmt: skip
+                               "b": {"type": "integer", "description": "the second one"}},
                 "required": ["a", "b"],
             },
             "return": {"type": "integer"},
@@ -130,17 +130,17 @@ def test_timeout_becomes_an_error_message(tok):
 def test_faults_never_stop_an_episode(tok):
     """Four turns, four faults, then an answer: the episode runs to the end and the metrics count them."""
     turns = [call('{"name": "add", "arguments": {"a": 1,}}'), call('{"name": "mul", "arguments": {}}'),
-             call('{"name": "boom", "arguments": {}}'), call('{"name": "slow", "arguments": {}}'), "9<|im_end|>"]  # fmt: skip
+             call('{"name": "boom", "arguments": {}}'), call('{"name": "slow", "arguments": {}}'), "9<|im_end|>"]
     engine = ScriptedEngine(lambda c, r, p: ids_of(tok, turns[c]))
     renderer = ChatRenderer(tok, Tools.tools)
     stops = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("</tool_call>")]
     out = run_episodes(engine, Tools, tok, renderer, [{"prompt_ids": [9]}] * 2, SamplingConfig(n=1, max_new_tokens=64, stop_token_ids=stops),
-                       seed=0, limits=EpisodeLimits(max_turns=6))  # fmt: skip
+                       seed=0, limits=EpisodeLimits(max_turns=6))
     ep = out.episodes[0]
     assert ep.turns == 5 and not ep.truncated and ep.last_text == "9"
     errors = [m["content"].split(":")[0] + ":" + m["content"].split(":")[1] for m in ep.messages if m["role"] == "tool"]
     assert errors == ["error: malformed tool call", "error: unknown tool 'mul' (available", "error: tool 'boom' raised ValueError",
-                      "error: tool 'slow' timed out after 0.05 s"]  # fmt: skip
+                      "error: tool 'slow' timed out after 0.05 s"]
     metrics = episode_metrics(out.episodes, out.env_time)
     assert metrics["agent/turns_mean"] == 5 and metrics["agent/tool_calls_mean"] == 3  # malformed is not a call
     assert (metrics["agent/malformed_calls"], metrics["agent/unknown_tools"], metrics["agent/tool_errors"], metrics["agent/tool_timeouts"]) == (2, 2, 2, 2)

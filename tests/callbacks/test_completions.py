@@ -58,7 +58,7 @@ def test_a_firing_guard_logs_its_step_and_points_to_it(tmp_path):
     (every_n_steps 0), yet each alarm's step has its rows and its record points to them."""
     guard = {"class_path": "lightning_grpo.EntropyGuard", "init_args": {"floor": 100.0, "max_reward": 1.1}}
     _, run_dir = _train(tmp_path, "quickstart.yaml", 2, extra=["--rollout.log_completions.every_n_steps=0",
-                                                               f"--trainer.callbacks+={json.dumps(guard)}"])  # fmt: skip
+                                                               f"--trainer.callbacks+={json.dumps(guard)}"])
     alarms = [json.loads(line) for line in (run_dir / "alarms.jsonl").read_text().splitlines()]
     fired = [a for a in alarms if a["guard"] == "entropy"]
     assert fired and all(a["completions"] == f"completions.jsonl step {a['step']}" for a in fired)
@@ -121,20 +121,20 @@ class _MLFlow(_Experiment, MLFlowLogger):
 
 def test_logger_tables_by_logger_type():
     rows = [{"step": 3, "group": 0, "prompt": "12=", "completion": "3|x\n", "rewards": {"exact_match": 1.0}, "reward": 1.0,
-             "advantage": 0.5, "length": 2, "truncated": False}]  # fmt: skip
+             "advantage": 0.5, "length": 2, "truncated": False}]
     calls = {}
     log_table(_Wandb(calls), rows, 3)
     assert calls["wandb"]["key"] == "completions" and calls["wandb"]["step"] == 3
     assert calls["wandb"]["data"][0][:4] == [3, 0, "12=", "3|x\n"] and calls["wandb"]["columns"][4] == "rewards"
     experiment = SimpleNamespace(add_text=lambda tag, text, global_step: calls.setdefault("tb", (tag, text, global_step)),
-                                 log_table=lambda run_id, data, artifact_file: calls.setdefault("mlflow", (run_id, data, artifact_file)))  # fmt: skip
+                                 log_table=lambda run_id, data, artifact_file: calls.setdefault("mlflow", (run_id, data, artifact_file)))
     log_table(_TensorBoard(experiment), rows, 3)
     tag, text, step = calls["tb"]
     assert tag == "completions" and step == 3 and "| 3 | 0 | 12= | 3\\|x<br> |" in text
     log_table(_MLFlow(experiment), rows, 3)
     assert calls["mlflow"] == ("r1", {**{c: [v] for c, v in zip(
         ["step", "group", "prompt", "completion"], [3, 0, "12=", "3|x\n"])}, "rewards": ['{"exact_match": 1.0}'], "reward": [1.0],
-        "advantage": [0.5], "length": [2], "truncated": [False]}, "completions/step_0000003.json")  # fmt: skip
+        "advantage": [0.5], "length": [2], "truncated": [False]}, "completions/step_0000003.json")
     log_table(CSVLogger("unused"), rows, 3)  # the jsonl file is its table
     log_table(type("TensorBoardLogger", (), {"experiment": None})(), rows, 3)  # a look-alike by name: nothing
     assert len(calls) == 3

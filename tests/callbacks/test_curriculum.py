@@ -78,7 +78,7 @@ class Rollout(RolloutCallback):
 def trainer(dm, step=0):
     broadcast = SimpleNamespace(broadcast=lambda obj, src=0: obj)
     return SimpleNamespace(datamodule=dm, global_step=step, global_rank=0, strategy=broadcast, loggers=[Logger()],
-                           callbacks=[Rollout()])  # fmt: skip
+                           callbacks=[Rollout()])
 
 
 def run_steps(callback, tr, module, steps):
@@ -99,7 +99,7 @@ def test_raises_the_level_past_the_threshold_logs_and_refreshes():
     assert dm.source.levels == {"add": 1, "spell": 0} and dm.refreshes == 1
     assert {r["level"] for r in dm.train_records if r["task"] == "add"} == {1}  # the rows were re-read
     assert tr.loggers[0].rows == [(10, {"curriculum/add/accuracy": 0.9, "curriculum/add/level": 1.0,
-                                        "curriculum/spell/accuracy": 0.5, "curriculum/spell/level": 0.0})]  # fmt: skip
+                                        "curriculum/spell/accuracy": 0.5, "curriculum/spell/level": 0.0})]
     assert callback.raises == [{"step": 10, "task": "add", "accuracy": 0.9, "level": 1}]
     module.accuracy["spell"] = 0.8  # exactly the threshold counts
     run_steps(callback, tr, module, range(11, 31))

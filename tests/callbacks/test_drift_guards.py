@@ -4,6 +4,7 @@ held-out split whose rule differs from the training rule (RewardHackingGuard).""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -31,12 +32,12 @@ def _policy(path):
 
 def _fit(module, rewards, callbacks, steps, *, max_new_tokens=2, dm=None, val_every=None, logger=False):
     rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=8, temperature=1.0, max_new_tokens=max_new_tokens),
-                              rewards=rewards, seed=0)  # fmt: skip
+                              rewards=rewards, seed=0)
     L.seed_everything(0)
     trainer = L.Trainer(max_steps=steps, callbacks=[rollout, *callbacks], accelerator="cpu", logger=logger,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=1.0 if val_every else 0, val_check_interval=val_every,
-                        check_val_every_n_epoch=None, num_sanity_val_steps=0, log_every_n_steps=1)  # fmt: skip
+                        check_val_every_n_epoch=None, num_sanity_val_steps=0, log_every_n_steps=1)
     trainer.fit(module, datamodule=dm or PromptDataModule(DigitTask(), batch_size=8))
     return trainer
 
@@ -92,14 +93,14 @@ def test_a_heldout_split_with_another_rule_trips_the_reward_hacking_alarm(tiny_m
     guard = RewardHackingGuard(window=3)
     module = GRPOModule(model=_policy(tiny_model_path), optimizer=_adamw(2e-3))
     trainer = _fit(module, [RewardSpec("prefix_match")], [guard], steps=150, dm=dm, val_every=25,
-                   logger=CSVLogger(tmp_path, name="run"))  # fmt: skip
+                   logger=CSVLogger(tmp_path, name="run"))
     if heldout_rule == "first_digit":
         assert [a["step"] for a in guard.alarms] == [150]
         assert guard.alarms[0]["message"].startswith("training reward rose ")
         assert "reward hacking or overfitting" in guard.alarms[0]["message"]
-        records = [json.loads(line) for line in open(f"{trainer.log_dir}/alarms.jsonl")]
+        records = [json.loads(line) for line in Path(f"{trainer.log_dir}/alarms.jsonl").read_text().splitlines()]
         assert [r["guard"] for r in records] == ["reward_hacking"]
-        metrics = open(f"{trainer.log_dir}/metrics.csv").read()
+        metrics = Path(f"{trainer.log_dir}/metrics.csv").read_text()
         assert "alarm/reward_hacking" in metrics  # written to the loggers at validation
     else:
         assert guard.alarms == []

@@ -109,11 +109,11 @@ def _policy(path):
 
 def _fit(module, callbacks, steps, ckpt_path=None):
     rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=8, temperature=1.0, max_new_tokens=2),
-                              rewards=[RewardSpec("prefix_match")], seed=0)  # fmt: skip
+                              rewards=[RewardSpec("prefix_match")], seed=0)
     L.seed_everything(0)
     trainer = L.Trainer(max_steps=steps, callbacks=[rollout, *callbacks], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)  # fmt: skip
+                        limit_val_batches=0)
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=8), ckpt_path=ckpt_path)
     return trainer
 

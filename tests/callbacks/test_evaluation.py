@@ -49,7 +49,7 @@ class ScriptedEngine:
         texts = self.greedy if sampling.n == 1 else [t for group in self.sampled for t in group]
         ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id] for t in texts]
         return Rollout(prompt_ids=prompt_ids, completion_ids=ids, logprobs=[[0.0] * len(i) for i in ids],
-                       finished=[True] * len(ids), group_size=sampling.n)  # fmt: skip
+                       finished=[True] * len(ids), group_size=sampling.n)
 
 
 def test_evaluate_prompts_reports_pass_at_k_and_mean_at_n(tiny_model_path):
@@ -73,7 +73,7 @@ def _validate(tmp_path, *args: str) -> dict[str, float]:
     logger = '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "val"}}' % (tmp_path / "runs")
     args = ["validate", "-c", str(ROOT / "recipes" / "quickstart.yaml"), *args,
             *HF_ENGINE, "--rollout.evaluation.samples=8", "--rollout.evaluation.pass_k=[1,2,8]",
-            "--data.val_batch_size=50", "--trainer.enable_progress_bar=false", f"--trainer.logger={logger}"]  # fmt: skip
+            "--data.val_batch_size=50", "--trainer.enable_progress_bar=false", f"--trainer.logger={logger}"]
     return {k: float(v) for k, v in cli(args).trainer.callback_metrics.items()}
 
 

@@ -36,7 +36,7 @@ def _fit(module, rollout, callbacks, steps):
     L.seed_everything(0)
     trainer = L.Trainer(max_steps=steps, callbacks=[rollout, *callbacks], accelerator="cpu", logger=False,
                         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+                        enable_model_summary=False, limit_val_batches=0)
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=4))
     return trainer
 
@@ -48,7 +48,7 @@ def constant_reward(completions, **columns):
 def test_zero_std_fix_switches_on_dynamic_sampling_then_raises_the_temperature(tiny_model_path):
     module = GRPOModule(model=_policy(tiny_model_path))
     rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=2),
-                              rewards=[RewardSpec(constant_reward)], seed=3, selection=SelectionSettings(max_generation_rounds=2))  # fmt: skip
+                              rewards=[RewardSpec(constant_reward)], seed=3, selection=SelectionSettings(max_generation_rounds=2))
     temperatures = []
 
     class Seen(L.Callback):
@@ -61,7 +61,7 @@ def test_zero_std_fix_switches_on_dynamic_sampling_then_raises_the_temperature(t
     messages = [a["message"].split(" -> fixed: ")[-1] for a in guard.alarms[:3]]
     assert messages[0].startswith("dynamic sampling switched on")
     assert messages[1:] == ["sampling temperature raised 1 -> 1.1 (max_temperature 1.2)",
-                            "sampling temperature raised 1.1 -> 1.2 (max_temperature 1.2)"]  # fmt: skip
+                            "sampling temperature raised 1.1 -> 1.2 (max_temperature 1.2)"]
     assert guard.alarms[3]["message"].endswith("(no automatic remedy left)")
     assert rollout.dynamic_sampling and rollout.sampling.temperature == 1.2
     assert temperatures == [1.0, 1.0, 1.1, 1.2, 1.2]  # the batch (and its log-probs) use the new temperature
@@ -76,7 +76,7 @@ def test_mismatch_fix_switches_on_tis_in_the_loss(tiny_model_path):
     policy = _policy(tiny_model_path)
     module = GRPOModule(model=policy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=3),
-                              rewards=[RewardSpec("prefix_match")], seed=3)  # fmt: skip
+                              rewards=[RewardSpec("prefix_match")], seed=3)
     rollout.use_engine(HFEngine(copy.deepcopy(policy), EOS, PAD))
     guard = MismatchGuard(max_k3=1e-3, action="fix")
     assert module.loss_fn.correction is None

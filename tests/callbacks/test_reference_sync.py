@@ -13,7 +13,7 @@ from lightning_grpo import (
     PromptDataModule,
     ReferenceSync,
     RewardSpec,
-    RolloutCallback,  # fmt: skip
+    RolloutCallback,
     SamplingConfig,
 )
 from lightning_grpo.data.tasks import DigitTask
@@ -23,7 +23,7 @@ def _module(path):
     from transformers import AutoModelForCausalLM
 
     return GRPOModule(model=AutoModelForCausalLM.from_pretrained(path), loss=GRPOLoss(kl=KLSettings(beta=0.1)),
-                      optimizer=lambda p: torch.optim.SGD(p, lr=0.1))  # fmt: skip
+                      optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
 
 
 class Snapshots(L.Callback):
@@ -43,7 +43,7 @@ def _fit(module, sync, steps):
     L.seed_everything(0)
     trainer = L.Trainer(max_steps=steps, callbacks=[rollout, snaps, sync], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)  # fmt: skip
+                        limit_val_batches=0)
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=4))
     return snaps
 
@@ -76,7 +76,7 @@ def test_soft_sync_is_a_moving_average(tiny_model_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [({}, "exactly one of every"), ({"every": 2, "alpha": 0.1}, "exactly one of every"), ({"every": 0}, "every must be >= 1"),
-     ({"alpha": 1.5}, r"alpha must be in \(0, 1\]")],  # fmt: skip
+     ({"alpha": 1.5}, r"alpha must be in \(0, 1\]")],
 )
 def test_settings_are_checked(kwargs, message):
     with pytest.raises(ValueError, match=message):

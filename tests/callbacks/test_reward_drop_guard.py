@@ -32,7 +32,7 @@ def test_fires_once_half_the_gain_is_gone_by_hand(caplog):
     assert (guard.start, guard.best, guard.best_step) == (pytest.approx(0.1), pytest.approx(1.0), 4)
     message = guard.alarms[0]["message"]
     assert message.startswith("training reward fell to 0.5 (mean of the last 2 batches) from its best 1 at step 4, "
-                              "having started at 0.1: 56% of the gain is gone.")  # fmt: skip
+                              "having started at 0.1: 56% of the gain is gone.")
     assert len(caplog.records) == 1  # edge-triggered: one warning for steps 6-7
 
 
@@ -88,7 +88,7 @@ def test_resumed_guard_fires_as_the_uninterrupted_one():
      ({"drop": 1.5}, r"RewardDropGuard.drop must be in \(0, 1\]"),
      ({"min_gain": 0}, "RewardDropGuard.min_gain must be > 0, got 0"),
      ({"action": "fix"}, "RewardDropGuard.action must be one of warn, skip, stop; got 'fix'")],
-)  # fmt: skip
+)
 def test_bad_settings_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RewardDropGuard(**kwargs)

@@ -22,7 +22,7 @@ class ScriptedEngine(RolloutEngine):
     def generate(self, prompt_ids, sampling, seed):
         completions = [[5 + (p[0] * i) % 3, 1] for p in prompt_ids for i in range(sampling.n)]
         return Rollout([list(p) for p in prompt_ids], completions, [[-1.0, -1.0]] * len(completions),
-                       [True] * len(completions), group_size=sampling.n)  # fmt: skip
+                       [True] * len(completions), group_size=sampling.n)
 
     def load_weights(self, weights, version=None):
         pass
@@ -46,7 +46,7 @@ def _run(tiny_model_path, signal_column, rounds=1):
     return sample_groups(
         ScriptedEngine(), rewards, tokenizer, SamplingConfig(n=G, max_new_tokens=2), selector,
         lambda r: [{"prompt_ids": [p]} for p in prompts[r]], lambda r: r, target_groups=3, max_rounds=rounds,
-    )  # fmt: skip
+    )
 
 
 def test_filter_on_the_total_keeps_groups_that_differ_only_by_the_penalty(tiny_model_path):

@@ -22,7 +22,7 @@ from lightning_grpo import (
     GRPOModule,
     KLSettings,
     OffPolicySettings,
-    PromptDataModule,  # fmt: skip
+    PromptDataModule,
     RewardSpec,
     SelectionSettings,
 )

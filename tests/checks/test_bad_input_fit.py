@@ -20,7 +20,7 @@ from lightning_grpo import (
     LoraSettings,
     PolicySettings,
     PromptDataModule,
-    SamplingConfig,  # fmt: skip
+    SamplingConfig,
     SelectionSettings,
     ServerSettings,
     VLLMArgs,
@@ -44,13 +44,13 @@ def test_group_of_one_with_std_normalisation_in_core():
 
 def test_group_of_one_with_grpo_at_fit_start():
     fit_error(ValueError, r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo' .*normalised by their reward std.*: set rollout.sampling.n >= 2",
-              callback=hf_callback(sampling=SamplingConfig(n=1, max_new_tokens=3)))  # fmt: skip
+              callback=hf_callback(sampling=SamplingConfig(n=1, max_new_tokens=3)))
 
 
 def test_gfpo_keep_one_at_fit_start():
     fit_error(ValueError, r"rollout.selection.gfpo_keep=1 leaves 1 completion per prompt, but model.algorithm.advantage='dr_grpo' .*every advantage would be 0",
               module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="dr_grpo")),
-              callback=hf_callback(selection=SelectionSettings(gfpo_keep=1)))  # fmt: skip
+              callback=hf_callback(selection=SelectionSettings(gfpo_keep=1)))
 
 
 def test_gfpo_keep_not_below_n():
@@ -74,7 +74,7 @@ def test_dynamic_sampling_filter_batch_not_divisible():
 def test_more_steps_per_generation_than_completions():
     fit_error(ValueError, r"model.algorithm.steps_per_generation=8 x trainer.accumulate_grad_batches=2 training steps share each generation batch of "
               r"data.batch_size=1 x rollout.sampling.n=4 = 4 completions: some steps would get none",
-              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(steps_per_generation=8)), dm=PromptDataModule(DigitTask(), batch_size=1), accumulate_grad_batches=2)  # fmt: skip
+              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(steps_per_generation=8)), dm=PromptDataModule(DigitTask(), batch_size=1), accumulate_grad_batches=2)
 
 
 # ============================================================================= 6. engines
@@ -96,10 +96,10 @@ def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12))
     fit_error(ValueError, r"^rollout.vllm.max_model_len=12 is smaller than data.format.max_prompt_length \(6 tokens\) \+ "
               r"rollout.sampling.max_new_tokens \(10\) = 16$", callback=callback,
-              dm=PromptDataModule(DigitTask(), batch_size=4, format=PromptFormat(max_prompt_length=6)))  # fmt: skip
+              dm=PromptDataModule(DigitTask(), batch_size=4, format=PromptFormat(max_prompt_length=6)))
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12))
     fit_error(ValueError, r"^rollout.vllm.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
-              r"rollout.sampling.max_new_tokens \(10\) = 15$", callback=callback)  # fmt: skip
+              r"rollout.sampling.max_new_tokens \(10\) = 15$", callback=callback)
 
 
 def test_max_model_len_derived_from_the_data(monkeypatch):
@@ -107,7 +107,7 @@ def test_max_model_len_derived_from_the_data(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12))
     fit_error(ValueError, r"^rollout.vllm.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
-              r"rollout.sampling.max_new_tokens \(10\) = 15$", callback=callback)  # fmt: skip
+              r"rollout.sampling.max_new_tokens \(10\) = 15$", callback=callback)
 
 
 @pytest.mark.parametrize(
@@ -145,15 +145,15 @@ def test_cpu_kv_cache_must_be_set(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     fit_error(ValueError, r"^rollout.vllm.kv_cache_memory_bytes is not set: on CPU vLLM would reserve about 90% of a NUMA node",
-              callback=hf_callback(engine="vllm", vllm=VLLMArgs()))  # fmt: skip
+              callback=hf_callback(engine="vllm", vllm=VLLMArgs()))
     fit_error(ValueError, r"^rollout.server.kv_cache_memory_bytes is not set",
-              callback=hf_callback(engine="vllm_server", server=ServerSettings()))  # fmt: skip
+              callback=hf_callback(engine="vllm_server", server=ServerSettings()))
 
 
 def test_max_new_tokens_beyond_hf_policy_positions():
     fit_error(ValueError, r"^the policy's max_position_embeddings \(engine 'hf'\)=512 is smaller than the longest prompt \(5 tokens\) \+ "
               r"rollout.sampling.max_new_tokens \(600\) = 605$",
-              callback=hf_callback(sampling=SamplingConfig(n=4, max_new_tokens=600)))  # fmt: skip
+              callback=hf_callback(sampling=SamplingConfig(n=4, max_new_tokens=600)))
 
 
 @pytest.mark.parametrize(
@@ -208,7 +208,7 @@ def test_rollout_sections_reject_bad_values_with_the_field(build, message):
 def test_max_staleness_needs_the_loss_correction():
     callback = hf_callback(engine="vllm_server", max_staleness=1, server=cpu_server(urls=["http://127.0.0.1:9"]))
     fit_error(ValueError, r"^rollout.max_staleness=1 trains on batches sampled by older weights, but the loss has no off-policy "
-              r"correction: set model.loss.init_args.off_policy.correction \(e.g. tis_token\)$", callback=callback)  # fmt: skip
+              r"correction: set model.loss.init_args.off_policy.correction \(e.g. tis_token\)$", callback=callback)
 
 
 def test_hf_engine_without_eos(tiny_model_path):
@@ -227,13 +227,13 @@ def test_lora_sync_adapter_without_enable_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     fit_error(ValueError, r"rollout.weight_sync.lora='adapter' needs rollout.vllm.enable_lora: true",
               module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))),
-              callback=hf_callback(engine="vllm", weight_sync=WeightSyncSettings(lora="adapter")))  # fmt: skip
+              callback=hf_callback(engine="vllm", weight_sync=WeightSyncSettings(lora="adapter")))
 
 
 def test_lora_sync_adapter_with_hf_engine():
     fit_error(ValueError, r"rollout.weight_sync.lora='adapter' hands the LoRA adapter to vLLM, but rollout.engine is 'hf'",
               module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))),
-              callback=hf_callback(weight_sync=WeightSyncSettings(lora="adapter")))  # fmt: skip
+              callback=hf_callback(weight_sync=WeightSyncSettings(lora="adapter")))
 
 
 def test_lora_sync_adapter_without_lora(monkeypatch):
@@ -249,12 +249,12 @@ def test_reference_adapter_without_lora():
 
 def test_kl_beta_with_reference_none():
     fit_error(ValueError, r"model.loss.init_args.kl.beta=0.04 puts a KL to the reference model in the loss, but model.policy.reference='none'",
-              module=GRPOModule(model="tiny:chars", loss=GRPOLoss(kl=KLSettings(beta=0.04)), policy=PolicySettings(reference="none")))  # fmt: skip
+              module=GRPOModule(model="tiny:chars", loss=GRPOLoss(kl=KLSettings(beta=0.04)), policy=PolicySettings(reference="none")))
 
 
 def test_kl_in_reward_with_reference_none():
     fit_error(ValueError, r"model.algorithm.kl_in_reward.coef=0.1 subtracts a KL to the reference model from the rewards, but model.policy.reference='none'",
-              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(kl_in_reward=KLInRewardSettings(coef=0.1)), policy=PolicySettings(reference="none")))  # fmt: skip
+              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(kl_in_reward=KLInRewardSettings(coef=0.1)), policy=PolicySettings(reference="none")))
 
 
 def test_temperature_zero_for_training():
@@ -282,7 +282,7 @@ def test_num_iterations_zero():
 # ================================================================================ 8. model
 def test_model_directory_without_config(tmp_path):
     fit_error(FileNotFoundError, rf"model.model: {tmp_path} has no config.json \(expected a Hugging Face model directory",
-              module=GRPOModule(model=str(tmp_path)))  # fmt: skip
+              module=GRPOModule(model=str(tmp_path)))
 
 
 def test_model_path_missing(tmp_path):

@@ -31,7 +31,7 @@ def _rollout(trainer):
 def _logger_args(tmp_path: Path) -> list[str]:
     logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "logs")}}
     return [f"--trainer.logger={yaml.safe_dump(logger, default_flow_style=True).strip()}",
-            f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"]  # fmt: skip
+            f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"]
 
 
 # ------------------------------------------------------------------------------ the section
@@ -39,14 +39,14 @@ def test_rollout_sampling_n_changes_the_group_size(tmp_path):
     """``--rollout.sampling.n 16`` reaches the rollout callback (not the last guard): one step trains on
     8 prompts x 16 completions."""
     args = ["-c", str(ROOT / "recipes" / "quickstart.yaml"), *HF, "--rollout.sampling.n", "16",
-            "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", *_logger_args(tmp_path)]  # fmt: skip
+            "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", *_logger_args(tmp_path)]
     built = cli(args, run=False)
     callback = _rollout(built.trainer)
     assert callback.engine_name == "hf" and callback.sampling.n == 16 and callback.sampling.max_new_tokens == 2
     assert not [c for c in built.trainer.callbacks if type(c).__name__.endswith("Guard")]  # the recipe names none
     built.trainer.fit(built.model, datamodule=built.datamodule)
     assert [type(c).__name__ for c in built.trainer.callbacks if type(c).__name__.endswith("Guard")] == [
-        "NonFiniteGuard", "LogProbGuard", "EntropyGuard", "IdenticalSamplesGuard", "MismatchGuard", "ZeroStdGuard"]  # fmt: skip
+        "NonFiniteGuard", "LogProbGuard", "EntropyGuard", "IdenticalSamplesGuard", "MismatchGuard", "ZeroStdGuard"]
     assert built.trainer.callbacks.index(callback) == 0, "the rollout callback runs before the module's guards"
     batch = built.model.rollout_batch
     assert batch.group_size == 16 and len(batch) == 8 * 16
@@ -56,7 +56,7 @@ def test_rollout_section_takes_another_class(tmp_path):
     from lightning_grpo import AgentRolloutCallback
 
     built = cli(["-c", str(ROOT / "recipes" / "tool_quickstart.yaml"), "--rollout.max_turns", "3",
-                 "--rollout.sampling.n", "4", *_logger_args(tmp_path)], run=False)  # fmt: skip
+                 "--rollout.sampling.n", "4", *_logger_args(tmp_path)], run=False)
     callback = _rollout(built.trainer)
     assert isinstance(callback, AgentRolloutCallback)
     assert callback.limits.max_turns == 3 and callback.sampling.n == 4 and callback.environment_args["tools_enabled"] is True
@@ -190,7 +190,7 @@ def test_condense_keeps_the_key_the_innermost_error_and_the_class():
         "rollout.sampling.tempreature: not an option of lightning_grpo.SamplingConfig (did you mean 'temperature'?)"
     )
     typed = 'Parser key "model.algorithm.advantage_args":\n  Subtypes: [dict]\n  Errors:\n    - Expected a <class \'dict\'>\n' \
-            "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: 3"  # fmt: skip
+            "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: 3"
     assert condense(typed) == "model.algorithm.advantage_args: expected a dict, got 3"
 
 
@@ -216,9 +216,9 @@ def test_the_command_line_silences_expected_library_messages_and_keeps_the_rest(
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             quiet_expected_messages()
-            warnings.warn("Your `IterableDataset` has `__len__` defined. In combination with ...", UserWarning)
-            warnings.warn("`torch.distributed.reduce_op` is deprecated, please use ...", FutureWarning)
-            warnings.warn("a warning of the user's own", UserWarning)
+            warnings.warn("Your `IterableDataset` has `__len__` defined. In combination with ...", UserWarning, stacklevel=2)
+            warnings.warn("`torch.distributed.reduce_op` is deprecated, please use ...", FutureWarning, stacklevel=2)
+            warnings.warn("a warning of the user's own", UserWarning, stacklevel=2)
         assert [str(w.message) for w in seen] == ["a warning of the user's own"]
         for log in (config, worker, tips):
             log.addHandler(recorder)
@@ -230,7 +230,7 @@ def test_the_command_line_silences_expected_library_messages_and_keeps_the_rest(
         tips.warning("💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]")
         tips.warning("--ckpt_path last: resuming from last.ckpt")
         assert seen_logs == ["libtcmalloc is not found in LD_PRELOAD. For best performance, ...",
-                             "--ckpt_path last: resuming from last.ckpt"]  # fmt: skip
+                             "--ckpt_path last: resuming from last.ckpt"]
     finally:
         for name in [*KNOWN_HARMLESS, *EXPECTED_LOGS]:
             log = logging.getLogger(name)

@@ -40,7 +40,7 @@ def test_non_utf8_data_file_names_the_file_and_line(tmp_path, name, content, lin
     path.write_bytes(content)
     dm = PromptDataModule(train_files=str(path), batch_size=1)
     message = (rf"^data.train_files: {path} is not UTF-8 text: byte 0xe9 at offset {offset} \(line {line}\); "
-               r"re-save it as UTF-8")  # fmt: skip
+               r"re-save it as UTF-8")
     with pytest.raises(ValueError, match=message):
         dm.setup("fit")
 

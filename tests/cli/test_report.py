@@ -22,7 +22,7 @@ COLUMNS = [
     "train/mismatch_max_abs", "train/frac_reward_zero_std", "train/frac_identical_groups", "train/skipped_steps",
     "train/grad_norm", "train/clip_frac_low", "train/completion_length_mean", "train/completion_length_min",
     "train/completion_length_max", "alarm/zero_reward_std", "alarm/entropy", "val/greedy_accuracy", "val/reward_mean",
-]  # fmt: skip
+]
 ZERO_STD_FIRED = (3, 4, 12)
 ENTROPY_FIRED = (15,)
 

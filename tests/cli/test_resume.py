@@ -55,7 +55,7 @@ def test_ckpt_path_last_resumes_the_newest_checkpoint_and_the_report_stitches(tm
     counts steps of max_steps."""
     logger = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "runs"), "name": "run"}})
     base = ["fit", "-c", str(ROOT / "recipes" / "quickstart.yaml"), *HF_ENGINE,
-            "--trainer.log_every_n_steps=1", "--trainer.limit_val_batches=0", f"--trainer.logger={logger}"]  # fmt: skip
+            "--trainer.log_every_n_steps=1", "--trainer.limit_val_batches=0", f"--trainer.logger={logger}"]
     first = cli([*base, "--trainer.max_steps=3", "--trainer.enable_progress_bar=false"])
     assert first.trainer.global_step == 3
     second = cli([*base, "--trainer.max_steps=5", "--ckpt_path=last"])

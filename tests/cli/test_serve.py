@@ -105,9 +105,9 @@ def test_serve_answers_an_http_completion_and_stops_cleanly(exported, tmp_path):
     from lightning_grpo.rollout.server_process import free_port
 
     port = free_port()
-    log = open(tmp_path / "serve.log", "wb")
-    server = subprocess.Popen([sys.executable, "-m", "lightning_grpo", "serve", str(exported), "--port", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    with open(tmp_path / "serve.log", "wb") as log:  # the server writes to its own copy of the file descriptor
+        server = subprocess.Popen([sys.executable, "-m", "lightning_grpo", "serve", str(exported), "--port", str(port)],
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -118,7 +118,7 @@ def test_serve_answers_an_http_completion_and_stops_cleanly(exported, tmp_path):
             except OSError:
                 time.sleep(1)
         answer = _get(f"http://127.0.0.1:{port}/v1/completions",
-                      {"model": str(exported), "prompt": "4821=", "max_tokens": 2, "temperature": 0}, timeout=60)  # fmt: skip
+                      {"model": str(exported), "prompt": "4821=", "max_tokens": 2, "temperature": 0}, timeout=60)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -130,7 +130,6 @@ def test_serve_answers_an_http_completion_and_stops_cleanly(exported, tmp_path):
             leftover = _group_alive(server.pid)
             if leftover:
                 os.killpg(server.pid, signal.SIGKILL)
-            log.close()
     assert not leftover, "processes of the server were left running after SIGTERM"
     model, tokenizer = AutoModelForCausalLM.from_pretrained(exported), AutoTokenizer.from_pretrained(exported)
     ids = tokenizer("4821=", return_tensors="pt")["input_ids"]

@@ -24,7 +24,7 @@ def test_opd_advantages_by_hand():
     close(opd_advantages(student, teacher, mask, coef=0.5), [[0.2, -0.5, 0.0], [-1.0, 0.0, -2.5]])
     # mixed: the reward advantage [B] broadcast over tokens, then minus coef k
     close(opd_advantages(student, teacher, mask, reward_advantages=torch.tensor([1.0, -1.0])),
-          [[1.4, 0.0, 0.0], [-3.0, -1.0, -6.0]])  # fmt: skip
+          [[1.4, 0.0, 0.0], [-3.0, -1.0, -6.0]])
 
 
 def test_opd_advantages_are_detached_and_check_shapes():
@@ -44,7 +44,10 @@ def _jsd_loop(s_logits, t_logits, beta, temperature=1.0):
         return [v - lse for v in z]
 
     s, t = log_softmax(s_logits), log_softmax(t_logits)
-    kl = lambda p, q: sum(math.exp(a) * (a - b) for a, b in zip(p, q))  # noqa: E731  KL(p || q), logs in
+
+    def kl(p, q):  # KL(p || q), logs in
+        return sum(math.exp(a) * (a - b) for a, b in zip(p, q))
+
     if beta == 0:
         return kl(t, s)
     if beta == 1:
@@ -61,7 +64,7 @@ def test_generalized_jsd_by_hand():
     rev = 0.5 * math.log(0.5 / 0.8) + 0.5 * math.log(0.5 / 0.2)  # KL(student || teacher) = 0.223144
     assert generalized_jsd(s, t, beta=0.0).item() == pytest.approx(fwd, abs=1e-7)
     assert generalized_jsd(s, t, beta=1.0).item() == pytest.approx(rev, abs=1e-7)
-    m = (0.65, 0.35)  # 0.5 p + 0.5 q
+    # the mixture m = 0.5 p + 0.5 q = (0.65, 0.35)
     jsd = 0.5 * (0.8 * math.log(0.8 / 0.65) + 0.2 * math.log(0.2 / 0.35)) + 0.5 * (0.5 * math.log(0.5 / 0.65) + 0.5 * math.log(0.5 / 0.35))
     assert generalized_jsd(s, t, beta=0.5).item() == pytest.approx(jsd, abs=1e-7)  # 0.049041
     assert generalized_jsd(s, s, beta=0.5).item() == pytest.approx(0.0, abs=1e-7)

@@ -181,7 +181,10 @@ def test_save_probs_keeps_the_softmax_only_when_a_gradient_is_taken(monkeypatch)
     built = []
     monkeypatch.setattr(module, "_softmax_into", lambda z, out, ent, real=module._softmax_into: built.append(out.shape) or real(z, out, ent))
     hidden, weight, bias, ids, _, _ = _random_case(B=4, T=6, H=3, V=50)
-    call = lambda: logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=5, save_probs=True)
+
+    def call():
+        return logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=5, save_probs=True)
+
     assert call().logp.grad_fn is None and built == []  # nothing requires a gradient
     hidden.requires_grad_()
     with torch.no_grad():

@@ -19,7 +19,7 @@ def test_constructor_groups_and_exports():
     assert lightning_grpo.LossTerms is LossTerms
     assert {f.name for f in dataclasses.fields(OffPolicySettings)} == {
         "correction", "correction_args", "is_batch_normalize", "rejection", "bypass", "sequence_mask_delta"
-    }  # fmt: skip
+    }
 
 
 def test_every_field_has_a_docstring():

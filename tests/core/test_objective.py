@@ -120,7 +120,7 @@ def test_every_policy_loss_and_aggregation_composes(name, aggregation):
     mask[1, 4:] = 0
     adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
     kwargs = dict(policy_loss=name, policy_loss_args={"beta": 0.1} if name == "dro" else None, aggregation=aggregation,
-                  aggregation_args={"max_length": 6} if aggregation.endswith("norm") else None)  # fmt: skip
+                  aggregation_args={"max_length": 6} if aggregation.endswith("norm") else None)
     required = getattr(REGISTRIES["policy_loss"].get(name), "required_aggregation", None)
     if required not in (None, aggregation):  # geo_mean aggregates per sequence itself
         with pytest.raises(ValueError, match=f"needs aggregation '{required}'"):

@@ -46,7 +46,10 @@ def test_sequence_criteria_by_hand():
     assert keep("seq_sum_k2", d, mask, 0.1) == [[False] * 3, [True, True, False]]
     assert keep("seq_mean_k2", d, mask, 0.04) == [[False] * 3, [True, True, False]]
     assert keep("seq_max_k2", d, mask, 0.044) == [[False] * 3, [False] * 3]
-    k3 = lambda x: math.exp(x) - 1 - x  # noqa: E731
+
+    def k3(x):
+        return math.exp(x) - 1 - x
+
     assert keep("seq_max_k3", d, mask, k3(0.3) + 1e-6) == [[True] * 3, [True, True, False]]
     assert keep("seq_sum_k3", d, mask, 2 * k3(0.3)) == [[False] * 3, [True, True, False]]
 
@@ -163,7 +166,7 @@ def test_is_batch_normalisation_token_and_sequence_level():
     roll = torch.tensor([[-math.log(2.0)] * 3, [0.0] * 3])
     logp = torch.zeros(2, 3, requires_grad=True)
     res = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 3.0}, is_batch_normalize=True))(
-        logp, torch.ones(2, 3), torch.tensor([1.0, 1.0]), old_logp=old, rollout_logp=roll)  # fmt: skip
+        logp, torch.ones(2, 3), torch.tensor([1.0, 1.0]), old_logp=old, rollout_logp=roll)
     close(res.metrics["is_batch_norm_factor"], 1.5)
     close(res.loss, -1.0)  # weights 4/3 and 2/3 average 1; PPO loss -A r = -1 on every token
 

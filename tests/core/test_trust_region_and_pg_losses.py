@@ -43,7 +43,9 @@ def random_batch(seed, B=6, T=7, per_token_adv=False):
 
 # ------------------------------------------------------------------------------- hand-worked
 def test_sapo_by_hand():
-    sig = lambda z: 1.0 / (1.0 + math.exp(-z))  # noqa: E731
+    def sig(z):
+        return 1.0 / (1.0 + math.exp(-z))
+
     value, grad, metrics = one(math.log(0.6), math.log(0.5), 1.0, sapo_loss)  # r = 1.2, tau_pos = 1
     assert value == pytest.approx(-4.0 * sig(0.2), abs=1e-12)  # -2.199336
     assert value == pytest.approx(-2.199336, abs=1e-6)

@@ -80,7 +80,7 @@ def test_a_given_global_is_weight_mean_replaces_the_local_one():
     loss = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 10.0}, is_batch_normalize=True))
     roll = torch.tensor([[-L2, -L2]])
     out = loss(zeros.clone().requires_grad_(), torch.ones(1, 2), torch.tensor([1.0]), old_logp=zeros, rollout_logp=roll,
-               is_weight_mean=torch.tensor(4.0))  # fmt: skip
+               is_weight_mean=torch.tensor(4.0))
     close(out.loss, -0.5)
     close(out.metrics["is_batch_norm_factor"], 4.0)
     # the statistic the trainer sums over micro-batches and ranks: (sum of weights, count)

@@ -107,7 +107,7 @@ def test_answer_column_is_copied_to_answer(make_dm):
     dm = make_dm(source=Rows(rows), format=PromptFormat(prompt_column="question", answer_column="solution"))
     assert dm.train_records[0] == {
         "question": "12=", "solution": "3", "prompt": "12=", "prompt_ids": char_ids("12="), "raw_prompt": "12=", "answer": "3"
-    }  # fmt: skip
+    }
     no_answer = make_dm(source=Rows([{"prompt": "1="}, {"prompt": "2="}]), format=PromptFormat(answer_column=None))
     assert "answer" not in no_answer.train_records[0]
 
@@ -146,7 +146,7 @@ CHATML_IDS = (
     [VOCAB["<|im_start|>"]] + char_ids("system\nbe brief") + [VOCAB["<|im_end|>"]] + char_ids("\n")
     + [VOCAB["<|im_start|>"]] + char_ids("user\n12=") + [VOCAB["<|im_end|>"]] + char_ids("\n")
     + [VOCAB["<|im_start|>"]] + char_ids("assistant\n")
-)  # fmt: skip
+)
 
 
 def test_chat_template_and_system_prompt_text(make_dm):
@@ -284,7 +284,7 @@ def test_grouped_signature_and_exports():
 
     params = list(inspect.signature(PromptDataModule).parameters)
     assert params == ["source", "train_files", "val_files", "test_files", "tokenizer_path", "format", "batch_size",
-                      "val_batch_size", "val_fraction", "shuffle", "seed"]  # fmt: skip
+                      "val_batch_size", "val_fraction", "shuffle", "seed"]
     for name in ("PromptDataModule", "SFTDataModule", "PromptFormat", "DigitTask", "Files", "Rows", "HubDataset"):
         assert getattr(lightning_grpo, name) is getattr(lightning_grpo.data, name)
     sft = inspect.signature(lightning_grpo.SFTDataModule).parameters.values()

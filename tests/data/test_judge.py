@@ -46,7 +46,7 @@ def test_requests_carry_the_filled_template_and_scores_are_parsed(stubs):
     rewards = judge_set(
         stub.base_url, template="Q:{prompt} A:{answer} R:{completion}", system="You grade.", seed=7, max_tokens=32,
         extra_body={"structured_outputs": {"regex": "[0-9]+"}},
-    )  # fmt: skip
+    )
     out = rewards.score(["7", "seven", ""], {"prompt": ["3+4=", [{"role": "user", "content": "3+4?"}], "x"], "answer": ["7", "7", "0"]})
     assert out.rewards[:, 0].tolist() == [1.0, 5.0, 0.0]
     sent = sorted(stub.requests, key=lambda r: r["messages"][-1]["content"])
@@ -75,7 +75,7 @@ def test_score_pattern_clamp_and_normalize(stubs):
     last_number = judge_set(stub.base_url, endpoint="completions", template="{completion}")
     assert last_number.score(["3"]).rewards[:, 0].tolist() == [10.0]  # the default reads "out of 10": use a tag
     scaled = judge_set(stub.base_url, endpoint="completions", template="{completion}", score_pattern=r"<score>(.*?)</score>",
-                       clamp=[0, 10], normalize=True)  # fmt: skip
+                       clamp=[0, 10], normalize=True)
     assert scaled.score(["3", "-2.5", "12"]).rewards[:, 0].tolist() == pytest.approx([0.3, 0.0, 1.0], abs=1e-7)  # float32
 
 
@@ -133,7 +133,7 @@ def test_a_slow_judge_counts_retries_and_failures(slow_stub):
 def test_a_reply_without_a_score(stubs):
     stub = stubs(lambda body: (200, "I cannot judge this response."))
     message = ("failed on sample 0 (completion 'a') after 2 attempts: no score matching score_pattern '-?\\d+(?:\\.\\d+)?' in the reply "
-               "'I cannot judge this response.'")  # fmt: skip
+               "'I cannot judge this response.'")
     with pytest.raises(RewardError, match=re.escape(message)):
         judge_set(stub.base_url, template="{completion}", retries=1, temperature=0.7).score(["a"])
     assert len(stub.requests) == 2
@@ -239,7 +239,7 @@ def test_scores_equal_a_direct_call_to_a_vllm_server(vllm_server, tiny_model_pat
     hides that from a random 2-layer model)."""
     kwargs = {"base_url": f"{vllm_server}/v1", "model": str(tiny_model_path), "endpoint": endpoint,
               "template": "{prompt} {answer} {completion}", "max_tokens": 4, "seed": 0, "max_concurrency": 4,
-              "extra_body": {"structured_outputs": {"regex": "[0-9]{1,2}"}}}  # fmt: skip
+              "extra_body": {"structured_outputs": {"regex": "[0-9]{1,2}"}}}
     judge = LLMJudge(**kwargs)
     completions = ["12", "3 abc", "", "9", "0", "5 5", "77", "a"]
     columns = {"prompt": ["1234=", "5678=", "x", "0=", "a", "b", "c", "d"], "answer": list("12345678")}

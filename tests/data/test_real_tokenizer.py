@@ -31,7 +31,7 @@ def prepared(tok, rows, **fields) -> list[dict]:
 def test_text_prompt_with_system_prompt_exact_text_and_ids(qwen_tokenizer):
     """Loaded from the package's directory like a user's ``tokenizer_path``: ids written out by hand."""
     dm = PromptDataModule(source=Rows([{"prompt": "What is 2+3?", "answer": "5"}]), tokenizer_path=qwen_tokenizer.name_or_path,
-                          format=PromptFormat(use_chat_template=True, system_prompt="You are terse."), batch_size=1)  # fmt: skip
+                          format=PromptFormat(use_chat_template=True, system_prompt="You are terse."), batch_size=1)
     dm.setup()
     record = dm.train_records[0]
     assert record["prompt"] == chatml(("system", "You are terse."), ("user", "What is 2+3?"))
@@ -40,7 +40,7 @@ def test_text_prompt_with_system_prompt_exact_text_and_ids(qwen_tokenizer):
         IM_START, SYSTEM, NL, 2610, 525, 50537, 13, IM_END, NL,
         IM_START, USER, NL, 3838, 374, 220, 17, 10, 18, 30, IM_END, NL,
         IM_START, ASSISTANT, NL,
-    ]  # fmt: skip
+    ]  # fmt: skip  # a chat message a line
     assert record["answer"] == "5" and dm.tokenizer.eos_token_id == IM_END and dm.tokenizer.pad_token_id == 151643
 
 
@@ -50,7 +50,7 @@ def test_message_list_prompts_and_the_system_prompt(qwen_tokenizer):
         {"prompt": [{"role": "user", "content": "Hi"}]},
         {"prompt": [{"role": "system", "content": "Row system."}, {"role": "user", "content": "Hi"}]},
         {"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+3?"}]},
-    ]  # fmt: skip
+    ]
     records = prepared(qwen_tokenizer, rows, system_prompt="You are terse.")
     assert [r["prompt"] for r in records] == [
         chatml(("system", "You are terse."), ("user", "Hi")),
@@ -58,7 +58,7 @@ def test_message_list_prompts_and_the_system_prompt(qwen_tokenizer):
         chatml(("system", "You are terse."), ("user", "Hi"), ("assistant", "Hello."), ("user", "2+3?")),
     ]
     assert records[1]["prompt_ids"] == [IM_START, SYSTEM, NL, 3102, 1849, 13, IM_END, NL, IM_START, USER, NL, 13048, IM_END, NL,
-                                        IM_START, ASSISTANT, NL]  # fmt: skip
+                                        IM_START, ASSISTANT, NL]  # fmt: skip  # a chat message a line
     for row, record in zip(rows, records):  # the ids are the tokenizer's own chat-template ids
         system = [] if row["prompt"][0]["role"] == "system" else [{"role": "system", "content": "You are terse."}]
         messages = system + row["prompt"]
@@ -76,7 +76,7 @@ def test_message_lists_from_a_jsonl_file(qwen_tokenizer, tmp_path):
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     dm = PromptDataModule(Files(str(path), cache_dir=str(tmp_path / "cache")),
-                          format=PromptFormat(use_chat_template=True, system_prompt="You are terse."), batch_size=2)  # fmt: skip
+                          format=PromptFormat(use_chat_template=True, system_prompt="You are terse."), batch_size=2)
     dm.tokenizer = qwen_tokenizer
     dm.setup()
     assert [r["prompt"] for r in dm.train_records] == [

@@ -9,13 +9,13 @@ import pytest
 
 rg = pytest.importorskip("reasoning_gym")  # the `reasoning-gym` extra, part of `dev` (CI installs it)
 
-from lightning_grpo.data.reasoning_gym import (  # noqa: E402
+from lightning_grpo.data.reasoning_gym import (  # noqa: E402 - after the importorskip of the reasoning-gym extra
     ReasoningGymSource,
     ReasoningGymTask,
     _derive_seed,
     reasoning_gym_score,
 )
-from lightning_grpo.data.reward_set import RewardSet, RewardSpec  # noqa: E402
+from lightning_grpo.data.reward_set import RewardSet, RewardSpec  # noqa: E402 - after the importorskip above
 
 SPELL3 = {"name": "spell_backward", "config": {"min_word_len": 3, "max_word_len": 3}}
 
@@ -214,13 +214,13 @@ def test_prompt_data_module_reads_the_source_and_refreshes_at_a_new_level(tmp_pa
 
 
 # ------------------------------------------------------------------------- docs/data.md section
-from tests.data import test_data_docs as data_docs  # noqa: E402
-from tests.data.test_data_docs import sandbox  # noqa: E402, F401  (the docs' fixture)
+from tests.data import test_data_docs as data_docs  # noqa: E402 - the docs section's imports, with its test
+from tests.data.test_data_docs import sandbox  # noqa: E402,F401 - the docs' fixture, imported for pytest to find
 
 SECTION = "reasoning-gym tasks"
 
 
-def test_docs_section_runs_and_parses(sandbox):  # noqa: F811
+def test_docs_section_runs_and_parses(sandbox):  # noqa: F811 - the parameter is the fixture imported above
     data_docs.test_python_examples_run(SECTION, sandbox)
     data_docs.test_yaml_examples_parse(SECTION, sandbox)
 

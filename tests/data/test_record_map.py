@@ -98,14 +98,14 @@ def test_every_column_reaches_the_reward_functions_by_name(make_dm, maps, tiny_m
         prompt_ids=[r["prompt_ids"] for r in records],
         completion_ids=[ids("0")["input_ids"], ids("7")["input_ids"], ids("1")["input_ids"], ids("1")["input_ids"]],
         logprobs=[[0.0]] * 4, finished=[True] * 4, group_size=2,
-    )  # fmt: skip
+    )
     rewards = RewardSet([RewardSpec(sees_columns)])
     scores = score_rollout(rollout, rewards, dm.tokenizer, records)
     assert scores.rewards[:, 0].tolist() == [1.0, 0.0, 1.0, 1.0]
     assert SEEN == {
         "hint": ["s", "s", "a", "a"], "topic": ["sub", "sub", "add", "add"], "raw_prompt": ["10=", "10=", "11=", "11="],
         "answer": ["0", "0", "1", "1"], "completion_lengths": [1, 1, 1, 1],
-    }  # fmt: skip
+    }
 
 
 # ----------------------------------------------------------------- the CLI: cwd is importable
@@ -154,7 +154,7 @@ def test_the_console_script_imports_modules_from_the_current_directory(tmp_path,
     script = "import sys; sys.path.pop(0); from lightning_grpo.cli import main; sys.argv[0] = 'lightning-grpo'; main()"
     env = {**os.environ, "LIGHTNING_GRPO_CACHE": str(tiny_model_path.parent)}
     done = subprocess.run([sys.executable, "-c", script, "fit", "-c", "recipe.yaml"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = [json.loads(line) for line in (tmp_path / "seen.jsonl").read_text().splitlines()]
     probe = [call for call in seen if "a stand-in completion" in call["completions"]]  # data/reward_probe.py

@@ -14,7 +14,7 @@ from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.tasks import DigitTask
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]  # fmt: skip
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
 TRANSCRIPT = [
     {"role": "system", "content": "You are a careful calculator."},
     {"role": "user", "content": "What is 2 + 3?"},
@@ -35,7 +35,7 @@ def test_qwen3_transcript_masks_exactly_the_assistant_turns(qwen_tokenizer):
     two assistant turns (tool-call text and closing <|im_end|> included; no generation prompt, no newline)."""
     ids, mask = assistant_mask(TRANSCRIPT, qwen_tokenizer, "row 0", TOOLS)
     assert ids == qwen_tokenizer(qwen_tokenizer.apply_chat_template(TRANSCRIPT, tools=TOOLS, tokenize=False),
-                                 add_special_tokens=False)["input_ids"]  # fmt: skip
+                                 add_special_tokens=False)["input_ids"]
     assert _spans(qwen_tokenizer, ids, mask) == [
         '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>',
         "<think>\n\n</think>\n\n2 + 3 = 5.<|im_end|>",  # Qwen3 writes an empty think block into the last turn
@@ -53,7 +53,7 @@ def test_last_turn_weight_weighs_the_final_answer_only(qwen_tokenizer):
     assert same == ids and [w > 0 for w in weights] == [bool(m) for m in plain]
     runs = [(w, qwen_tokenizer.decode(run)) for w, run in _runs(ids, weights)]
     assert runs == [(1, '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'),
-                    (4.0, "<think>\n\n</think>\n\n2 + 3 = 5.<|im_end|>")]  # fmt: skip
+                    (4.0, "<think>\n\n</think>\n\n2 + 3 = 5.<|im_end|>")]
     (example,) = SFTFormat(use_chat_template=True, last_turn_weight=4.0).build([{"messages": TRANSCRIPT, "tools": TOOLS}], "d", qwen_tokenizer)
     assert example["loss_mask"] == weights
     assert collate([example], pad_id=0)["loss_mask"][0].tolist() == weights
@@ -112,7 +112,7 @@ def test_row_without_an_assistant_turn_is_named(qwen_tokenizer):
 def test_missing_columns_are_named(tiny_model_path):
     data = SFTDataModule(source=Rows([{"question": "1=", "solution": "2"}] * 8), tokenizer_path=str(tiny_model_path), batch_size=2)
     with pytest.raises(ValueError, match=r"data.source.train has neither a data.messages_column 'messages'.*prompt_column 'prompt' and "
-                                         r"data.format.answer_column 'answer' \(missing \['prompt', 'answer'\]\); columns present: \['question', 'solution'\]"):  # fmt: skip
+                                         r"data.format.answer_column 'answer' \(missing \['prompt', 'answer'\]\); columns present: \['question', 'solution'\]"):
         data.setup()
 
 
@@ -146,6 +146,6 @@ def test_template_that_rewrites_earlier_turns_is_an_error_naming_the_row(qwen_to
 
     tokenizer = copy.copy(qwen_tokenizer)
     tokenizer.chat_template = ("{{ messages | length }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
+                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     with pytest.raises(ValueError, match=r"row 0 of data: the chat template renders the conversation before it.*message 2, an assistant turn"):
         assistant_mask(TRANSCRIPT[:1] + TRANSCRIPT[1:2] + TRANSCRIPT[4:], tokenizer, "row 0 of data")

@@ -184,7 +184,7 @@ def test_refresh_train_rereads_maps_and_retokenizes(make_dm):
 def test_a_source_in_a_recipe_through_the_cli(folder, tmp_path, tiny_cache):
     """The recipe form of the docs parses, instantiates and trains 2 steps on the folder's rows."""
     source = {"class_path": "lightning_grpo.data.sources.HubDataset",
-              "init_args": {"path": str(folder), "train_split": "train", "val_split": "test", "cache_dir": str(tmp_path / "c")}}  # fmt: skip
+              "init_args": {"path": str(folder), "train_split": "train", "val_split": "test", "cache_dir": str(tmp_path / "c")}}
     path = write_config(tmp_path, **{"data.source": source, "data.batch_size": 2, "trainer.max_steps": 2, "trainer.log_every_n_steps": 1})
     parsed = cli(["-c", str(path)], run=False)
     assert isinstance(parsed.datamodule.source, HubDataset)

@@ -74,7 +74,7 @@ def test_test_stage_reports_the_test_split_of_a_checkpoint(tmp_path, tiny_model_
     logger = '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "test"}}' % (tmp_path / "runs")
     args = ["test", "-c", str(ROOT / "recipes" / "quickstart.yaml"), "--ckpt_path", str(tmp_path / "teacher.ckpt"),
             *HF_ENGINE, "--rollout.evaluation.samples=0", "--data.val_batch_size=20",
-            "--trainer.enable_progress_bar=false", f"--trainer.logger={logger}"]  # fmt: skip
+            "--trainer.enable_progress_bar=false", f"--trainer.logger={logger}"]
     metrics = {k: float(v) for k, v in cli(args).trainer.callback_metrics.items()}
     _, dev, test = digit_splits(0, 300, 50, 50)
     expected, on_dev = _greedy_accuracy(teacher, test), _greedy_accuracy(teacher, dev)
@@ -150,7 +150,7 @@ def test_data_module_test_split_from_files_and_rows(tmp_path, tiny_model_path):
     val_path.write_text("".join(json.dumps(r) + "\n" for r in val))
     files = {"train_files": str(train_path), "val_files": str(val_path), "test_files": str(path)}
     for dm in (PromptDataModule(tokenizer_path=str(tiny_model_path), batch_size=4, **files),
-               PromptDataModule(Rows(train, val=val, test=test), tokenizer_path=str(tiny_model_path), batch_size=4)):  # fmt: skip
+               PromptDataModule(Rows(train, val=val, test=test), tokenizer_path=str(tiny_model_path), batch_size=4)):
         dm.setup()
         assert [r["prompt"] for r in dm.test_records] == [r["prompt"] for r in test]
         assert [r["prompt"] for r in dm.val_records] == [r["prompt"] for r in val]

@@ -56,7 +56,7 @@ def columns_of(records: list[dict], group: int, completion_ids: list[list[int]])
 
 @pytest.fixture
 def chat_records(tiny_model_path) -> list[dict]:
-    dm = PromptDataModule(source=Rows(CHAT), tokenizer_path=str(tiny_model_path), format=PromptFormat(answer_column=None, use_chat_template=True), batch_size=2)  # fmt: skip
+    dm = PromptDataModule(source=Rows(CHAT), tokenizer_path=str(tiny_model_path), format=PromptFormat(answer_column=None, use_chat_template=True), batch_size=2)
     dm.setup("fit")
     return dm.train_records
 
@@ -79,7 +79,7 @@ def test_conversational_functions_receive_messages(chat_records):
 
 def test_plain_text_functions_receive_strings(tiny_model_path):
     dm = PromptDataModule(source=Rows([{"prompt": "12=", "answer": "3"}, {"prompt": "45=", "answer": "6"}]),
-                          tokenizer_path=str(tiny_model_path), batch_size=2)  # fmt: skip
+                          tokenizer_path=str(tiny_model_path), batch_size=2)
     dm.setup("fit")
     ids = [[1, 2, 3], [4]]
     out = RewardSet([RewardSpec(reward_len)]).score(["abc", "d"], columns_of(dm.train_records, 1, ids))

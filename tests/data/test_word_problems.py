@@ -51,7 +51,7 @@ def test_the_weak_demonstrator_slips_on_its_digits_only():
 @pytest.mark.parametrize(
     "kwargs, match",
     [({"num_val": 0}, "CountingWordProblems.num_val"), ({"num_train": 9000}, "at most 6000"),
-     ({"weak_digits": "4a"}, "CountingWordProblems.weak_digits"), ({"slip": 1.5}, "CountingWordProblems.slip")],  # fmt: skip
+     ({"weak_digits": "4a"}, "CountingWordProblems.weak_digits"), ({"slip": 1.5}, "CountingWordProblems.slip")],
 )
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -78,7 +78,7 @@ def test_enable_thinking_false_puts_the_empty_think_block_in_the_prompt(qwen_tok
     "options, match",
     [({"chat_template_kwargs": {"enable_thinking": False}},
       "data.format.chat_template_kwargs needs data.format.use_chat_template: true"),
-     ({"use_chat_template": True, "chat_template_kwargs": ["enable_thinking"]}, "data.format.chat_template_kwargs must be a mapping")],  # fmt: skip
+     ({"use_chat_template": True, "chat_template_kwargs": ["enable_thinking"]}, "data.format.chat_template_kwargs must be a mapping")],
 )
 def test_bad_chat_template_kwargs_are_named(options, match):
     with pytest.raises(ValueError, match=match):

@@ -86,7 +86,7 @@ def test_fsdp2_vllm_push_gathers_full_weights(tiny_model_path, tmp_path):
     from tests.helpers.distributed_worker import module_policy_state
 
     before = module_policy_state(str(tiny_model_path))
-    for rank, result in enumerate(ranks):
+    for _rank, result in enumerate(ranks):
         assert result["step"] == steps
         _check_sharded(result)
         assert result["reference_units"] == 3  # the frozen reference (beta > 0) is sharded too

@@ -5,6 +5,7 @@ whole when the test's own timeout passes, so a hang fails the test instead of bl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ def _command(tmp_path: Path, steps: int, *extra: str) -> list[str]:
             "--trainer.devices=2", "--trainer.strategy=ddp", f"--trainer.max_steps={steps}",
             "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
             f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-            *HF_ENGINE, *extra]  # fmt: skip
+            *HF_ENGINE, *extra]
 
 
 def _fault(tmp_path: Path, kind: str, step: int = 1, rank: int = 1) -> str:
@@ -47,10 +48,8 @@ def _kill_leftovers():
     """Whatever a test's run left behind (its whole session) is killed after the test."""
     yield
     while _STARTED:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(_STARTED.pop(), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _start(command: list[str], tiny_model_path: Path, cwd: Path) -> subprocess.Popen:
@@ -58,7 +57,7 @@ def _start(command: list[str], tiny_model_path: Path, cwd: Path) -> subprocess.P
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["LIGHTNING_GRPO_CACHE"] = str(Path(tiny_model_path).parent)  # the session's tiny model, built once
     proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True)
     _STARTED.append(proc.pid)
     return proc
 
@@ -74,7 +73,7 @@ def test_ddp_quickstart_writes_the_completion_log(tiny_model_path, tmp_path):
     """Rank 0 writes completions.jsonl while rank 1 trains on (the log directory was read by rank 0
     alone: a broadcast that met rank 1's all-reduce, and both waited forever)."""
     proc = _start(_command(tmp_path, 3, "--rollout.log_completions.every_n_steps=1", "--rollout.log_completions.groups=1"),
-                  tiny_model_path, tmp_path)  # fmt: skip
+                  tiny_model_path, tmp_path)
     rc, output, _ = _finish(proc, 240)
     assert rc == 0, output[-5000:]
     rows = [json.loads(line) for line in (tmp_path / "runs" / "quickstart" / "version_0" / "completions.jsonl").open()]
@@ -86,13 +85,13 @@ def test_a_guard_firing_on_rank_0_alone_writes_its_alarm_and_completions(tiny_mo
     read the log directory with a broadcast, which rank 1 never joined)."""
     guard = json.dumps({"class_path": "tests.helpers.rank_faults.RankZeroGuard", "init_args": {"step": 1}})
     proc = _start(_command(tmp_path, 3, f"--trainer.callbacks+={guard}", "--rollout.log_completions.every_n_steps=0"),
-                  tiny_model_path, tmp_path)  # fmt: skip
+                  tiny_model_path, tmp_path)
     rc, output, _ = _finish(proc, 240)
     assert rc == 0, output[-5000:]
     run = tmp_path / "runs" / "quickstart" / "version_0"
     alarms = [json.loads(line) for line in (run / "alarms.jsonl").open()]
     assert alarms == [{"step": 1, "guard": "rank_zero_only", "action": "warn", "message": "fired on rank 0 alone",
-                       "completions": "completions.jsonl step 1"}]  # fmt: skip
+                       "completions": "completions.jsonl step 1"}]
     assert {json.loads(line)["step"] for line in (run / "completions.jsonl").open()} == {1}
 
 
@@ -128,7 +127,7 @@ def test_a_rank_whose_launcher_dies_exits(tiny_model_path, tmp_path):
     """Rank 0 (the launcher) crashes while rank 1 is busy outside any collective (it sleeps): rank 1
     notices that its launcher is gone and exits within seconds instead of running on forever."""
     proc = _start(_command(tmp_path, 50, _fault(tmp_path, "hang", rank=1), _fault(tmp_path, "exit", rank=0)),
-                  tiny_model_path, tmp_path)  # fmt: skip
+                  tiny_model_path, tmp_path)
     rc, _, _ = _finish(proc, 240)
     assert rc == 3
     rank1 = int((tmp_path / "markers" / "rank1.pid").read_text())

@@ -15,7 +15,7 @@ from lightning_grpo import (
     PromptDataModule,
     RewardSpec,
     RolloutCallback,
-    SamplingConfig,  # fmt: skip
+    SamplingConfig,
     ServerSettings,
     WeightSyncSettings,
 )
@@ -70,7 +70,7 @@ def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None, 
     trainer = L.Trainer(
         max_steps=steps, callbacks=callbacks, accelerator="cpu", logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=root,
-    )  # fmt: skip
+    )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=batch_size), ckpt_path=ckpt_path)
     return trainer, module
 
@@ -79,7 +79,7 @@ def _server_callback(url, transfer="shm", weight_sync=True, **kwargs):
     return RolloutCallback(
         engine="vllm_server", server=ServerSettings(urls=[url], transfer=transfer), sampling=SamplingConfig(n=4, max_new_tokens=3),
         rewards=[RewardSpec("prefix_match")], seed=3, weight_sync=WeightSyncSettings(enabled=weight_sync), **kwargs,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("weight_sync", [True, False])
@@ -156,7 +156,7 @@ def test_resume_restarts_the_pipeline_with_the_restored_weights(vllm_server, tin
     trainer.save_checkpoint(path)
     recorder = Recorder()
     _fit([_server_callback(vllm_server, max_staleness=1), recorder], tiny_model_path, steps=4, root=tmp_path, ckpt_path=path,
-         loss=ASYNC_LOSS)  # fmt: skip
+         loss=ASYNC_LOSS)
     # the first resumed step trains a batch sampled by the restored weights (version 2), not one
     # left over from before the checkpoint; the next is one step stale again
     assert [s["train/weight_version_min"] for s in recorder.steps] == [2.0, 2.0]

@@ -90,7 +90,7 @@ def test_nccl_push_keeps_a_gpu_server_equal_to_the_trainer(tiny_model_path, tmp_
     server = ServerProcess(
         str(tiny_model_path), free_port(), tmp_path / "server", transfer_backend="nccl", kv_cache_bytes=256 * 1024**2,
         extra_args=["--gpu-memory-utilization", "0.3"], env={"CUDA_VISIBLE_DEVICES": "1"},
-    ).start()  # fmt: skip
+    ).start()
     try:
         server.wait_healthy(300, ServerClient(server.url).healthy)
         rollout = _server_callback(server.url, transfer="nccl", weight_sync=weight_sync)

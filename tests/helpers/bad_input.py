@@ -16,7 +16,7 @@ from lightning_grpo import (
     RewardSpec,
     RolloutCallback,
     SamplingConfig,
-    ServerSettings,  # fmt: skip
+    ServerSettings,
     VLLMArgs,
 )
 from lightning_grpo.data.tasks import DigitTask
@@ -71,7 +71,7 @@ def fit_error(error: type[Exception], match: str, *, module=None, callback=None,
     trainer = L.Trainer(
         max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, limit_val_batches=0, callbacks=[callback, sentinel], **trainer_kwargs,
-    )  # fmt: skip
+    )
     with pytest.raises(error, match=match):
         trainer.fit(module, datamodule=dm if dm is not None else PromptDataModule(DigitTask(), batch_size=4))
     assert not sentinel.started and callback.engine is None and trainer.global_step == 0
@@ -98,7 +98,7 @@ def write_config(tmp_path: Path, **overrides) -> Path:
         "rollout": {"engine": "hf", "sampling": {"n": 4, "max_new_tokens": 3}},
         "model": {"model": "tiny:chars", "algorithm": {"advantage": "grpo"}},
         "data": {"source": {"class_path": "lightning_grpo.DigitTask"}, "batch_size": 4},
-    }  # fmt: skip
+    }
     for key, value in overrides.items():
         *parents, leaf = key.split(".")
         node = cfg

@@ -232,7 +232,7 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
                 records = original(generation, rank, world_size, round_, max_rounds)
                 prompts.append(
                     {"generation": generation, "rank": rank, "world_size": world_size, "round": round_,
-                     "prompts": [r["prompt"] for r in records]}  # fmt: skip
+                     "prompts": [r["prompt"] for r in records]}
                 )
                 return records
 

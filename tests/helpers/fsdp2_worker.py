@@ -41,7 +41,7 @@ def _trainer(steps: int, callbacks: list) -> L.Trainer:
         accelerator="cpu", devices=WORLD, strategy=ModelParallelStrategy(data_parallel_size=WORLD, tensor_parallel_size=1),
         max_steps=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
-    )  # fmt: skip
+    )
 
 
 def _full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -98,7 +98,7 @@ def run_e2e(model_dir: str, out: Path, steps: int) -> None:
         KLSettings,
         PromptDataModule,
         RewardSpec,
-        RolloutCallback,  # fmt: skip
+        RolloutCallback,
         SamplingConfig,
         VLLMArgs,
     )
@@ -120,7 +120,7 @@ def run_e2e(model_dir: str, out: Path, steps: int) -> None:
     rollout = RolloutCallback(
         engine="vllm", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=6),
         rewards=[RewardSpec(digit_fraction)], seed=7, vllm=VLLMArgs(kv_cache_memory_bytes=32 * 1024**2),
-    )  # fmt: skip
+    )
     trainer = _trainer(steps, [rollout, Record()])
     trainer.fit(module, datamodule=dm)
     result = {"rank": trainer.global_rank, "step": trainer.global_step, "checks": checks, **_sharding(module)}

@@ -40,7 +40,7 @@ def replay(guard: Any, run: dict[str, Any]) -> list[int]:
     module = FakeModule()
     module.step_metrics = SimpleNamespace(compute=lambda: step_metrics)
     trainer = SimpleNamespace(global_step=0, global_rank=0, world_size=1, callbacks=[], loggers=[], log_dir=None,
-                              sanity_checking=False, callback_metrics={})  # fmt: skip
+                              sanity_checking=False, callback_metrics={})
     module.trainer = trainer
     validations = {step: value for step, value in run.get("val_reward_mean", []) if step > 0}
     batch = SimpleNamespace(group_size=8)

@@ -80,7 +80,7 @@ def fit(callback: Any, steps: int, model: str | None = None, datamodule: Any = N
     recorder.attach(callback)
     trainer = L.Trainer(max_steps=steps, callbacks=[callback], accelerator="cpu", logger=logger, log_every_n_steps=1,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)  # fmt: skip
+                        limit_val_batches=0)
     module = GRPOModule(model=model) if model else GRPOModule(model="tiny:chars")
     trainer.fit(module, datamodule=datamodule or PromptDataModule(DigitTask(), tokenizer_path=model, batch_size=2))
     assert trainer.global_step == steps
@@ -98,4 +98,4 @@ def openenv_callback(max_turns: int = 3, **environment_args: Any) -> AgentRollou
     return AgentRolloutCallback(
         environment="lightning_grpo.integrations.openenv.OpenEnvEnvironment", environment_args=environment_args,
         engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=3), max_turns=max_turns, seed=0,
-    )  # fmt: skip
+    )

@@ -80,10 +80,11 @@ def server_url(tmp_path_factory):
     from lightning_grpo.rollout.server_process import free_port
 
     port = free_port()
-    log = open(tmp_path_factory.mktemp("openenv-server") / "server.log", "w")
+    log_path = tmp_path_factory.mktemp("openenv-server") / "server.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", f"{ENVS}:make_app", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log)  # fmt: skip
+    with open(log_path, "w") as log:  # the server writes to its own copy of the file descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", f"{ENVS}:make_app", "--host", "127.0.0.1",
+                                 "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -91,15 +92,14 @@ def server_url(tmp_path_factory):
             try:
                 urllib.request.urlopen(f"{url}/health", timeout=2).read()
                 break
-            except OSError:
+            except OSError as err:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the OpenEnv server did not start: {Path(log.name).read_text()[-2000:]}")
+                    raise RuntimeError(f"the OpenEnv server did not start: {log_path.read_text()[-2000:]}") from err
                 time.sleep(0.2)
         yield url
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        log.close()
 
 
 def test_served_environment_trains_through_openenv_client(server_url):
@@ -109,7 +109,7 @@ def test_served_environment_trains_through_openenv_client(server_url):
         environment="lightning_grpo.integrations.openenv.OpenEnvClientEnvironment",
         environment_args={"base_url": server_url, "action_field": "guess", "prompt_key": "prompt"},
         engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=3), max_turns=3, seed=0,
-    )  # fmt: skip
+    )
     logger, recorder = fit(callback, steps=20)
     check_rewards_equal_direct(logger, recorder)
     assert all(ep.env.client is None for ep in recorder.rollouts[-1].episodes)  # every session closed in finish()
@@ -158,7 +158,7 @@ def test_opening_uses_the_prompt_before_the_chat_template():
     assert env.reset(rendered, seed=0) == [{"role": "user", "content": '12=\n\n{"value": 0, "note": "start"}'}]
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "12="}]
     assert env.reset({**rendered, "raw_prompt": messages}, seed=0) == messages + [
-        {"role": "user", "content": '{"value": 0, "note": "start"}'}]  # fmt: skip
+        {"role": "user", "content": '{"value": 0, "note": "start"}'}]
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -57,7 +57,7 @@ def test_reset_gets_only_the_arguments_it_accepts():
     env = OpenEnvEnvironment(EchoEnvironment, prompt_key="prompt")
     assert env.reset({"prompt": "12="}, seed=5)[0]["content"].startswith("12=\n\n")
     with pytest.raises(ValueError, match=r"OpenEnvEnvironment\.reset_kwargs: EchoEnvironment\.reset\(\) takes no argument "
-                                         r"'level' \(it takes: nothing\)"):  # fmt: skip
+                                         r"'level' \(it takes: nothing\)"):
         OpenEnvEnvironment(EchoEnvironment, reset_kwargs={"level": 2})
     with pytest.raises(ValueError, match=r"OpenEnvEnvironment\.reset_columns: EchoEnvironment\.reset\(\) takes no argument 'answer'"):
         OpenEnvEnvironment(EchoEnvironment, reset_columns=["answer"])
@@ -90,7 +90,7 @@ def test_a_misconfigured_environment_fails_before_the_engine_starts():
     assert OpenEnvEnvironment(Annotated).action_cls is Answer
     callback = _callback(env="tests.integrations.test_openenv_template.UnknownAction")
     trainer = L.Trainer(max_steps=1, callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     with pytest.raises(ValueError, match=r"OpenEnvEnvironment: the action class of UnknownAction is unknown \(no "
                                          r"Environment\[Action, \.\.\.\] parameters, no annotation on step's 'action'\)"):
         trainer.fit(GRPOModule(model="tiny:chars"), datamodule=PromptDataModule(DigitTask(), batch_size=2))

@@ -73,14 +73,14 @@ def test_environment_factory_class_trains_with_its_own_rewards(caller_dir):
         environment_args={"factory": "tests.integrations.test_trl.SecretEnv"},
         rewards=[RewardSpec("env_reward"), RewardSpec("tests.integrations.test_trl.answered_secret")],
         engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), max_turns=3, seed=1,
-    )  # fmt: skip
+    )
     logger, recorder = fit(callback, steps=20, model=caller_dir)
     assert len(recorder.rollouts) == len(recorder.scored) == 20
     logged = [logger.series(f"train/reward/{name}/mean") for name in ("env_reward", "answered_secret")]
     calls, env_rewards = 0, []
     for step, (rollout, scored) in enumerate(zip(recorder.rollouts, recorder.scored)):
         direct = torch.tensor([replay({k: scored.columns[k][i] for k in ("prompt", "answer", "prompt_ids")}, ep.messages)
-                               for i, ep in enumerate(rollout.episodes)])  # [B, 2] fmt: skip
+                               for i, ep in enumerate(rollout.episodes)])  # [B, 2]
         assert torch.equal(scored.rewards.rewards, direct.float())
         assert [logged[0][step], logged[1][step]] == pytest.approx(direct.mean(0).tolist(), abs=1e-6)
         calls += sum(ep.env.env.looked for ep in rollout.episodes)
@@ -140,11 +140,11 @@ def test_scripted_episode_calls_the_method_and_scores_get_reward():
         return ids_of(tok, re.findall(r"<tool_response>\n(\d)", tok.decode(prompt))[-1] + "<|im_end|>")
 
     callback = AgentRolloutCallback(environment=TRLEnvironment, environment_args={"factory": SecretEnv}, engine="hf",
-                                    rewards=[RewardSpec("env_reward"), RewardSpec(answered_secret)])  # fmt: skip
+                                    rewards=[RewardSpec("env_reward"), RewardSpec(answered_secret)])
     stops = [tok.convert_tokens_to_ids("<|im_end|>"), *ids_of(tok, CALL_TEXT)]
     records = [{"prompt": "4821=", "prompt_ids": [9]}]
     out = run_episodes(ScriptedEngine(script), callback.make_env, tok, ChatRenderer(tok, callback.make_env().tools), records,
-                       SamplingConfig(n=2, max_new_tokens=60, stop_token_ids=stops), seed=0, limits=EpisodeLimits(max_turns=3))  # fmt: skip
+                       SamplingConfig(n=2, max_new_tokens=60, stop_token_ids=stops), seed=0, limits=EpisodeLimits(max_turns=3))
     for ep in out.episodes:
         assert ep.env.env.looked == 1 and ep.last_text == "5" and ep.reward == 0.6  # 4+8+2+1 = 15; 1 look x 6 / 10
         assert [m["role"] for m in ep.messages] == ["user", "assistant", "tool", "assistant"]

@@ -31,11 +31,11 @@ def scored_by_verifiers(task, completion: str):
 
     data = task.data
     chain = ([vf.SystemMessage(content=data.system_prompt)] if data.system_prompt else []) + [
-        vf.UserMessage(content=data.prompt), vf.AssistantMessage(content=completion)]  # fmt: skip
+        vf.UserMessage(content=data.prompt), vf.AssistantMessage(content=completion)]
     trace = vf.Trace(
         task=vf.TraceTask(type=type(task).__name__, data=data), agent=vf.AgentInfo(config=vf.AgentConfig()),
         nodes=[MessageNode(message=m, parent=k - 1 if k else None, sampled=m.role == "assistant") for k, m in enumerate(chain)],
-    )  # fmt: skip
+    )
     asyncio.run(task.score(trace))
     return [trace.rewards["correct"].score, trace.rewards["digit"].score, trace.reward]
 

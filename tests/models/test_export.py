@@ -55,7 +55,7 @@ def test_quickstart_checkpoint_round_trip(tmp_path, vllm_engine, digit_teacher_p
     built, run_dir = _train(tmp_path, "quickstart.yaml", 8, engine=vllm_engine, extra=[f"--model.model={digit_teacher_path}"])
     out = export(tmp_path / "runs" / "run", tmp_path / "model")  # the run folder: its latest version, last.ckpt
     assert sorted(p.name for p in out.iterdir()) == [
-        "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]  # fmt: skip
+        "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     trained = _sequence_logprobs(built.model.policy, built.datamodule.tokenizer)
     torch.testing.assert_close(_sequence_logprobs(loaded, built.datamodule.tokenizer), trained, atol=1e-5, rtol=0)
@@ -129,7 +129,7 @@ def test_exported_folder_loads_in_vllm_llm(tmp_path):
     )
     env_note = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCHDYNAMO_DISABLE": "1"}
     done = subprocess.run([sys.executable, "-c", script, str(out), json.dumps(prompts)], capture_output=True, text=True,
-                          timeout=900, env={**__import__("os").environ, **env_note})  # fmt: skip
+                          timeout=900, env={**__import__("os").environ, **env_note})
     assert done.returncode == 0, done.stderr[-3000:]
     texts = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
     model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)

@@ -29,7 +29,7 @@ def test_qlora_run_exports_a_dense_folder_that_serves_the_runs_accuracy(tmp_path
 
     # the QLoRA quickstart on the digit teacher (a policy that knows the task, quantised to nf4)
     built, run_dir = train_recipe(tmp_path, "qlora_quickstart.yaml", 4, engine=vllm_engine,
-                                  extra=[f"--model.model={digit_teacher_path}"])  # fmt: skip
+                                  extra=[f"--model.model={digit_teacher_path}"])
     policy, tokenizer = built.model.policy, built.datamodule.tokenizer
     assert type(policy.base_model.model.model.layers[0].mlp.up_proj.base_layer).__name__ == "Linear4bit"
     out = export(run_dir, tmp_path / "model")

@@ -137,7 +137,7 @@ def test_quantization_does_not_shard_with_fsdp2(tiny_model_path):
 @pytest.mark.parametrize("field, value, message", [
     ("quant_type", "int4", r"quantization.quant_type must be 'nf4' or 'fp4', got 'int4'"),
     ("compute_dtype", "float64", r"quantization.compute_dtype must be float32, bfloat16, float16 or null, got 'float64'"),
-])  # fmt: skip
+])
 def test_bad_quantization_settings(field, value, message):
     with pytest.raises(ValueError, match=message):
         QuantizationSettings(**{field: value})
@@ -178,11 +178,11 @@ def test_qlora_training_keeps_engine_and_policy_together(vllm_engine, tiny_model
     every step the engine's log-probs of the sampled tokens equal the policy's (mismatch <= 1e-4)."""
     from tests.training.test_training import _fit
 
-    module = GRPOModule(model=str(tiny_model_path), loss=GRPOLoss(kl=KLSettings(beta=0.04)), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings()), optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2))  # fmt: skip
+    module = GRPOModule(model=str(tiny_model_path), loss=GRPOLoss(kl=KLSettings(beta=0.04)), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings()), optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2))
     callback = RolloutCallback(
         engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3), rewards=[RewardSpec("prefix_match")], seed=3,
         weight_sync=WeightSyncSettings(lora=lora_sync), vllm=VLLMArgs(enable_lora=True),
-    )  # fmt: skip
+    )
     callback.use_engine(vllm_engine)
     _, recorder = _fit(module, callback, steps=3)
     gaps = [s["train/mismatch_max_abs"] for s in recorder.steps]

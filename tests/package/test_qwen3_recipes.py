@@ -52,7 +52,7 @@ SMALL = {
     "text": (["--data.source.init_args.num_train", "16", "--data.source.init_args.num_val", "4", "--data.source.init_args.num_test", "4"],
              [*HF_ENGINE, "--rollout.sampling.n", "4",
               "--data.source.init_args.num_train", "16", "--data.source.init_args.num_val", "4", "--data.source.init_args.num_test", "4"]),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("track", TRACKS)

@@ -37,7 +37,7 @@ CLIPPED_LOSSES = {"ppo", "dual_clip", "delta_clip", "gspo", "gspo_token", "cispo
 ROLLOUT_CALLBACKS = {"lightning_grpo.RolloutCallback", "lightning_grpo.AgentRolloutCallback"}
 #: The default guard set (lightning_grpo/callbacks/guard_set.py) with its non-default settings, in order.
 DEFAULT_GUARDS = [("NonFiniteGuard", {}), ("LogProbGuard", {}), ("EntropyGuard", {"floor": 0.05, "max_reward": 0.9}),
-                  ("IdenticalSamplesGuard", {}), ("MismatchGuard", {}), ("ZeroStdGuard", {"max_reward": 0.9})]  # fmt: skip
+                  ("IdenticalSamplesGuard", {}), ("MismatchGuard", {}), ("ZeroStdGuard", {"max_reward": 0.9})]
 
 
 class _Attached(Exception):

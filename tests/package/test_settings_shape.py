@@ -12,7 +12,7 @@ import lightning_grpo as lg
 CONSTRUCTORS = ["GRPOModule", "GRPOLoss", "RolloutCallback", "PromptDataModule"]
 SETTINGS = ["KLSettings", "OffPolicySettings", "LossTerms", "AlgorithmSettings", "KLInRewardSettings", "PolicySettings",
             "ForwardSettings", "VLLMArgs", "ServerSettings", "SelectionSettings", "EvaluationSettings",
-            "WeightSyncSettings", "PromptFormat", "SamplingConfig", "LoraSettings"]  # fmt: skip
+            "WeightSyncSettings", "PromptFormat", "SamplingConfig", "LoraSettings"]
 
 
 @pytest.mark.parametrize("name", CONSTRUCTORS)

@@ -29,7 +29,7 @@ def test_bad_sft_option_is_one_line_and_writes_nothing(tmp_path, capsys, tiny_ca
     from lightning_grpo.cli import main
 
     args = ["sft", "fit", "-c", str(ROOT / "recipes/sft_quickstart.yaml"), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-            "--data.source=lightning_grpo.Rows", "--data.source.train=[{question: '1=', answer: '2'}]", "--data.batch_size", "1"]  # fmt: skip
+            "--data.source=lightning_grpo.Rows", "--data.source.train=[{question: '1=', answer: '2'}]", "--data.batch_size", "1"]
     with mock.patch.object(sys, "argv", ["lightning-grpo"]), pytest.raises(SystemExit) as exit_:
         main(args)
     assert exit_.value.code == 2

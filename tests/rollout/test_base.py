@@ -61,7 +61,7 @@ def test_rollout_rejects_inconsistent_rows():
     "kwargs, field",
     [({"n": 0}, "n"), ({"temperature": -0.5}, "temperature"), ({"top_p": 1.5}, "top_p"),
      ({"top_k": -1}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens")],
-)  # fmt: skip
+)
 def test_sampling_config_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=f"SamplingConfig.{field} must be"):
         SamplingConfig(**kwargs)

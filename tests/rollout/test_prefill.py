@@ -33,7 +33,7 @@ def test_server_process_command_carries_the_flags(tmp_path):
 
     command = ServerProcess("model", 8000, tmp_path, max_model_len=1024, extra_args=["--seed", "1"]).command
     assert command[-7:] == ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096", "--seed", "1",
-                            "--kv-cache-memory-bytes", str(64 * 1024**2)]  # fmt: skip
+                            "--kv-cache-memory-bytes", str(64 * 1024**2)]
 
 
 def test_drop_in_engine_rejects_chunked_prefill(tiny_model_path):

@@ -111,7 +111,7 @@ def test_tcp_connect_reports_missing_workers():
 @pytest.mark.parametrize("args, message", [
     ({"transfer": "rdma"}, r"rollout.server.transfer must be one of shm, tcp, nccl, got 'rdma'"),
     ({"transfer": "tcp", "transfer_port": 70000}, r"rollout.server.transfer_port must be a TCP port \(0 = any free one\), got 70000"),
-])  # fmt: skip
+])
 def test_bad_transfer_settings(args, message):
     with pytest.raises(ValueError, match=message):
         ServerSettings(urls=["http://10.0.0.2:8000"], **args)
@@ -190,7 +190,10 @@ def test_nccl_transport_drives_vllms_trainer_engine(monkeypatch):
     transport.close()
     info = made[0].info
     assert (info.master_address, info.master_port, info.world_size, info.rank) == ("10.0.0.1", 29600, 5, 0)
-    push = lambda v: ["pause", "start", "update ['a.weight', 'b.weight']", f"finish {v}", "resume"]  # noqa: E731
+
+    def push(v):
+        return ["pause", "start", "update ['a.weight', 'b.weight']", f"finish {v}", "resume"]
+
     assert server.calls == ["init ['master_address', 'master_port']", *push(5), *push(6)]
     assert made[1:] == ["shutdown"]
 

@@ -18,7 +18,7 @@ from lightning_grpo import (
     GRPOModule,
     OffPolicySettings,
     PolicySettings,
-    PromptDataModule,  # fmt: skip
+    PromptDataModule,
     RewardSpec,
     RolloutCallback,
     SamplingConfig,
@@ -56,7 +56,7 @@ def _direct_logp(model, batch):
 def _module(path, distillation, packing="auto", policy=None):
     forward = ForwardSettings(packing=packing, rows_per_pass=3)  # no-grad passes of 3 rows: a group split across passes
     module = GRPOModule(model=_policy(path), policy=policy or PolicySettings(), forward=forward, distillation=distillation,
-                        optimizer=lambda p: torch.optim.SGD(p, lr=0.5))  # fmt: skip
+                        optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
     module.configure_model()
     module.distiller.build(_tokenizer(path))
     return module
@@ -102,7 +102,7 @@ def test_teacher_forward_is_packed_like_the_reference_and_gets_no_gradient(tiny_
     module = _module(tiny_model_path, DistillSettings(teacher=teacher))
     _prepared(module)
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+                        enable_progress_bar=False, enable_model_summary=False)
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     trainer.fit(module, train_dataloaders=_ticks(1))
     assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
@@ -175,7 +175,7 @@ def test_gkd_term_is_the_token_mean_of_the_generalised_jsd(tiny_model_path):
 
     capture = Capture()
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[capture],
-                        enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+                        enable_progress_bar=False, enable_model_summary=False)
     with torch.no_grad():
         jsd = generalized_jsd(padded_completion_logits(module.policy, batch), padded_completion_logits(teacher, batch), 0.3, batch.temperature)
     expected = 2.0 * (jsd * batch.completion_mask).sum() / batch.completion_mask.sum()
@@ -247,7 +247,7 @@ def test_multi_turn_episodes_distil_on_model_tokens_only(tiny_model_path):
     callback = AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), max_turns=3, seed=1)
     module = GRPOModule(model=path, distillation=DistillSettings(teacher=teacher))
     trainer = L.Trainer(max_steps=2, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=path, batch_size=2))
     batch = catcher.batches[0]
     assert trainer.global_step == 2 and batch.turn_ids is not None
@@ -265,12 +265,12 @@ def test_distillation_under_the_asynchronous_pipeline(tiny_model_path, digit_tea
 
     catcher = BatchCatcher()
     callback = RolloutCallback(engine="vllm_server", max_staleness=1, sampling=SamplingConfig(n=4, max_new_tokens=2),
-                               rewards=[RewardSpec("prefix_match")], seed=0)  # fmt: skip
+                               rewards=[RewardSpec("prefix_match")], seed=0)
     callback.use_engine(ServerEngine([ServerClient(vllm_server)]))
     module = GRPOModule(model=str(tiny_model_path), loss=GRPOLoss(off_policy=OffPolicySettings(correction="tis_token")),  # max_staleness needs a correction
-                        distillation=DistillSettings(teacher=str(digit_teacher_path)))  # fmt: skip
+                        distillation=DistillSettings(teacher=str(digit_teacher_path)))
     trainer = L.Trainer(max_steps=3, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=2))
     assert trainer.global_step == 3 and len(catcher.batches) == 3
     for batch in catcher.batches:
@@ -288,7 +288,7 @@ def test_save_pretrained_writes_a_model_directory_a_teacher_can_load(tiny_model_
     callback = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), rewards=[RewardSpec("prefix_match")], seed=0)
     module = GRPOModule(model=str(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     trainer = L.Trainer(max_steps=2, callbacks=[callback, SavePretrained(str(out))], accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=2))
     saved = AutoModelForCausalLM.from_pretrained(out)
     for name, value in module.policy.state_dict().items():
@@ -299,7 +299,7 @@ def test_save_pretrained_writes_a_model_directory_a_teacher_can_load(tiny_model_
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "metrics.csv").write_text("step\n")
     trainer = L.Trainer(max_steps=1, callbacks=[callback, SavePretrained(str(tmp_path / "logs"))], accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     with pytest.raises(ValueError, match=r"SavePretrained.dirpath '.*logs' exists and is not a saved model directory"):
         trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=2))
     assert (tmp_path / "logs" / "metrics.csv").exists()

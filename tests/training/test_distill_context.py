@@ -25,7 +25,7 @@ def _context(teacher: nn.Module, teacher_logp: float, seen: list) -> DistillCont
     return DistillContext(policy=lambda: pytest.fail("a module teacher never needs the student"), logprobs=logprobs,
                           global_sum=lambda t: t.float(), precision=nullcontext, tokenizer=lambda: None,
                           device=lambda: torch.device("cpu"), step=lambda: 0,
-                          micro_step=lambda rows, i: micro_step(rows, i, 1, 1))  # fmt: skip
+                          micro_step=lambda rows, i: micro_step(rows, i, 1, 1))
 
 
 def test_a_distiller_from_plain_functions_gives_the_reverse_kl_advantage_by_hand():
@@ -35,7 +35,7 @@ def test_a_distiller_from_plain_functions_gives_the_reverse_kl_advantage_by_hand
     batch = RolloutBatch(input_ids=torch.zeros(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 4, dtype=torch.long),
                          completion_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]), advantages=torch.tensor([3.0, -3.0]),
                          rollout_logp=torch.tensor([[-0.2, -3.0], [-1.5, 0.0]]), prompt_length=2, group_size=2,
-                         temperature=1.0)  # fmt: skip
+                         temperature=1.0)
     distiller.prepare(batch, records=None)
     assert seen == [(teacher, 2)]
     # A_t = -coef (roll_t - teacher_t): -0.5 (-0.2 - -1.0) = -0.4; the reward advantage is dropped
@@ -55,7 +55,7 @@ def test_gkd_reference_rows_are_padded_as_a_rollout():
     records = [{"prompt_ids": [5, 6, 7], "answer": "12"}, {"prompt_ids": [4], "answer": "3"}]
     got = reference_batch(records, tokenizer, "answer", 0.7, "cpu")
     want = rollout_to_tensors(Rollout(prompt_ids=[r["prompt_ids"] for r in records], completion_ids=[[1, 2, 9], [3, 9]],
-                                      logprobs=[[0.0] * 3, [0.0] * 2], finished=[True, True], group_size=1), 0)  # fmt: skip
+                                      logprobs=[[0.0] * 3, [0.0] * 2], finished=[True, True], group_size=1), 0)
     for name in ("input_ids", "attention_mask", "completion_mask"):
         torch.testing.assert_close(getattr(got, name), getattr(want, name))
     torch.testing.assert_close(got.rollout_logp, want.rollout_logprobs)

@@ -17,7 +17,7 @@ def _prepared(path, loss: GRPOLoss, **module_args):
     on a few tokens (ratio e^{+-2}) and a whole row (e^{0.9} on every token)."""
     policy = _policy(path)
     module = GRPOModule(model=policy, loss=loss, forward=ForwardSettings(rows_per_pass=8), optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
-                        **module_args)  # fmt: skip
+                        **module_args)
     module.configure_model()
     batch = _rollout_batch(policy.config.vocab_size)
     old = module._logprobs_no_grad(batch, reference=False)  # [B, Lc]
@@ -31,7 +31,7 @@ def _prepared(path, loss: GRPOLoss, **module_args):
 
 def _fit_once(module, accumulate: int) -> dict[str, torch.Tensor]:
     trainer = L.Trainer(max_steps=1, accumulate_grad_batches=accumulate, accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, train_dataloaders=_ticks(accumulate))
     return {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
 

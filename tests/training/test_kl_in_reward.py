@@ -92,7 +92,7 @@ def test_fixed_kl_in_reward_keeps_its_coefficient(tiny_model_path):
      (dict(coef=0.1, controller="pid"), r"unknown KL controller 'pid'; valid names: adaptive, fixed"),
      (dict(coef=0.1, controller="adaptive", target=0.0), r"^model.algorithm.kl_in_reward.target must be > 0, got 0.0$"),
      (dict(coef=0.1, controller="adaptive", horizon=0), r"^model.algorithm.kl_in_reward.horizon must be an integer > 0, got 0$")],
-)  # fmt: skip
+)
 def test_bad_kl_in_reward_settings_are_one_error(settings, message):
     with pytest.raises(ValueError, match=message):
         KLInRewardSettings(**settings)

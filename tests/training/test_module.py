@@ -85,7 +85,7 @@ def test_logged_step_metrics_do_not_depend_on_accumulation(tiny_model_path):
     one: dict[str, float] = {}
     _one_update(tiny_model_path, 1, "token_mean", one)
     for name in ("train/entropy", "train/loss", "train/ratio_min", "train/ratio_max", "train/clip_frac_low",
-                 "train/mismatch_k3", "train/mismatch_max_abs", "train/grad_norm", "train/skipped_steps"):  # fmt: skip
+                 "train/mismatch_k3", "train/mismatch_max_abs", "train/grad_norm", "train/skipped_steps"):
         assert name in one, name
     assert one["train/grad_norm"] > 0 and one["train/skipped_steps"] == 0
     for k in (2, 4):

@@ -32,7 +32,7 @@ def test_plan_places_sequences_first_fit_decreasing_with_restarting_positions():
         [-1, 12, 13, 14, -1, -1, -1],
         [-1, -1, 10, 11, -1, -1, -1],
         [6, 7, 8, 9, -1, -1, -1],
-    ])  # fmt: skip
+    ])
     assert torch.equal(plan.index, expected_index)
     expected_positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 0, 1], [0, 1, 2, 0, 0, 0]])
     assert torch.equal(plan.position_ids(), expected_positions)
@@ -73,7 +73,7 @@ def _ragged_batch(vocab: int, seed: int = 0) -> RolloutBatch:
         input_ids=ids, attention_mask=attn, completion_mask=cmask,
         advantages=torch.randn(len(ids), generator=gen), rollout_logp=torch.zeros(cmask.shape),
         prompt_length=Lp, group_size=4, temperature=0.7,
-    )  # fmt: skip
+    )
 
 
 def _policy(path, attn: str):
@@ -116,7 +116,7 @@ def test_saved_softmax_gives_the_recomputed_logprobs_and_gradients(tiny_model_pa
     results = {}
     for save in (False, True):
         saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t.shape) or t, lambda t: t):
             results[save] = _logprobs_and_grads(policy, batch, packing, "chunked_hidden", save_probs=save)
         scored = int(sampled_positions(batch).sum())  # the tokens the LM head scores
         assert ((scored, policy.config.vocab_size) in saved) is save  # the softmax is kept only when asked

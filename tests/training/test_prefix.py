@@ -29,7 +29,7 @@ def _batch(prompts: list[list[int]], completions: list[list[int]], group_size: i
         input_ids=ids, attention_mask=attn, completion_mask=attn[:, Lp:].float(),
         advantages=torch.randn(len(ids), generator=gen), rollout_logp=torch.zeros(len(ids), Lc),
         prompt_length=Lp, group_size=group_size, temperature=0.7, **extra,
-    )  # fmt: skip
+    )
 
 
 def test_plan_lays_each_prompt_once_before_its_completions():
@@ -44,7 +44,7 @@ def test_plan_lays_each_prompt_once_before_its_completions():
         [-1, 0, 1, 5, -1, -1],
         [6, 7, 8, 9, 10, -1],
         [6, 7, 8, 11, -1, -1],
-    ])  # fmt: skip
+    ])
     assert torch.equal(plan.index, expected_index)
     assert torch.equal(plan.pack(batch.input_ids), torch.tensor([[7, 8, 20, 21, 22, 23], [9, 10, 11, 24, 25, 26]]))
     # each completion continues from its prompt's length
@@ -60,7 +60,7 @@ def test_plan_lays_each_prompt_once_before_its_completions():
         [1, 1, 1, 1, 0, 0],  # row 2's completion: the prompt and itself
         [1, 1, 1, 1, 1, 0],
         [1, 1, 1, 0, 0, 1],  # row 3's completion: the prompt, not row 2's tokens
-    ], dtype=torch.bool)  # fmt: skip
+    ], dtype=torch.bool)
     assert torch.equal(allowed, expected)
     additive = plan.attention_mask(_Config("eager"))[1, 0]
     assert torch.equal(additive == 0, expected) and additive.min() == torch.finfo(torch.float32).min
@@ -191,7 +191,7 @@ def test_reference_old_and_teacher_logprobs_equal_padded(tiny_model_path):
     out = {}
     for sharing in ("off", "on"):
         policy = _policy(tiny_model_path, "sdpa")
-        module = GRPOModule(model=policy, loss=GRPOLoss(kl=KLSettings(beta=0.04)), algorithm=AlgorithmSettings(num_iterations=2), forward=ForwardSettings(prefix_sharing=sharing, rows_per_pass=6), distillation=DistillSettings(teacher=teacher, use_task_rewards=True))  # fmt: skip
+        module = GRPOModule(model=policy, loss=GRPOLoss(kl=KLSettings(beta=0.04)), algorithm=AlgorithmSettings(num_iterations=2), forward=ForwardSettings(prefix_sharing=sharing, rows_per_pass=6), distillation=DistillSettings(teacher=teacher, use_task_rewards=True))
         module.configure_model()
         batch = _grouped_batch(policy.config.vocab_size)
         out[sharing] = module.prepare_rollout_batch(batch, torch.arange(12.0)[:, None], torch.ones(1))

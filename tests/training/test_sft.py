@@ -30,7 +30,7 @@ def _batch() -> dict[str, torch.Tensor]:
     """Three rows of 5, 9 and 4 tokens (the first and last padded; packed, they share one row)."""
     rows = [{"input_ids": [5, 6, 7, 15, 8], "loss_mask": [0, 0, 0, 1, 1]},
             {"input_ids": [9, 10, 15, 11, 12, 13, 1, 14, 6], "loss_mask": [0, 0, 0, 1, 1, 1, 1, 0, 1]},
-            {"input_ids": [7, 8, 15, 1], "loss_mask": [0, 0, 0, 1]}]  # fmt: skip
+            {"input_ids": [7, 8, 15, 1], "loss_mask": [0, 0, 0, 1]}]
     return collate(rows, pad_id=0)
 
 
@@ -86,7 +86,7 @@ def test_packing_equals_padded(tiny_model_path, logprob_path, save_probs):
         plan = choose_plan(module.policy, module.as_rollout_batch(_batch()), packing)
         assert (plan.rows, plan.width) == (2, 9) if packing == "on" else plan is None
         saved = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t.shape) or t, lambda t: t):
             loss, _ = module.sft_loss(_batch())
         vocab = module.policy.config.vocab_size
         if logprob_path == "chunked_hidden":  # the [N, V] softmax is kept only when asked (the logits path keeps logits)
@@ -108,7 +108,7 @@ def test_validation_metrics_by_hand(tiny_model_path, logprob_path):
         greedy = module.policy.generate(torch.tensor([[5, 6, 7, 15]]), max_new_tokens=3, do_sample=False, pad_token_id=0)[0].tolist()
     wrong = [t + 1 if t < 40 else 5 for t in greedy[4:]]
     rows = [{"input_ids": greedy, "loss_mask": [0, 0, 0, 0, 1, 1, 1]},
-            {"input_ids": greedy[:4] + wrong[:1], "loss_mask": [0, 0, 0, 0, 1]}]  # fmt: skip
+            {"input_ids": greedy[:4] + wrong[:1], "loss_mask": [0, 0, 0, 0, 1]}]
     batch = collate(rows, pad_id=0)
     module.validation_step(batch, 0)
     loss, tokens, right, rows_right, count = module._val_sums.tolist()
@@ -121,7 +121,7 @@ def test_validation_metrics_by_hand(tiny_model_path, logprob_path):
 
 def _fit(module, data, steps: int = 2) -> None:
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     trainer.fit(module, data)
 
 
@@ -131,7 +131,7 @@ def test_lora_trains_the_adapter_only(tiny_model_path, quantized):
 
     if quantized and importlib.util.find_spec("bitsandbytes") is None:
         pytest.skip("QLoRA needs bitsandbytes (the qlora extra, part of dev)")
-    module = SFTModule(model=str(tiny_model_path), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings() if quantized else None), optimizer=partial(torch.optim.AdamW, lr=1e-2))  # fmt: skip
+    module = SFTModule(model=str(tiny_model_path), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings() if quantized else None), optimizer=partial(torch.optim.AdamW, lr=1e-2))
     module.configure_model()
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     _fit(module, SFTDataModule(source=DigitTask(), tokenizer_path=str(tiny_model_path), batch_size=4))
@@ -159,7 +159,7 @@ def test_sft_then_export_then_grpo(tiny_model_path, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = ["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_progress_bar", "false"]
     _cli(["sft", "fit", "-c", str(ROOT / "recipes/sft_quickstart.yaml"), *run, "--trainer.max_steps", "6",
-          "--trainer.val_check_interval", "3"])  # fmt: skip
+          "--trainer.val_check_interval", "3"])
     checkpoint = tmp_path / "runs/sft_quickstart/version_0/checkpoints/last.ckpt"
     assert checkpoint.is_file()
     sft_weights, info, hparams = load_checkpoint(checkpoint)
@@ -171,7 +171,7 @@ def test_sft_then_export_then_grpo(tiny_model_path, tmp_path, monkeypatch):
     from lightning_grpo.cli import build_cli
 
     cli = build_cli(["-c", str(ROOT / "recipes/quickstart.yaml"), *run, "--model.model", str(tmp_path / "sft_model"),
-                     *HF_ENGINE, "--trainer.max_steps", "1"], run=False)  # fmt: skip
+                     *HF_ENGINE, "--trainer.max_steps", "1"], run=False)
     cli.trainer.fit(cli.model, cli.datamodule)
     assert cli.model.model_source == str(tmp_path / "sft_model") and cli.trainer.global_step == 1
 
@@ -187,7 +187,7 @@ def test_grpo_model_from_an_sft_checkpoint(tiny_model_path, tmp_path, monkeypatc
     monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
     run = tmp_path / "runs"
     _cli(["sft", "fit", "-c", str(ROOT / "recipes/sft_quickstart.yaml"), "--trainer.logger.init_args.save_dir", str(run),
-          "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0"])  # fmt: skip
+          "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0"])
     checkpoint = run / "sft_quickstart/version_0/checkpoints/last.ckpt"
     module = GRPOModule(model=str(run / "sft_quickstart"))
     assert module.model_source == str(checkpoint.parent / "last_model")
@@ -210,7 +210,7 @@ def test_grpo_only_settings_are_refused_by_sft():
 
     for kwargs, field in ((dict(policy=PolicySettings(reference="copy")), "model.policy.reference"),
                           (dict(forward=ForwardSettings(prefix_sharing="on")), "model.forward.prefix_sharing"),
-                          (dict(forward=ForwardSettings(rows_per_pass=8)), "model.forward.rows_per_pass")):  # fmt: skip
+                          (dict(forward=ForwardSettings(rows_per_pass=8)), "model.forward.rows_per_pass")):
         with pytest.raises(ValueError, match=rf"^{field} does not apply to SFTModule \(GRPOModule only\): leave it unset$"):
             SFTModule(model="tiny:chars", **kwargs)
     assert SFTModule(model="tiny:chars", forward=ForwardSettings(packing="off", save_probs=True)).forward_settings.save_probs

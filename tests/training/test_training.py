@@ -14,7 +14,7 @@ from lightning_grpo import (
     KLSettings,
     LoraSettings,
     PolicySettings,
-    PromptDataModule,  # fmt: skip
+    PromptDataModule,
     RewardSpec,
     RolloutCallback,
     SamplingConfig,
@@ -160,7 +160,7 @@ def test_callback_keeps_vllm_in_step_with_the_policy(tiny_model_path, vllm_engin
     callback = RolloutCallback(
         engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3, temperature=0.9), rewards=[RewardSpec("prefix_match")],
         weight_sync=WeightSyncSettings(enabled=weight_sync),
-    )  # fmt: skip
+    )
     callback.use_engine(vllm_engine)
     _, recorder = _fit(module, callback, steps=4)
     gaps = [s["train/mismatch_max_abs"] for s in recorder.steps]

@@ -120,7 +120,7 @@ def check_resume(a_ckpt: Path, b_ckpt: Path, a_rows: list[dict], b_rows: list[di
     b_state, _, _ = load_checkpoint(b_ckpt)
     assert set(a_state) == set(b_state)
     for name, value in a_state.items():
-        torch.testing.assert_close(b_state[name], value, atol=1e-6, rtol=0, msg=lambda m: f"resumed {name}: {m}")
+        torch.testing.assert_close(b_state[name], value, atol=1e-6, rtol=0, msg=lambda m, name=name: f"resumed {name}: {m}")
     last_a, last_b = a_rows[-1], b_rows[-1]
     assert last_a["step"] == last_b["step"], f"last logged step {last_a['step']} (a) vs {last_b['step']} (b)"
     for key in ("train/loss", "train/reward_mean", "train/grad_norm", "train/mismatch_max_abs"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 FSDP2 = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
-         "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1}}  # fmt: skip
+         "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1}}
 LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "extra": {"modules_to_save": ["lm_head"]}}
 QUANTIZATION = {"quant_type": "nf4", "double_quant": True, "compute_dtype": "float32"}
 VLLM_ARGS = {"dtype": "float32", "max_model_len": 128, "kv_cache_memory_bytes": 64 * 1024**2}
@@ -29,7 +29,7 @@ AGENT = {"max_turns": 2, "sampling": {"max_new_tokens": 1}, "rewards": [{"name":
 
 def _logger(class_path: str) -> dict[str, Any]:
     return {"trainer": {"logger": {"class_path": class_path, "init_args": {"save_dir": "{run_root}", "name": "run",
-                                                                           "version": "{version}"}}}}  # fmt: skip
+                                                                           "version": "{version}"}}}}
 
 
 DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
@@ -42,7 +42,7 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
         "hf": {"rollout": {"init_args": {"engine": "hf"}}},
         "vllm": {"rollout": {"init_args": {"engine": "vllm", "vllm": VLLM_ARGS}}},
         "vllm_server": {"rollout": {"init_args": {"engine": "vllm_server",
-                                                  "server": {"urls": ["{server_url}"], "max_model_len": 128}}}},  # fmt: skip
+                                                  "server": {"urls": ["{server_url}"], "max_model_len": 128}}}},
     },
     "weights": {
         "full": {},
@@ -52,10 +52,10 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
     "rollout": {
         "single": {"rollout": {"class_path": "lightning_grpo.RolloutCallback"}},
         "agent": {"rollout": {"class_path": "lightning_grpo.AgentRolloutCallback",
-                              "init_args": {**AGENT, "environment": "tests.e2e.matrix.envs.OpeningDigitsEnv"}}},  # fmt: skip
+                              "init_args": {**AGENT, "environment": "tests.e2e.matrix.envs.OpeningDigitsEnv"}}},
         "openenv": {"rollout": {"class_path": "lightning_grpo.AgentRolloutCallback",
                                 "init_args": {**AGENT, "environment": "lightning_grpo.integrations.openenv.OpenEnvEnvironment",
-                                              "environment_args": {"env": "tests.e2e.matrix.openenv_env.OpeningDigitsOpenEnv"}}}},  # fmt: skip
+                                              "environment_args": {"env": "tests.e2e.matrix.openenv_env.OpeningDigitsOpenEnv"}}}},
     },
     "logging": {
         "csv": _logger("lightning.pytorch.loggers.CSVLogger"),

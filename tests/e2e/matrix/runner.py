@@ -3,6 +3,7 @@ subprocess (its own process group, killed whole on timeout so a hang fails the c
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -58,7 +59,7 @@ def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = TIMEOU
     """``args`` in a new process group; on timeout the whole group (DDP ranks, engines) is killed."""
     start = time.perf_counter()
     proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
         code: int | None = proc.returncode
@@ -75,10 +76,8 @@ def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = TIMEOU
 
 
 def _kill_group(pgid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def environment(model_cache: Path) -> dict[str, str]:
@@ -125,21 +124,21 @@ def cell_config(cell: dict[str, str], folder: Path, version: str, server_url: st
                     "enable_model_summary": False},
         "rollout": {"init_args": {"sampling": {"n": 4}, "log_completions": {"every_n_steps": 1, "groups": None}}},
         "data": {"batch_size": 2},
-    }  # fmt: skip
+    }
     config = merge(config, small)
     callbacks = [c for c in config["trainer"]["callbacks"] if not c["class_path"].endswith("ModelCheckpoint")]
     checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                   "init_args": {"dirpath": str(folder / f"checkpoints-{version}"), "filename": "{step}", "save_top_k": -1,
-                                "every_n_train_steps": 1, "save_last": True}}  # fmt: skip
+                                "every_n_train_steps": 1, "save_last": True}}
     probe = {"class_path": "tests.e2e.matrix.probe.LogitsProbe", "init_args": {"path": str(folder / f"probe-{version}.pt")}}
     config["trainer"]["callbacks"] = [checkpoint, *callbacks, probe]
     names = {"server_url": server_url or "http://server-missing:1", "run_root": str(folder / "runs"), "version": version,
-             "step": "{step}"}  # fmt: skip
+             "step": "{step}"}
     return _fill(config, names)
 
 
 def fit(cell: dict[str, str], folder: Path, version: str, env: dict[str, str], server_url: str | None,
-        ckpt_path: Path | None = None, timeout: float = TIMEOUT_S) -> Finished:  # fmt: skip
+        ckpt_path: Path | None = None, timeout: float = TIMEOUT_S) -> Finished:
     """``lightning-grpo fit`` of the cell, writing under ``folder`` (run ``version`` "a", "b", ...)."""
     folder.mkdir(parents=True, exist_ok=True)
     config_file = folder / f"config-{version}.yaml"

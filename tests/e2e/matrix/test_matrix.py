@@ -84,7 +84,7 @@ def test_cell(cell, tiny_model_path, server_url, prompts, tmp_path):
     b = failures.check("resume", _resume, cell, tmp_path, env, server_url, a_rows)
     export_gap = failures.check("export", _export, tmp_path)
     print(f"{cell_id(cell)}: fit {a.seconds:.1f} s, resume {b.seconds if b else float('nan'):.1f} s; max |engine - trainer| "
-          f"log-prob {max(gaps) if gaps else float('nan'):.2e}, export logit gap {export_gap if export_gap is not None else float('nan'):.2e}")  # fmt: skip
+          f"log-prob {max(gaps) if gaps else float('nan'):.2e}, export logit gap {export_gap if export_gap is not None else float('nan'):.2e}")
     assert not failures, f"{cell_id(cell)}:\n" + "\n".join(failures)
 
 
