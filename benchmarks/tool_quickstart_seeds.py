@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from quickstart_seeds import forget_test, newest, test_split
+from quickstart_seeds import forget_test, machine_line, newest, test_split, threads_note, write_learning_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "tool_quickstart.yaml"
@@ -114,15 +114,14 @@ def main() -> None:
         finally:
             free.append(core)
 
+    machine = machine_line(threads_note(args.jobs))  # before the runs: no table without its machine
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(one, runs))
     text = table(results)
+    print(machine)
     print(text)
     if args.write:
-        readme = (ROOT / "README.md").read_text()
-        head, _, rest = readme.partition(RESULTS)
-        _, _, tail = rest.partition(RESULTS)
-        (ROOT / "README.md").write_text(f"{head}{RESULTS}\n{text}\n{RESULTS}{tail}")
+        write_learning_table(ROOT / "README.md", RESULTS, text, machine)
 
 
 if __name__ == "__main__":
