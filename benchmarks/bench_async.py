@@ -28,7 +28,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, num_key_value_heads=6, intermediate_size=1024)
-ROWS = {"inproc-sync": ("vllm", 0), "server-sync": ("vllm_server", 0), "server-async-1": ("vllm_server", 1), "server-async-2": ("vllm_server", 2)}
+ROWS = {
+    "inproc-sync": ("vllm", 0),
+    "server-sync": ("vllm_server", 0),
+    "server-async-1": ("vllm_server", 1),
+    "server-async-2": ("vllm_server", 2),
+}
 SECTION = "## Server and asynchronous rollouts: throughput"
 PROMPTS, GROUP, NEW_TOKENS = 8, 8, 16
 
@@ -61,7 +66,9 @@ def child(row: str, steps: int, warmup: int) -> None:
 
     path = str(tiny_model_dir(TinyModelConfig(**SHAPE)))
     args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20}
-    server = ServerSettings(**args, server_cpus=[0] if pinned else None) if engine == "vllm_server" else ServerSettings()
+    server = (
+        ServerSettings(**args, server_cpus=[0] if pinned else None) if engine == "vllm_server" else ServerSettings()
+    )
     marks: dict[str, float] = {}
     syncs: list[float] = []
     phases: list[dict] = []
@@ -78,27 +85,56 @@ def child(row: str, steps: int, warmup: int) -> None:
             marks["end"] = time.perf_counter()
 
     callback = RolloutCallback(
-        engine=engine, sampling=SamplingConfig(n=GROUP, max_new_tokens=NEW_TOKENS), rewards=[RewardSpec("prefix_match")],
-        vllm=VLLMArgs(**args) if engine == "vllm" else VLLMArgs(), server=server, seed=0, max_staleness=k,
+        engine=engine,
+        sampling=SamplingConfig(n=GROUP, max_new_tokens=NEW_TOKENS),
+        rewards=[RewardSpec("prefix_match")],
+        vllm=VLLMArgs(**args) if engine == "vllm" else VLLMArgs(),
+        server=server,
+        seed=0,
+        max_staleness=k,
     )
-    loss = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token")) if k else None  # asynchronous batches need the loss's correction
+    loss = (
+        GRPOLoss(off_policy=OffPolicySettings(correction="tis_token")) if k else None
+    )  # asynchronous batches need the loss's correction
     module = GRPOModule(model=path, loss=loss, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5))
-    trainer = L.Trainer(max_steps=steps, callbacks=[callback, Clock()], accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0, default_root_dir=f"/tmp/bench_async_{row}")
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[callback, Clock()],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=f"/tmp/bench_async_{row}",
+    )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=path, batch_size=PROMPTS))
     measured = steps - warmup
     seconds = marks["end"] - marks["start"]
     params = sum(p.numel() for p in module.policy.parameters())
-    print("RESULT " + json.dumps({"row": row, "seconds": seconds, "steps": measured, "params": params,
-                                  "push_ms": 1000 * statistics.median(syncs[1:] or [0.0]),
-                                  "phases_ms": {k: 1000 * statistics.median(p.get(k, 0.0) for p in phases[1:])
-                                                for k in phases[-1]}}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "row": row,
+                "seconds": seconds,
+                "steps": measured,
+                "params": params,
+                "push_ms": 1000 * statistics.median(syncs[1:] or [0.0]),
+                "phases_ms": {k: 1000 * statistics.median(p.get(k, 0.0) for p in phases[1:]) for k in phases[-1]},
+            }
+        )
+    )
 
 
 def run_row(row: str, steps: int, warmup: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", row, "--steps", str(steps), "--warmup", str(warmup)],
-                         check=True, capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", row, "--steps", str(steps), "--warmup", str(warmup)],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT ") :])
 

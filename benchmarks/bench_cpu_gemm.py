@@ -35,9 +35,17 @@ def child(hidden: int, gemm: str) -> None:
     from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
-    config = TinyModelConfig() if hidden == 64 else TinyModelConfig(
-        hidden_size=hidden, num_hidden_layers=4, num_attention_heads=hidden // 32, num_key_value_heads=hidden // 32,
-        intermediate_size=4 * hidden)
+    config = (
+        TinyModelConfig()
+        if hidden == 64
+        else TinyModelConfig(
+            hidden_size=hidden,
+            num_hidden_layers=4,
+            num_attention_heads=hidden // 32,
+            num_key_value_heads=hidden // 32,
+            intermediate_size=4 * hidden,
+        )
+    )
     path = str(tiny_model_dir(config))
     rows: list[dict] = []
 
@@ -46,17 +54,36 @@ def child(hidden: int, gemm: str) -> None:
             self.start = time.perf_counter()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            rows.append({"wall": time.perf_counter() - self.start + pl_module.rollout_metrics["time/generate"]
-                         + pl_module.rollout_metrics["time/sync"] + pl_module.rollout_metrics["time/reward"],
-                         **{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")}})
+            rows.append(
+                {
+                    "wall": time.perf_counter()
+                    - self.start
+                    + pl_module.rollout_metrics["time/generate"]
+                    + pl_module.rollout_metrics["time/sync"]
+                    + pl_module.rollout_metrics["time/reward"],
+                    **{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")},
+                }
+            )
 
     settings = VLLMArgs(max_model_len=128, kv_cache_memory_bytes=256 * 2**20, cpu_gemm=gemm)
-    callback = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=8, max_new_tokens=2),
-                               rewards=[RewardSpec("prefix_match")], seed=0, vllm=settings)
+    callback = RolloutCallback(
+        engine="vllm",
+        sampling=SamplingConfig(n=8, max_new_tokens=2),
+        rewards=[RewardSpec("prefix_match")],
+        seed=0,
+        vllm=settings,
+    )
     module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
-    trainer = L.Trainer(max_steps=STEPS, callbacks=[callback, Timer()], accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=STEPS,
+        callbacks=[callback, Timer()],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=path, batch_size=8))
     medians = {k: statistics.median(r[k] for r in rows[5:]) for k in ("wall", "time/generate", "time/sync")}
     print("RESULT " + json.dumps(medians))
@@ -77,7 +104,9 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--child", str(hidden), gemm]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
             r = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-            print(f"| {hidden} | {gemm} | {r['wall'] * 1e3:.0f} | {r['time/generate'] * 1e3:.1f} | {r['time/sync'] * 1e3:.1f} |")
+            print(
+                f"| {hidden} | {gemm} | {r['wall'] * 1e3:.0f} | {r['time/generate'] * 1e3:.1f} | {r['time/sync'] * 1e3:.1f} |"
+            )
 
 
 if __name__ == "__main__":

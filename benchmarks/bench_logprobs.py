@@ -124,19 +124,43 @@ def child(args) -> None:
         t0 = time.perf_counter()
         run_path(args.path, args.chunk_size, hidden, weight, ids)
         times.append(time.perf_counter() - t0)
-    print(json.dumps({
-        "path": args.path, "chunk_size": args.chunk_size, "peak_mib": peak_kib / 1024,
-        "sampled_peak_mib": (sampled - base) / 1024, "method": "VmHWM" if hwm_ok else
-        "ru_maxrss", "maxrss_before_above_base_mib": (maxrss_before - base) / 1024,
-        "first_s": first, "median_s": statistics.median(times) if times else first,
-        "min_s": min(times) if times else first,
-    }))
+    print(
+        json.dumps(
+            {
+                "path": args.path,
+                "chunk_size": args.chunk_size,
+                "peak_mib": peak_kib / 1024,
+                "sampled_peak_mib": (sampled - base) / 1024,
+                "method": "VmHWM" if hwm_ok else "ru_maxrss",
+                "maxrss_before_above_base_mib": (maxrss_before - base) / 1024,
+                "first_s": first,
+                "median_s": statistics.median(times) if times else first,
+                "min_s": min(times) if times else first,
+            }
+        )
+    )
 
 
 def measure(args, path: str, chunk_size: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--path", path, "--chunk-size", str(chunk_size),
-           "--B", str(args.B), "--T", str(args.T), "--H", str(args.H), "--V", str(args.V),
-           "--repeats", str(args.repeats)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--path",
+        path,
+        "--chunk-size",
+        str(chunk_size),
+        "--B",
+        str(args.B),
+        "--T",
+        str(args.T),
+        "--H",
+        str(args.H),
+        "--V",
+        str(args.V),
+        "--repeats",
+        str(args.repeats),
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -164,16 +188,21 @@ def machine() -> dict:
         model = re.search(r"^Model name:\s+(.+)$", lscpu, re.M).group(1).strip()
     except (OSError, AttributeError):
         model = platform.processor() or "unknown"
-    return {"cpu": model, "cores": len(os.sched_getaffinity(0)),
-            "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version()}
+    return {
+        "cpu": model,
+        "cores": len(os.sched_getaffinity(0)),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def table(args, rows: list[dict], diffs: dict[str, dict], command: str, load: tuple) -> str:
     m = machine()
     naive = next(r for r in rows if r["path"] == "naive")
     lines = [
-        SECTION, "",
+        SECTION,
+        "",
         f"Token log-probs from hidden states, forward + backward of `logp.sum()` w.r.t. hidden "
         f"and W (float32, CPU): B={args.B}, T={args.T}, H={args.H}, V={args.V} "
         f"(the full logits are {args.B * args.T * args.V * 4 / 2**30:.2f} GiB).",
@@ -185,10 +214,13 @@ def table(args, rows: list[dict], diffs: dict[str, dict], command: str, load: tu
         f"method: {naive['method']}, checked against a 1 ms VmRSS sampler). "
         f"Time = best and median of {args.repeats} further runs (load average "
         f"{load[0]:.2f} before, {load[1]:.2f} after: other jobs on a shared machine make the "
-        "times noisy; the memory figures are not affected).", "",
+        "times noisy; the memory figures are not affected).",
+        "",
         f"Machine: {m['cpu']}, {m['cores']} cores ({m['threads']} torch threads), "
-        f"torch {m['torch']}, Python {m['python']}.", "",
-        f"Command: `{command}`", "",
+        f"torch {m['torch']}, Python {m['python']}.",
+        "",
+        f"Command: `{command}`",
+        "",
         "| path | chunk_size | peak memory (MiB) | memory vs naive | best time (s) "
         "| best time vs naive | median time (s) |",
         "|---|---:|---:|---:|---:|---:|---:|",

@@ -52,7 +52,9 @@ def child(size: str, prompt_len: int, prompts: int, group: int, new_tokens: int,
     batch_tokens = prompts * group * prompt_len
     choice = SETTINGS[setting]
     if choice is None or choice == "batch":  # vLLM's own scheduling: bypass ours
-        vllm_engine._scheduler_kwargs = lambda *a: {} if choice is None else {"max_num_batched_tokens": max(batch_tokens, max_len)}
+        vllm_engine._scheduler_kwargs = lambda *a: (
+            {} if choice is None else {"max_num_batched_tokens": max(batch_tokens, max_len)}
+        )
         args = {}
     else:
         args = dict(choice)
@@ -75,15 +77,36 @@ def child(size: str, prompt_len: int, prompts: int, group: int, new_tokens: int,
     except RuntimeError as err:
         error = str(err).splitlines()[-1][:60]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2
-    return {"start_s": started, "generate_s": statistics.median(times[1:]) if not error else None, "error": error,
-            "chunked": sched.enable_chunked_prefill, "budget": sched.max_num_batched_tokens, "rss_gib": rss,
-            "batch_tokens": batch_tokens}
+    return {
+        "start_s": started,
+        "generate_s": statistics.median(times[1:]) if not error else None,
+        "error": error,
+        "chunked": sched.enable_chunked_prefill,
+        "budget": sched.max_num_batched_tokens,
+        "rss_gib": rss,
+        "batch_tokens": batch_tokens,
+    }
 
 
 def run(args, prompt_len: int, setting: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", setting, "--size", args.size, "--prompt-len", str(prompt_len),
-           "--prompts", str(args.prompts), "--group", str(args.group), "--new-tokens", str(args.new_tokens),
-           "--reps", str(args.reps)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        setting,
+        "--size",
+        args.size,
+        "--prompt-len",
+        str(prompt_len),
+        "--prompts",
+        str(args.prompts),
+        "--group",
+        str(args.group),
+        "--new-tokens",
+        str(args.new_tokens),
+        "--reps",
+        str(args.reps),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -94,12 +117,15 @@ def run(args, prompt_len: int, setting: str) -> dict:
 def table(rows: list[tuple[int, str, dict]], args) -> str:
     base = {p: r["generate_s"] for p, s, r in rows if s.endswith("(ours)")}
     lines = [
-        SECTION, "",
+        SECTION,
+        "",
         f"{args.prompts} prompts x G = {args.group} samples, {args.new_tokens} new tokens, per-request seeds; model "
         f"`{args.size}`; one fresh in-process vLLM-CPU engine per row (512 MiB KV cache). Generate time: median of "
-        f"{args.reps} calls after a warm-up. Versions: {versions()}.", "",
+        f"{args.reps} calls after a warm-up. Versions: {versions()}.",
+        "",
         f"Command: `python benchmarks/bench_long_prompts.py --size {args.size} --prompt-lens "
-        f"{' '.join(map(str, args.prompt_lens))} --reps {args.reps} --write`", "",
+        f"{' '.join(map(str, args.prompt_lens))} --reps {args.reps} --write`",
+        "",
         "| prompt tokens | batch prompt tokens | setting | chunked | budget | engine start (s) | generate (s) | vs ours | peak RSS (GiB) |",
         "|---:|---:|---|---|---:|---:|---:|---:|---:|",
     ]
@@ -107,8 +133,10 @@ def table(rows: list[tuple[int, str, dict]], args) -> str:
         gen = r.get("generate_s")
         ratio = f"{gen / base[prompt_len]:.2f}x" if gen and base.get(prompt_len) else "-"
         shown = f"{gen:.3f}" if gen else f"crashed: {r.get('error')}"
-        lines.append(f"| {prompt_len} | {r.get('batch_tokens', '-')} | {setting} | {r.get('chunked', '-')} | {r.get('budget', '-')} | "
-                     f"{r.get('start_s', 0):.1f} | {shown} | {ratio} | {r.get('rss_gib', 0):.2f} |")
+        lines.append(
+            f"| {prompt_len} | {r.get('batch_tokens', '-')} | {setting} | {r.get('chunked', '-')} | {r.get('budget', '-')} | "
+            f"{r.get('start_s', 0):.1f} | {shown} | {ratio} | {r.get('rss_gib', 0):.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -125,7 +153,11 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.size, args.prompt_len, args.prompts, args.group, args.new_tokens, args.child, args.reps)))
+        print(
+            json.dumps(
+                child(args.size, args.prompt_len, args.prompts, args.group, args.new_tokens, args.child, args.reps)
+            )
+        )
         return
     rows = []
     for prompt_len in args.prompt_lens:

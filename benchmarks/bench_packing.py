@@ -47,9 +47,14 @@ def ragged_batch(rows: int, vocab: int, min_len: int, max_len: int, seed: int):
         attn[b, Lp - prompt[b] : Lp + comp[b]] = 1
     ids = torch.randint(5, vocab, attn.shape, generator=gen) * attn
     batch = RolloutBatch(
-        input_ids=ids, attention_mask=attn, completion_mask=attn[:, Lp:].float(),
-        advantages=torch.randn(rows, generator=gen), rollout_logp=torch.zeros(rows, Lc),
-        prompt_length=Lp, group_size=8, temperature=1.0,
+        input_ids=ids,
+        attention_mask=attn,
+        completion_mask=attn[:, Lp:].float(),
+        advantages=torch.randn(rows, generator=gen),
+        rollout_logp=torch.zeros(rows, Lc),
+        prompt_length=Lp,
+        group_size=8,
+        temperature=1.0,
     )
     return batch, sum(comp) / len(comp) / max(comp)
 
@@ -86,8 +91,14 @@ def main() -> None:
 
     def train(module):
         out = module.token_logprobs(policy, batch, compute_entropy=True)
-        result = module.loss_fn(out.logp, batch.completion_mask, batch.advantages, entropy=out.entropy,
-                                num_tokens=total, num_sequences=torch.tensor(float(len(batch))))
+        result = module.loss_fn(
+            out.logp,
+            batch.completion_mask,
+            batch.advantages,
+            entropy=out.entropy,
+            num_tokens=total,
+            num_sequences=torch.tensor(float(len(batch))),
+        )
         result.loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -99,22 +110,29 @@ def main() -> None:
     times = {(kind, mode): [] for kind in ("train", "no_grad") for mode in modules}
     for r in range(args.rounds + 1):  # round 0 warms up
         for kind, fn in (("train", train), ("no_grad", no_grad)):
-            for mode, module in (modules.items() if r % 2 else reversed(modules.items())):
+            for mode, module in modules.items() if r % 2 else reversed(modules.items()):
                 t = timed(partial(fn, module))
                 if r:
                     times[(kind, mode)].append(t)
     lines = [
-        SECTION, "",
+        SECTION,
+        "",
         f"One micro-batch of {args.rows} rows, completion lengths log-uniform in [4, 256] (mean / max "
         f"{mean_over_max:.2f}), prompts 16-32 tokens, {params / 1e6:.1f}M-parameter Qwen2 (hidden 384, 5 layers), "
         f"float32, sdpa attention. Padded: {batch.input_ids.numel()} token slots; packed: {plan.rows} rows x {plan.width} "
         f"= {plan.rows * plan.width} slots ({plan.share:.2f}) for {plan.tokens} real tokens. Padded and packed runs "
         f"alternate, {args.rounds} rounds after one warm-up round; median (min-max) seconds. "
-        f"Machine: {platform.machine()}, 2 cores; torch {torch.__version__}.", "",
-        f"Command: `python benchmarks/bench_packing.py --rows {args.rows} --rounds {args.rounds} --write`", "",
-        "| phase | padded (s) | packed (s) | packed / padded |", "|---|---:|---:|---:|",
+        f"Machine: {platform.machine()}, 2 cores; torch {torch.__version__}.",
+        "",
+        f"Command: `python benchmarks/bench_packing.py --rows {args.rows} --rounds {args.rounds} --write`",
+        "",
+        "| phase | padded (s) | packed (s) | packed / padded |",
+        "|---|---:|---:|---:|",
     ]
-    for kind, label in (("train", "train (log-probs + loss + backward + AdamW)"), ("no_grad", "no-grad log-probs (ref / old)")):
+    for kind, label in (
+        ("train", "train (log-probs + loss + backward + AdamW)"),
+        ("no_grad", "no-grad log-probs (ref / old)"),
+    ):
         pad, pack = times[(kind, "off")], times[(kind, "on")]
         lines.append(
             f"| {label} | {statistics.median(pad):.3f} ({min(pad):.3f}-{max(pad):.3f}) | "

@@ -49,12 +49,20 @@ def grouped_batch(prompt: int, group: int, rows: int, vocab: int, seed: int, max
     for b in range(rows):
         if b % group == 0:
             prompt_ids = torch.randint(5, vocab, (prompt,), generator=gen)
-        ids[b, :prompt], ids[b, prompt : prompt + comp[b]] = prompt_ids, torch.randint(5, vocab, (comp[b],), generator=gen)
+        ids[b, :prompt], ids[b, prompt : prompt + comp[b]] = (
+            prompt_ids,
+            torch.randint(5, vocab, (comp[b],), generator=gen),
+        )
         attn[b, : prompt + comp[b]] = 1
     batch = RolloutBatch(
-        input_ids=ids, attention_mask=attn, completion_mask=attn[:, prompt:].float(),
-        advantages=torch.randn(rows, generator=gen), rollout_logp=torch.zeros(rows, max_len),
-        prompt_length=prompt, group_size=group, temperature=1.0,
+        input_ids=ids,
+        attention_mask=attn,
+        completion_mask=attn[:, prompt:].float(),
+        advantages=torch.randn(rows, generator=gen),
+        rollout_logp=torch.zeros(rows, max_len),
+        prompt_length=prompt,
+        group_size=group,
+        temperature=1.0,
     )
     return batch, sum(comp) / len(comp)
 
@@ -69,15 +77,19 @@ def measure(policy, batch, rounds: int, autocast=None) -> tuple[dict, dict]:
 
     autocast = autocast or nullcontext
 
-    modules = {name: GRPOModule(model=policy, forward=ForwardSettings(packing=p, prefix_sharing=s)) for name, (p, s) in LAYOUTS.items()}
+    modules = {
+        name: GRPOModule(model=policy, forward=ForwardSettings(packing=p, prefix_sharing=s))
+        for name, (p, s) in LAYOUTS.items()
+    }
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     total, seqs = batch.completion_mask.sum(), torch.tensor(float(len(batch)))
 
     def train(module):
         with autocast():
             out = module.token_logprobs(policy, batch, compute_entropy=True)
-        module.loss_fn(out.logp, batch.completion_mask, batch.advantages, entropy=out.entropy, num_tokens=total,
-                       num_sequences=seqs).loss.backward()
+        module.loss_fn(
+            out.logp, batch.completion_mask, batch.advantages, entropy=out.entropy, num_tokens=total, num_sequences=seqs
+        ).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -118,7 +130,9 @@ def load_policy(model: str):
     if not torch.cuda.is_available():
         raise SystemExit(f"--model {model} runs on a CUDA device; this machine has none")
     path = build_model(model, GPU_ROOT / "runs" / "gpu-check-models")
-    policy = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa", dtype=torch.float32).cuda().train()
+    policy = (
+        AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa", dtype=torch.float32).cuda().train()
+    )
 
     def autocast() -> torch.autocast:
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -132,7 +146,11 @@ def machine_name(device: torch.device) -> str:
 
 def cpu_name() -> str:
     cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")] if cpuinfo.exists() else []
+    names = (
+        [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        if cpuinfo.exists()
+        else []
+    )
     return names[0] if names else platform.processor() or platform.machine()
 
 
@@ -142,27 +160,37 @@ def cell(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=["128:8", "128:16", "512:8", "512:16", "2048:8", "2048:16"],
-                        help="PROMPT:G")
+    parser.add_argument(
+        "--shapes", nargs="+", default=["128:8", "128:16", "512:8", "512:16", "2048:8", "2048:16"], help="PROMPT:G"
+    )
     parser.add_argument("--rows", type=int, default=16, help="rows of the micro-batch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--write", action="store_true")
-    parser.add_argument("--load", default="nothing else running", help="what else ran on the machine (for the table's note)")
-    parser.add_argument("--model", default="10m", choices=["10m", "qwen2.5-0.5b", "qwen2.5-1.5b"],
-                        help="10m: the CPU table's model; a Qwen2.5 size: random-init, on CUDA, bf16 autocast")
+    parser.add_argument(
+        "--load", default="nothing else running", help="what else ran on the machine (for the table's note)"
+    )
+    parser.add_argument(
+        "--model",
+        default="10m",
+        choices=["10m", "qwen2.5-0.5b", "qwen2.5-1.5b"],
+        help="10m: the CPU table's model; a Qwen2.5 size: random-init, on CUDA, bf16 autocast",
+    )
     args = parser.parse_args()
     policy, autocast, described = load_policy(args.model)
     device = next(policy.parameters()).device
     lines = [
-        SECTION if device.type == "cpu" else CUDA_SECTION, "",
+        SECTION if device.type == "cpu" else CUDA_SECTION,
+        "",
         f"One micro-batch of {args.rows} rows (rows / G prompts of P tokens, G samples each), completion lengths "
         f"log-uniform in [4, 256], one at 256 (mean in the table, mean / max about 0.2), {described}, sdpa "
         f"attention. Train = policy log-probs + GRPO loss + backward + AdamW; no-grad = "
         f"the reference / old log-prob pass. The four layouts alternate, {args.rounds} rounds after a warm-up round; "
         f"median (min-max) seconds; slots = rows x width of the forward. Machine: {machine_name(device)}, "
-        f"{args.load}; {versions()}.", "",
+        f"{args.load}; {versions()}.",
+        "",
         f"Command: `python benchmarks/bench_prefix.py --shapes {' '.join(args.shapes)} --rows {args.rows} "
-        f"--rounds {args.rounds}{'' if args.model == '10m' else f' --model {args.model}'} --write`", "",
+        f"--rounds {args.rounds}{'' if args.model == '10m' else f' --model {args.model}'} --write`",
+        "",
         "| P | G | mean completion | layout | slots | train (s) | vs padded | vs packed | no-grad (s) | vs padded | auto picks |",
         "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]

@@ -33,10 +33,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {
     "tiny": dict(),  # TinyModelConfig defaults: hidden 64, 2 layers (88K parameters)
-    "10m": dict(hidden_size=384, num_hidden_layers=5, num_attention_heads=6, num_key_value_heads=6,
-                intermediate_size=1152),
-    "70m": dict(hidden_size=768, num_hidden_layers=10, num_attention_heads=12, num_key_value_heads=12,
-                intermediate_size=2048),
+    "10m": dict(
+        hidden_size=384, num_hidden_layers=5, num_attention_heads=6, num_key_value_heads=6, intermediate_size=1152
+    ),
+    "70m": dict(
+        hidden_size=768, num_hidden_layers=10, num_attention_heads=12, num_key_value_heads=12, intermediate_size=2048
+    ),
 }
 PHASES = ["generate", "reward", "prepare", "train", "sync"]
 
@@ -46,11 +48,28 @@ def size_config(size: str) -> dict:
     if size in SIZES:
         return SIZES[size]
     hidden = int(size[1:])
-    return dict(hidden_size=hidden, num_hidden_layers=4, num_attention_heads=hidden // 32,
-                num_key_value_heads=hidden // 32, intermediate_size=4 * hidden)
+    return dict(
+        hidden_size=hidden,
+        num_hidden_layers=4,
+        num_attention_heads=hidden // 32,
+        num_key_value_heads=hidden // 32,
+        intermediate_size=4 * hidden,
+    )
 
-PROFILE = ["sync", "generate", "reward", "prepare", "rollout_rest", "forward", "backward", "step_hook", "optimizer",
-           "lightning", "other"]
+
+PROFILE = [
+    "sync",
+    "generate",
+    "reward",
+    "prepare",
+    "rollout_rest",
+    "forward",
+    "backward",
+    "step_hook",
+    "optimizer",
+    "lightning",
+    "other",
+]
 SECTION = "## Training step: phases"
 PROFILE_SECTION = "## Training step: profile"
 
@@ -113,8 +132,17 @@ def profiler(L, callback, now=time.perf_counter):
     return Profile()
 
 
-def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int, profile: bool = False,
-          packing: str = "auto", prompt_tokens: int = 0, lr: float = 1e-4) -> None:
+def child(
+    engine: str,
+    size: str,
+    steps: int,
+    max_new_tokens: int,
+    prompts: int,
+    profile: bool = False,
+    packing: str = "auto",
+    prompt_tokens: int = 0,
+    lr: float = 1e-4,
+) -> None:
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -135,22 +163,38 @@ def child(engine: str, size: str, steps: int, max_new_tokens: int, prompts: int,
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             # the next generation's timers report this step's train time: record both sides
-            rows.append({**{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")},
-                         "tail": time.perf_counter() - self.start})
+            rows.append(
+                {
+                    **{k: v for k, v in pl_module.rollout_metrics.items() if k.startswith("time/")},
+                    "tail": time.perf_counter() - self.start,
+                }
+            )
 
     engine, push, gemm = (engine.split("-") + ["auto", "auto"])[:3]  # "vllm-inplace-packed", "vllm-reload"
     max_len = max(128, 1 << (prompt_tokens + max_new_tokens - 1).bit_length())
     kv_bytes = max(256 * 2**20, 2 * kv_cache_bytes(path, prompts * 8, max_len))  # room for every sequence, twice
     settings = VLLMArgs(max_model_len=max_len, kv_cache_memory_bytes=kv_bytes, weight_push=push, cpu_gemm=gemm)
     callback = RolloutCallback(
-        engine=engine, sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens), rewards=[RewardSpec("prefix_match")],
-        vllm=settings if engine == "vllm" else VLLMArgs(), seed=0,
+        engine=engine,
+        sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens),
+        rewards=[RewardSpec("prefix_match")],
+        vllm=settings if engine == "vllm" else VLLMArgs(),
+        seed=0,
     )
-    module = GRPOModule(model=path, forward=ForwardSettings(packing=packing), optimizer=lambda p: torch.optim.AdamW(p, lr=lr))
+    module = GRPOModule(
+        model=path, forward=ForwardSettings(packing=packing), optimizer=lambda p: torch.optim.AdamW(p, lr=lr)
+    )
     prof = profiler(L, callback) if profile else None
-    trainer = L.Trainer(max_steps=steps, callbacks=[c for c in (prof, callback, Timer()) if c], accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[c for c in (prof, callback, Timer()) if c],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=datamodule(path, prompts, prompt_tokens, steps))
     params = sum(p.numel() for p in module.policy.parameters())
     if prof is not None:
@@ -176,9 +220,22 @@ def summarize_profile(rows: list[dict]) -> dict[str, float]:
 
 
 def run_row(engine: str, size: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", engine, size, "--steps", str(args.steps),
-           "--max-new-tokens", str(args.max_new_tokens), "--prompts", str(args.prompts), "--packing", args.packing,
-           *(["--profile"] if args.profile else [])]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        engine,
+        size,
+        "--steps",
+        str(args.steps),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--prompts",
+        str(args.prompts),
+        "--packing",
+        args.packing,
+        *(["--profile"] if args.profile else []),
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
     payload = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
     summary = summarize_profile(payload["rows"]) if args.profile else summarize(payload["rows"])
@@ -187,12 +244,15 @@ def run_row(engine: str, size: str, args) -> dict:
 
 def profile_table(results: list[dict], args) -> str:
     lines = [
-        PROFILE_SECTION, "",
+        PROFILE_SECTION,
+        "",
         f"{args.prompts} prompts x 8 samples, up to {args.max_new_tokens} new tokens, AdamW, beta 0, packing "
         f"{args.packing}, {args.steps} steps, median over steps 4-{args.steps} (ms; share of the wall time). "
-        f"Machine: {platform.machine()}, 2 cores; {versions()}.", "",
+        f"Machine: {platform.machine()}, 2 cores; {versions()}.",
+        "",
         f"Command: `python benchmarks/bench_step.py --profile --rows {' '.join(args.rows)} --max-new-tokens "
-        f"{args.max_new_tokens} --steps {args.steps} --packing {args.packing}`", "",
+        f"{args.max_new_tokens} --steps {args.steps} --packing {args.packing}`",
+        "",
         "| phase | " + " | ".join(f"{r['engine']} {r['params'] / 1e6:.1f}M" for r in results) + " |",
         "|---|" + "---:|" * len(results),
     ]
@@ -252,17 +312,36 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--max-new-tokens", type=int, default=2)
     parser.add_argument("--prompts", type=int, default=8)
-    rows = ["vllm:tiny", "vllm-inplace-packed:tiny", "vllm-reload:tiny", "hf:tiny", "vllm:70m", "vllm-reload:70m", "hf:70m"]
+    rows = [
+        "vllm:tiny",
+        "vllm-inplace-packed:tiny",
+        "vllm-reload:tiny",
+        "hf:tiny",
+        "vllm:70m",
+        "vllm-reload:70m",
+        "hf:70m",
+    ]
     parser.add_argument("--rows", nargs="+", default=rows, help="ENGINE[-PUSH[-GEMM]]:SIZE, e.g. vllm-reload:tiny")
     parser.add_argument("--profile", action="store_true", help="split the step further (see the docstring)")
     parser.add_argument("--packing", choices=["auto", "on", "off"], default="auto")
-    parser.add_argument("--prompt-tokens", type=int, default=0, help="long_shape.py prompts of this many tokens (0: digit task)")
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=0, help="long_shape.py prompts of this many tokens (0: digit task)"
+    )
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--section", default=SECTION, help="docs/benchmarks.md section to (re)write")
     args = parser.parse_args()
     if args.child:
-        child(*args.child, args.steps, args.max_new_tokens, args.prompts, args.profile, args.packing, args.prompt_tokens, args.lr)
+        child(
+            *args.child,
+            args.steps,
+            args.max_new_tokens,
+            args.prompts,
+            args.profile,
+            args.packing,
+            args.prompt_tokens,
+            args.lr,
+        )
         return
     results = [run_row(*row.split(":"), args) for row in args.rows]
     text = profile_table(results, args) if args.profile else table(results, args)

@@ -41,13 +41,43 @@ ROLLOUT = ("sync", "generate", "reward", "prepare", "rollout_rest")  # ours; the
 def trl_config(config_cls, steps: int, vllm: bool, out: Path, shape: argparse.Namespace):
     """TRL's settings for the same work as ours (see the module docstring)."""
     return config_cls(
-        output_dir=str(out / "trl-out"), max_steps=steps, per_device_train_batch_size=shape.prompts * G, num_generations=G,
-        max_completion_length=shape.max_new, temperature=1.0, top_p=1.0, top_k=0, learning_rate=shape.lr, beta=0.0,
-        num_iterations=1, steps_per_generation=1, gradient_accumulation_steps=1, loss_type="dapo",
-        shuffle_dataset=False, use_cpu=True, bf16=False, fp16=False, logging_steps=1, save_strategy="no",
-        report_to="none", disable_tqdm=True, seed=0, dataloader_num_workers=0, lr_scheduler_type="constant",
-        weight_decay=0.01, max_grad_norm=0.0, use_vllm=vllm,
-        **(dict(vllm_mode="colocate", vllm_max_model_length=max(128, shape.prompt_tokens + shape.max_new), vllm_gpu_memory_utilization=0.1) if vllm else {}),
+        output_dir=str(out / "trl-out"),
+        max_steps=steps,
+        per_device_train_batch_size=shape.prompts * G,
+        num_generations=G,
+        max_completion_length=shape.max_new,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=shape.lr,
+        beta=0.0,
+        num_iterations=1,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        loss_type="dapo",
+        shuffle_dataset=False,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+        lr_scheduler_type="constant",
+        weight_decay=0.01,
+        max_grad_norm=0.0,
+        use_vllm=vllm,
+        **(
+            dict(
+                vllm_mode="colocate",
+                vllm_max_model_length=max(128, shape.prompt_tokens + shape.max_new),
+                vllm_gpu_memory_utilization=0.1,
+            )
+            if vllm
+            else {}
+        ),
     )
 
 
@@ -87,8 +117,14 @@ def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> N
                 lengths.append(logs["completions/mean_length"])
 
     config = trl_config(GRPOConfig, steps, vllm, out, shape)
-    trainer = GRPOTrainer(model=path, reward_funcs=[prefix_match], args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer = GRPOTrainer(
+        model=path,
+        reward_funcs=[prefix_match],
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+    )
     rollout: list[float] = []  # generation + rewards + log-probs, TRL's _generate_and_score_completions
     original = trainer._generate_and_score_completions
 
@@ -105,8 +141,16 @@ def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> N
         from trl_vllm_shim import check_synced
 
         check = check_synced(trainer.vllm_generation, trainer.model, rows[0]["prompt_ids"])
-    print("RESULT " + json.dumps({**trl_steps(ends, rollout, syncs if vllm else None), "sync_check": check,
-                                  "length": statistics.mean(lengths) if lengths else None}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                **trl_steps(ends, rollout, syncs if vllm else None),
+                "sync_check": check,
+                "length": statistics.mean(lengths) if lengths else None,
+            }
+        )
+    )
 
 
 def trl_steps(ends: list[tuple[float, float]], rollout: list[float], syncs: list[float] | None) -> dict:
@@ -120,13 +164,36 @@ def trl_steps(ends: list[tuple[float, float]], rollout: list[float], syncs: list
 
 
 def ours(engine: str, steps: int, packing: str, shape: argparse.Namespace) -> dict:
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_step.py"), "--child", engine, "10m", "--steps", str(steps),
-           "--max-new-tokens", str(shape.max_new), "--prompts", str(shape.prompts), "--profile", "--packing", packing,
-           "--prompt-tokens", str(shape.prompt_tokens), "--lr", str(shape.lr)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "bench_step.py"),
+        "--child",
+        engine,
+        "10m",
+        "--steps",
+        str(steps),
+        "--max-new-tokens",
+        str(shape.max_new),
+        "--prompts",
+        str(shape.prompts),
+        "--profile",
+        "--packing",
+        packing,
+        "--prompt-tokens",
+        str(shape.prompt_tokens),
+        "--lr",
+        str(shape.lr),
+    ]
     rows = _result(cmd)["rows"]
-    phases = [{"rollout": sum(r[k] for k in ROLLOUT), "rest": r["wall"] - sum(r[k] for k in ROLLOUT), **r} for r in rows[1:]]
-    return {"steps": [r["wall"] for r in rows[1:]], "cpu": [r["cpu"] for r in rows[1:]], "phases": phases,
-            "length": statistics.mean(r["length"] for r in rows)}
+    phases = [
+        {"rollout": sum(r[k] for k in ROLLOUT), "rest": r["wall"] - sum(r[k] for k in ROLLOUT), **r} for r in rows[1:]
+    ]
+    return {
+        "steps": [r["wall"] for r in rows[1:]],
+        "cpu": [r["cpu"] for r in rows[1:]],
+        "phases": phases,
+        "length": statistics.mean(r["length"] for r in rows),
+    }
 
 
 def _result(cmd: list[str]) -> dict:
@@ -141,13 +208,22 @@ def run(name: str, steps: int, out: Path, shape: argparse.Namespace) -> dict:
     if name.startswith("ours-"):  # ours-ENGINE or ours-ENGINE-nopack
         engine, _, nopack = name[5:].partition("-")
         return ours(engine, steps, "off" if nopack else "auto", shape)
-    return _result([sys.executable, __file__, "--trl-child", name, "--steps", str(steps), "--out", str(out),
-                    *shape_args(shape)])
+    return _result(
+        [sys.executable, __file__, "--trl-child", name, "--steps", str(steps), "--out", str(out), *shape_args(shape)]
+    )
 
 
 def shape_args(shape: argparse.Namespace) -> list[str]:
-    return ["--prompt-tokens", str(shape.prompt_tokens), "--max-new", str(shape.max_new), "--prompts", str(shape.prompts),
-            "--lr", str(shape.lr)]
+    return [
+        "--prompt-tokens",
+        str(shape.prompt_tokens),
+        "--max-new",
+        str(shape.max_new),
+        "--prompts",
+        str(shape.prompts),
+        "--lr",
+        str(shape.lr),
+    ]
 
 
 def measure(args: argparse.Namespace, out: Path, results: dict, saved: Path) -> None:
@@ -173,8 +249,11 @@ def measure(args: argparse.Namespace, out: Path, results: dict, saved: Path) -> 
             if result.get("sync_check"):
                 results["sync_checks"].append(result["sync_check"])
             saved.write_text(json.dumps(results, indent=1))
-            print(f"round {r} {name}: median step {results['step_medians'][name][-1]:.3f} s, "
-                  f"completion length {result['length']}, sync check {result.get('sync_check')}", flush=True)
+            print(
+                f"round {r} {name}: median step {results['step_medians'][name][-1]:.3f} s, "
+                f"completion length {result['length']}, sync check {result.get('sync_check')}",
+                flush=True,
+            )
 
 
 def describe(args: argparse.Namespace) -> dict:
@@ -183,10 +262,15 @@ def describe(args: argparse.Namespace) -> dict:
     if "--note" in argv:  # the note goes under the tables on its own
         del argv[argv.index("--note") : argv.index("--note") + 2]
     command = shlex.join(a for a in argv if a != "--write")
-    return dict(command=f"PYTHONPATH=/tmp/trl-pkgs python benchmarks/bench_trl.py {command}", machine=machine(),
-                note=args.note, rounds=args.rounds, steps=args.steps, skip=args.skip,
-                shape={"prompt_tokens": args.prompt_tokens, "max_new": args.max_new, "prompts": args.prompts,
-                       "lr": args.lr})
+    return dict(
+        command=f"PYTHONPATH=/tmp/trl-pkgs python benchmarks/bench_trl.py {command}",
+        machine=machine(),
+        note=args.note,
+        rounds=args.rounds,
+        steps=args.steps,
+        skip=args.skip,
+        shape={"prompt_tokens": args.prompt_tokens, "max_new": args.max_new, "prompts": args.prompts, "lr": args.lr},
+    )
 
 
 def machine() -> str:
@@ -197,11 +281,19 @@ def machine() -> str:
 
     from bench_step import versions
 
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "unknown CPU")
+    model = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown CPU",
+    )
     cores = sorted(os.sched_getaffinity(0))
-    return (f"{model}, {os.cpu_count()} cores, runs pinned to core(s) {','.join(map(str, cores))}, "
-            f"{torch.get_num_threads()} torch thread(s); {versions()}, trl {_trl_version()}")
+    return (
+        f"{model}, {os.cpu_count()} cores, runs pinned to core(s) {','.join(map(str, cores))}, "
+        f"{torch.get_num_threads()} torch thread(s); {versions()}, trl {_trl_version()}"
+    )
 
 
 def _trl_version() -> str:
@@ -221,12 +313,16 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=4, help="warm-up steps left out of the median")
     parser.add_argument("--trl-child", choices=["trl-hf", "trl-vllm"])
     parser.add_argument("--out", default="/tmp/bench-trl")
-    parser.add_argument("--prompt-tokens", type=int, default=0, help="long_shape.py prompts of this many tokens (0: digit task)")
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=0, help="long_shape.py prompts of this many tokens (0: digit task)"
+    )
     parser.add_argument("--max-new", type=int, default=MAX_NEW)
     parser.add_argument("--prompts", type=int, default=PROMPTS)
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md (trl_tables.py)")
-    parser.add_argument("--from-json", help="write the tables from a results.json saved by an earlier run; runs nothing")
+    parser.add_argument(
+        "--from-json", help="write the tables from a results.json saved by an earlier run; runs nothing"
+    )
     parser.add_argument("--note", default="", help="a sentence about the run's conditions, written under the tables")
     args = parser.parse_args()
     out = Path(args.out)

@@ -41,16 +41,44 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = "<!-- gpu-check-results -->"
-QWEN25 = dict(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6)
+QWEN25 = dict(
+    vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6
+)
 CONFIGS = {
-    "qwen2.5-0.5b": dict(QWEN25, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2),
-    "qwen2.5-1.5b": dict(QWEN25, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2),
-    "qwen2.5-7b": dict(QWEN25, vocab_size=152064, tie_word_embeddings=False, hidden_size=3584, intermediate_size=18944,
-                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                 max_position_embeddings=512),  # the --reduced CPU run; vocabulary = the tokenizer's
+    "qwen2.5-0.5b": dict(
+        QWEN25,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+    ),
+    "qwen2.5-1.5b": dict(
+        QWEN25,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+    ),
+    "qwen2.5-7b": dict(
+        QWEN25,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+    ),
+    "tiny": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    ),  # the --reduced CPU run; vocabulary = the tokenizer's
 }
 METHODS = ("full", "lora", "qlora")
 MISMATCH_DTYPES = ("float32", "bfloat16", "float16")
@@ -91,7 +119,9 @@ def method_settings(method: str) -> tuple[PolicySettings, str]:
     if method == "lora":
         return PolicySettings(dtype="bfloat16", lora=lora, gradient_checkpointing=True), "32-true"
     quantization = QuantizationSettings("nf4", True)
-    return PolicySettings(dtype="bfloat16", lora=lora, quantization=quantization, gradient_checkpointing=True), "32-true"
+    return PolicySettings(
+        dtype="bfloat16", lora=lora, quantization=quantization, gradient_checkpointing=True
+    ), "32-true"
 
 
 def prompts(count: int, length: int) -> list[dict]:
@@ -127,11 +157,21 @@ def train_row(model_dir: Path, method: str, steps: int, P: int, G: int, prompt_l
 
     L.seed_everything(0)
     module = GRPOModule(model=str(model_dir), policy=policy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-5))
-    rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=G, max_new_tokens=max_new), rewards=[RewardSpec("prefix_match")])
+    rollout = RolloutCallback(
+        engine="hf", sampling=SamplingConfig(n=G, max_new_tokens=max_new), rewards=[RewardSpec("prefix_match")]
+    )
     data = PromptDataModule(source=Rows(prompts(4 * P, prompt_len)), tokenizer_path=str(model_dir), batch_size=P)
     trainer = L.Trainer(
-        max_steps=steps, accelerator="gpu" if cuda else "cpu", devices=1, precision=precision, callbacks=[rollout, Clock()],
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        max_steps=steps,
+        accelerator="gpu" if cuda else "cpu",
+        devices=1,
+        precision=precision,
+        callbacks=[rollout, Clock()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
     )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -148,7 +188,9 @@ def train_row(model_dir: Path, method: str, steps: int, P: int, G: int, prompt_l
 
 
 @torch.no_grad()
-def mismatch_row(model_dir: Path, dtype: str, P: int, G: int, prompt_len: int, max_new: int, temperature: float = 1.0) -> dict:
+def mismatch_row(
+    model_dir: Path, dtype: str, P: int, G: int, prompt_len: int, max_new: int, temperature: float = 1.0
+) -> dict:
     """The sampler holds the weights in ``dtype`` and decodes with a KV cache (as an inference engine);
     the trainer recomputes the sampled tokens' log-probs teacher-forced from float32 weights under
     autocast to ``dtype`` (``bf16-mixed`` / ``16-mixed``; float32: no autocast)."""
@@ -170,14 +212,19 @@ def mismatch_row(model_dir: Path, dtype: str, P: int, G: int, prompt_len: int, m
     position_ids = (t.attention_mask.cumsum(-1) - 1).clamp(min=0)  # [B, Lp+Lc]
     autocast = torch.autocast(device, dtype=getattr(torch, dtype), enabled=dtype != "float32")
     with autocast:
-        logits = trainer(input_ids=t.input_ids.to(device), attention_mask=t.attention_mask.to(device),
-                         position_ids=position_ids.to(device)).logits[:, -Lc - 1 : -1]  # [B, Lc, V]
+        logits = trainer(
+            input_ids=t.input_ids.to(device),
+            attention_mask=t.attention_mask.to(device),
+            position_ids=position_ids.to(device),
+        ).logits[:, -Lc - 1 : -1]  # [B, Lc, V]
     logp = torch.log_softmax(logits.float() / temperature, -1).gather(-1, t.input_ids[:, -Lc:, None].to(device))
     gap = (logp.squeeze(-1).cpu() - t.rollout_logprobs).abs()[t.completion_mask.bool()]  # [tokens]
     return {"dtype": dtype, "mean_abs": gap.mean().item(), "max_abs": gap.max().item(), "tokens": gap.numel()}
 
 
-def run(models: list[str], methods: list[str], steps: int, P: int, G: int, prompt_len: int, max_new: int, cache: Path) -> dict:
+def run(
+    models: list[str], methods: list[str], steps: int, P: int, G: int, prompt_len: int, max_new: int, cache: Path
+) -> dict:
     """Every (model, method) training row and every (model, dtype) mismatch row."""
     train, mismatch = [], []
     for name in models:
@@ -188,24 +235,37 @@ def run(models: list[str], methods: list[str], steps: int, P: int, G: int, promp
                 torch.cuda.empty_cache()
         for dtype in MISMATCH_DTYPES:
             mismatch.append({"model": name, **mismatch_row(model_dir, dtype, P, G, prompt_len, max_new)})
-    return {"machine": machine(), "train": train, "mismatch": mismatch,
-            "shape": f"{P} prompts x {G} samples, {prompt_len}-token prompts, {max_new} new tokens, {steps} steps"}
+    return {
+        "machine": machine(),
+        "train": train,
+        "mismatch": mismatch,
+        "shape": f"{P} prompts x {G} samples, {prompt_len}-token prompts, {max_new} new tokens, {steps} steps",
+    }
 
 
 def machine() -> str:
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.processor() or platform.machine()})"
+    device = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"CPU ({platform.processor() or platform.machine()})"
+    )
     import transformers
 
     return f"{device}; torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}"
 
 
 def table(result: dict) -> str:
-    lines = [f"Machine: {result['machine']}. Shape: {result['shape']}.", "",
-             "| model | method | trainable parameters | peak GPU memory (GiB) | step (s) | tokens / s |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        f"Machine: {result['machine']}. Shape: {result['shape']}.",
+        "",
+        "| model | method | trainable parameters | peak GPU memory (GiB) | step (s) | tokens / s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for r in result["train"]:
         peak = "n/a" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}"
-        lines.append(f"| {r['model']} | {r['method']} | {r['trainable']:,} | {peak} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} |")
+        lines.append(
+            f"| {r['model']} | {r['method']} | {r['trainable']:,} | {peak} | {r['step_s']:.2f} | {r['tokens_per_s']:.0f} |"
+        )
     lines += ["", "| model | dtype | mean \\|Δlogp\\| | max \\|Δlogp\\| | tokens |", "|---|---|---:|---:|---:|"]
     for r in result["mismatch"]:
         lines.append(f"| {r['model']} | {r['dtype']} | {r['mean_abs']:.2e} | {r['max_abs']:.2e} | {r['tokens']} |")
@@ -215,7 +275,9 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reduced", action="store_true", help="CPU mechanics: the tiny model, 2 steps, small batches")
-    parser.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"], choices=sorted(set(CONFIGS) - {"tiny"}))
+    parser.add_argument(
+        "--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"], choices=sorted(set(CONFIGS) - {"tiny"})
+    )
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--cache", type=Path, default=ROOT / "runs" / "gpu-check-models")

@@ -53,8 +53,11 @@ ARCH = {"0.5B": "qwen2.5-0.5b", "1.5B": "qwen2.5-1.5b", "7B": "qwen2.5-7b"}
 CARD_GIB = {"24gb": 23.99, "32gb": 31.75}  # 32 GB: V100 32 GB (31.75), RTX 5090 (31.84)
 CUDA_CONTEXT_GIB = 0.5  # the CUDA context and cuBLAS workspaces outside PyTorch's allocator (one process)
 #: --smoke: the tiny model on CPU, short rows, full precision, no quantisation (the mechanics only)
-SMOKE = {"trainer": {"accelerator": "cpu", "precision": "32-true", "accumulate_grad_batches": 2},
-         "data": {"batch_size": 2, "format": {"max_prompt_length": 16}}, "max_new_tokens": 4}
+SMOKE = {
+    "trainer": {"accelerator": "cpu", "precision": "32-true", "accumulate_grad_batches": 2},
+    "data": {"batch_size": 2, "format": {"max_prompt_length": 16}},
+    "max_new_tokens": 4,
+}
 CUDA = torch.cuda.is_available()
 
 
@@ -102,14 +105,28 @@ class Probe(L.Callback):
             return
         synchronize()
         now = time.perf_counter()
-        self.rows.append({"step_s": now - self.start, "generate_s": self.generate_s,
-                          "train_peak": memory("max_memory_allocated"), "reserved_peak": memory("max_memory_reserved")})
+        self.rows.append(
+            {
+                "step_s": now - self.start,
+                "generate_s": self.generate_s,
+                "train_peak": memory("max_memory_allocated"),
+                "reserved_peak": memory("max_memory_reserved"),
+            }
+        )
         self.start, self.generate_s, self.step = now, 0.0, trainer.global_step
 
     def on_train_end(self, trainer, module):
         trainable = sum(p.numel() for p in module.policy.parameters() if p.requires_grad)
-        Path(self.out).write_text(json.dumps({"steps": self.rows, "resident": self.resident, "generate_peak": self.generate_peak,
-                                              "trainable": trainable}))
+        Path(self.out).write_text(
+            json.dumps(
+                {
+                    "steps": self.rows,
+                    "resident": self.resident,
+                    "generate_peak": self.generate_peak,
+                    "trainable": trainable,
+                }
+            )
+        )
 
 
 def derived_config(recipe: dict, model_dir: Path, data_file: Path, steps: int, out: Path, smoke: bool = False) -> dict:
@@ -123,12 +140,21 @@ def derived_config(recipe: dict, model_dir: Path, data_file: Path, steps: int, o
         policy.pop("quantization", None)
         policy["dtype"] = "float32"
     # the recipe's own callbacks go (ModelCheckpoint); the module attaches the default guards
-    trainer.update(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
-                   val_check_interval=None, enable_model_summary=False,
-                   callbacks=[{"class_path": "gpu_recipes.Probe", "init_args": {"out": str(out)}}])
+    trainer.update(
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        val_check_interval=None,
+        enable_model_summary=False,
+        callbacks=[{"class_path": "gpu_recipes.Probe", "init_args": {"out": str(out)}}],
+    )
     rollout = cfg["rollout"].get("init_args", cfg["rollout"])  # an agent recipe names its callback class
     sampling = dict(rollout["sampling"])
-    sampling["max_new_tokens"] = SMOKE["max_new_tokens"] if smoke else rollout.get("max_episode_tokens", sampling["max_new_tokens"])
+    sampling["max_new_tokens"] = (
+        SMOKE["max_new_tokens"] if smoke else rollout.get("max_episode_tokens", sampling["max_new_tokens"])
+    )
     cfg["rollout"] = {"engine": "hf", "sampling": sampling, "rewards": [{"name": "prefix_match"}]}
     cfg["model"].setdefault("forward", {}).setdefault("rows_per_pass", 8)
     cfg["model"]["model"] = str(model_dir)
@@ -146,7 +172,10 @@ def child(recipe_path: Path, steps: int, cache: Path, smoke: bool = False) -> di
     model_dir = build_model(arch, cache)
     work = Path(tempfile.mkdtemp(prefix="gpu-recipe-"))
     cfg = derived_config(recipe, model_dir, work / "data.jsonl", steps, work / "probe.json", smoke)
-    length, batch = cfg["data"]["format"]["max_prompt_length"] - 1, cfg["data"]["batch_size"]  # - 1: room for a BOS token
+    length, batch = (
+        cfg["data"]["format"]["max_prompt_length"] - 1,
+        cfg["data"]["batch_size"],
+    )  # - 1: room for a BOS token
     accumulate = cfg["trainer"].get("accumulate_grad_batches", 1)
     with open(work / "data.jsonl", "w") as f:
         for i in range(batch * accumulate * (steps + 1)):
@@ -154,9 +183,17 @@ def child(recipe_path: Path, steps: int, cache: Path, smoke: bool = False) -> di
             f.write(json.dumps({"prompt": digits + "=", "answer": str((int(digits[-1]) + 1) % 10)}) + "\n")
     out = work / "probe.json"
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "lightning_grpo", "fit", "-c", str(work / "config.yaml")], env=env, cwd=work,
-                          capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(work / "config.yaml")],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{recipe_path.name}: exit {done.returncode}\n{done.stderr[-4000:]}")
     return {"recipe": recipe_path.name, "arch": arch, **measured(json.loads(out.read_text()))}
@@ -165,10 +202,13 @@ def child(recipe_path: Path, steps: int, cache: Path, smoke: bool = False) -> di
 def measured(probe: dict) -> dict:
     """The trainer side in GiB, and the last optimizer step's time without generation."""
     gib, last = 2**30, probe["steps"][-1]
-    return {"trainable": probe["trainable"], "resident_gib": max(probe["resident"]) / gib,
-            "train_peak_gib": max(s["train_peak"] for s in probe["steps"]) / gib,
-            "reserved_peak_gib": max(s["reserved_peak"] for s in probe["steps"]) / gib,
-            "train_s": last["step_s"] - last["generate_s"]}
+    return {
+        "trainable": probe["trainable"],
+        "resident_gib": max(probe["resident"]) / gib,
+        "train_peak_gib": max(s["train_peak"] for s in probe["steps"]) / gib,
+        "reserved_peak_gib": max(s["reserved_peak"] for s in probe["steps"]) / gib,
+        "train_s": last["step_s"] - last["generate_s"],
+    }
 
 
 def budget(row: dict, recipe_dir: Path = ROOT / "recipes") -> dict:
@@ -192,25 +232,34 @@ def budget(row: dict, recipe_dir: Path = ROOT / "recipes") -> dict:
 
 
 def table(rows: list[dict], command: str, measured_on: str | None = None) -> str:
-    lines = [SECTION, "",
-             f"Machine: {measured_on or machine()}. Command: `{command}`. Each recipe as written, with a random-init model of its "
-             "architecture, engine `hf` instead of vLLM, every completion at its longest, 2 optimizer steps "
-             "(benchmarks/gpu_recipes.py's docstring). Trainer side measured; vLLM's share computed as "
-             f"`gpu_memory_utilization` x the card ({CARD_GIB['24gb']} GiB for a 24 GB card), CUDA context "
-             f"{CUDA_CONTEXT_GIB} GiB. 'while generating' = trainer's resident memory + vLLM's share + context; "
-             "'while training' = reserved peak + context (+ vLLM's share unless it sleeps). Smallest card: "
-             "the trainer's side (resident, and the reserved peak unless vLLM sleeps, + context) over 1 - the share.", "",
-             "| recipe | trainable parameters | trainer resident (GiB) | training peak allocated / reserved (GiB) | "
-             "optimizer step without generation (s) | vLLM's share | smallest card that holds it (GiB) | "
-             "on the recipe's card: while generating / while training (GiB) |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        SECTION,
+        "",
+        f"Machine: {measured_on or machine()}. Command: `{command}`. Each recipe as written, with a random-init model of its "
+        "architecture, engine `hf` instead of vLLM, every completion at its longest, 2 optimizer steps "
+        "(benchmarks/gpu_recipes.py's docstring). Trainer side measured; vLLM's share computed as "
+        f"`gpu_memory_utilization` x the card ({CARD_GIB['24gb']} GiB for a 24 GB card), CUDA context "
+        f"{CUDA_CONTEXT_GIB} GiB. 'while generating' = trainer's resident memory + vLLM's share + context; "
+        "'while training' = reserved peak + context (+ vLLM's share unless it sleeps). Smallest card: "
+        "the trainer's side (resident, and the reserved peak unless vLLM sleeps, + context) over 1 - the share.",
+        "",
+        "| recipe | trainable parameters | trainer resident (GiB) | training peak allocated / reserved (GiB) | "
+        "optimizer step without generation (s) | vLLM's share | smallest card that holds it (GiB) | "
+        "on the recipe's card: while generating / while training (GiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in map(budget, rows):
-        on_card = (f"{r['generate_total']:.1f} / {r['train_total']:.1f} of {r['card_gib']} "
-                   f"({max(r['generate_total'], r['train_total']) / r['card_gib']:.0%})" if r.get("card_gib")
-                   else "no card named")
-        lines.append(f"| {r['recipe']} | {r['trainable']:,} | {r['resident_gib']:.2f} | {r['train_peak_gib']:.2f} / "
-                     f"{r['reserved_peak_gib']:.2f} | {r['train_s']:.1f} | {r['util']:.0%}{' (sleeps)' if r['sleeps'] else ''} | "
-                     f"{r['smallest_card_gib']:.1f} | {on_card} |")
+        on_card = (
+            f"{r['generate_total']:.1f} / {r['train_total']:.1f} of {r['card_gib']} "
+            f"({max(r['generate_total'], r['train_total']) / r['card_gib']:.0%})"
+            if r.get("card_gib")
+            else "no card named"
+        )
+        lines.append(
+            f"| {r['recipe']} | {r['trainable']:,} | {r['resident_gib']:.2f} | {r['train_peak_gib']:.2f} / "
+            f"{r['reserved_peak_gib']:.2f} | {r['train_s']:.1f} | {r['util']:.0%}{' (sleeps)' if r['sleeps'] else ''} | "
+            f"{r['smallest_card_gib']:.1f} | {on_card} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -223,10 +272,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--render", type=Path, help="no run: the table from rows --json wrote (on any machine)")
     parser.add_argument("--machine", help="with --render: the machine the rows were measured on")
     parser.add_argument("--write", action="store_true", help="put the table into docs/benchmarks.md")
-    parser.add_argument("--smoke", action="store_true", help="CPU mechanics: the tiny model, short rows, no figures kept")
+    parser.add_argument(
+        "--smoke", action="store_true", help="CPU mechanics: the tiny model, short rows, no figures kept"
+    )
     args = parser.parse_args(argv)
     if args.render:
-        text = table(json.loads(args.render.read_text()), f"python benchmarks/gpu_recipes.py --json {args.render.name}", args.machine)
+        text = table(
+            json.loads(args.render.read_text()),
+            f"python benchmarks/gpu_recipes.py --json {args.render.name}",
+            args.machine,
+        )
         print(text)
         if args.write:
             write_section(text, SECTION)

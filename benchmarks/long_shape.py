@@ -61,7 +61,9 @@ def kv_cache_bytes(path: str | Path, sequences: int, max_len: int) -> int:
     import json
 
     c = json.loads((Path(path) / "config.json").read_text())
-    per_token = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * (c["hidden_size"] // c["num_attention_heads"]) * 4
+    per_token = (
+        2 * c["num_hidden_layers"] * c["num_key_value_heads"] * (c["hidden_size"] // c["num_attention_heads"]) * 4
+    )
     return sequences * max_len * per_token
 
 

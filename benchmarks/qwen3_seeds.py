@@ -32,7 +32,10 @@ TRACKS = ("tool", "text")
 
 
 def stages(track: str) -> dict[str, tuple[str, ...]]:
-    return {"sft": ("sft", "fit", "-c", f"recipes/qwen3_{track}_sft.yaml"), "grpo": ("fit", "-c", f"recipes/qwen3_{track}_grpo.yaml")}
+    return {
+        "sft": ("sft", "fit", "-c", f"recipes/qwen3_{track}_sft.yaml"),
+        "grpo": ("fit", "-c", f"recipes/qwen3_{track}_grpo.yaml"),
+    }
 
 
 def marker(track: str) -> str:
@@ -45,8 +48,19 @@ def _stage(track: str, name: str, seed: int, save: Path, extra: list[str], core:
     if done.is_file():
         return float(done.read_text())
     forget_test(save / "runs")  # a new run replaces the checkpoint the cached test figures came from
-    cmd = [sys.executable, "-m", "lightning_grpo", *stages(track)[name], "--seed_everything", str(seed),
-           "--trainer.logger.init_args.save_dir", str(save / "runs"), "--trainer.enable_progress_bar", "false", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lightning_grpo",
+        *stages(track)[name],
+        "--seed_everything",
+        str(seed),
+        "--trainer.logger.init_args.save_dir",
+        str(save / "runs"),
+        "--trainer.enable_progress_bar",
+        "false",
+        *extra,
+    ]
     env = dict(os.environ)
     if core is not None:
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
@@ -72,19 +86,32 @@ def run(track: str, seed: int, out: Path, extra: list[str], core: int | None) ->
     sft_acc = _rows(next(sft_run.glob("version_*/metrics.csv")), "val/accuracy")
     held_out = _rows(next((save / "runs" / f"qwen3_{track}_grpo").glob("version_*/metrics.csv")), "val/greedy_accuracy")
     test = test_split(ROOT / stages(track)["grpo"][-1], seed, save / "runs", grpo_args, core)["test/greedy_accuracy"]
-    return {"seed": seed, "sft_steps": sft_acc[-1][0] + 1, "sft_dev": sft_acc[-1][1], "sft_s": sft_s, "grpo_s": grpo_s,
-            "start": held_out[0][1], "end": held_out[-1][1], "best": max(v for _, v in held_out), "curve": held_out,
-            "test": test}
+    return {
+        "seed": seed,
+        "sft_steps": sft_acc[-1][0] + 1,
+        "sft_dev": sft_acc[-1][1],
+        "sft_s": sft_s,
+        "grpo_s": grpo_s,
+        "start": held_out[0][1],
+        "end": held_out[-1][1],
+        "best": max(v for _, v in held_out),
+        "curve": held_out,
+        "test": test,
+    }
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| seed (= init) | SFT steps | SFT dev accuracy at stop | dev, GRPO step 0 | dev, end (best) | **test**, end | "
-             "SFT + GRPO wall time, min | dev curve (step: accuracy) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| seed (= init) | SFT steps | SFT dev accuracy at stop | dev, GRPO step 0 | dev, end (best) | **test**, end | "
+        "SFT + GRPO wall time, min | dev curve (step: accuracy) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in results:
         curve = ", ".join(f"{s}: {v:.2f}" for s, v in r["curve"])
-        lines.append(f"| {r['seed']} | {r['sft_steps']} | {r['sft_dev']:.2f} | {r['start']:.2f} | {r['end']:.2f} ({r['best']:.2f}) "
-                     f"| **{r['test']:.2f}** | {r['sft_s'] / 60:.1f} + {r['grpo_s'] / 60:.1f} | {curve} |")
+        lines.append(
+            f"| {r['seed']} | {r['sft_steps']} | {r['sft_dev']:.2f} | {r['start']:.2f} | {r['end']:.2f} ({r['best']:.2f}) "
+            f"| **{r['test']:.2f}** | {r['sft_s'] / 60:.1f} + {r['grpo_s'] / 60:.1f} | {curve} |"
+        )
     return "\n".join(lines)
 
 
@@ -94,7 +121,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="default: runs/qwen3-<track>-seeds")
-    parser.add_argument("--write", action="store_true", help="write the table into docs/recipes.md (qwen3-<track>-results)")
+    parser.add_argument(
+        "--write", action="store_true", help="write the table into docs/recipes.md (qwen3-<track>-results)"
+    )
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
     out = args.out or ROOT / "runs" / f"qwen3-{args.track}-seeds"

@@ -36,15 +36,21 @@ from tool_quickstart_seeds import recipe as tool_recipe
 
 #: set -> (fixture name, [(run name prefix, recipe name, seeds, overrides)])
 SETS = {
-    "design": ("reward_series.json", [
-        ("tool_quickstart", "tool_quickstart", [1, 4], ["--model.model", "tiny:tools@0"]),
-        ("quickstart", "quickstart", [0, 1, 2], ["--model.model", "tiny:chars@0"]),
-    ]),
-    "heldout": ("guard_series_heldout.json", [
-        ("tool_quickstart", "tool_quickstart", [1, 2], []),
-        ("tool_control", "tool_quickstart_control", [5, 6], []),
-        ("quickstart", "quickstart", [3, 4, 5, 6, 7], []),
-    ]),
+    "design": (
+        "reward_series.json",
+        [
+            ("tool_quickstart", "tool_quickstart", [1, 4], ["--model.model", "tiny:tools@0"]),
+            ("quickstart", "quickstart", [0, 1, 2], ["--model.model", "tiny:chars@0"]),
+        ],
+    ),
+    "heldout": (
+        "guard_series_heldout.json",
+        [
+            ("tool_quickstart", "tool_quickstart", [1, 2], []),
+            ("tool_control", "tool_quickstart_control", [5, 6], []),
+            ("quickstart", "quickstart", [3, 4, 5, 6, 7], []),
+        ],
+    ),
 }
 #: fixture key -> metrics.csv column, every step (the inputs of the step- and rollout-level guards)
 METRICS = {
@@ -77,18 +83,23 @@ def read_run(save: Path, full: bool) -> dict:
         if values or key == "reward_mean":
             series[key] = [round(v, 4) for v in values.values()]
     if full:
-        series["val_reward_mean"] = [[int(r["step"]), round(float(r["val/reward_mean"]), 4)]
-                                     for r in rows if r.get("val/reward_mean")]
+        series["val_reward_mean"] = [
+            [int(r["step"]), round(float(r["val/reward_mean"]), 4)] for r in rows if r.get("val/reward_mean")
+        ]
         alarms_file = metrics.parent / "alarms.jsonl"
         records = [json.loads(line) for line in alarms_file.open()] if alarms_file.exists() else []
-        series["alarms"] = {g: sorted({r["step"] for r in records if r["guard"] == g}) for g in {r["guard"] for r in records}}
+        series["alarms"] = {
+            g: sorted({r["step"] for r in records if r["guard"] == g}) for g in {r["guard"] for r in records}
+        }
     return series
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", choices=sorted(SETS), default="design", dest="which")
-    parser.add_argument("--out", type=Path, default=None, help="default: runs/reward-series (design), runs/guard-series-<set>")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: runs/reward-series (design), runs/guard-series-<set>"
+    )
     parser.add_argument("--fixture", type=Path, default=None, help="default: the set's file in tests/fixtures")
     parser.add_argument("--reuse", action="store_true", help="read a run finished earlier in --out")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each pinned to its own core")
@@ -100,15 +111,29 @@ def main() -> None:
     for prefix, recipe, seeds, overrides in runs:
         run_out = out / (recipe if args.which == "design" else prefix)
         path = recipe_path(recipe, run_out)
-        run_seeds(seeds, run_out, ["--trainer.log_every_n_steps", "1", *overrides], path, args.reuse, min(args.jobs, len(seeds)))
+        run_seeds(
+            seeds,
+            run_out,
+            ["--trainer.log_every_n_steps", "1", *overrides],
+            path,
+            args.reuse,
+            min(args.jobs, len(seeds)),
+        )
         for seed in seeds:
             name = f"{prefix}_seed{seed}"
-            series[name] = {"set": args.which, "recipe": f"recipes/{recipe}.yaml", "seed": seed, "overrides": overrides,
-                            **read_run(run_out / f"seed{seed}", full=args.which != "design")}
+            series[name] = {
+                "set": args.which,
+                "recipe": f"recipes/{recipe}.yaml",
+                "seed": seed,
+                "overrides": overrides,
+                **read_run(run_out / f"seed{seed}", full=args.which != "design"),
+            }
             if recipe == "tool_quickstart_control":
                 series[name]["recipe"] = "recipes/tool_quickstart.yaml with environment_args.tools_enabled: false"
             rewards = series[name]["reward_mean"]
-            print(f"{name}: {len(rewards)} steps, reward {rewards[0]} -> {rewards[-1]}, alarms {series[name].get('alarms')}")
+            print(
+                f"{name}: {len(rewards)} steps, reward {rewards[0]} -> {rewards[-1]}, alarms {series[name].get('alarms')}"
+            )
     fixture.parent.mkdir(parents=True, exist_ok=True)
     fixture.write_text(json.dumps(series, separators=(",", ":")) + "\n")
     print(f"wrote {fixture}")

@@ -49,8 +49,19 @@ def recipe(out: Path, tools: bool) -> Path:
 def run(seed: int, out: Path, tools: bool, extra: list[str], core: int | None = None) -> dict:
     save = out / f"{'tools' if tools else 'control'}-seed{seed}"
     forget_test(save)
-    cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(recipe(out, tools)),
-           "--seed_everything", str(seed), "--trainer.logger.init_args.save_dir", str(save), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lightning_grpo",
+        "fit",
+        "-c",
+        str(recipe(out, tools)),
+        "--seed_everything",
+        str(seed),
+        "--trainer.logger.init_args.save_dir",
+        str(save),
+        *extra,
+    ]
     env = dict(os.environ)
     if core is not None:  # one core (util-linux taskset), one thread
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")

@@ -70,8 +70,10 @@ def step_table(results: dict) -> list[str]:
     trls = [t for t in TRL_PATHS if t in results["step_medians"]]
     lines = [
         "| run | mean completion (tokens) | step (s), median of rounds | per round | CPU s / step | "
-        + " | ".join(f"/ TRL {TRL_PATHS[t]}" for t in trls) + " | "
-        + " | ".join(f"CPU / TRL {TRL_PATHS[t]}" for t in trls) + " |",
+        + " | ".join(f"/ TRL {TRL_PATHS[t]}" for t in trls)
+        + " | "
+        + " | ".join(f"CPU / TRL {TRL_PATHS[t]}" for t in trls)
+        + " |",
         "|---|---:|---:|---|---:|" + "---:|" * 2 * len(trls),
     ]
     for name, values in results["step_medians"].items():
@@ -123,11 +125,16 @@ def tables(results: dict) -> str:
         f"steps; per run the median over steps {results['skip'] + 1}-{results['steps']} (wall time between step ends; "
         "CPU s: the process's CPU time over the same steps); the table gives the median of the rounds. "
         "Ratios: per round, the run's step (or CPU time) over the named TRL path's in the same round; median "
-        "(min-max) of the rounds."
-        + (f" {results['note']}" if results.get("note") else ""),
+        "(min-max) of the rounds." + (f" {results['note']}" if results.get("note") else ""),
         "",
     ]
-    body = [*step_table(results), "", "Where the step goes (medians of the per-run medians):", "", *phase_table(results)]
+    body = [
+        *step_table(results),
+        "",
+        "Where the step goes (medians of the per-run medians):",
+        "",
+        *phase_table(results),
+    ]
     tail = sync_lines(results)
     return "\n".join(head + body + ([""] + tail if tail else []))
 

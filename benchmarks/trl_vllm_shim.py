@@ -92,12 +92,23 @@ def check_synced(generation: Any, model: Any, prompt_ids: list[int]) -> dict:
     engine must differ from the policy; after it the plain tensors must equal the policy's and the
     sampled tokens' log-probs must come much closer to the policy's. Raises if the engine stayed stale."""
     perturb(model)
-    stale_gap, (count, stale_tensor) = logprob_gap(generation.llm, model, prompt_ids), plain_tensor_gap(generation.llm, model)
+    stale_gap, (count, stale_tensor) = (
+        logprob_gap(generation.llm, model, prompt_ids),
+        plain_tensor_gap(generation.llm, model),
+    )
     generation.sync_weights()
-    synced_gap, (_, synced_tensor) = logprob_gap(generation.llm, model, prompt_ids), plain_tensor_gap(generation.llm, model)
-    check = {"tensors": count, "stale_tensor_gap": stale_tensor, "synced_tensor_gap": synced_tensor,
-             "stale_logprob_gap": stale_gap, "synced_logprob_gap": synced_gap,
-             "engine_dtype": str(generation.llm.llm_engine.model_config.dtype)}
+    synced_gap, (_, synced_tensor) = (
+        logprob_gap(generation.llm, model, prompt_ids),
+        plain_tensor_gap(generation.llm, model),
+    )
+    check = {
+        "tensors": count,
+        "stale_tensor_gap": stale_tensor,
+        "synced_tensor_gap": synced_tensor,
+        "stale_logprob_gap": stale_gap,
+        "synced_logprob_gap": synced_gap,
+        "engine_dtype": str(generation.llm.llm_engine.model_config.dtype),
+    }
     if not (stale_tensor > 0 and synced_tensor == 0 and synced_gap * STALE_OVER_SYNCED < stale_gap):
         raise RuntimeError(f"TRL vLLM sync shim: the sync did not move the engine to the policy: {check}")
     return check

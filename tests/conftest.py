@@ -107,5 +107,7 @@ def pytest_collection_modifyitems(config, items):
         return
     chosen = [item for item in items if item.get_closest_marker("verifiers") is None]
     if len(chosen) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("verifiers") is not None])
+        config.hook.pytest_deselected(
+            items=[item for item in items if item.get_closest_marker("verifiers") is not None]
+        )
         items[:] = chosen

@@ -18,31 +18,54 @@ LR = 2e-3
 def configs() -> dict[str, dict]:
     def arm(eps_high: float) -> dict:
         loss = {"policy_loss": "ppo", "policy_loss_args": {"eps_low": 0.2, "eps_high": eps_high}}
-        return recipe({"model": {"algorithm": {"steps_per_generation": 4}, "loss": {"init_args": loss}, "optimizer": {"init_args": {"lr": LR}}}})
+        return recipe(
+            {
+                "model": {
+                    "algorithm": {"steps_per_generation": 4},
+                    "loss": {"init_args": loss},
+                    "optimizer": {"init_args": {"lr": LR}},
+                }
+            }
+        )
 
     return {"eps_0.2": arm(0.2), "eps_0.28": arm(0.28)}
 
 
 def main() -> None:
     a = args(__doc__)
-    runs = {arm: {s: run(cfg, s, a.out / "clip_higher" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
-    rows = ["| seed | arm | entropy, last tenth | clip_frac_high (run mean) | dev greedy accuracy, end | "
-            "**test** greedy accuracy, end |", "|---:|---|---:|---:|---:|---:|"]
+    runs = {
+        arm: {s: run(cfg, s, a.out / "clip_higher" / arm / f"seed{s}") for s in a.seeds}
+        for arm, cfg in configs().items()
+    }
+    rows = [
+        "| seed | arm | entropy, last tenth | clip_frac_high (run mean) | dev greedy accuracy, end | "
+        "**test** greedy accuracy, end |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
     wins = dev_wins = 0
     for s in a.seeds:
         for arm in runs:
             cols = runs[arm][s]
             high = cols.get("train/clip_frac_high", [])
-            rows.append(f"| {s} | {arm} | {tail_mean(cols['train/entropy']):.3f} | {sum(v for _, v in high) / max(1, len(high)):.2%} | "
-                        f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")
+            rows.append(
+                f"| {s} | {arm} | {tail_mean(cols['train/entropy']):.3f} | {sum(v for _, v in high) / max(1, len(high)):.2%} | "
+                f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |"
+            )
         wins += final(runs["eps_0.28"][s]["test/greedy_accuracy"]) > final(runs["eps_0.2"][s]["test/greedy_accuracy"])
         dev_wins += final(runs["eps_0.28"][s]["val/greedy_accuracy"]) > final(runs["eps_0.2"][s]["val/greedy_accuracy"])
     table = "\n".join(rows)
     print(table)
     print(f"eps_high 0.28 ends higher on {wins}/{len(a.seeds)} seeds (test), {dev_wins} (dev)")
     if a.write:
-        plot(runs, [("train/entropy", "token entropy"), ("train/reward_mean", "training reward"),
-                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "clip_higher.png")
+        plot(
+            runs,
+            [
+                ("train/entropy", "token entropy"),
+                ("train/reward_mean", "training reward"),
+                ("val/greedy_accuracy", "dev greedy accuracy"),
+            ],
+            PLOTS / "clip_higher.png",
+        )
         write_section("clip_higher", SECTION.format(table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds)))
 
 

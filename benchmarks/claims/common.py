@@ -53,12 +53,23 @@ def run(config: dict, seed: int, out: Path) -> dict[str, list[tuple[int, float]]
     path = out / "config.yaml"
     if not metrics.exists():
         forget_test(out)  # a new run replaces the checkpoint the cached test figures came from
-        config = merge(config, {"seed_everything": seed, "trainer": {"logger": {
-            "class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(out), "name": "", "version": ""}}}})
+        config = merge(
+            config,
+            {
+                "seed_everything": seed,
+                "trainer": {
+                    "logger": {
+                        "class_path": "lightning.pytorch.loggers.CSVLogger",
+                        "init_args": {"save_dir": str(out), "name": "", "version": ""},
+                    }
+                },
+            },
+        )
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "lightning_grpo", "fit", "-c", str(path)], cwd=ROOT,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(path)], cwd=ROOT, capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"run {out} failed:\n{proc.stderr[-4000:]}")
         (out / "wall_s.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
@@ -108,9 +119,20 @@ def plot(runs: dict[str, dict[int, dict]], panels: list[tuple[str, str]], path: 
                     continue
                 steps, values = zip(*curve)
                 k = smooth if len(values) > 3 * smooth and not column.startswith("val/") else 1
-                values = [sum(values[max(0, j - k + 1) : j + 1]) / len(values[max(0, j - k + 1) : j + 1]) for j in range(len(values))]
-                ax.plot(steps, values, styles[i % 3], color=color, lw=1, marker="o" if column.startswith("val/") else None,
-                        ms=3, label=f"{arm}, seed {seed}")
+                values = [
+                    sum(values[max(0, j - k + 1) : j + 1]) / len(values[max(0, j - k + 1) : j + 1])
+                    for j in range(len(values))
+                ]
+                ax.plot(
+                    steps,
+                    values,
+                    styles[i % 3],
+                    color=color,
+                    lw=1,
+                    marker="o" if column.startswith("val/") else None,
+                    ms=3,
+                    label=f"{arm}, seed {seed}",
+                )
         ax.set(title=title, xlabel="optimizer step")
     save_figure(fig, axes, path)
 

@@ -46,32 +46,49 @@ def main() -> None:
     out = a.out / "distill"
     path, teacher_cols = teacher(out)
     configs = {
-        "distill": recipe({**EVERY, "model": {"distillation": {"teacher": path}}}, base="recipes/distill_quickstart.yaml"),
-        "distill_raw": recipe({**EVERY, "model": {"distillation": {"teacher": path, "group_baseline": False}}},
-                              base="recipes/distill_quickstart.yaml"),
+        "distill": recipe(
+            {**EVERY, "model": {"distillation": {"teacher": path}}}, base="recipes/distill_quickstart.yaml"
+        ),
+        "distill_raw": recipe(
+            {**EVERY, "model": {"distillation": {"teacher": path, "group_baseline": False}}},
+            base="recipes/distill_quickstart.yaml",
+        ),
         "grpo": recipe(EVERY),
     }
     runs = {arm: {s: run(cfg, s, out / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs.items()}
     teacher_acc = final(teacher_cols["val/greedy_accuracy"])
     teacher_test = final(teacher_cols["test/greedy_accuracy"])
-    rows = ["| seed | arm | steps to dev 0.8 | dev greedy accuracy, end | **test** greedy accuracy, end | teacher's dev / test | "
-            "wall time (s) |", "|---:|---|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| seed | arm | steps to dev 0.8 | dev greedy accuracy, end | **test** greedy accuracy, end | teacher's dev / test | "
+        "wall time (s) |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
     faster = raw_faster = 0
     for s in a.seeds:
         for arm in runs:
             cols = runs[arm][s]
-            rows.append(f"| {s} | {arm} | {steps_to(cols['val/greedy_accuracy'])} | {final(cols['val/greedy_accuracy']):.2f} | "
-                        f"**{final(cols['test/greedy_accuracy']):.2f}** | {teacher_acc:.2f} / {teacher_test:.2f} | {final(cols['wall_s']):.0f} |")
+            rows.append(
+                f"| {s} | {arm} | {steps_to(cols['val/greedy_accuracy'])} | {final(cols['val/greedy_accuracy']):.2f} | "
+                f"**{final(cols['test/greedy_accuracy']):.2f}** | {teacher_acc:.2f} / {teacher_test:.2f} | {final(cols['wall_s']):.0f} |"
+            )
         d, r, g = (steps_to(runs[arm][s]["val/greedy_accuracy"]) for arm in ("distill", "distill_raw", "grpo"))
         faster += _before(d, g)
         raw_faster += _before(r, g)
     table = "\n".join(rows)
     print(table)
-    print(f"distillation reaches dev 0.8 first on {faster}/{len(a.seeds)} seeds (raw estimate: {raw_faster}); teacher dev {teacher_acc:.2f} test {teacher_test:.2f}")
+    print(
+        f"distillation reaches dev 0.8 first on {faster}/{len(a.seeds)} seeds (raw estimate: {raw_faster}); teacher dev {teacher_acc:.2f} test {teacher_test:.2f}"
+    )
     if a.write:
-        plot(runs, [("train/reward_mean", "training reward (measured only for distill)"),
-                    ("train/distill_reverse_kl", "reverse KL to the teacher"),
-                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "distill.png")
+        plot(
+            runs,
+            [
+                ("train/reward_mean", "training reward (measured only for distill)"),
+                ("train/distill_reverse_kl", "reverse KL to the teacher"),
+                ("val/greedy_accuracy", "dev greedy accuracy"),
+            ],
+            PLOTS / "distill.png",
+        )
         write_section("distill", SECTION.format(table=table, faster=faster, raw_faster=raw_faster, n=len(a.seeds)))
 
 

@@ -28,8 +28,13 @@ def configs() -> dict[str, dict]:
         if arm == "seq_mean_token_sum_norm":
             loss["aggregation_args"] = {"max_length": MAX_NEW_TOKENS}
         task = {"class_path": "lightning_grpo.DigitTask", "init_args": {"rule": "count_to_last"}}
-        config = recipe({"trainer": {"max_steps": STEPS, "val_check_interval": STEPS // 4},
-                         "model": {"loss": {"init_args": loss}}, "data": {"source": task}})
+        config = recipe(
+            {
+                "trainer": {"max_steps": STEPS, "val_check_interval": STEPS // 4},
+                "model": {"loss": {"init_args": loss}},
+                "data": {"source": task},
+            }
+        )
         rollout = config["rollout"]
         rollout["sampling"]["max_new_tokens"] = MAX_NEW_TOKENS
         rollout["rewards"] = [{"name": "exact_match"}]
@@ -45,29 +50,44 @@ def mean(curve: list[tuple[int, float]], lo: int, hi: int) -> float:
 
 def main() -> None:
     a = args(__doc__)
-    runs = {arm: {s: run(cfg, s, a.out / "dr_grpo" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
-    rows = ["| seed | arm | wrong length, first tenth | wrong length, run mean | wrong length, last tenth | all completions, last tenth | reward, last tenth | dev greedy accuracy, end | "
-            "**test** greedy accuracy, end |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    runs = {
+        arm: {s: run(cfg, s, a.out / "dr_grpo" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()
+    }
+    rows = [
+        "| seed | arm | wrong length, first tenth | wrong length, run mean | wrong length, last tenth | all completions, last tenth | reward, last tenth | dev greedy accuracy, end | "
+        "**test** greedy accuracy, end |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     longer = longer_run = 0
     for s in a.seeds:
         for arm in runs:
             cols = runs[arm][s]
             wrong = cols["train/completion_length_wrong_mean"]
-            rows.append(f"| {s} | {arm} | {mean(wrong, 0, STEPS // 10):.2f} | {mean(wrong, 0, STEPS):.2f} | {tail_mean(wrong):.2f} | "
-                        f"{tail_mean(cols['train/completion_length_mean']):.2f} | {tail_mean(cols['train/reward_mean']):.3f} | "
-                        f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")
+            rows.append(
+                f"| {s} | {arm} | {mean(wrong, 0, STEPS // 10):.2f} | {mean(wrong, 0, STEPS):.2f} | {tail_mean(wrong):.2f} | "
+                f"{tail_mean(cols['train/completion_length_mean']):.2f} | {tail_mean(cols['train/reward_mean']):.3f} | "
+                f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |"
+            )
         ends = {arm: tail_mean(runs[arm][s]["train/completion_length_wrong_mean"]) for arm in runs}
         longer += ends["seq_mean_token_mean"] > ends["seq_mean_token_sum_norm"]
         whole = {arm: mean(runs[arm][s]["train/completion_length_wrong_mean"], 0, STEPS) for arm in runs}
         longer_run += whole["seq_mean_token_mean"] > whole["seq_mean_token_sum_norm"]
     table = "\n".join(rows)
     print(table)
-    print(f"seq_mean_token_mean has longer wrong answers on {longer}/{len(a.seeds)} seeds (last tenth), "
-          f"{longer_run}/{len(a.seeds)} (run mean)")
+    print(
+        f"seq_mean_token_mean has longer wrong answers on {longer}/{len(a.seeds)} seeds (last tenth), "
+        f"{longer_run}/{len(a.seeds)} (run mean)"
+    )
     if a.write:
-        plot(runs, [("train/completion_length_wrong_mean", "length of wrong completions (tokens)"),
-                    ("train/reward_mean", "training reward"), ("val/greedy_accuracy", "dev greedy accuracy")],
-             PLOTS / "dr_grpo.png")
+        plot(
+            runs,
+            [
+                ("train/completion_length_wrong_mean", "length of wrong completions (tokens)"),
+                ("train/reward_mean", "training reward"),
+                ("val/greedy_accuracy", "dev greedy accuracy"),
+            ],
+            PLOTS / "dr_grpo.png",
+        )
         write_section("dr_grpo", SECTION.format(table=table, longer=longer, longer_run=longer_run, n=len(a.seeds)))
 
 

@@ -37,19 +37,33 @@ def samples_at(cols: dict, step: int) -> float:
 
 def main() -> None:
     a = args(__doc__)
-    runs = {arm: {s: run(cfg, s, a.out / "dynamic_sampling" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
-    rows = ["| seed | arm | zero-signal groups as sampled (run mean) | samples generated | dev greedy accuracy at step 250 / 500 / end | "
-            "**test** greedy accuracy, end |", "|---:|---|---:|---:|---|---:|"]
+    runs = {
+        arm: {s: run(cfg, s, a.out / "dynamic_sampling" / arm / f"seed{s}") for s in a.seeds}
+        for arm, cfg in configs().items()
+    }
+    rows = [
+        "| seed | arm | zero-signal groups as sampled (run mean) | samples generated | dev greedy accuracy at step 250 / 500 / end | "
+        "**test** greedy accuracy, end |",
+        "|---:|---|---:|---:|---|---:|",
+    ]
     for s in a.seeds:
         for arm in runs:
             cols = runs[arm][s]
             zero = cols["train/frac_reward_zero_std"]
             acc = dict(cols["val/greedy_accuracy"])
             end = max(acc)
-            rows.append(f"| {s} | {arm} | {sum(v for _, v in zero) / len(zero):.2f} | {samples_at(cols, end):,.0f} | "
-                        f"{acc.get(249, float('nan')):.2f} / {acc.get(499, float('nan')):.2f} / {acc[end]:.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")
-    wins = sum(final(runs["dynamic"][s]["test/greedy_accuracy"]) >= final(runs["plain"][s]["test/greedy_accuracy"]) for s in a.seeds)
-    dev_wins = sum(final(runs["dynamic"][s]["val/greedy_accuracy"]) >= final(runs["plain"][s]["val/greedy_accuracy"]) for s in a.seeds)
+            rows.append(
+                f"| {s} | {arm} | {sum(v for _, v in zero) / len(zero):.2f} | {samples_at(cols, end):,.0f} | "
+                f"{acc.get(249, float('nan')):.2f} / {acc.get(499, float('nan')):.2f} / {acc[end]:.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |"
+            )
+    wins = sum(
+        final(runs["dynamic"][s]["test/greedy_accuracy"]) >= final(runs["plain"][s]["test/greedy_accuracy"])
+        for s in a.seeds
+    )
+    dev_wins = sum(
+        final(runs["dynamic"][s]["val/greedy_accuracy"]) >= final(runs["plain"][s]["val/greedy_accuracy"])
+        for s in a.seeds
+    )
     table = "\n".join(rows)
     print(table)
     print(f"dynamic ends at least as high on {wins}/{len(a.seeds)} seeds (test), {dev_wins} (dev)")

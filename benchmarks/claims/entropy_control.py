@@ -18,7 +18,10 @@ LR = 2e-3
 
 def configs() -> dict[str, dict]:
     base = recipe({"model": {"optimizer": {"init_args": {"lr": LR}}}})
-    controller = {"class_path": "lightning_grpo.EntropyController", "init_args": {"knob": "entropy_coef", "floor": FLOOR, "window": 5}}
+    controller = {
+        "class_path": "lightning_grpo.EntropyController",
+        "init_args": {"knob": "entropy_coef", "floor": FLOOR, "window": 5},
+    }
     controlled = recipe({"model": {"optimizer": {"init_args": {"lr": LR}}}})
     controlled["trainer"]["callbacks"] = callbacks_with(controlled, controller)
     return {"plain": base, "controlled": controlled}
@@ -26,9 +29,15 @@ def configs() -> dict[str, dict]:
 
 def main() -> None:
     a = args(__doc__)
-    runs = {arm: {s: run(cfg, s, a.out / "entropy_control" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
-    rows = ["| seed | arm | entropy, last tenth | steps after 100 with entropy < floor | entropy_coef at the end | dev greedy accuracy, end | "
-            "**test** greedy accuracy, end |", "|---:|---|---:|---:|---:|---:|---:|"]
+    runs = {
+        arm: {s: run(cfg, s, a.out / "entropy_control" / arm / f"seed{s}") for s in a.seeds}
+        for arm, cfg in configs().items()
+    }
+    rows = [
+        "| seed | arm | entropy, last tenth | steps after 100 with entropy < floor | entropy_coef at the end | dev greedy accuracy, end | "
+        "**test** greedy accuracy, end |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
     wins = dev_wins = 0
     for s in a.seeds:
         for arm in runs:
@@ -37,17 +46,28 @@ def main() -> None:
             below = sum(v < FLOOR for step, v in ent if step >= 100)
             after = sum(step >= 100 for step, _ in ent)
             coef = final(cols.get("entropy_control/entropy_coef", []))
-            rows.append(f"| {s} | {arm} | {tail_mean(ent):.3f} | {below}/{after} | {'-' if coef != coef else f'{coef:.3f}'} | "
-                        f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")
+            rows.append(
+                f"| {s} | {arm} | {tail_mean(ent):.3f} | {below}/{after} | {'-' if coef != coef else f'{coef:.3f}'} | "
+                f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |"
+            )
         wins += final(runs["controlled"][s]["test/greedy_accuracy"]) > final(runs["plain"][s]["test/greedy_accuracy"])
         dev_wins += final(runs["controlled"][s]["val/greedy_accuracy"]) > final(runs["plain"][s]["val/greedy_accuracy"])
     table = "\n".join(rows)
     print(table)
     print(f"controlled ends higher on {wins}/{len(a.seeds)} seeds (test), {dev_wins} (dev)")
     if a.write:
-        plot(runs, [("train/entropy", "token entropy"), ("train/reward_mean", "training reward"),
-                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "entropy_control.png")
-        write_section("entropy_control", SECTION.format(table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds), floor=FLOOR))
+        plot(
+            runs,
+            [
+                ("train/entropy", "token entropy"),
+                ("train/reward_mean", "training reward"),
+                ("val/greedy_accuracy", "dev greedy accuracy"),
+            ],
+            PLOTS / "entropy_control.png",
+        )
+        write_section(
+            "entropy_control", SECTION.format(table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds), floor=FLOOR)
+        )
 
 
 SECTION = """

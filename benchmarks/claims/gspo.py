@@ -16,8 +16,15 @@ from common import PLOTS, args, final, plot, recipe, run, tail_mean, write_secti
 
 def configs() -> dict[str, dict]:
     token = {"policy_loss": "ppo", "policy_loss_args": {"eps_low": 0.2, "eps_high": 0.2}, "aggregation": "token_mean"}
-    gspo = {"policy_loss": "gspo", "policy_loss_args": {"eps_low": 3e-4, "eps_high": 4e-4}, "aggregation": "seq_mean_token_mean"}
-    return {arm: recipe({"model": {"algorithm": {"num_iterations": 4}, "loss": {"init_args": loss}}}) for arm, loss in (("token", token), ("gspo", gspo))}
+    gspo = {
+        "policy_loss": "gspo",
+        "policy_loss_args": {"eps_low": 3e-4, "eps_high": 4e-4},
+        "aggregation": "seq_mean_token_mean",
+    }
+    return {
+        arm: recipe({"model": {"algorithm": {"num_iterations": 4}, "loss": {"init_args": loss}}})
+        for arm, loss in (("token", token), ("gspo", gspo))
+    }
 
 
 def clip_frac(cols: dict) -> float:
@@ -29,14 +36,19 @@ def clip_frac(cols: dict) -> float:
 def main() -> None:
     a = args(__doc__)
     runs = {arm: {s: run(cfg, s, a.out / "gspo" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
-    rows = ["| seed | arm | tokens clipped (run mean) | reward, last tenth | dev greedy accuracy, end | "
-            "**test** greedy accuracy, end |", "|---:|---|---:|---:|---:|---:|"]
+    rows = [
+        "| seed | arm | tokens clipped (run mean) | reward, last tenth | dev greedy accuracy, end | "
+        "**test** greedy accuracy, end |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
     wins = dev_wins = 0
     for s in a.seeds:
         for arm in runs:
             cols = runs[arm][s]
-            rows.append(f"| {s} | {arm} | {clip_frac(cols):.2%} | {tail_mean(cols['train/reward_mean']):.3f} | "
-                        f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")
+            rows.append(
+                f"| {s} | {arm} | {clip_frac(cols):.2%} | {tail_mean(cols['train/reward_mean']):.3f} | "
+                f"{final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |"
+            )
         wins += final(runs["gspo"][s]["test/greedy_accuracy"]) >= final(runs["token"][s]["test/greedy_accuracy"])
         dev_wins += final(runs["gspo"][s]["val/greedy_accuracy"]) >= final(runs["token"][s]["val/greedy_accuracy"])
     ratios = [clip_frac(runs["gspo"][s]) / clip_frac(runs["token"][s]) for s in a.seeds]
@@ -44,9 +56,21 @@ def main() -> None:
     print(table)
     print(f"gspo ends at least as high on {wins}/{len(a.seeds)} seeds (test), {dev_wins} (dev)")
     if a.write:
-        plot(runs, [("train/clip_frac_high", "clip fraction (high side)"), ("train/reward_mean", "training reward"),
-                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "gspo.png")
-        write_section("gspo", SECTION.format(table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds), low=min(ratios), high=max(ratios)))
+        plot(
+            runs,
+            [
+                ("train/clip_frac_high", "clip fraction (high side)"),
+                ("train/reward_mean", "training reward"),
+                ("val/greedy_accuracy", "dev greedy accuracy"),
+            ],
+            PLOTS / "gspo.png",
+        )
+        write_section(
+            "gspo",
+            SECTION.format(
+                table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds), low=min(ratios), high=max(ratios)
+            ),
+        )
 
 
 SECTION = """

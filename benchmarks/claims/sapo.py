@@ -16,9 +16,16 @@ from common import PLOTS, args, final, plot, recipe, run, tail_mean, write_secti
 
 def configs() -> dict[str, dict]:
     ppo = {"policy_loss": "ppo", "policy_loss_args": {"eps_low": 0.2, "eps_high": 0.2}, "aggregation": "token_mean"}
-    sapo = {"policy_loss": "sapo", "policy_loss_args": {"tau_pos": 1.0, "tau_neg": 1.05}, "aggregation": "seq_mean_token_mean"}
+    sapo = {
+        "policy_loss": "sapo",
+        "policy_loss_args": {"tau_pos": 1.0, "tau_neg": 1.05},
+        "aggregation": "seq_mean_token_mean",
+    }
     base = {"trainer": {"val_check_interval": 100}, "model": {"algorithm": {"steps_per_generation": 4}}}
-    return {arm: recipe({**base, "model": {**base["model"], "loss": {"init_args": loss}}}) for arm, loss in (("ppo", ppo), ("sapo", sapo))}
+    return {
+        arm: recipe({**base, "model": {**base["model"], "loss": {"init_args": loss}}})
+        for arm, loss in (("ppo", ppo), ("sapo", sapo))
+    }
 
 
 def run_mean(cols: dict, key: str) -> float:
@@ -29,24 +36,40 @@ def run_mean(cols: dict, key: str) -> float:
 def main() -> None:
     a = args(__doc__)
     runs = {arm: {s: run(cfg, s, a.out / "sapo" / arm / f"seed{s}") for s in a.seeds} for arm, cfg in configs().items()}
-    rows = ["| seed | arm | PPO: tokens clipped (run mean) | SAPO: gate weight (run mean) / tokens below 0.5 | entropy, last tenth | "
-            "reward, last tenth | dev greedy accuracy, end | **test** greedy accuracy, end |", "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| seed | arm | PPO: tokens clipped (run mean) | SAPO: gate weight (run mean) / tokens below 0.5 | entropy, last tenth | "
+        "reward, last tenth | dev greedy accuracy, end | **test** greedy accuracy, end |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     wins = dev_wins = 0
     for s in a.seeds:
         for arm in runs:
             cols = runs[arm][s]
             clip = run_mean(cols, "train/clip_frac_low") + run_mean(cols, "train/clip_frac_high")
-            gate = f"{run_mean(cols, 'train/gate_weight_mean'):.4f} / {run_mean(cols, 'train/gate_frac_below_half'):.2%}" if arm == "sapo" else "-"
-            rows.append(f"| {s} | {arm} | {clip:.2%} | {gate} | {tail_mean(cols['train/entropy']):.3f} | "
-                        f"{tail_mean(cols['train/reward_mean']):.3f} | {final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |")
+            gate = (
+                f"{run_mean(cols, 'train/gate_weight_mean'):.4f} / {run_mean(cols, 'train/gate_frac_below_half'):.2%}"
+                if arm == "sapo"
+                else "-"
+            )
+            rows.append(
+                f"| {s} | {arm} | {clip:.2%} | {gate} | {tail_mean(cols['train/entropy']):.3f} | "
+                f"{tail_mean(cols['train/reward_mean']):.3f} | {final(cols['val/greedy_accuracy']):.2f} | **{final(cols['test/greedy_accuracy']):.2f}** |"
+            )
         wins += final(runs["sapo"][s]["test/greedy_accuracy"]) >= final(runs["ppo"][s]["test/greedy_accuracy"])
         dev_wins += final(runs["sapo"][s]["val/greedy_accuracy"]) >= final(runs["ppo"][s]["val/greedy_accuracy"])
     table = "\n".join(rows)
     print(table)
     print(f"sapo ends at least as high on {wins}/{len(a.seeds)} seeds (test), {dev_wins} (dev)")
     if a.write:
-        plot(runs, [("train/ratio_max", "largest ratio in the step"), ("train/reward_mean", "training reward"),
-                    ("val/greedy_accuracy", "dev greedy accuracy")], PLOTS / "sapo.png")
+        plot(
+            runs,
+            [
+                ("train/ratio_max", "largest ratio in the step"),
+                ("train/reward_mean", "training reward"),
+                ("val/greedy_accuracy", "dev greedy accuracy"),
+            ],
+            PLOTS / "sapo.png",
+        )
         write_section("sapo", SECTION.format(table=table, wins=wins, dev_wins=dev_wins, n=len(a.seeds)))
 
 

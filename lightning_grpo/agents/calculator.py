@@ -14,8 +14,15 @@ from typing import Any
 from .environment import ENVIRONMENTS, Messages
 from .tools import ToolEnvironment
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
@@ -56,12 +63,16 @@ class CalculatorEnv(ToolEnvironment):
 
     tools = [calculate]
 
-    def __init__(self, prompt_key: str = "question", system_prompt: str | None = None, timeout_s: float | None = 5.0) -> None:
+    def __init__(
+        self, prompt_key: str = "question", system_prompt: str | None = None, timeout_s: float | None = 5.0
+    ) -> None:
         super().__init__(timeout_s=timeout_s)
         self.prompt_key, self.system_prompt = prompt_key, system_prompt
 
     def reset(self, record: dict[str, Any], seed: int) -> Messages:
         if self.prompt_key not in record:
-            raise KeyError(f"CalculatorEnv: record has no column {self.prompt_key!r} (environment_args.prompt_key); columns: {sorted(record)}")
+            raise KeyError(
+                f"CalculatorEnv: record has no column {self.prompt_key!r} (environment_args.prompt_key); columns: {sorted(record)}"
+            )
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return system + [{"role": "user", "content": str(record[self.prompt_key])}]

@@ -127,12 +127,23 @@ class AgentRolloutCallback(RolloutCallback):
         return sorted(ids)
 
     # --------------------------------------------------------------------- sampling
-    def run(self, engine: RolloutEngine, tokenizer: Any, records: list[dict], sampling: SamplingConfig, seed: int) -> EpisodeRollout:
+    def run(
+        self, engine: RolloutEngine, tokenizer: Any, records: list[dict], sampling: SamplingConfig, seed: int
+    ) -> EpisodeRollout:
         """Episodes for ``records`` (``sampling.n`` per record) with this callback's environment."""
         self._prepare(tokenizer, engine)
         sampling.stop_token_ids = self.sampling.stop_token_ids
-        return run_episodes(engine, self.make_env, tokenizer, self.renderer, records, sampling, seed, self.limits,
-                            reset_seed=self.reset_seed)
+        return run_episodes(
+            engine,
+            self.make_env,
+            tokenizer,
+            self.renderer,
+            records,
+            sampling,
+            seed,
+            self.limits,
+            reset_seed=self.reset_seed,
+        )
 
     def score(self, rollout: EpisodeRollout, records: list[dict]) -> RewardScores:
         """Reward functions on each episode's final answer, with the episode columns (data.rewards)."""
@@ -159,9 +170,17 @@ class AgentRolloutCallback(RolloutCallback):
             return rounds[-1]
 
         result = sample_groups(
-            engine, self.reward_set, tokenizer, self.sampling, self.selector, prompts_for, seed_for,
-            target_groups=trainer.datamodule.batch_size, max_rounds=self.max_generation_rounds,
-            generate=generate, score=self.score,
+            engine,
+            self.reward_set,
+            tokenizer,
+            self.sampling,
+            self.selector,
+            prompts_for,
+            seed_for,
+            target_groups=trainer.datamodule.batch_size,
+            max_rounds=self.max_generation_rounds,
+            generate=generate,
+            score=self.score,
         )
         result.metrics.update(episode_metrics(rounds[0].episodes, sum(r.env_time for r in rounds)))
         return result

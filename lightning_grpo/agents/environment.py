@@ -118,7 +118,9 @@ def check_step(env: Any, step: Any) -> Step:
     if not isinstance(step.done, bool):
         raise TypeError(f"{name}.step returned Step.done = {step.done!r}; expected a bool")
     if step.assistant is not None and not isinstance(step.assistant, dict):
-        raise TypeError(f"{name}.step returned Step.assistant = {step.assistant!r:.80}; expected a message dict or None")
+        raise TypeError(
+            f"{name}.step returned Step.assistant = {step.assistant!r:.80}; expected a message dict or None"
+        )
     return step
 
 

@@ -70,8 +70,15 @@ class EpisodeRollout(Rollout):
 ResetSeed = Literal["group", "episode"]
 
 
-def start_episodes(make_env: Callable[[], Any], records: list[dict], group_size: int, seed: int, tokenizer: Any,
-                   renderer: ChatRenderer | None, reset_seed: ResetSeed = "group") -> list[EpisodeState]:
+def start_episodes(
+    make_env: Callable[[], Any],
+    records: list[dict],
+    group_size: int,
+    seed: int,
+    tokenizer: Any,
+    renderer: ChatRenderer | None,
+    reset_seed: ResetSeed = "group",
+) -> list[EpisodeState]:
     """G episodes per record (row p*G+g = record p), each with its own environment; the reset seed is
     the record's (``reset_seed="group"``: the group faces one task) or the episode's own ("episode")."""
     states = []
@@ -87,7 +94,9 @@ def start_episodes(make_env: Callable[[], Any], records: list[dict], group_size:
         else:
             check_messages(opening, f"{type(env).__name__}.reset returned a value that")
             if renderer is None:
-                raise ValueError(f"{type(env).__name__}.reset returned chat messages but the tokenizer has no chat template")
+                raise ValueError(
+                    f"{type(env).__name__}.reset returned chat messages but the tokenizer has no chat template"
+                )
             prompt, messages = renderer.prompt_ids(opening), list(opening)
         states.append(EpisodeState(env=env, messages=messages, context=prompt, prompt_length=len(prompt)))
     if reset_seed == "group":
@@ -111,9 +120,17 @@ def _check_one_opening(states: list[EpisodeState], group_size: int) -> None:
                 )
 
 
-def run_episodes(engine: RolloutEngine, make_env: Callable[[], Any], tokenizer: Any, renderer: ChatRenderer | None,
-                 records: list[dict], sampling: SamplingConfig, seed: int, limits: EpisodeLimits,
-                 reset_seed: ResetSeed = "group") -> EpisodeRollout:
+def run_episodes(
+    engine: RolloutEngine,
+    make_env: Callable[[], Any],
+    tokenizer: Any,
+    renderer: ChatRenderer | None,
+    records: list[dict],
+    sampling: SamplingConfig,
+    seed: int,
+    limits: EpisodeLimits,
+    reset_seed: ResetSeed = "group",
+) -> EpisodeRollout:
     """Run ``sampling.n`` episodes per record to the end; rows group-contiguous as in :class:`Rollout`,
     each row with its own opening (``row_prompt_ids``)."""
     G = sampling.n
@@ -199,8 +216,15 @@ def _append(s: EpisodeState, ids: list[int], lps: list[float], turn: int) -> Non
     s.turn_ids += [turn] * len(ids)
 
 
-def _apply_step(s: EpisodeState, turn: Turn, step: Step, renderer: ChatRenderer | None, tokenizer: Any,
-                limits: EpisodeLimits, last_turn: bool) -> None:
+def _apply_step(
+    s: EpisodeState,
+    turn: Turn,
+    step: Step,
+    renderer: ChatRenderer | None,
+    tokenizer: Any,
+    limits: EpisodeLimits,
+    last_turn: bool,
+) -> None:
     """Record the environment's answer; append its tokens unless the episode ends here."""
     s.reward += float(step.reward)
     assistant = step.assistant or {"role": "assistant", "content": _strip_end(turn.text, tokenizer, renderer)}

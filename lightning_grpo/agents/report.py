@@ -48,13 +48,17 @@ def summary_lines(run) -> list[str]:
         n = max(1, len(values) // 10)
         return f"{sum(values[:n]) / n:.2f} -> {sum(values[-n:]) / n:.2f}" if values else "not logged"
 
-    faults = {k: sum(run.values(f"train/agent/{k}")) for k in ("tool_errors", "tool_timeouts", "malformed_calls", "unknown_tools")}
+    faults = {
+        k: sum(run.values(f"train/agent/{k}"))
+        for k in ("tool_errors", "tool_timeouts", "malformed_calls", "unknown_tools")
+    }
     env_time = run.values("train/agent/env_time")
     lines = [
         f"episodes (first tenth -> last tenth): turns {tenths('train/agent/turns_mean')}, "
         f"tool calls {tenths('train/agent/tool_calls_mean')}, tool-call rate {tenths('train/agent/tool_call_rate')}",
         f"tokens per episode: sampled {tenths('train/agent/completion_tokens')}, environment {tenths('train/agent/env_tokens')}",
-        "tool faults over the logged steps: " + ", ".join(f"{k} {v:.0f}" for k, v in faults.items())
+        "tool faults over the logged steps: "
+        + ", ".join(f"{k} {v:.0f}" for k, v in faults.items())
         + (f"; environment time {sum(env_time) / len(env_time):.4f} s per logged step" if env_time else ""),
     ]
     rate = run.values("val/tool_call_rate")

@@ -75,8 +75,15 @@ class SecretDigitTranscripts(DataSource):
     ``answer`` holds the true secret.
     """
 
-    def __init__(self, question: str = "secret", num_train: int = 2000, num_val: int = 100, seed: int = 0,
-                 weak_digits: str = "", slip: float = 0.0) -> None:
+    def __init__(
+        self,
+        question: str = "secret",
+        num_train: int = 2000,
+        num_val: int = 100,
+        seed: int = 0,
+        weak_digits: str = "",
+        slip: float = 0.0,
+    ) -> None:
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"SecretDigitTranscripts.question must be a non-empty string, got {question!r}")
         for name, n in (("num_train", num_train), ("num_val", num_val)):
@@ -94,8 +101,12 @@ class SecretDigitTranscripts(DataSource):
         for _ in range(n):
             digit = str(rng.randrange(10))
             said = demonstrate(digit, self.weak_digits, self.slip, rng)
-            messages = [{"role": "user", "content": self.question}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                        {"role": "tool", "content": digit}, {"role": "assistant", "content": said}]
+            messages = [
+                {"role": "user", "content": self.question},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": digit},
+                {"role": "assistant", "content": said},
+            ]
             rows.append({"messages": messages, "tools": tools, "answer": digit})
         return rows
 

@@ -69,9 +69,15 @@ def parse_tool_calls(tokenizer: Any, text: str) -> tuple[dict[str, Any], str | N
     for call in message.get("tool_calls") or []:
         fn = call.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            return {"role": "assistant", "content": text}, f"malformed tool call: expected {{\"name\": ..., \"arguments\": {{...}}}}, got {json.dumps(fn)[:80]}"
+            return {
+                "role": "assistant",
+                "content": text,
+            }, f'malformed tool call: expected {{"name": ..., "arguments": {{...}}}}, got {json.dumps(fn)[:80]}'
         if not isinstance(fn.setdefault("arguments", {}), dict):
-            return {"role": "assistant", "content": text}, f"malformed tool call: arguments of {fn['name']!r} must be an object"
+            return {
+                "role": "assistant",
+                "content": text,
+            }, f"malformed tool call: arguments of {fn['name']!r} must be an object"
     message.setdefault("content", "")
     return message, None
 
@@ -88,7 +94,9 @@ class ToolEnvironment(Environment):
         tools_enabled: False executes nothing: every call is answered as an unknown tool (a control).
     """
 
-    def __init__(self, tools: list[Callable[..., Any]] | None = None, timeout_s: float | None = 10.0, tools_enabled: bool = True) -> None:
+    def __init__(
+        self, tools: list[Callable[..., Any]] | None = None, timeout_s: float | None = 10.0, tools_enabled: bool = True
+    ) -> None:
         self.tools = list(self.tools if tools is None else tools) if tools_enabled else []
         self.timeout_s = timeout_s
         self._by_name = {fn.__name__: fn for fn in self.tools}

@@ -52,7 +52,10 @@ class VersionRecorder(RolloutEngine):
         """``weight_version_min`` / ``weight_version_mean`` of what was sampled (empty without versions)."""
         if not self.versions:
             return {}
-        return {"weight_version_min": float(min(self.versions)), "weight_version_mean": sum(self.versions) / len(self.versions)}
+        return {
+            "weight_version_min": float(min(self.versions)),
+            "weight_version_mean": sum(self.versions) / len(self.versions),
+        }
 
 
 def staleness_metrics(metrics: dict[str, float], step: int, limit: int | None) -> dict[str, float]:

@@ -57,4 +57,6 @@ def checkpoint_on_server_failure(trainer: L.Trainer) -> Iterator[None]:
             trainer.save_checkpoint(path)
         except Exception as save_err:  # noqa: BLE001 - whatever the save raised, the outage is still reported
             raise NoServerLeftError(f"{err}; writing a checkpoint to {path} failed too: {save_err}") from err
-        raise NoServerLeftError(f"{err}; training stopped at step {trainer.global_step}, checkpoint written to {path}") from err
+        raise NoServerLeftError(
+            f"{err}; training stopped at step {trainer.global_step}, checkpoint written to {path}"
+        ) from err

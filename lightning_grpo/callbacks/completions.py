@@ -39,9 +39,13 @@ class CompletionLogSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.every_n_steps, int) or self.every_n_steps < 0:
-            raise ValueError(f"rollout.log_completions.every_n_steps must be an integer >= 0, got {self.every_n_steps!r}")
+            raise ValueError(
+                f"rollout.log_completions.every_n_steps must be an integer >= 0, got {self.every_n_steps!r}"
+            )
         if self.groups is not None and (not isinstance(self.groups, int) or self.groups < 1):
-            raise ValueError(f"rollout.log_completions.groups must be an integer >= 1 or null (all), got {self.groups!r}")
+            raise ValueError(
+                f"rollout.log_completions.groups must be an integer >= 1 or null (all), got {self.groups!r}"
+            )
 
 
 class CompletionLog:
@@ -70,8 +74,14 @@ class CompletionLog:
         if self._batch is None or self._logged_at is not None:
             return
         step = trainer.global_step
-        rows = completion_rows(self._batch[0], self._batch[1], module.rollout_batch, trainer.datamodule.tokenizer, step,
-                               self.settings.groups)
+        rows = completion_rows(
+            self._batch[0],
+            self._batch[1],
+            module.rollout_batch,
+            trainer.datamodule.tokenizer,
+            step,
+            self.settings.groups,
+        )
         self._logged_at = step
         # rank 0 writes; trainer.log_dir would broadcast, which the other ranks never join here
         log_dir = local_log_dir(trainer) if trainer.global_rank == 0 and trainer.loggers else None
@@ -85,7 +95,9 @@ class CompletionLog:
             log_table(logger, rows, step)
 
 
-def completion_rows(result: Any, reward_names: list[str], batch: Any, tokenizer: Any, step: int, groups: int | None) -> list[dict[str, Any]]:
+def completion_rows(
+    result: Any, reward_names: list[str], batch: Any, tokenizer: Any, step: int, groups: int | None
+) -> list[dict[str, Any]]:
     """The rows of the first ``groups`` groups of a training batch (``result``: its SampleResult,
     ``batch``: the prepared RolloutBatch with its advantages)."""
     tensors, G = result.tensors, result.group_size
@@ -103,11 +115,15 @@ def completion_rows(result: Any, reward_names: list[str], batch: Any, tokenizer:
         prompt_ids = ids[:Lp][attn[:Lp].bool()].tolist()
         completion_ids = ids[Lp:][attn[Lp:].bool()].tolist()
         row = {
-            "step": step, "group": b // G, "prompt": tokenizer.decode(prompt_ids, skip_special_tokens=False),
+            "step": step,
+            "group": b // G,
+            "prompt": tokenizer.decode(prompt_ids, skip_special_tokens=False),
             "completion": tokenizer.decode(completion_ids, skip_special_tokens=True),
             "rewards": {name: float(v) for name, v in zip(reward_names, result.rewards[b].tolist())},
-            "reward": float(total[b]), "advantage": float(advantages[b]),
-            "length": int(tensors.completion_mask[b].sum()), "truncated": not bool(result.finished[b]),
+            "reward": float(total[b]),
+            "advantage": float(advantages[b]),
+            "length": int(tensors.completion_mask[b].sum()),
+            "truncated": not bool(result.finished[b]),
         }
         if tensors.turn_ids is not None:  # an episode: the whole transcript after the prompt, tool calls included
             turns = tensors.turn_ids[b]

@@ -59,7 +59,12 @@ class CurriculumCallback(Callback):
         for name, value in (("check_every_n_steps", check_every_n_steps), ("eval_prompts", eval_prompts)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"CurriculumCallback.{name} must be an integer >= 1, got {value!r}")
-        self.threshold, self.every, self.eval_prompts, self.task_column = float(threshold), check_every_n_steps, eval_prompts, task_column
+        self.threshold, self.every, self.eval_prompts, self.task_column = (
+            float(threshold),
+            check_every_n_steps,
+            eval_prompts,
+            task_column,
+        )
         #: ``{"step", "task", "accuracy", "level"}`` of every raise, in order.
         self.raises: list[dict[str, Any]] = []
         self.source: CurriculumSource | None = None  # the data module's, from setup on
@@ -101,7 +106,9 @@ class CurriculumCallback(Callback):
         self._restored = None
 
     @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if step == 0 or step % self.every or self._checked_at == step:
             return  # several micro-batches per optimizer step end at the same global_step: check once
@@ -116,7 +123,9 @@ class CurriculumCallback(Callback):
         rollout = find_callback(trainer, RolloutCallback, needed_by=self)
         accuracy: dict[str, float] = {}
         for task in source.curriculum_tasks():
-            records = [r for r in trainer.datamodule.train_records if r.get(self.task_column) == task][: self.eval_prompts]
+            records = [r for r in trainer.datamodule.train_records if r.get(self.task_column) == task][
+                : self.eval_prompts
+            ]
             if records:
                 accuracy[task] = float(rollout.evaluate(pl_module, records)["val/greedy_accuracy"])
         # every rank moves together: rank 0's verdict
@@ -128,8 +137,14 @@ class CurriculumCallback(Callback):
             source.set_level(task, level)
             self.raises.append({"step": trainer.global_step, "task": task, "accuracy": accuracy[task], "level": level})
             if trainer.global_rank == 0:
-                log.info("[curriculum] step %d: %s accuracy %.2f >= %.2f -> level %d", trainer.global_step, task,
-                         accuracy[task], self.threshold, level)
+                log.info(
+                    "[curriculum] step %d: %s accuracy %.2f >= %.2f -> level %d",
+                    trainer.global_step,
+                    task,
+                    accuracy[task],
+                    self.threshold,
+                    level,
+                )
         if raise_tasks:
             trainer.datamodule.refresh_train()
         metrics = {}

@@ -184,7 +184,9 @@ class RankWatch(Callback):
         self._check_ranks()
         for rank, proc in self._procs.items():  # ... or are killed
             if proc.poll() is None:
-                _say(f"lightning-grpo: rank {rank} (pid {proc.pid}) still runs {self.grace:g} s after the run failed: killed")
+                _say(
+                    f"lightning-grpo: rank {rank} (pid {proc.pid}) still runs {self.grace:g} s after the run failed: killed"
+                )
                 self._reported.add(rank)
                 proc.kill()
         self._arm()
@@ -204,11 +206,15 @@ class RankWatch(Callback):
         except Exception:  # noqa: BLE001 - the store lives in rank 0's process
             silent = [0] if self._rank != 0 else others
         for rank in silent:
-            _say(f"lightning-grpo: rank {rank} stopped answering: a collective of rank {self._rank} at step {step} {waited} "
-                 "for it (--distributed_timeout); stopping the run")
+            _say(
+                f"lightning-grpo: rank {rank} stopped answering: a collective of rank {self._rank} at step {step} {waited} "
+                "for it (--distributed_timeout); stopping the run"
+            )
         if not silent:
-            _say(f"lightning-grpo: every rank timed out in a collective at step {step}: the ranks called different "
-                 "collectives (one reached by some ranks only, e.g. under `if trainer.is_global_zero`)")
+            _say(
+                f"lightning-grpo: every rank timed out in a collective at step {step}: the ranks called different "
+                "collectives (one reached by some ranks only, e.g. under `if trainer.is_global_zero`)"
+            )
         return silent
 
     def _check_ranks(self) -> None:
@@ -221,8 +227,10 @@ class RankWatch(Callback):
                 if status == 0 and not self._exited_long_ago(proc):
                     continue
                 self._reported.add(rank)
-                _say(f"lightning-grpo: rank {rank} (pid {proc.pid}) exited with status {status} at step "
-                     f"{self._fit_trainer.global_step}; stopping the run")
+                _say(
+                    f"lightning-grpo: rank {rank} (pid {proc.pid}) exited with status {status} at step "
+                    f"{self._fit_trainer.global_step}; stopping the run"
+                )
                 self._arm()
             if self._parent is not None and os.getppid() != self._parent:
                 _say(f"lightning-grpo: rank {self._rank}: the launcher (rank 0, pid {self._parent}) is gone; stopping")
@@ -281,7 +289,9 @@ class RankWatch(Callback):
                 if signum in (signal.SIGTERM, signal.SIGINT) and not self._done.is_set():
                     if self._exit_status is None:
                         self._exit_status = 128 + signum
-                        _say(f"lightning-grpo: rank {self._rank} got {signal.Signals(signum).name}: stopping every rank")
+                        _say(
+                            f"lightning-grpo: rank {self._rank} got {signal.Signals(signum).name}: stopping every rank"
+                        )
                     for proc in self._procs.values():
                         if proc.poll() is None:
                             proc.send_signal(signal.SIGTERM)

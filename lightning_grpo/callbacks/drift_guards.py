@@ -43,9 +43,11 @@ class RewardHackingGuard(Guard):
     name = "reward_hacking"
     CHECKS_AT_VALIDATION = True
     SETTINGS = ("window", "min_train_rise", "max_heldout_share")
-    KNOBS = ("compare the completions that score on the training prompts with the held-out ones: tighten the "
-             "reward (format-only credit, a parser loophole), deduplicate training prompts, check that the "
-             "held-out split follows the same rules")
+    KNOBS = (
+        "compare the completions that score on the training prompts with the held-out ones: tighten the "
+        "reward (format-only credit, a parser loophole), deduplicate training prompts, check that the "
+        "held-out split follows the same rules"
+    )
 
     def __init__(
         self, window: int = 3, min_train_rise: float = 0.1, max_heldout_share: float = 0.25, action: Action = "warn"
@@ -102,8 +104,10 @@ class LengthGuard(Guard):
 
     name = "length"
     SETTINGS = ("window", "rise_factor", "min_tokens", "min_reward_gain", "reward")
-    KNOBS = ("a length-neutral aggregation (token_mean, or seq_mean_token_sum_norm: Dr.GRPO), a length penalty "
-             "(rewards: soft_overlong) or rollout.selection.overlong_filter, and check that no reward pays for length")
+    KNOBS = (
+        "a length-neutral aggregation (token_mean, or seq_mean_token_sum_norm: Dr.GRPO), a length penalty "
+        "(rewards: soft_overlong) or rollout.selection.overlong_filter, and check that no reward pays for length"
+    )
 
     def __init__(
         self,
@@ -173,7 +177,12 @@ class RewardDropGuard(Guard):
     SETTINGS = ("window", "drop", "min_gain", "reward")
 
     def __init__(
-        self, window: int = 20, drop: float = 0.5, min_gain: float = 0.1, reward: str | None = None, action: Action = "warn"
+        self,
+        window: int = 20,
+        drop: float = 0.5,
+        min_gain: float = 0.1,
+        reward: str | None = None,
+        action: Action = "warn",
     ) -> None:
         super().__init__(action)
         if window < 1:

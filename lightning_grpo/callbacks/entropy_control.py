@@ -97,7 +97,9 @@ class EntropyController(Callback):
             factor=base.factor,
         )
         if self.range.step <= (1.0 if self.range.factor else 0.0) or not self.range.low <= self.range.high:
-            raise ValueError(f"EntropyController: need step > {1 if self.range.factor else 0} and low <= high, got {self.range}")
+            raise ValueError(
+                f"EntropyController: need step > {1 if self.range.factor else 0} and low <= high, got {self.range}"
+            )
         self._low_given = low is not None
         self.knob, self.floor, self.ceiling, self.window = knob, floor, ceiling, window
         self.entropies: deque[float] = deque(maxlen=window)

@@ -33,19 +33,36 @@ def pass_at_k(correct: Tensor, n: int, k: int) -> Tensor:
     return out
 
 
-def evaluate_prompts(engine, reward_set, tokenizer, records, sampling: SamplingConfig, samples: int, seed: int,
-                     pass_k: list[int] | None = None, threshold: float = 1.0, split: str = "val") -> dict[str, float]:
+def evaluate_prompts(
+    engine,
+    reward_set,
+    tokenizer,
+    records,
+    sampling: SamplingConfig,
+    samples: int,
+    seed: int,
+    pass_k: list[int] | None = None,
+    threshold: float = 1.0,
+    split: str = "val",
+) -> dict[str, float]:
     """Greedy accuracy (mean of the first reward function under greedy decoding); with ``samples``
     = n > 0 also the mean total reward of n sampled completions per prompt (``val/reward_mean``),
     ``val/mean@n`` (mean first reward) and ``val/pass@k`` for each k of ``pass_k`` (default: n).
     ``split`` prefixes the names (``"test"``: ``test/greedy_accuracy``, ...)."""
     prompt_ids = [r["prompt_ids"] for r in records]
-    greedy = engine.generate(prompt_ids, SamplingConfig(n=1, temperature=0.0, max_new_tokens=sampling.max_new_tokens), seed)
+    greedy = engine.generate(
+        prompt_ids, SamplingConfig(n=1, temperature=0.0, max_new_tokens=sampling.max_new_tokens), seed
+    )
     scores = score_rollout(greedy, reward_set, tokenizer, records)
     out = {"greedy_accuracy": scores.rewards[:, 0].mean().item()}
     if samples > 0:
-        cfg = SamplingConfig(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
-                             top_k=sampling.top_k, max_new_tokens=sampling.max_new_tokens)
+        cfg = SamplingConfig(
+            n=samples,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_new_tokens=sampling.max_new_tokens,
+        )
         sampled = score_rollout(engine.generate(prompt_ids, cfg, seed), reward_set, tokenizer, records)
         out["reward_mean"] = (sampled.rewards @ sampled.weights).mean().item()
         first = sampled.rewards[:, 0].view(len(records), samples)  # [P, n]

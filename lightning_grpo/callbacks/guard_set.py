@@ -25,5 +25,11 @@ __all__ = ["default_guards"]
 
 def default_guards() -> list[Guard]:
     """A fresh instance of each default guard, in the order they run."""
-    return [NonFiniteGuard(), LogProbGuard(), EntropyGuard(floor=0.05, max_reward=0.9), IdenticalSamplesGuard(),
-            MismatchGuard(), ZeroStdGuard(max_reward=0.9)]
+    return [
+        NonFiniteGuard(),
+        LogProbGuard(),
+        EntropyGuard(floor=0.05, max_reward=0.9),
+        IdenticalSamplesGuard(),
+        MismatchGuard(),
+        ZeroStdGuard(max_reward=0.9),
+    ]

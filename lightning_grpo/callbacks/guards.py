@@ -194,8 +194,10 @@ class NonFiniteGuard(Guard):
         self.total += 1
         message = " and ".join(bad)
         if self.consecutive >= self.max_consecutive and self.action != "warn":
-            causes = ("learning rate too high, fp16 overflow (train in bf16 / fp32), NaN log-probs "
-                      "(LogProbGuard), a reward returning NaN")
+            causes = (
+                "learning rate too high, fp16 overflow (train in bf16 / fp32), NaN log-probs "
+                "(LogProbGuard), a reward returning NaN"
+            )
             message += f" for {self.consecutive} optimizer steps in a row (max_consecutive={self.max_consecutive}); look for: {causes}"
             self.fire(trainer, pl_module, message, action="stop")
         else:
@@ -235,15 +237,19 @@ class LogProbGuard(Guard):
                 continue
             rows = (~torch.isfinite(tensor) & valid).any(-1)  # [B]
             if rows.any():
-                findings.append(f"{name} is non-finite on valid tokens of rows {rows.nonzero().flatten().tolist()[:16]}")
+                findings.append(
+                    f"{name} is non-finite on valid tokens of rows {rows.nonzero().flatten().tolist()[:16]}"
+                )
                 bad_rows |= rows
                 tensor.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         if not findings:
             self.clear(pl_module)
             return
         batch.completion_mask[bad_rows] = 0
-        causes = ("non-finite weights (NonFiniteGuard), fp16 overflow in the engine or the trainer (use bf16 / fp32), "
-                  "-inf log-probs from top-k / top-p truncation")
+        causes = (
+            "non-finite weights (NonFiniteGuard), fp16 overflow in the engine or the trainer (use bf16 / fp32), "
+            "-inf log-probs from top-k / top-p truncation"
+        )
         message = f"{'; '.join(findings)} (of {len(valid)} rows); likely causes: {causes}"
         self.fire(trainer, pl_module, message)
 
@@ -259,10 +265,14 @@ class EntropyGuard(Guard):
 
     name = "entropy"
     SETTINGS = ("floor", "ceiling", "collapse_factor", "rise_factor", "window", "max_reward")
-    COLLAPSE_KNOBS = ("raise the upper clip (loss.init_args.policy_loss_args.eps_high, DAPO Clip-Higher: 0.28), use "
-                      "policy_loss clip_cov or kl_cov, advantage qae, or loss.init_args.terms.entropy_coef > 0; lower the lr")
-    EXPLOSION_KNOBS = ("lower the lr, tighten eps_high, add a KL term (loss.init_args.kl.beta), use clip_cov / kl_cov, "
-                       "and check the train-inference mismatch (MismatchGuard)")
+    COLLAPSE_KNOBS = (
+        "raise the upper clip (loss.init_args.policy_loss_args.eps_high, DAPO Clip-Higher: 0.28), use "
+        "policy_loss clip_cov or kl_cov, advantage qae, or loss.init_args.terms.entropy_coef > 0; lower the lr"
+    )
+    EXPLOSION_KNOBS = (
+        "lower the lr, tighten eps_high, add a KL term (loss.init_args.kl.beta), use clip_cov / kl_cov, "
+        "and check the train-inference mismatch (MismatchGuard)"
+    )
 
     def __init__(
         self,

@@ -38,7 +38,9 @@ class StepProgressBar(TQDMProgressBar):
         bar.refresh()
 
     @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         bar = self.train_progress_bar
         step = trainer.global_step
         if bar is not None and bar.n != step and self._should_update(step, bar.total):

@@ -54,7 +54,9 @@ class ReferenceSync(Callback):
             )
 
     @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step  # optimizer steps so far: act once after each
         if step == self._seen_step or step == 0:
             return

@@ -152,10 +152,13 @@ class RolloutCallback(Callback):
         if self.engine is None:
             from ..rollout.factory import EngineContext, build_engine
 
-            broadcast = (lambda obj: trainer.strategy.broadcast(obj, src=0)) if trainer.world_size > 1 else (lambda obj: obj)
+            broadcast = (
+                (lambda obj: trainer.strategy.broadcast(obj, src=0)) if trainer.world_size > 1 else (lambda obj: obj)
+            )
             context = EngineContext(trainer.global_rank, trainer.world_size, trainer.log_dir, broadcast)
-            self.engine = build_engine(self.engine_name, module, trainer.datamodule.tokenizer, self.seed,
-                                       self.engine_settings(), context)
+            self.engine = build_engine(
+                self.engine_name, module, trainer.datamodule.tokenizer, self.seed, self.engine_settings(), context
+            )
             self._owns_engine = True
         return self.engine
 
@@ -241,7 +244,9 @@ class RolloutCallback(Callback):
 
     # ---------------------------------------------------------------------- training
     @override
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if int(batch["micro"]) == 0:
             self._generate(trainer, pl_module)
         self._batch_start = time.perf_counter()
@@ -297,9 +302,13 @@ class RolloutCallback(Callback):
                 return self.engine.prepare_push(weights)
 
         steps = self.geometry.optimizer_steps  # per generation batch
-        return AsyncRollout(self.max_staleness, steps, prepare, self.engine.send_push, lambda g: self._sample(trainer, g))
+        return AsyncRollout(
+            self.max_staleness, steps, prepare, self.engine.send_push, lambda g: self._sample(trainer, g)
+        )
 
-    def _use_batch(self, trainer: L.Trainer, module: L.LightningModule, result: SampleResult, times: dict[str, float]) -> None:
+    def _use_batch(
+        self, trainer: L.Trainer, module: L.LightningModule, result: SampleResult, times: dict[str, float]
+    ) -> None:
         times["time/generate"], times["time/reward"] = result.generate_time, result.reward_time
         result.metrics.update(staleness_metrics(result.metrics, trainer.global_step, self.max_staleness or None))
         start = time.perf_counter()
@@ -333,19 +342,28 @@ class RolloutCallback(Callback):
         """One generation batch of kept groups (subclasses sample multi-turn episodes here)."""
         dm = trainer.datamodule
         return sample_groups(
-            engine, self.reward_set, dm.tokenizer, self.sampling, self.selector, prompts_for, seed_for,
-            target_groups=dm.batch_size, max_rounds=self.max_generation_rounds,
+            engine,
+            self.reward_set,
+            dm.tokenizer,
+            self.sampling,
+            self.selector,
+            prompts_for,
+            seed_for,
+            target_groups=dm.batch_size,
+            max_rounds=self.max_generation_rounds,
         )
 
     # -------------------------------------------------------------------- validation
     @override
-    def on_validation_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int,
-                                  dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self._eval_batch = batch_idx
 
     @override
-    def on_test_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int,
-                            dataloader_idx: int = 0) -> None:
+    def on_test_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         self._eval_batch = batch_idx
 
     def eval_seed(self, module: L.LightningModule, split: str) -> int:
@@ -364,8 +382,18 @@ class RolloutCallback(Callback):
         engine = self._ensure_engine(trainer, module)
         seed = self.eval_seed(module, split)
         settings = self.evaluation
-        args = (engine, self.reward_set, trainer.datamodule.tokenizer, records, self.sampling, settings.samples, seed,
-                settings.pass_k, settings.pass_threshold, split)
+        args = (
+            engine,
+            self.reward_set,
+            trainer.datamodule.tokenizer,
+            records,
+            self.sampling,
+            settings.samples,
+            seed,
+            settings.pass_k,
+            settings.pass_threshold,
+            split,
+        )
         if self._pipeline is not None:  # the worker owns the servers: queue behind its work
             return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
         self.sync_weights(module)
@@ -391,13 +419,19 @@ class RolloutCallback(Callback):
     # ------------------------------------------------------------------------- state
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "generations": self.generations, "dynamic_sampling": self.dynamic_sampling,
-                "temperature": self.sampling.temperature}
+        return {
+            "seed": self.seed,
+            "generations": self.generations,
+            "dynamic_sampling": self.dynamic_sampling,
+            "temperature": self.sampling.temperature,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.seed = state_dict["seed"]
         self.generations = state_dict["generations"]
-        self.set_dynamic_sampling(state_dict.get("dynamic_sampling", self.dynamic_sampling))  # a guard may have changed them
+        self.set_dynamic_sampling(
+            state_dict.get("dynamic_sampling", self.dynamic_sampling)
+        )  # a guard may have changed them
         self.set_temperature(state_dict.get("temperature", self.sampling.temperature))
         self._engine_version = -1  # a resumed run always pushes before its first generation

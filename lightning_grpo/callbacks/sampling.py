@@ -89,7 +89,10 @@ def rollout_statistics(rollout: Rollout, scores: RewardScores) -> dict[str, floa
         "reward_max": total.max().item(),
         "frac_reward_zero_std": (total.max(-1).values == total.min(-1).values).float().mean().item(),
         "reward_levels": float(total.unique().numel()),  # distinct total rewards (2: a pass / fail reward)
-        "frac_groups_all_lowest": (total.max(-1).values == total.min()).float().mean().item(),  # every sample at the batch minimum
+        "frac_groups_all_lowest": (total.max(-1).values == total.min())
+        .float()
+        .mean()
+        .item(),  # every sample at the batch minimum
         "frac_identical_groups": (distinct == 1).float().mean().item() if G > 1 else 0.0,
         "distinct_per_group": distinct.mean().item(),
         "completion_length_mean": lengths.mean().item(),

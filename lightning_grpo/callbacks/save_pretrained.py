@@ -39,12 +39,20 @@ class SavePretrained(Callback):
         dtype: cast the saved weights ("float32", "bfloat16", "float16"); None = as trained.
     """
 
-    def __init__(self, dirpath: str | None = None, every_n_steps: int = 0, keep_last: int = 1, merge_lora: bool = True,
-                 dtype: Literal["float32", "bfloat16", "float16"] | None = None) -> None:
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        every_n_steps: int = 0,
+        keep_last: int = 1,
+        merge_lora: bool = True,
+        dtype: Literal["float32", "bfloat16", "float16"] | None = None,
+    ) -> None:
         if dirpath is not None and not str(dirpath).strip():
             raise ValueError("SavePretrained.dirpath must name the directory to write (or be null: the run folder)")
         if not isinstance(every_n_steps, int) or every_n_steps < 0:
-            raise ValueError(f"SavePretrained.every_n_steps must be an integer >= 0 (0 = at the end only), got {every_n_steps!r}")
+            raise ValueError(
+                f"SavePretrained.every_n_steps must be an integer >= 0 (0 = at the end only), got {every_n_steps!r}"
+            )
         if not isinstance(keep_last, int) or keep_last < 1:
             raise ValueError(f"SavePretrained.keep_last must be an integer >= 1, got {keep_last!r}")
         if dtype not in (None, "float32", "bfloat16", "float16"):
@@ -60,7 +68,11 @@ class SavePretrained(Callback):
         if not self.merge_lora and pl_module.lora is None:
             raise ValueError("SavePretrained.merge_lora=false saves a LoRA adapter, but model.policy.lora is not set")
         path = self.dirpath
-        if path is not None and path.exists() and (not path.is_dir() or (any(path.iterdir()) and not _is_model_folder(path))):
+        if (
+            path is not None
+            and path.exists()
+            and (not path.is_dir() or (any(path.iterdir()) and not _is_model_folder(path)))
+        ):
             raise ValueError(
                 f"SavePretrained.dirpath {str(path)!r} exists and is not a saved model directory (no config.json); "
                 "it would be replaced whole: choose another directory (not the logger's)"
@@ -73,7 +85,9 @@ class SavePretrained(Callback):
         return Path(trainer.log_dir or trainer.default_root_dir) / "model"
 
     @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self._saved_step:
             self.save(trainer, pl_module)
@@ -93,9 +107,15 @@ class SavePretrained(Callback):
         with gathered_weights_for_engine(pl_module.policy) as weights:
             if trainer.is_global_zero:
                 self._shift_previous(out)
-                write_model_folder(pl_module.policy, tokenizer, out, dtype=self.dtype, adapter=not self.merge_lora,
-                                   weights=None if not self.merge_lora else weights,
-                                   base_model=pl_module.model_source)
+                write_model_folder(
+                    pl_module.policy,
+                    tokenizer,
+                    out,
+                    dtype=self.dtype,
+                    adapter=not self.merge_lora,
+                    weights=None if not self.merge_lora else weights,
+                    base_model=pl_module.model_source,
+                )
                 (out / STEP_FILE).write_text(json.dumps({"global_step": step}) + "\n")
         self._saved_step = step
         return out
@@ -108,8 +128,10 @@ class SavePretrained(Callback):
             shutil.rmtree(kept, ignore_errors=True)
             out.rename(kept)
         pattern = re.compile(rf"^{re.escape(out.name)}-step(\d+)$")
-        older = sorted((p for p in out.parent.glob(f"{out.name}-step*") if pattern.match(p.name)),
-                       key=lambda p: int(pattern.match(p.name).group(1)))
+        older = sorted(
+            (p for p in out.parent.glob(f"{out.name}-step*") if pattern.match(p.name)),
+            key=lambda p: int(pattern.match(p.name).group(1)),
+        )
         for stale in older[: max(0, len(older) - (self.keep_last - 1))]:
             shutil.rmtree(stale, ignore_errors=True)
 

@@ -55,7 +55,9 @@ class EvaluationSettings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.samples, int) or self.samples < 0:
-            raise ValueError(f"rollout.evaluation.samples must be an integer >= 0 (0 = greedy only), got {self.samples!r}")
+            raise ValueError(
+                f"rollout.evaluation.samples must be an integer >= 0 (0 = greedy only), got {self.samples!r}"
+            )
         for k in self.pass_k or []:
             if not isinstance(k, int) or not 1 <= k <= self.samples:
                 raise ValueError(

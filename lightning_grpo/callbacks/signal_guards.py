@@ -106,7 +106,9 @@ class ZeroStdGuard(Guard):
     ) -> None:
         super().__init__(action)
         if not (max_temperature > 0 and temperature_step > 0):
-            raise ValueError(f"ZeroStdGuard.max_temperature and temperature_step must be > 0, got {max_temperature}, {temperature_step}")
+            raise ValueError(
+                f"ZeroStdGuard.max_temperature and temperature_step must be > 0, got {max_temperature}, {temperature_step}"
+            )
         self.max_temperature, self.temperature_step = max_temperature, temperature_step
         for field, value in (("threshold", threshold), ("pass_fail_threshold", pass_fail_threshold)):
             if value is not None and not 0 < value <= 1:
@@ -134,7 +136,9 @@ class ZeroStdGuard(Guard):
         message = None
         if len(self.fractions) == self.fractions.maxlen and not learned:
             pass_fail = self._pass_fail(trainer, batch.group_size, reward)
-            fractions, threshold = (self.lowest, self.pass_fail_threshold) if pass_fail else (self.fractions, self.threshold)
+            fractions, threshold = (
+                (self.lowest, self.pass_fail_threshold) if pass_fail else (self.fractions, self.threshold)
+            )
             frac = sum(fractions) / len(fractions)
             if frac >= threshold:
                 message = self._message(trainer, frac, reward, pass_fail)

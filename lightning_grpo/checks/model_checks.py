@@ -18,9 +18,18 @@ def check_loss(module: Any) -> None:
     mask = torch.ones(4, 3)  # [B, T]
     near = logp - 0.05 * torch.rand(4, 3, generator=generator)  # old / ref / rollout log-probs close to logp
     try:
-        loss(logp.clone().requires_grad_(True), mask, torch.tensor([1.0, -1.0, 0.5, -0.5]), old_logp=near, ref_logp=near,
-             rollout_logp=near, entropy=torch.full((4, 3), 0.5), num_tokens=torch.tensor(12.0),
-             num_sequences=torch.tensor(4.0), turn_ids=torch.zeros(4, 3, dtype=torch.long))
+        loss(
+            logp.clone().requires_grad_(True),
+            mask,
+            torch.tensor([1.0, -1.0, 0.5, -0.5]),
+            old_logp=near,
+            ref_logp=near,
+            rollout_logp=near,
+            entropy=torch.full((4, 3), 0.5),
+            num_tokens=torch.tensor(12.0),
+            num_sequences=torch.tensor(4.0),
+            turn_ids=torch.zeros(4, 3, dtype=torch.long),
+        )
     except (ValueError, TypeError, KeyError) as err:
         raise ValueError(f"{_loss_field(loss, err)}: {err}") from err
 

@@ -47,18 +47,27 @@ def servers(callback: Any) -> Iterator[tuple[str, str, str]]:
     """(field, URL, what to do when it is down) of every server the run's rollout talks to."""
     if callback.engine is None and callback.engine_name == "vllm_server":
         for url in callback.server.urls or []:
-            yield ("rollout.server.urls", str(url),
-                   "start the vLLM server first (docs/distributed.md), or drop rollout.server.urls to have the run start its own")
+            yield (
+                "rollout.server.urls",
+                str(url),
+                "start the vLLM server first (docs/distributed.md), or drop rollout.server.urls to have the run start its own",
+            )
     for key, value in (getattr(callback, "environment_args", None) or {}).items():
         if key == "url" or key.endswith("_url"):
-            yield (f"rollout.environment_args.{key}", str(value),
-                   "start the environment's server first (docs/environments.md) and check the port")
+            yield (
+                f"rollout.environment_args.{key}",
+                str(value),
+                "start the environment's server first (docs/environments.md) and check the port",
+            )
     reward_set = callback.reward_set
     for i, (spec, fn) in enumerate(zip(reward_set.specs, reward_set.fns)):
         url = getattr(fn, "base_url", None) or getattr(fn, "url", None)
         if isinstance(url, str) and url.startswith(("http://", "https://")):
-            yield (f"rollout.rewards[{i}] ({spec.label})", url,
-                   "start the reward's server first (docs/reward_models.md) and check its base_url")
+            yield (
+                f"rollout.rewards[{i}] ({spec.label})",
+                url,
+                "start the reward's server first (docs/reward_models.md) and check its base_url",
+            )
 
 
 def unreachable(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
@@ -101,9 +110,13 @@ def check_teachers(module: Any, recipes: Sequence[str | Path] = ()) -> None:
         if command is None and not _looks_local(folder):
             continue  # a hub name 'org/name'
         what = "an adapter folder" if spec.startswith("adapter:") else "a model folder"
-        todo = f"make it first: {command}" if command else (
-            "make it first, e.g. train a teacher with --trainer.callbacks+=lightning_grpo.SavePretrained "
-            f"--trainer.callbacks.dirpath={folder}, or give a hub name 'org/name'"
+        todo = (
+            f"make it first: {command}"
+            if command
+            else (
+                "make it first, e.g. train a teacher with --trainer.callbacks+=lightning_grpo.SavePretrained "
+                f"--trainer.callbacks.dirpath={folder}, or give a hub name 'org/name'"
+            )
         )
         raise FileNotFoundError(f"{where}: {folder} does not exist (expected {what}); {todo}")
 

@@ -54,7 +54,9 @@ from .preflight import check_external
 CB = "rollout"
 
 
-def check_fit_config(trainer: Any, module: Any, callback: Any, datamodule: Any = None, recipes: Sequence[Any] = ()) -> None:
+def check_fit_config(
+    trainer: Any, module: Any, callback: Any, datamodule: Any = None, recipes: Sequence[Any] = ()
+) -> None:
     """Raise on the first inconsistent or out-of-range option of the run (see the module docstring).
 
     ``datamodule``: the run's data module, when the trainer does not hold it yet (before
@@ -301,7 +303,9 @@ def check_optimizer(module: Any) -> None:
     for group in getattr(optimizer, "param_groups", []):
         lr = group.get("lr")
         if isinstance(lr, (int, float, torch.Tensor)) and not float(lr) > 0:
-            raise ValueError(f"model.optimizer: the learning rate must be > 0 (0 never changes the policy), got {float(lr)}")
+            raise ValueError(
+                f"model.optimizer: the learning rate must be > 0 (0 never changes the policy), got {float(lr)}"
+            )
 
 
 def _callable_name(factory: Any) -> str:

@@ -142,9 +142,11 @@ class GRPOCLI(LightningCLI):
         """``--model.model`` as a path, and ``--distributed_timeout`` (also the ``sft`` command's)."""
         _plain_model_option(parser)
         parser.add_argument(
-            "--distributed_timeout", type=PositiveFloat, default=DEFAULT_TIMEOUT_S,
+            "--distributed_timeout",
+            type=PositiveFloat,
+            default=DEFAULT_TIMEOUT_S,
             help="Multi-process runs (DDP / FSDP): seconds a collective waits for every rank before the run "
-                 "stops, naming the rank that stopped answering",
+            "stops, naming the rank that stopped answering",
         )
 
     def instantiate_classes(self) -> None:
@@ -181,7 +183,9 @@ class GRPOCLI(LightningCLI):
             )
         if not any(isinstance(c, RankWatch) for c in config["callbacks"]):  # DDP: a lost rank ends every rank
             config["callbacks"].append(RankWatch(handle_signals=True))
-        if config.get("enable_progress_bar", True) is not False and not any(isinstance(c, ProgressBar) for c in config["callbacks"]):
+        if config.get("enable_progress_bar", True) is not False and not any(
+            isinstance(c, ProgressBar) for c in config["callbacks"]
+        ):
             from ..callbacks.progress import StepProgressBar
 
             config["callbacks"].append(StepProgressBar())  # steps of max_steps, not epochs
@@ -205,7 +209,6 @@ class GRPOCLI(LightningCLI):
         except (ValueError, TypeError, FileNotFoundError, ImportError, ConnectionError) as err:
             mark(err)
             raise
-
 
     def before_validate(self) -> None:
         """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint)."""
@@ -241,21 +244,33 @@ class GRPOCLI(LightningCLI):
             if self._checkpoint_dirpath_has_last():
                 return
             verb, _, hint = _LAST_CHECKPOINT_WORDS[str(self.subcommand)]
-            raise mark(FileNotFoundError(
-                f"--ckpt_path last: no checkpoint to {verb} in {root} (searched version_*/checkpoints/*.ckpt); {hint}"
-            )) from None
+            raise mark(
+                FileNotFoundError(
+                    f"--ckpt_path last: no checkpoint to {verb} in {root} (searched version_*/checkpoints/*.ckpt); {hint}"
+                )
+            ) from None
         config["ckpt_path"] = config_init["ckpt_path"] = found
         rank_zero_info(f"--ckpt_path last: {_LAST_CHECKPOINT_WORDS[str(self.subcommand)][1]} {found}")
 
     def _checkpoint_dirpath_has_last(self) -> bool:
         from lightning.pytorch.callbacks import ModelCheckpoint
 
-        folders = [Path(cb.dirpath) for cb in self.trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
+        folders = [
+            Path(cb.dirpath)
+            for cb in self.trainer.checkpoint_callbacks
+            if isinstance(cb, ModelCheckpoint) and cb.dirpath
+        ]
         return any(any(folder.glob("last*.ckpt")) for folder in folders if folder.is_dir())
 
 
-def build_cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = GRPOCLI,
-              model_class: type | None = None, datamodule_class: type | None = None, epilog: str = EPILOG) -> LightningCLI:
+def build_cli(
+    args: list[str] | None = None,
+    run: bool = True,
+    cli_class: type[LightningCLI] = GRPOCLI,
+    model_class: type | None = None,
+    datamodule_class: type | None = None,
+    epilog: str = EPILOG,
+) -> LightningCLI:
     """The CLI over GRPOModule and PromptDataModule, or ``model_class`` and ``datamodule_class`` (the
     ``sft`` command's; ``run=False``: parse and instantiate only)."""
     from jsonargparse import set_parsing_settings

@@ -51,7 +51,7 @@ LOSS_RENAMES: dict[str, str] = {
 # listed (its fields would be answered as renamed); `rollout.weight_sync: false` -> `rollout.weight_sync.enabled: false`.
 ROLLOUT_RENAMES: dict[str, str] = {
     "rollout.vllm_args": "rollout.vllm (engine vllm: typed VLLMArgs fields) or rollout.server (engine vllm_server: "
-                         "ServerSettings fields)",
+    "ServerSettings fields)",
     "rollout.dynamic_sampling": "rollout.selection.dynamic_sampling",
     "rollout.dynamic_sampling_reward": "rollout.selection.dynamic_sampling_reward",
     "rollout.max_generation_rounds": "rollout.selection.max_generation_rounds",
@@ -64,7 +64,7 @@ ROLLOUT_RENAMES: dict[str, str] = {
     "rollout.lora_sync": "rollout.weight_sync.lora",
     "rollout.forward_rows": "model.forward.rows_per_pass",
     "rollout.async_correction": "model.loss.init_args.off_policy.correction (the loss's correction; rollout.max_staleness "
-                                ">= 1 needs one)",
+    ">= 1 needs one)",
 }
 
 # ---------------------------------------------------------------- data.* (PromptDataModule, SFTDataModule)

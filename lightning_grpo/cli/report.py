@@ -86,7 +86,10 @@ def _metric_lines(run: Run) -> list[str]:
         )
     else:
         lines.append("reward: train/reward_mean not logged")
-    for column, name in (("val/greedy_accuracy", "held-out greedy accuracy"), ("val/reward_mean", "held-out reward mean")):
+    for column, name in (
+        ("val/greedy_accuracy", "held-out greedy accuracy"),
+        ("val/reward_mean", "held-out reward mean"),
+    ):
         points = _points(run, column)
         if points:
             (s0, v0), (s1, v1) = points[0], points[-1]
@@ -146,13 +149,17 @@ def _completion_lines(run: Run) -> list[str]:
     step = int(run.completions[-1]["step"])
     rows = sorted((r for r in run.completions if int(r["step"]) == step), key=lambda r: -float(r.get("reward", 0.0)))
     n = min(SHOWN_COMPLETIONS, len(rows) // 2 or 1)
-    lines = [f"completions of step {step} (the last logged; {len(rows)} rows in completions.jsonl), best and worst {n}:"]
+    lines = [
+        f"completions of step {step} (the last logged; {len(rows)} rows in completions.jsonl), best and worst {n}:"
+    ]
     for label, chosen in (("best", rows[:n]), ("worst", rows[-n:] if len(rows) > n else [])):
         for r in chosen:
-            lines.append(f"  {label}: reward {float(r.get('reward', float('nan'))):.3f}, advantage "
-                         f"{float(r.get('advantage', float('nan'))):+.3f}, {r.get('length', '?')} tokens"
-                         f"{' (truncated)' if r.get('truncated') else ''}: {_clip(str(r.get('prompt', '')), 40)!r} -> "
-                         f"{_clip(str(r.get('transcript', r.get('completion', ''))))!r}")
+            lines.append(
+                f"  {label}: reward {float(r.get('reward', float('nan'))):.3f}, advantage "
+                f"{float(r.get('advantage', float('nan'))):+.3f}, {r.get('length', '?')} tokens"
+                f"{' (truncated)' if r.get('truncated') else ''}: {_clip(str(r.get('prompt', '')), 40)!r} -> "
+                f"{_clip(str(r.get('transcript', r.get('completion', ''))))!r}"
+            )
     return lines
 
 
@@ -161,10 +168,14 @@ def _version_lines(run: Run) -> list[str]:
     lines = []
     if len(run.versions) > 1:
         names = " -> ".join(p.name for p in run.versions)
-        lines.append(f"versions: {names} (a resumed run, stitched by step: a later version replaces from its first step)")
+        lines.append(
+            f"versions: {names} (a resumed run, stitched by step: a later version replaces from its first step)"
+        )
     if run.other_versions:
         others = ", ".join(p.name for p in run.other_versions)
-        lines.append(f"read {', '.join(p.name for p in run.versions)} only; other runs there: {others} (pass one as RUN_DIR to read it)")
+        lines.append(
+            f"read {', '.join(p.name for p in run.versions)} only; other runs there: {others} (pass one as RUN_DIR to read it)"
+        )
     return lines
 
 
@@ -176,7 +187,9 @@ def summarize(run: Run) -> str:
         "lightning-grpo run report",
         f"run dir: {run.path}",
         *_version_lines(run),
-        f"steps: {steps} optimizer steps (last logged step {steps - 1})" if steps else "steps: no train/* metrics logged",
+        f"steps: {steps} optimizer steps (last logged step {steps - 1})"
+        if steps
+        else "steps: no train/* metrics logged",
         *_metric_lines(run),
         f"what the detectors saw ({source}):",
         *_alarm_lines(run),
@@ -219,10 +232,18 @@ def _draw_panel(ax, run: Run, title: str, specs: list[tuple[str, str]]) -> None:
     if title == "reward":
         std = dict(run.series.get("train/reward_std", []))
         low, high = dict(run.series.get("train/reward_min", [])), dict(run.series.get("train/reward_max", []))
-        _band(ax, [(s, max(v - std[s], low.get(s, -math.inf)), min(v + std[s], high.get(s, math.inf)))
-                   for s, v in _points(run, "train/reward_mean") if s in std])  # mean ± std within the rewards seen
-        for column, label, marker in (("val/greedy_accuracy", "held-out greedy accuracy", "o"),
-                                      ("val/reward_mean", "held-out reward", "s")):
+        _band(
+            ax,
+            [
+                (s, max(v - std[s], low.get(s, -math.inf)), min(v + std[s], high.get(s, math.inf)))
+                for s, v in _points(run, "train/reward_mean")
+                if s in std
+            ],
+        )  # mean ± std within the rewards seen
+        for column, label, marker in (
+            ("val/greedy_accuracy", "held-out greedy accuracy", "o"),
+            ("val/reward_mean", "held-out reward", "s"),
+        ):
             drawn.append(_line(ax, run, column, label, marker=marker, ls="none", ms=4))
     if title == "completion length":
         low = dict(run.series.get("train/completion_length_min", []))

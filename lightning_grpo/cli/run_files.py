@@ -132,7 +132,9 @@ def read_jsonl(path: Path) -> list[dict]:
     return records
 
 
-def read_alarms(run_dir: Path, series: dict[str, Series], records: list[dict] | None = None) -> tuple[dict[str, list[dict]], bool]:
+def read_alarms(
+    run_dir: Path, series: dict[str, Series], records: list[dict] | None = None
+) -> tuple[dict[str, list[dict]], bool]:
     """Alarms per guard: ``alarms.jsonl`` records (or ``records``) where present, else one per firing
     (value >= 0.5) in the ``alarm/<guard>`` columns. Returns (alarms, whether alarms.jsonl was read)."""
     from_jsonl = records is not None or (run_dir / "alarms.jsonl").is_file()
@@ -171,11 +173,20 @@ def load_run(path: str | Path) -> Run:
         completions += [r for r in read_jsonl(version / "completions.jsonl") if start is None or int(r["step"]) < start]
     merged = {column: sorted(p.items()) for column, p in series.items()}
     alarms, from_jsonl = read_alarms(latest, merged, alarm_records if any_jsonl else None)
-    others = [p for p in latest.parent.glob("version_*") if p not in chain and (p / "metrics.csv").is_file()] \
-        if latest.name.startswith("version_") else []
-    return Run(path=latest, series=merged, alarms=alarms, alarms_from_jsonl=from_jsonl,
-               completions=sorted(completions, key=lambda r: int(r["step"])), versions=chain,
-               other_versions=sorted(others, key=_version_number))
+    others = (
+        [p for p in latest.parent.glob("version_*") if p not in chain and (p / "metrics.csv").is_file()]
+        if latest.name.startswith("version_")
+        else []
+    )
+    return Run(
+        path=latest,
+        series=merged,
+        alarms=alarms,
+        alarms_from_jsonl=from_jsonl,
+        completions=sorted(completions, key=lambda r: int(r["step"])),
+        versions=chain,
+        other_versions=sorted(others, key=_version_number),
+    )
 
 
 def _first_step(version: Path) -> int | None:

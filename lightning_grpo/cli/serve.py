@@ -46,16 +46,29 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    parser = argparse.ArgumentParser(prog=PROG, description="Serve an exported model folder with vLLM's OpenAI-compatible server.")
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Serve an exported model folder with vLLM's OpenAI-compatible server."
+    )
     parser.add_argument("folder", help="a model folder written by lightning-grpo export (merged, not --adapter)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)"
+    )
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-model-len", type=int, default=None, help="longest prompt + completion (default: the model's)")
-    parser.add_argument("--kv-cache-bytes", type=int, default=None, help="CPU: KV cache size (default: 4 full-length sequences, >= 64 MiB)")
+    parser.add_argument(
+        "--max-model-len", type=int, default=None, help="longest prompt + completion (default: the model's)"
+    )
+    parser.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=None,
+        help="CPU: KV cache size (default: 4 full-length sequences, >= 64 MiB)",
+    )
     parser.add_argument("--print-only", action="store_true", help="print the command and exit")
     args = parser.parse_args(argv)
     try:
-        env, command = serve_command(Path(args.folder), args.host, args.port, args.max_model_len, args.kv_cache_bytes, extra)
+        env, command = serve_command(
+            Path(args.folder), args.host, args.port, args.max_model_len, args.kv_cache_bytes, extra
+        )
     except ValueError as err:
         print_and_exit(str(err), prog=PROG)
     print(shlex.join([f"{k}={v}" for k, v in env.items()] + command), flush=True)
@@ -64,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     os.execve(command[0], command, {**os.environ, **env})  # the server replaces this process: signals reach it
 
 
-def serve_command(folder: Path, host: str, port: int, max_model_len: int | None, kv_cache_bytes: int | None,
-                  extra: list[str]) -> tuple[dict[str, str], list[str]]:
+def serve_command(
+    folder: Path, host: str, port: int, max_model_len: int | None, kv_cache_bytes: int | None, extra: list[str]
+) -> tuple[dict[str, str], list[str]]:
     """(the environment to add, the command line) serving ``folder``; a ValueError for a folder it cannot serve."""
     from ..rollout.prefill import CHUNKED_PREFILL_ON_CPU, cpu_prefill_budget, is_cpu_platform
 
@@ -79,9 +93,21 @@ def serve_command(folder: Path, host: str, port: int, max_model_len: int | None,
         raise ValueError(f"--enable-chunked-prefill: {CHUNKED_PREFILL_ON_CPU}; remove the option")
     dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
     length = max_model_len or int(config.get("max_position_embeddings") or 2048)
-    kv = kv_cache_bytes if kv_cache_bytes is not None else max(MIN_KV_CACHE_BYTES, KV_CACHE_SEQUENCES * length * _kv_bytes_per_token(config, dtype))
-    command += ["--dtype", dtype, "--enforce-eager", "--kv-cache-memory-bytes", str(kv), "--no-enable-chunked-prefill",
-                "--max-num-batched-tokens", str(cpu_prefill_budget(length, None, "--max-model-len"))]
+    kv = (
+        kv_cache_bytes
+        if kv_cache_bytes is not None
+        else max(MIN_KV_CACHE_BYTES, KV_CACHE_SEQUENCES * length * _kv_bytes_per_token(config, dtype))
+    )
+    command += [
+        "--dtype",
+        dtype,
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(kv),
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        str(cpu_prefill_budget(length, None, "--max-model-len")),
+    ]
     return {"TORCHDYNAMO_DISABLE": "1"}, command + extra
 
 
@@ -90,14 +116,18 @@ def _model_config(folder: Path) -> dict:
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder (expected a model folder written by lightning-grpo export)")
     if (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file():
-        raise ValueError(f"{folder} holds a LoRA adapter (adapter_config.json), not a model: serve the merged export "
-                         "(lightning-grpo export RUN --out FOLDER, without --adapter)")
+        raise ValueError(
+            f"{folder} holds a LoRA adapter (adapter_config.json), not a model: serve the merged export "
+            "(lightning-grpo export RUN --out FOLDER, without --adapter)"
+        )
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder} has no config.json: not a model folder (write one with lightning-grpo export)")
     config = json.loads((folder / "config.json").read_text())
     if (config.get("quantization_config") or {}).get("quant_method") == "bitsandbytes":
-        raise ValueError(f"{folder} holds a 4-bit (bitsandbytes) model: export the QLoRA run again with this version "
-                         "(it writes the dequantised, merged weights)")
+        raise ValueError(
+            f"{folder} holds a 4-bit (bitsandbytes) model: export the QLoRA run again with this version "
+            "(it writes the dequantised, merged weights)"
+        )
     return config
 
 

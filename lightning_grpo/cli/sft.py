@@ -28,7 +28,9 @@ class SFTCLI(GRPOCLI):
         self.add_common_arguments(parser)
 
 
-def build_sft_cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = SFTCLI) -> LightningCLI:
+def build_sft_cli(
+    args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = SFTCLI
+) -> LightningCLI:
     """The ``sft`` command's CLI (``run=False``: parse and instantiate only)."""
     from ..data.sft import SFTDataModule
     from ..training.sft import SFTModule

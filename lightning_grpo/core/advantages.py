@@ -261,14 +261,24 @@ def normalize_then_sum(
     total = (torch.stack(per_reward, dim=1) * weights).sum(dim=1)  # [B]
     if not batch_normalize:
         return total
-    constant = torch.stack([constant_rows(as_groups(rewards[:, k], group_size)) for k in range(rewards.shape[1])]).all(0)  # [B]
+    constant = torch.stack([constant_rows(as_groups(rewards[:, k], group_size)) for k in range(rewards.shape[1])]).all(
+        0
+    )  # [B]
     return whiten_signal(total, constant, batch_eps)
 
 
 # Read by the fit-time checks (lightning_grpo.checks.validation) instead of branching on names: each of
 # these estimators compares a completion with the others of its group, so it needs G >= 2 to give
 # any signal; grpo also divides by the group's reward std. A custom estimator may set them too.
-for _estimator in (grpo_advantages, dr_grpo_advantages, batch_std_advantages, rloo_advantages,
-                   reinforce_pp_baseline_advantages, qae_advantages, opo_advantages, gpg_advantages):
+for _estimator in (
+    grpo_advantages,
+    dr_grpo_advantages,
+    batch_std_advantages,
+    rloo_advantages,
+    reinforce_pp_baseline_advantages,
+    qae_advantages,
+    opo_advantages,
+    gpg_advantages,
+):
     _estimator.group_relative = True
 grpo_advantages.divides_by_group_std = True

@@ -57,7 +57,9 @@ class RolloutBatch:
         return replace(self, **changes)
 
     def to(self, device: torch.device | str) -> RolloutBatch:
-        changes = {f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+        changes = {
+            f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)
+        }
         return replace(self, **changes)
 
 

@@ -40,7 +40,9 @@ from .registry import CORRECTIONS, TOKEN_MASKS
 
 class CorrectionOutput(NamedTuple):
     weight: Tensor  # [B, T] float32 detached importance weight multiplying the per-token loss; 0 on padding
-    mask: Tensor  # [B, T] float32 0/1: tokens inside the MIS band (report only, not a loss mask); the input mask for TIS
+    mask: (
+        Tensor  # [B, T] float32 0/1: tokens inside the MIS band (report only, not a loss mask); the input mask for TIS
+    )
     metrics: dict[str, Tensor]  # detached scalars
 
 
@@ -151,8 +153,13 @@ def mis_seq(
 
 # Read by GRPOLoss instead of branching on names: the level a weight lives at (batch normalisation
 # averages tokens or sequences).
-for _fn, _level in ((tis_token, "token"), (tis_seq, "sequence"), (tis_seq_geo, "sequence"),
-                    (mis_token, "token"), (mis_seq, "sequence")):
+for _fn, _level in (
+    (tis_token, "token"),
+    (tis_seq, "sequence"),
+    (tis_seq_geo, "sequence"),
+    (mis_token, "token"),
+    (mis_seq, "sequence"),
+):
     _fn.level = _level
 
 
@@ -173,7 +180,9 @@ def is_weight_sums(weight: Tensor, mask: Tensor, correction=None) -> Tensor:
     return torch.stack([(w * m).sum(), m.sum()])
 
 
-def normalize_is_weight(weight: Tensor, mask: Tensor, correction=None, mean: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def normalize_is_weight(
+    weight: Tensor, mask: Tensor, correction=None, mean: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """IS-weight batch normalisation (verl ``rollout_is_batch_normalize``): w / mean(w), so the
     weights average 1. weight, mask [B, T] -> (normalised weight [B, T], factor []).
 

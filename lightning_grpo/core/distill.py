@@ -71,7 +71,9 @@ def group_token_baseline(advantages: Tensor, mask: Tensor, group_size: int) -> T
     return ((a - baseline) * m).view_as(advantages)
 
 
-def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float = 0.5, temperature: float = 1.0) -> Tensor:
+def generalized_jsd(
+    student_logits: Tensor, teacher_logits: Tensor, beta: float = 0.5, temperature: float = 1.0
+) -> Tensor:
     """Generalised Jensen-Shannon divergence per position (TRL's definition, see the module docstring).
 
     student_logits, teacher_logits: [..., V] (the teacher's are detached) -> [...] float32 (float64
@@ -83,7 +85,9 @@ def generalized_jsd(student_logits: Tensor, teacher_logits: Tensor, beta: float 
     if temperature <= 0:
         raise ValueError(f"GKD temperature must be > 0, got {temperature}")
     if student_logits.shape != teacher_logits.shape:
-        raise ValueError(f"student and teacher logits differ in shape: {tuple(student_logits.shape)} vs {tuple(teacher_logits.shape)}")
+        raise ValueError(
+            f"student and teacher logits differ in shape: {tuple(student_logits.shape)} vs {tuple(teacher_logits.shape)}"
+        )
     dtype = torch.promote_types(student_logits.dtype, torch.float32)  # float32, or float64 kept
     s = torch.log_softmax(student_logits.to(dtype) / temperature, dim=-1)
     t = torch.log_softmax(teacher_logits.detach().to(dtype) / temperature, dim=-1)

@@ -70,6 +70,4 @@ def check_finite(name: str, tensor: Tensor, mask: Tensor | None = None, *, max_r
     rows = bad.reshape(bad.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
     shown = rows[:max_rows]
     more = f" (+{len(rows) - len(shown)} more rows)" if len(rows) > len(shown) else ""
-    raise NonFiniteError(
-        f"{name} has {count} non-finite values (nan/inf) on valid tokens, in rows {shown}{more}"
-    )
+    raise NonFiniteError(f"{name} has {count} non-finite values (nan/inf) on valid tokens, in rows {shown}{more}")

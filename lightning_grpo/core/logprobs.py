@@ -107,8 +107,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, ids, temperature, compute_entropy, chunk_size, save_probs):
         with torch.autocast(device_type=hidden.device.type, enabled=False):  # float32 even under AMP
-            return _ChunkedLogProbs._forward(ctx, hidden, weight, bias, ids, temperature, compute_entropy, chunk_size,
-                                             save_probs)
+            return _ChunkedLogProbs._forward(
+                ctx, hidden, weight, bias, ids, temperature, compute_entropy, chunk_size, save_probs
+            )
 
     @staticmethod
     def _forward(ctx, hidden, weight, bias, ids, temperature, compute_entropy, chunk_size, save_probs):
@@ -199,8 +200,7 @@ def _softmax_into(z: Tensor, out: Tensor, ent: Tensor | None) -> Tensor:
     return (top + log_total).squeeze(-1)
 
 
-def _grad_from_probs(p: Tensor, ids: Tensor, g_logp: Tensor | None, g_ent: Tensor | None,
-                     ent: Tensor | None) -> Tensor:
+def _grad_from_probs(p: Tensor, ids: Tensor, g_logp: Tensor | None, g_ent: Tensor | None, ent: Tensor | None) -> Tensor:
     """:func:`_grad_wrt_logits` from the saved softmax p [C, V] (left unchanged) -> a new [C, V]."""
     if g_ent is not None:  # the entropy term needs log p: p = 0 entries add 0 (clamped log)
         return _grad_wrt_logits(p.log().clamp_(min=torch.finfo(p.dtype).min), ids, g_logp, g_ent, ent)
@@ -216,7 +216,10 @@ def _rows(x: Tensor | None, s: int, e: int) -> Tensor | None:
 
 
 def _grad_wrt_logits(
-    logp_all: Tensor, ids: Tensor, g_logp: Tensor | None, g_ent: Tensor | None,
+    logp_all: Tensor,
+    ids: Tensor,
+    g_logp: Tensor | None,
+    g_ent: Tensor | None,
     ent: Tensor | None,
 ) -> Tensor:
     """Gradient of sum_r (g_logp_r * logp_r + g_ent_r * H_r) w.r.t. the logits z, in place.
@@ -321,8 +324,7 @@ def _safe_div(num: Tensor, den: Tensor) -> Tensor:
     return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), 0.0)
 
 
-def masked_sum(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None,
-               keepdim: bool = False) -> Tensor:
+def masked_sum(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None, keepdim: bool = False) -> Tensor:
     """sum(x * mask) over ``dim`` (all dims if None); float32 (upcast from half precisions).
 
     x [B, T], mask [B, T] bool or float (broadcastable to x). Values at mask == 0 are
@@ -332,8 +334,7 @@ def masked_sum(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None
     return _reduce(x0 * m, dim, keepdim)
 
 
-def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None,
-                keepdim: bool = False) -> Tensor:
+def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None, keepdim: bool = False) -> Tensor:
     """sum(x * mask) / sum(mask) over ``dim``; exactly 0 where sum(mask) == 0 (never nan).
 
     x [B, T], mask [B, T] bool or float -> scalar (dim None) or the reduced shape; float32.
@@ -342,8 +343,9 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = Non
     return _safe_div(_reduce(x0 * m, dim, keepdim), _reduce(m, dim, keepdim))
 
 
-def masked_var(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None,
-               keepdim: bool = False, unbiased: bool = True) -> Tensor:
+def masked_var(
+    x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None, keepdim: bool = False, unbiased: bool = True
+) -> Tensor:
     """sum(mask * (x - mean)^2) / (sum(mask) - 1 if unbiased else sum(mask)) over ``dim``.
 
     mean = masked_mean(x, mask, dim). Exactly 0 where the denominator is <= 0 (empty mask, or

@@ -98,8 +98,12 @@ class GRPOLoss:
         self._kl, self._kl_fn = kl, _in_field("kl.estimator", KL_ESTIMATORS.get, kl.estimator)
         self._off_policy = off_policy
         correction, rejection = off_policy.correction, off_policy.rejection
-        self._correction_fn = _in_field("off_policy.correction", CORRECTIONS.get, correction) if correction is not None else None
-        self._rejection = _in_field("off_policy.rejection", check_rejection, rejection) if rejection is not None else None
+        self._correction_fn = (
+            _in_field("off_policy.correction", CORRECTIONS.get, correction) if correction is not None else None
+        )
+        self._rejection = (
+            _in_field("off_policy.rejection", check_rejection, rejection) if rejection is not None else None
+        )
         self._terms = terms
         self._off_policy_mask = TOKEN_MASKS.get("off_policy_sequence")
         self._top_entropy_mask = TOKEN_MASKS.get("top_entropy")
@@ -140,7 +144,11 @@ class GRPOLoss:
     def parts(self) -> dict[str, Callable[..., Any]]:
         """The functions composed, keyed by the ``model.loss.init_args`` field that configures each
         (a failing call is reported under that field)."""
-        parts = {"policy_loss_args": self.policy_loss_fn, "aggregation_args": self.aggregate_fn, "kl.estimator": self._kl_fn}
+        parts = {
+            "policy_loss_args": self.policy_loss_fn,
+            "aggregation_args": self.aggregate_fn,
+            "kl.estimator": self._kl_fn,
+        }
         if self._correction_fn is not None:
             parts["off_policy.correction_args"] = self._correction_fn
         return parts
@@ -175,13 +183,17 @@ class GRPOLoss:
         """Switch the train-inference correction (a name in ``CORRECTIONS``, or None = off) for the
         following loss calls (MismatchGuard ``fix``)."""
         if name is not None and self.bypass:
-            raise ValueError(f"GRPOLoss off_policy.bypass=True: the ratio already is pi / pi_roll, no correction can be added (got {name!r})")
+            raise ValueError(
+                f"GRPOLoss off_policy.bypass=True: the ratio already is pi / pi_roll, no correction can be added (got {name!r})"
+            )
         self._correction_fn = CORRECTIONS.get(name) if name is not None else None
         self._off_policy = replace(self._off_policy, correction=name, correction_args=dict(args) if args else None)
 
     def _check_knob(self, name: str) -> None:
         if name not in self.knobs():
-            raise ValueError(f"GRPOLoss has no knob {name!r} with this policy loss; available: {', '.join(self.knobs())}")
+            raise ValueError(
+                f"GRPOLoss has no knob {name!r} with this policy loss; available: {', '.join(self.knobs())}"
+            )
 
     @property
     def needs_entropy(self) -> bool:
@@ -197,7 +209,12 @@ class GRPOLoss:
     def needs_rollout_logprobs(self) -> bool:
         """Whether a call needs ``rollout_logp`` (a correction, rejection, bypass or the sequence mask)."""
         off = self._off_policy
-        return self._correction_fn is not None or off.sequence_mask_delta is not None or self._rejection is not None or self.bypass
+        return (
+            self._correction_fn is not None
+            or off.sequence_mask_delta is not None
+            or self._rejection is not None
+            or self.bypass
+        )
 
     @property
     def masks_before_training(self) -> bool:
@@ -314,7 +331,9 @@ class GRPOLoss:
         weight = corr.weight
         metrics.update(corr.metrics)
         if self._off_policy.is_batch_normalize:
-            weight, metrics["is_batch_norm_factor"] = normalize_is_weight(weight, mask, self._correction_fn, is_weight_mean)
+            weight, metrics["is_batch_norm_factor"] = normalize_is_weight(
+                weight, mask, self._correction_fn, is_weight_mean
+            )
         per_row = getattr(self.policy_loss_fn, "sequence_is_weight", None)
         return weight if per_row is None else per_row(weight, loss_mask)
 
@@ -348,10 +367,16 @@ def _resolve_aggregation(policy_loss: str, fn, aggregation: str | None) -> str:
 
 def _check_loss_args(policy_loss: str, fn, args: dict[str, Any]) -> None:
     """policy_loss_args are keyword arguments of the loss: unknown and missing required ones fail now."""
-    params = {p.name: p for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY and p.name != "generator"}
+    params = {
+        p.name: p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind is p.KEYWORD_ONLY and p.name != "generator"
+    }
     unknown = sorted(set(args) - set(params))
     if unknown:
-        raise ValueError(f"GRPOLoss policy_loss_args {unknown} are not parameters of policy loss {policy_loss!r}; it takes {sorted(params)}")
+        raise ValueError(
+            f"GRPOLoss policy_loss_args {unknown} are not parameters of policy loss {policy_loss!r}; it takes {sorted(params)}"
+        )
     missing = [n for n, p in params.items() if p.default is p.empty and n not in args]
     if missing:
         raise ValueError(f"GRPOLoss policy loss {policy_loss!r} needs policy_loss_args {missing} (no default)")

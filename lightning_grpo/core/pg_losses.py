@@ -31,7 +31,12 @@ __all__ = ["gpg_loss", "reinforce_loss", "dro_loss"]
 
 @POLICY_LOSSES.register("gpg")
 def gpg_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """GPG, group policy gradient (verl ``gpg``): L_t = -A logp_t, no ratio and no clip.
 
@@ -44,8 +49,13 @@ def gpg_loss(
 
 @POLICY_LOSSES.register("reinforce")
 def reinforce_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    cap: float = 2.0, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    cap: float = 2.0,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """REINFORCE with a truncated importance weight (verl bypass mode, ``loss_type: reinforce``).
 
@@ -61,8 +71,13 @@ def reinforce_loss(
 
 @POLICY_LOSSES.register("dro")
 def dro_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    beta: float, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    beta: float,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """DRO / Kimi squared log-ratio (Kimi k1.5; verl ``dro`` with ``dro_beta``, ROLL ``kimi15``).
 

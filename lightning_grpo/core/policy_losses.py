@@ -99,8 +99,14 @@ def _ppo_parts(x: LossInputs, eps_low: float, eps_high: float, ratio_cap: float 
 
 @POLICY_LOSSES.register("ppo")
 def ppo_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    eps_low: float = 0.2, eps_high: float = 0.2, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """PPO / GRPO clipped surrogate with Clip-Higher (DAPO: eps_high = 0.28).
 
@@ -115,8 +121,14 @@ def ppo_loss(
 
 @POLICY_LOSSES.register("dual_clip")
 def dual_clip_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio_c: float = 3.0,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
     generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """Dual-clip PPO (Ye et al. 2019; verl ``clip_ratio_c``, default 3.0, must be > 1).
@@ -136,8 +148,14 @@ def dual_clip_loss(
 
 @POLICY_LOSSES.register("delta_clip")
 def delta_clip_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    eps_low: float = 0.2, eps_high: float = 0.2, delta: float = 4.0,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    delta: float = 4.0,
     generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """Two-sided GRPO clip (INTELLECT-2; TRL ``delta``, whose recipe uses delta = 4).
@@ -160,8 +178,14 @@ def _seq_log_ratio(x: LossInputs) -> Tensor:
 
 @POLICY_LOSSES.register("gspo")
 def gspo_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    eps_low: float = 3e-4, eps_high: float = 4e-4, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """GSPO, sequence-level importance ratio (Zheng et al. 2025; eps 3e-4 / 4e-4 from the paper).
 
@@ -179,8 +203,14 @@ def gspo_loss(
 
 @POLICY_LOSSES.register("gspo_token")
 def gspo_token_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    eps_low: float = 3e-4, eps_high: float = 4e-4, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """GSPO-token (verl loss_mode=gspo, TRL importance_sampling_level="sequence_token").
 
@@ -200,8 +230,14 @@ def gspo_token_loss(
 
 @POLICY_LOSSES.register("cispo")
 def cispo_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    eps_high: float = 4.0, eps_low: float | None = None, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_high: float = 4.0,
+    eps_low: float | None = None,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """CISPO (MiniMax-M1): clip the importance weight, not the update.
 
@@ -233,9 +269,17 @@ def _num_chosen(ratio: float, n_valid: int) -> int:
 
 @POLICY_LOSSES.register("clip_cov")
 def clip_cov_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    eps_low: float = 0.2, eps_high: float = 0.2, clip_ratio: float = 2e-4,
-    clip_cov_lb: float = 1.0, clip_cov_ub: float = 5.0, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of RL for Reasoning LMs"; verl clip_cov).
 
@@ -266,8 +310,14 @@ def clip_cov_loss(
 
 @POLICY_LOSSES.register("kl_cov")
 def kl_cov_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    kl_cov_ratio: float = 2e-4, ppo_kl_coef: float = 0.1, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    kl_cov_ratio: float = 2e-4,
+    ppo_kl_coef: float = 0.1,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """KL-Cov (Cui et al. 2025; verl kl_cov, defaults kl_cov_ratio 2e-4, ppo_kl_coef 0.1).
 
@@ -293,8 +343,14 @@ def kl_cov_loss(
 
 @POLICY_LOSSES.register("geo_mean")
 def geo_mean_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    eps_low: float = 0.4, eps_high: float = 0.4, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.4,
+    eps_high: float = 0.4,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """GMPO, geometric-mean policy optimisation (arXiv 2507.20673; verl ``geo_mean``).
 

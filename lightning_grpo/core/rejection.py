@@ -79,7 +79,9 @@ def _ratio_bounds(name: str, threshold: Threshold) -> tuple[float, float]:
 
 def _upper(name: str, threshold: Threshold) -> float:
     if isinstance(threshold, (list, tuple)):
-        raise ValueError(f"rejection {name!r} takes one upper bound, got {threshold!r} (only k1 criteria take [lower, upper])")
+        raise ValueError(
+            f"rejection {name!r} takes one upper bound, got {threshold!r} (only k1 criteria take [lower, upper])"
+        )
     return _positive(name, threshold)
 
 
@@ -113,11 +115,16 @@ def _register(level: str, stat: str) -> None:
     criterion.__doc__ = f"verl rollout_rs {name!r}: keep where the {level.replace('_', ' ')} of {bound}. [B, T] bool."
 
 
-for _level, _stat in [(lv, s) for lv in ("token", "seq_sum", "seq_mean") for s in ("k1", "k2", "k3")] + [("seq_max", "k2"), ("seq_max", "k3")]:
+for _level, _stat in [(lv, s) for lv in ("token", "seq_sum", "seq_mean") for s in ("k1", "k2", "k3")] + [
+    ("seq_max", "k2"),
+    ("seq_max", "k3"),
+]:
     _register(_level, _stat)
 
 
-def _band(name: str, threshold: Threshold, default: tuple[float | None, float | None]) -> tuple[float | None, float | None]:
+def _band(
+    name: str, threshold: Threshold, default: tuple[float | None, float | None]
+) -> tuple[float | None, float | None]:
     """(low, high) of a two-sided band; None = that side unbounded; threshold None = the default."""
     if threshold is None:
         return default
@@ -161,14 +168,18 @@ def reject_outlier_veto(log_ratio: Tensor, mask: Tensor, threshold: Threshold = 
 def check_rejection(criteria: Mapping[str, Threshold]) -> dict[str, Threshold]:
     """Validate names and thresholds before any work (one clear error naming the criterion)."""
     if not isinstance(criteria, Mapping) or not criteria:
-        raise ValueError(f"rejection must map criterion names to thresholds, e.g. {{'token_k1': 2.0}}; got {criteria!r}")
+        raise ValueError(
+            f"rejection must map criterion names to thresholds, e.g. {{'token_k1': 2.0}}; got {criteria!r}"
+        )
     probe = torch.zeros(1, 1)
     for name, threshold in criteria.items():
         REJECTIONS.get(name)(probe, torch.ones(1, 1), threshold)
     return dict(criteria)
 
 
-def rejection_mask(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, criteria: Mapping[str, Threshold]) -> RejectionOutput:
+def rejection_mask(
+    old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, criteria: Mapping[str, Threshold]
+) -> RejectionOutput:
     """Apply every criterion (a token is kept only if all keep it). [B, T] inputs -> keep [B, T] float.
 
     Metrics: ``rejection_masked_frac`` (valid tokens dropped), ``rejection_seq_masked_frac``
@@ -188,4 +199,3 @@ def rejection_mask(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, criteri
     metrics["rejection_masked_frac"] = masked_mean((valid & ~keep).float(), m)
     metrics["rejection_seq_masked_frac"] = masked_mean(dropped_rows.float(), rows)
     return RejectionOutput(keep.float(), metrics)
-

@@ -106,9 +106,7 @@ def gfpo_reward_per_token_selection(rewards: Tensor, lengths: Tensor, group_size
     return _keep_k_smallest(-(groups / tokens), k).reshape(-1)
 
 
-def gfpo_advantages(
-    rewards: Tensor, keep: Tensor, group_size: int, estimator: str = "grpo", **params
-) -> Tensor:
+def gfpo_advantages(rewards: Tensor, keep: Tensor, group_size: int, estimator: str = "grpo", **params) -> Tensor:
     """GFPO advantages: the estimator over the kept k of each group, 0 for dropped rows. [B'] -> [B']
 
         A_i = estimator({r_j : j kept in i's group})_i   if keep_i,   else 0

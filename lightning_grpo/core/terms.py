@@ -40,9 +40,7 @@ __all__ = ["entropy_bonus", "llds", "top_entropy_mask", "scale_negative_advantag
 
 def _valid_and_dtype(x: Tensor, mask: Tensor) -> tuple[Tensor, torch.dtype]:
     if mask.shape != x.shape or x.dim() != 2:
-        raise ValueError(
-            f"expected a [B, T] tensor and a mask of its shape, got {tuple(x.shape)}, {tuple(mask.shape)}"
-        )
+        raise ValueError(f"expected a [B, T] tensor and a mask of its shape, got {tuple(x.shape)}, {tuple(mask.shape)}")
     return mask != 0, torch.promote_types(x.dtype, torch.float32)
 
 

@@ -52,8 +52,14 @@ __all__ = ["sapo_loss", "dppo_tv_loss", "dppo_kl_loss"]
 
 @POLICY_LOSSES.register("sapo")
 def sapo_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    tau_pos: float = 1.0, tau_neg: float = 1.05, generator: torch.Generator | None = None,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """SAPO, soft adaptive policy optimisation (Qwen, arXiv 2511.20347; verl / TRL ``sapo``).
 
@@ -89,7 +95,9 @@ def _dppo(x: LossInputs, valid_pos: Tensor, valid_neg: Tensor, clip_ratio_c: flo
     metrics = ratio_metrics(ratio, x.valid)
     metrics["clip_frac_high"] = valid_fraction((x.adv > 0) & ~inside, x.valid)
     metrics["clip_frac_low"] = valid_fraction((x.adv < 0) & ~inside, x.valid)
-    metrics["clip_frac_dual"] = valid_fraction((ratio.detach() > clip_ratio_c) & inside, x.valid)  # verl pg_clipfrac_lower
+    metrics["clip_frac_dual"] = valid_fraction(
+        (ratio.detach() > clip_ratio_c) & inside, x.valid
+    )  # verl pg_clipfrac_lower
     return loss_output(loss, x.valid, metrics)
 
 
@@ -108,8 +116,14 @@ def _check_dppo(delta_low: float, delta_high: float, clip_ratio_c: float) -> Non
 
 @POLICY_LOSSES.register("dppo_tv")
 def dppo_tv_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    delta_low: float = 0.15, delta_high: float = 0.15, clip_ratio_c: float = 20.0,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    delta_low: float = 0.15,
+    delta_high: float = 0.15,
+    clip_ratio_c: float = 20.0,
     generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """DPPO binary-TV (arXiv 2602.04879; verl ``dppo_tv``, prime-rl's default loss).
@@ -130,8 +144,14 @@ def dppo_tv_loss(
 
 @POLICY_LOSSES.register("dppo_kl")
 def dppo_kl_loss(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-    delta_low: float = 0.05, delta_high: float = 0.05, clip_ratio_c: float = 20.0,
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    delta_low: float = 0.05,
+    delta_high: float = 0.05,
+    clip_ratio_c: float = 20.0,
     generator: torch.Generator | None = None,
 ) -> PolicyLossOutput:
     """DPPO binary-KL (arXiv 2602.04879; verl ``dppo_kl``).

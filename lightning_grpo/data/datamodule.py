@@ -284,8 +284,16 @@ NO_DATA = (
 )
 
 
-def _check_options(source: Any, train_files: Any, val_files: Any, test_files: Any, format: Any, batch_size: Any,
-                   val_batch_size: Any, val_fraction: Any) -> None:
+def _check_options(
+    source: Any,
+    train_files: Any,
+    val_files: Any,
+    test_files: Any,
+    format: Any,
+    batch_size: Any,
+    val_batch_size: Any,
+    val_fraction: Any,
+) -> None:
     """Reject missing, contradictory or out-of-range options of :class:`PromptDataModule`."""
     files = {"train_files": train_files, "val_files": val_files, "test_files": test_files}
     if source is not None:
@@ -296,7 +304,9 @@ def _check_options(source: Any, train_files: Any, val_files: Any, test_files: An
                 "train_files (with val_files, test_files); over a recipe's source, add --data.source null"
             )
         if not isinstance(source, DataSource):
-            raise TypeError(f"data.source must be a lightning_grpo.data.sources.DataSource, got {type(source).__name__}")
+            raise TypeError(
+                f"data.source must be a lightning_grpo.data.sources.DataSource, got {type(source).__name__}"
+            )
     elif train_files is None:
         given = [k for k, v in files.items() if v is not None]
         raise ValueError(f"data.{given[0]} needs data.train_files" if given else NO_DATA)

@@ -84,8 +84,12 @@ def _chat_body(text: str, system: str | None) -> dict[str, Any]:
 
 #: ``endpoint``: ``"chat"`` (the server applies the judge's chat template) or ``"completions"`` (raw text).
 ENDPOINTS = {
-    "chat": Endpoint("chat/completions", _chat_body, lambda choice: choice["message"]["content"], "choices[0].message.content"),
-    "completions": Endpoint("completions", lambda text, system: {"prompt": text}, lambda choice: choice["text"], "choices[0].text"),
+    "chat": Endpoint(
+        "chat/completions", _chat_body, lambda choice: choice["message"]["content"], "choices[0].message.content"
+    ),
+    "completions": Endpoint(
+        "completions", lambda text, system: {"prompt": text}, lambda choice: choice["text"], "choices[0].text"
+    ),
 }
 
 
@@ -148,7 +152,12 @@ def _check_clamp(clamp: Any, normalize: Any) -> tuple[float, float] | None:
         if normalize:
             raise ValueError("kwargs.normalize needs kwargs.clamp (the range mapped onto [0, 1])")
         return None
-    if not isinstance(clamp, (list, tuple)) or len(clamp) != 2 or not all(map(is_number, clamp)) or not clamp[0] < clamp[1]:
+    if (
+        not isinstance(clamp, (list, tuple))
+        or len(clamp) != 2
+        or not all(map(is_number, clamp))
+        or not clamp[0] < clamp[1]
+    ):
         fail("clamp", "[low, high] with finite low < high", clamp)
     return float(clamp[0]), float(clamp[1])
 
@@ -235,7 +244,11 @@ class LLMJudge:
         self.template, self.system, self.endpoint, self.model = template, system, endpoint, model
         self.normalize, self.max_concurrency, self.timeout_s = normalize, max_concurrency, float(timeout_s)
         self.retries, self.backoff_s, self.on_failure = retries, float(backoff_s), on_failure
-        self.sampling = {"temperature": temperature, "max_tokens": max_tokens, **({"seed": seed} if seed is not None else {})}
+        self.sampling = {
+            "temperature": temperature,
+            "max_tokens": max_tokens,
+            **({"seed": seed} if seed is not None else {}),
+        }
         self.extra_body = dict(extra_body or {})
         self.failures = 0  # rows scored with on_failure's value, since construction
         self.retried = 0  # extra attempts made, since construction

@@ -81,15 +81,19 @@ def _check_task(task: ReasoningGymTask, index: int) -> None:
             f"{where}.name: unknown reasoning-gym task {task.name!r}{hint} "
             f"(all {len(factory.DATASETS)} names: reasoning_gym.factory.DATASETS)"
         )
-    if isinstance(task.weight, bool) or not isinstance(task.weight, (int, float)) or not (
-        math.isfinite(task.weight) and task.weight > 0
+    if (
+        isinstance(task.weight, bool)
+        or not isinstance(task.weight, (int, float))
+        or not (math.isfinite(task.weight) and task.weight > 0)
     ):
         raise ValueError(f"{where}.weight ({task.name}): must be a finite number > 0, got {task.weight!r}")
     if not isinstance(task.config, dict):
         raise ValueError(f"{where}.config ({task.name}): must be a mapping of config fields, got {task.config!r}")
     reserved = sorted({"seed", "size"} & set(task.config))
     if reserved:
-        raise ValueError(f"{where}.config ({task.name}): {reserved} are set by the source (seed, size, val_seed, val_size)")
+        raise ValueError(
+            f"{where}.config ({task.name}): {reserved} are set by the source (seed, size, val_seed, val_size)"
+        )
     if task.level is not None:
         if not factory.has_curriculum(task.name):
             raise ValueError(f"{where}.level ({task.name}): this task has no reasoning-gym curriculum; set level: null")
@@ -165,23 +169,37 @@ class ReasoningGymSource(DataSource):
     ) -> None:
         rg = import_reasoning_gym()
         if not isinstance(tasks, (list, tuple)) or not tasks:
-            raise ValueError(f"data.source.tasks must be a non-empty list of tasks ({{name, weight, config, level}}), got {tasks!r}")
+            raise ValueError(
+                f"data.source.tasks must be a non-empty list of tasks ({{name, weight, config, level}}), got {tasks!r}"
+            )
         self.tasks = [t if isinstance(t, ReasoningGymTask) else ReasoningGymTask(**t) for t in tasks]
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
-            raise ValueError(f"data.source.tasks names a task twice: {names}; give each task once (one config, one weight)")
+            raise ValueError(
+                f"data.source.tasks names a task twice: {names}; give each task once (one config, one weight)"
+            )
         for i, task in enumerate(self.tasks):
             _check_task(task, i)
-        for name, value, low in (("size", size, len(self.tasks)), ("val_size", val_size, 0), ("test_size", test_size, 0)):
+        for name, value, low in (
+            ("size", size, len(self.tasks)),
+            ("val_size", val_size, 0),
+            ("test_size", test_size, 0),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"data.source.{name} must be an integer >= {low} (one row per task at least), got {value!r}")
+                raise ValueError(
+                    f"data.source.{name} must be an integer >= {low} (one row per task at least), got {value!r}"
+                )
         self.size, self.seed, self.val_size, self.test_size = size, seed, val_size, test_size
         self.val_seed = seed + 1 if val_seed is None else val_seed
         if self.val_seed == seed:
-            raise ValueError(f"data.source.val_seed must differ from seed ({seed}): held-out rows are drawn with another seed")
+            raise ValueError(
+                f"data.source.val_seed must differ from seed ({seed}): held-out rows are drawn with another seed"
+            )
         self.test_seed = seed + 2 if test_seed is None else test_seed
         if self.test_seed in (seed, self.val_seed):
-            raise ValueError(f"data.source.test_seed must differ from seed ({seed}) and val_seed ({self.val_seed}): test rows are drawn with a seed of their own")
+            raise ValueError(
+                f"data.source.test_seed must differ from seed ({seed}) and val_seed ({self.val_seed}): test rows are drawn with a seed of their own"
+            )
         if system_prompt is not None:
             system_prompt = rg.utils.SYSTEM_PROMPTS.get(system_prompt, system_prompt)
         self.system_prompt = system_prompt
@@ -247,7 +265,9 @@ class ReasoningGymSource(DataSource):
             fresh = [r for r in drawn if (task.name, r["question"]) not in seen]
             unique = list({r["question"]: r for r in fresh}.values())  # first draw of each question
             if len(unique) < count:
-                label, others = ("held-out", "training rows") if split == "val" else ("test", "training and held-out rows")
+                label, others = (
+                    ("held-out", "training rows") if split == "val" else ("test", "training and held-out rows")
+                )
                 raise ValueError(
                     f"data.source: task {task.name!r} gave only {len(unique)} distinct {label} questions outside its "
                     f"{others} in {count * _VAL_DRAWS} draws, fewer than its share {count} of {split}_size="
@@ -285,7 +305,9 @@ class ReasoningGymSource(DataSource):
         for task in self.tasks:
             if task.name == name and task.level is not None:
                 return task
-        raise ValueError(f"task {name!r} follows no curriculum in this source; curriculum tasks: {self.curriculum_tasks()}")
+        raise ValueError(
+            f"task {name!r} follows no curriculum in this source; curriculum tasks: {self.curriculum_tasks()}"
+        )
 
 
 # ------------------------------------------------------------------------------------- reward
@@ -313,8 +335,12 @@ def _as_dict(value: Any) -> dict:
 def _check_reasoning_gym(answer_format: Any = "plain", threshold: Any = None, **_kwargs: Any) -> None:
     import_reasoning_gym()
     if answer_format not in ANSWER_FORMATS:
-        raise ValueError(f"reward 'reasoning_gym': answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1):
+        raise ValueError(
+            f"reward 'reasoning_gym': answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}"
+        )
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1
+    ):
         raise ValueError(f"reward 'reasoning_gym': threshold must be a number in (0, 1] or null, got {threshold!r}")
 
 

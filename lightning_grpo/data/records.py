@@ -33,6 +33,7 @@ def dataset_row(record: dict[str, Any]) -> dict[str, Any]:
         row["prompt"] = record[RAW_PROMPT]
     return row
 
+
 RecordMap = Callable[[dict[str, Any]], dict[str, Any]]
 
 
@@ -52,7 +53,9 @@ def resolve_record_map(record_map: str | RecordMap | None) -> tuple[RecordMap, s
     return fn, name
 
 
-def apply_record_map(record_map: tuple[RecordMap, str] | None, rows: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
+def apply_record_map(
+    record_map: tuple[RecordMap, str] | None, rows: list[dict[str, Any]], source: str
+) -> list[dict[str, Any]]:
     """``fn(row)`` for every row (each gets a copy); one clear error naming the function and the row."""
     if record_map is None:
         return rows
@@ -62,7 +65,9 @@ def apply_record_map(record_map: tuple[RecordMap, str] | None, rows: list[dict[s
         try:
             mapped = fn(dict(row))
         except Exception as err:
-            raise ValueError(f"data.format.record_map {name} raised {type(err).__name__}: {err} on row {i} of {source}") from err
+            raise ValueError(
+                f"data.format.record_map {name} raised {type(err).__name__}: {err} on row {i} of {source}"
+            ) from err
         if not isinstance(mapped, dict):
             raise TypeError(
                 f"data.format.record_map {name} returned a {type(mapped).__name__} for row {i} of {source}; "
@@ -96,7 +101,9 @@ def check_template_kwargs(kwargs: Any, use_chat_template: bool) -> None:
     if kwargs is None:
         return
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
-        raise ValueError(f"data.format.chat_template_kwargs must be a mapping of argument names to values, got {kwargs!r}")
+        raise ValueError(
+            f"data.format.chat_template_kwargs must be a mapping of argument names to values, got {kwargs!r}"
+        )
     if not use_chat_template:
         raise ValueError("data.format.chat_template_kwargs needs data.format.use_chat_template: true")
 
@@ -148,7 +155,9 @@ class PromptFormat:
         check_template_kwargs(self.chat_template_kwargs, self.use_chat_template)
         resolve_record_map(self.record_map)  # an import path that does not resolve fails here
         if self.max_prompt_length is not None and not _positive_int(self.max_prompt_length):
-            raise ValueError(f"data.format.max_prompt_length must be a positive integer or null, got {self.max_prompt_length!r}")
+            raise ValueError(
+                f"data.format.max_prompt_length must be a positive integer or null, got {self.max_prompt_length!r}"
+            )
         if self.on_long_prompt not in ("error", "truncate"):
             raise ValueError(f"data.format.on_long_prompt must be 'error' or 'truncate', got {self.on_long_prompt!r}")
 

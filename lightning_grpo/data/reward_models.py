@@ -135,7 +135,12 @@ class RewardModel:
         check_bool("chat_template", chat_template)
         check_int("max_length", max_length, 1, optional=True)
         self.path, self.batch_size, self.dtype, self.device = model, batch_size, dtype, device
-        self.prompt_column, self.chat_template, self.max_length, self.activation = prompt_column, chat_template, max_length, activation
+        self.prompt_column, self.chat_template, self.max_length, self.activation = (
+            prompt_column,
+            chat_template,
+            max_length,
+            activation,
+        )
         self.tokenizer = self._load_tokenizer(tokenizer if tokenizer is not None else model)
         self._model: torch.nn.Module | None = None
         self._lock = threading.Lock()
@@ -156,7 +161,9 @@ class RewardModel:
             )
         if tokenizer.pad_token_id is None:
             if tokenizer.eos_token_id is None:
-                raise ValueError(f"the reward model's tokenizer {source!r} has neither a pad nor an eos token to pad with")
+                raise ValueError(
+                    f"the reward model's tokenizer {source!r} has neither a pad nor an eos token to pad with"
+                )
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.truncation_side = "left"  # keep the end: the classifier scores the last token
         return tokenizer
@@ -195,7 +202,11 @@ class RewardModel:
             if not isinstance(prompt, str) and not is_chat:
                 raise RewardError(f"prompt {i} is a {type(prompt).__name__}; expected text or a list of chat messages")
             messages = list(prompt) if is_chat else [{"role": "user", "content": prompt}]
-            out.append(self.tokenizer.apply_chat_template([*messages, {"role": "assistant", "content": completion}], tokenize=False))
+            out.append(
+                self.tokenizer.apply_chat_template(
+                    [*messages, {"role": "assistant", "content": completion}], tokenize=False
+                )
+            )
         return out
 
     def __call__(self, completions: list[str], **columns: Any) -> list[float]:
@@ -225,7 +236,10 @@ class RewardModel:
         model = self.model
         device = next(model.parameters()).device
         width, left = max(map(len, ids)), self.tokenizer.padding_side == "left"
-        padded = [[0] * (width - len(row)) + [1] * len(row) if left else [1] * len(row) + [0] * (width - len(row)) for row in ids]
+        padded = [
+            [0] * (width - len(row)) + [1] * len(row) if left else [1] * len(row) + [0] * (width - len(row))
+            for row in ids
+        ]
         mask = torch.tensor(padded, device=device)  # [b, T] 1 on tokens, 0 on padding
         input_ids = torch.full(mask.shape, self.tokenizer.pad_token_id, dtype=torch.long, device=device)  # [b, T]
         input_ids[mask.bool()] = torch.tensor([t for row in ids for t in row], device=device)

@@ -32,7 +32,9 @@ def probe_rewards(reward_set: RewardSet, records: Sequence[dict[str, Any]], toke
     records = list(records or [])[:rows]
     if not functions or not records:
         return
-    completions = [text for record in records for text in (str(record.get("answer", "")) or STAND_IN, STAND_IN)]  # [k * 2]
+    completions = [
+        text for record in records for text in (str(record.get("answer", "")) or STAND_IN, STAND_IN)
+    ]  # [k * 2]
     ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in completions]
     columns = {key: [record[key] for record in records for _ in range(2)] for key in records[0]}
     columns.update(completion_ids=ids, completion_lengths=[len(i) for i in ids], truncated=[False] * len(ids))

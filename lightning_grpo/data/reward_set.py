@@ -170,7 +170,9 @@ class RewardSet:
             raise ValueError(f"reward names must be unique; give an alias to the repeated {duplicates}")
         self._trl = [_uses_trl(spec, fn) for spec, fn in zip(self.specs, self.fns)]
         self._params = [_params(fn, bool(trl)) for fn, trl in zip(self.fns, self._trl)]
-        self._trl_params = [_params(fn, True) if trl is None else p for fn, trl, p in zip(self.fns, self._trl, self._params)]
+        self._trl_params = [
+            _params(fn, True) if trl is None else p for fn, trl, p in zip(self.fns, self._trl, self._params)
+        ]
         for spec, fn, params in zip(self.specs, self.fns, self._params):
             unknown = sorted(set(spec.kwargs) - params.named) if params else []
             if unknown:
@@ -252,7 +254,9 @@ class RewardSet:
                 "function score every sample",
                 stacklevel=2,
             )
-        return RewardScores(rewards.contiguous(), self.weights.clone(), list(self.names), timed_out, applicable.contiguous())
+        return RewardScores(
+            rewards.contiguous(), self.weights.clone(), list(self.names), timed_out, applicable.contiguous()
+        )
 
     def _convention(self, r: int, columns: Mapping[str, Any]) -> tuple[bool, _Params | None]:
         """(called TRL's way, its signature summary) of function ``r`` for a batch with ``columns``:
@@ -279,7 +283,9 @@ class RewardSet:
             kwargs = {k: v for k, v in kwargs.items() if k in params.accepts}
         return args, {**kwargs, **self.specs[r].kwargs}
 
-    def _score_one(self, r: int, completions: list[str], columns: dict[str, Any]) -> tuple[list[float], list[bool], bool]:
+    def _score_one(
+        self, r: int, completions: list[str], columns: dict[str, Any]
+    ) -> tuple[list[float], list[bool], bool]:
         spec, fn = self.specs[r], self.fns[r]
         try:
             out = call_with_timeout(fn, spec.timeout_s, *self._arguments(r, completions, columns))

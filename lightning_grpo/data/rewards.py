@@ -207,4 +207,3 @@ def tool_call_made(
     ``require_answer``: only episodes that also ended with an answer (not truncated by
     ``max_turns`` / a length limit) count, so calling again and again is not rewarded."""
     return [1.0 if n > 0 and not (require_answer and t) else 0.0 for n, t in zip(tool_calls, truncated)]
-

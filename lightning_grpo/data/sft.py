@@ -65,30 +65,59 @@ class SFTDataModule(PromptDataModule):
         shuffle: bool = True,
         seed: int = 0,
     ) -> None:
-        changed = [n for n, v, d in (("max_prompt_length", format.max_prompt_length, None),
-                                     ("on_long_prompt", format.on_long_prompt, "error")) if v != d]
+        changed = [
+            n
+            for n, v, d in (
+                ("max_prompt_length", format.max_prompt_length, None),
+                ("on_long_prompt", format.on_long_prompt, "error"),
+            )
+            if v != d
+        ]
         if changed:
-            raise ValueError(f"data.format.{changed[0]} limits RL prompts; an SFT example is limited by data.max_length")
+            raise ValueError(
+                f"data.format.{changed[0]} limits RL prompts; an SFT example is limited by data.max_length"
+            )
         if format.answer_column is None:
             raise ValueError("data.format.answer_column names the answer SFT teaches; it cannot be null")
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1):
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+        ):
             raise ValueError(f"data.max_length must be a positive integer or null, got {max_length!r}")
         super().__init__(
-            source, train_files=train_files, val_files=val_files, test_files=test_files, tokenizer_path=tokenizer_path,
-            format=format, batch_size=batch_size, val_batch_size=val_batch_size, val_fraction=val_fraction,
-            shuffle=shuffle, seed=seed,
+            source,
+            train_files=train_files,
+            val_files=val_files,
+            test_files=test_files,
+            tokenizer_path=tokenizer_path,
+            format=format,
+            batch_size=batch_size,
+            val_batch_size=val_batch_size,
+            val_fraction=val_fraction,
+            shuffle=shuffle,
+            seed=seed,
         )
         self._builder = SFTFormat(
-            prompt_column=format.prompt_column, answer_column=format.answer_column, messages_column=messages_column,
-            tools_column=tools_column, use_chat_template=format.use_chat_template, system_prompt=format.system_prompt,
-            max_length=max_length, chat_template_kwargs=format.chat_template_kwargs, last_turn_weight=last_turn_weight,
+            prompt_column=format.prompt_column,
+            answer_column=format.answer_column,
+            messages_column=messages_column,
+            tools_column=tools_column,
+            use_chat_template=format.use_chat_template,
+            system_prompt=format.system_prompt,
+            max_length=max_length,
+            chat_template_kwargs=format.chat_template_kwargs,
+            last_turn_weight=last_turn_weight,
         )
 
     def _loader(self, examples: list[dict[str, Any]], batch_size: int, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)
         pad = self.tokenizer.pad_token_id
-        return DataLoader(examples, batch_size=batch_size, shuffle=shuffle, generator=generator,
-                          collate_fn=lambda rows: collate(rows, pad))
+        return DataLoader(
+            examples,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            generator=generator,
+            collate_fn=lambda rows: collate(rows, pad),
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self._records("train"), self.batch_size, self.shuffle)

@@ -52,16 +52,20 @@ class SFTFormat:
     def __post_init__(self) -> None:
         weight = self.last_turn_weight
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 or weight == float("inf"):
-            raise ValueError(f"data.last_turn_weight must be a finite number > 0 (the last assistant turn's loss weight), got {weight!r}")
+            raise ValueError(
+                f"data.last_turn_weight must be a finite number > 0 (the last assistant turn's loss weight), got {weight!r}"
+            )
 
     def kind(self, rows: list[dict[str, Any]], source: str) -> str:
-        """"messages" or "prompt_answer": which columns the rows hold (one clear error when neither)."""
+        """ "messages" or "prompt_answer": which columns the rows hold (one clear error when neither)."""
         if not rows:
             raise ValueError(f"{source} holds no rows")
         present = list(rows[0])
         if self.messages_column in present:
             if not self.use_chat_template:
-                raise ValueError(f"data.messages_column {self.messages_column!r} of {source} holds chat transcripts; set data.format.use_chat_template: true")
+                raise ValueError(
+                    f"data.messages_column {self.messages_column!r} of {source} holds chat transcripts; set data.format.use_chat_template: true"
+                )
             return "messages"
         missing = [c for c in (self.prompt_column, self.answer_column) if c not in present]
         if missing:
@@ -82,11 +86,23 @@ class SFTFormat:
         for i, row in enumerate(rows):
             where = f"row {i} of {source}"
             if kind == "messages":
-                ids, mask = assistant_mask(row[self.messages_column], tokenizer, where, row.get(self.tools_column),
-                                           self.chat_template_kwargs, self.last_turn_weight)
+                ids, mask = assistant_mask(
+                    row[self.messages_column],
+                    tokenizer,
+                    where,
+                    row.get(self.tools_column),
+                    self.chat_template_kwargs,
+                    self.last_turn_weight,
+                )
             elif self.use_chat_template:
-                ids, mask = assistant_mask(self._as_messages(row, where), tokenizer, where, None, self.chat_template_kwargs,
-                                           self.last_turn_weight)
+                ids, mask = assistant_mask(
+                    self._as_messages(row, where),
+                    tokenizer,
+                    where,
+                    None,
+                    self.chat_template_kwargs,
+                    self.last_turn_weight,
+                )
             else:
                 ids, mask = self._plain(row, tokenizer, where)
             if not any(mask):
@@ -99,7 +115,9 @@ class SFTFormat:
     def _as_messages(self, row: dict[str, Any], where: str) -> list[dict[str, Any]]:
         prompt, answer = row[self.prompt_column], _text(row[self.answer_column], self.answer_column, where)
         if not isinstance(prompt, str) and not is_chat(prompt):
-            raise ValueError(f"data.format.prompt_column {self.prompt_column!r} of {where} must hold a string or chat messages, got {type(prompt).__name__}")
+            raise ValueError(
+                f"data.format.prompt_column {self.prompt_column!r} of {where} must hold a string or chat messages, got {type(prompt).__name__}"
+            )
         messages = list(prompt) if is_chat(prompt) else [{"role": "user", "content": prompt}]
         if self.system_prompt is not None and messages[0].get("role") != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
@@ -120,20 +138,38 @@ def _text(value: Any, column: str, where: str) -> str:
     return value
 
 
-def render_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, generation_prompt: bool,
-               template_kwargs: dict[str, Any] | None = None) -> list[int]:
+def render_ids(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: Any,
+    generation_prompt: bool,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
     """Token ids of the chat template's rendering (the template writes its own special tokens)."""
-    text = tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                         add_generation_prompt=generation_prompt, **(template_kwargs or {}))
+    text = tokenizer.apply_chat_template(
+        messages,
+        tools=tools or None,
+        tokenize=False,
+        add_generation_prompt=generation_prompt,
+        **(template_kwargs or {}),
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def assistant_mask(messages: Any, tokenizer: Any, where: str, tools: Any = None, template_kwargs: dict[str, Any] | None = None,
-                   last_turn_weight: float = 1.0) -> tuple[list[int], list[float]]:
+def assistant_mask(
+    messages: Any,
+    tokenizer: Any,
+    where: str,
+    tools: Any = None,
+    template_kwargs: dict[str, Any] | None = None,
+    last_turn_weight: float = 1.0,
+) -> tuple[list[int], list[float]]:
     """(token ids of the whole transcript, the loss weight of each token: 1 on its assistant turns' tokens,
     ``last_turn_weight`` on the last assistant turn's, 0 elsewhere); see the module docstring."""
     if not is_chat(messages) or not messages:
-        raise ValueError(f"{where}: the transcript must be a non-empty list of chat messages, got {type(messages).__name__}")
+        raise ValueError(
+            f"{where}: the transcript must be a non-empty list of chat messages, got {type(messages).__name__}"
+        )
     turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
     if not turns:
         raise ValueError(f"{where} has no assistant turn to train on (roles: {[m.get('role') for m in messages]})")

@@ -129,7 +129,9 @@ def check_utf8(path: str, field: str, chunk_bytes: int = 1 << 20) -> None:
             offset, lines = offset + len(chunk), lines + chunk.count(b"\n")
 
 
-def read_files(builder: str, paths: list[str], cache_dir: str | None, field: str = "data files") -> list[dict[str, Any]]:
+def read_files(
+    builder: str, paths: list[str], cache_dir: str | None, field: str = "data files"
+) -> list[dict[str, Any]]:
     """The rows of data files of one type, read with ``datasets.load_dataset(builder)``."""
     import datasets
 
@@ -214,12 +216,19 @@ class Files(_SplitSource):
     #: How errors name each split's files (as a recipe writes them).
     FIELDS: dict[Split, str] = {"train": "data.source.train", "val": "data.source.val", "test": "data.source.test"}
 
-    def __init__(self, train: str | list[str], val: str | list[str] | None = None, test: str | list[str] | None = None,
-                 cache_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        train: str | list[str],
+        val: str | list[str] | None = None,
+        test: str | list[str] | None = None,
+        cache_dir: str | None = None,
+    ) -> None:
         if train is None:
             raise ValueError(f"{self.FIELDS['train']} must name the training file(s), got None")
         given = {"train": train, "val": val, "test": test}
-        super().__init__({s: _FileSplit(f, self.FIELDS[s], cache_dir) if f is not None else None for s, f in given.items()})
+        super().__init__(
+            {s: _FileSplit(f, self.FIELDS[s], cache_dir) if f is not None else None for s, f in given.items()}
+        )
 
 
 class FileShortcut(Files):
@@ -240,7 +249,9 @@ class Rows(_SplitSource):
 
     def __init__(self, train: Any, val: Any = None, test: Any = None) -> None:
         if train is None:
-            raise ValueError("data.source.train must hold the training rows (a datasets.Dataset or a list of dicts), got None")
+            raise ValueError(
+                "data.source.train must hold the training rows (a datasets.Dataset or a list of dicts), got None"
+            )
         given = {"train": train, "val": val, "test": test}
         for split, data in given.items():
             if data is not None and not hasattr(data, "to_list"):
@@ -295,18 +306,28 @@ class HubDataset(DataSource):
             raise ValueError("data.source.train_split must name a split, got an empty value")
         self.saved = is_saved_dataset(local)
         if self.saved:
-            given = [f for f, v in (("name", name), ("revision", revision), ("data_files", data_files)) if v is not None]
+            given = [
+                f for f, v in (("name", name), ("revision", revision), ("data_files", data_files)) if v is not None
+            ]
             if given:
                 raise ValueError(
                     f"data.source.{given[0]} is for datasets.load_dataset, but {path} is a folder written by "
                     "save_to_disk (read with datasets.load_from_disk, which has no configurations, revisions "
                     f"or data files): remove data.source.{given[0]}"
                 )
-        self.path, self.name, self.revision, self.data_files, self.cache_dir = path, name, revision, data_files, cache_dir
+        self.path, self.name, self.revision, self.data_files, self.cache_dir = (
+            path,
+            name,
+            revision,
+            data_files,
+            cache_dir,
+        )
         self._load_path = str(local) if local.exists() else path  # "~/data" expanded for datasets
         self.train_split, self.val_split, self.test_split = train_split, val_split, test_split
         if test_split is not None and test_split in (train_split, val_split):
-            raise ValueError(f"data.source.test_split {test_split!r} is also the train or val split: the test split must be a split of its own")
+            raise ValueError(
+                f"data.source.test_split {test_split!r} is also the train or val split: the test split must be a split of its own"
+            )
         self._saved_splits: dict[str, Any] | None = None
 
     def train_rows(self) -> list[dict[str, Any]]:
@@ -338,7 +359,9 @@ class HubDataset(DataSource):
             try:
                 data = datasets.load_from_disk(str(Path(self.path).expanduser()))
             except Exception as err:  # datasets raises many types; name the folder
-                raise ValueError(f"data.source.path: could not read {self.path} with datasets.load_from_disk: {err}") from err
+                raise ValueError(
+                    f"data.source.path: could not read {self.path} with datasets.load_from_disk: {err}"
+                ) from err
             self._saved_splits = dict(data) if isinstance(data, datasets.DatasetDict) else {"train": data}
         return self._saved_splits
 
@@ -352,7 +375,11 @@ class HubDataset(DataSource):
                 check_utf8(str(path), "data.source.path")
         try:
             return datasets.load_dataset(
-                self._load_path, self.name, split=split, revision=self.revision, data_files=self.data_files,
+                self._load_path,
+                self.name,
+                split=split,
+                revision=self.revision,
+                data_files=self.data_files,
                 cache_dir=self.cache_dir,
             )
         except ValueError as err:

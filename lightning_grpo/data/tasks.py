@@ -147,8 +147,9 @@ class DigitTask(DataSource):
             neither of those splits); 0 for none.
     """
 
-    def __init__(self, seed: int = 0, rule: str = "last_plus_one", num_train: int = 300, num_val: int = 50,
-                 num_test: int = 50) -> None:
+    def __init__(
+        self, seed: int = 0, rule: str = "last_plus_one", num_train: int = 300, num_val: int = 50, num_test: int = 50
+    ) -> None:
         if rule not in DIGIT_RULES:
             raise ValueError(f"data.source.rule must be one of {', '.join(DIGIT_RULES.names())}, got {rule!r}")
         for name, value, low in (("num_train", num_train, 1), ("num_val", num_val, 0), ("num_test", num_test, 0)):
@@ -159,8 +160,9 @@ class DigitTask(DataSource):
         self.seed, self.rule, self.num_train, self.num_val, self.num_test = seed, rule, num_train, num_val, num_test
 
     def _split(self, index: int) -> list[dict[str, Any]]:
-        splits = digit_splits(seed=self.seed, rule=self.rule, num_train=self.num_train, num_val=self.num_val,
-                              num_test=self.num_test)
+        splits = digit_splits(
+            seed=self.seed, rule=self.rule, num_train=self.num_train, num_val=self.num_val, num_test=self.num_test
+        )
         return splits[index]
 
     def train_rows(self) -> list[dict[str, Any]]:
@@ -173,5 +175,8 @@ class DigitTask(DataSource):
         return self._split(2) if self.num_test else None
 
     def describe(self, split: Split) -> str:
-        return {"train": "the digit task's training split", "val": "the digit task's validation split",
-                "test": "the digit task's test split"}[split]
+        return {
+            "train": "the digit task's training split",
+            "val": "the digit task's validation split",
+            "test": "the digit task's test split",
+        }[split]

@@ -23,12 +23,33 @@ from typing import Any
 from .demonstrator import check_weak_demonstrator, demonstrate
 from .sources import DataSource
 
-NAMES = ("Maya", "Liam", "Sara", "Omar", "Nina", "Jack", "Lena", "Zoe", "Emma", "Ivy",
-         "Tom", "Ana", "Ben", "Ella", "Leo", "Mia", "Sam", "Max")
+NAMES = (
+    "Maya",
+    "Liam",
+    "Sara",
+    "Omar",
+    "Nina",
+    "Jack",
+    "Lena",
+    "Zoe",
+    "Emma",
+    "Ivy",
+    "Tom",
+    "Ana",
+    "Ben",
+    "Ella",
+    "Leo",
+    "Mia",
+    "Sam",
+    "Max",
+)
 THINGS = ("shells", "apples", "coins", "books", "stamps", "cards", "pens", "cups", "rocks")
 #: the opening sentence (the story's subject), in three wordings
-OPENINGS = ("{name} has some {things} and keeps a tally of them.", "{name} collects {things} and counts them on a tally.",
-            "{name} keeps {things} in a box and a tally beside it.")
+OPENINGS = (
+    "{name} has some {things} and keeps a tally of them.",
+    "{name} collects {things} and counts them on a tally.",
+    "{name} keeps {things} in a box and a tally beside it.",
+)
 #: change -> (its word, the count's step): "up" adds one, "down" takes one away
 CHANGES = {"up": ("added", 1), "down": ("removed", -1)}
 QUESTION = "The tally reads {count}. One is {word}. What does the tally read now? Reply with the number only."
@@ -46,13 +67,22 @@ class CountingWordProblems(DataSource):
         slip: probability that the demonstrator says the next digit on a weak one.
     """
 
-    def __init__(self, num_train: int = 3000, num_val: int = 100, num_test: int = 100, seed: int = 0,
-                 weak_digits: str = "", slip: float = 0.0) -> None:
+    def __init__(
+        self,
+        num_train: int = 3000,
+        num_val: int = 100,
+        num_test: int = 100,
+        seed: int = 0,
+        weak_digits: str = "",
+        slip: float = 0.0,
+    ) -> None:
         for name, n in (("num_train", num_train), ("num_val", num_val), ("num_test", num_test)):
             if not isinstance(n, int) or n < 1:
                 raise ValueError(f"CountingWordProblems.{name} must be a positive integer, got {n!r}")
         if num_train + num_val + num_test > MAX_ROWS:
-            raise ValueError(f"CountingWordProblems: num_train + num_val + num_test is {num_train + num_val + num_test}, at most {MAX_ROWS}")
+            raise ValueError(
+                f"CountingWordProblems: num_train + num_val + num_test is {num_train + num_val + num_test}, at most {MAX_ROWS}"
+            )
         check_weak_demonstrator("CountingWordProblems", weak_digits, slip)
         self.sizes = {"train": num_train, "val": num_val, "test": num_test}
         self.seed, self.weak_digits, self.slip = seed, weak_digits, float(slip)

@@ -112,10 +112,18 @@ class _OpenEnvBase(Environment):
 
     action_cls: type | None = None
 
-    def __init__(self, action: str | type | None, action_field: str | None, action_from_text: str | Callable | None,
-                 observation_to_text: str | Callable | None, prompt_key: str | None, system_prompt: str | None,
-                 reset_kwargs: dict[str, Any] | None, reset_columns: list[str] | None,
-                 invalid_action: Literal["message", "raise"]) -> None:
+    def __init__(
+        self,
+        action: str | type | None,
+        action_field: str | None,
+        action_from_text: str | Callable | None,
+        observation_to_text: str | Callable | None,
+        prompt_key: str | None,
+        system_prompt: str | None,
+        reset_kwargs: dict[str, Any] | None,
+        reset_columns: list[str] | None,
+        invalid_action: Literal["message", "raise"],
+    ) -> None:
         where = type(self).__name__
         if invalid_action not in ("message", "raise"):
             raise ValueError(f"{where}.invalid_action must be 'message' or 'raise', got {invalid_action!r}")
@@ -124,11 +132,22 @@ class _OpenEnvBase(Environment):
         self.parse = optional(action_from_text, f"{where}.action_from_text", _EXAMPLE)
         if self.parse is None:
             if self.action_cls is None and action_field is None:
-                raise ValueError(f"{where}: {self._unknown_action()}; set action (its import path), action_field, or action_from_text")
-            if self.action_cls is not None and action_field is not None and action_field not in self.action_cls.model_fields:
-                raise ValueError(f"{where}.action_field {action_field!r} is not a field of {self.action_cls.__name__}; fields: {sorted(self.action_cls.model_fields)}")
+                raise ValueError(
+                    f"{where}: {self._unknown_action()}; set action (its import path), action_field, or action_from_text"
+                )
+            if (
+                self.action_cls is not None
+                and action_field is not None
+                and action_field not in self.action_cls.model_fields
+            ):
+                raise ValueError(
+                    f"{where}.action_field {action_field!r} is not a field of {self.action_cls.__name__}; fields: {sorted(self.action_cls.model_fields)}"
+                )
             self.action_field = action_field or _text_field(self.action_cls, where)
-        self.to_text = optional(observation_to_text, f"{where}.observation_to_text", "'my_pkg.envs.render'") or default_observation_text
+        self.to_text = (
+            optional(observation_to_text, f"{where}.observation_to_text", "'my_pkg.envs.render'")
+            or default_observation_text
+        )
         self.prompt_key, self.system_prompt = prompt_key, system_prompt
         self.reset_kwargs, self.reset_columns = dict(reset_kwargs or {}), list(reset_columns or [])
         self.invalid_action = invalid_action
@@ -177,12 +196,16 @@ class _OpenEnvBase(Environment):
             observation, reward, done = self._step(action)
         except InvalidAction as err:
             return self._invalid(text, err)
-        return Step([{"role": "user", "content": self.to_text(observation)}], reward=float(reward or 0.0), done=bool(done))
+        return Step(
+            [{"role": "user", "content": self.to_text(observation)}], reward=float(reward or 0.0), done=bool(done)
+        )
 
     def _invalid(self, text: str, err: Exception) -> Step:
         """The answer to a turn that is not a valid action (or the error, with ``invalid_action="raise"``)."""
         if self.invalid_action == "raise":
-            raise ValueError(f"{type(self).__name__}: the model's turn {text!r:.80} is not a valid action: {err}") from err
+            raise ValueError(
+                f"{type(self).__name__}: the model's turn {text!r:.80} is not a valid action: {err}"
+            ) from err
         self.invalid_actions += 1
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return Step([{"role": "user", "content": f"error: invalid action: {first}"}])
@@ -213,11 +236,20 @@ class OpenEnvEnvironment(_OpenEnvBase):
             "raise" stops the run.
     """
 
-    def __init__(self, env: str | Callable[..., Any], env_args: dict[str, Any] | None = None, action: str | type | None = None,
-                 action_field: str | None = None, action_from_text: str | Callable | None = None,
-                 observation_to_text: str | Callable | None = None, prompt_key: str | None = None,
-                 system_prompt: str | None = None, reset_kwargs: dict[str, Any] | None = None,
-                 reset_columns: list[str] | None = None, invalid_action: Literal["message", "raise"] = "message") -> None:
+    def __init__(
+        self,
+        env: str | Callable[..., Any],
+        env_args: dict[str, Any] | None = None,
+        action: str | type | None = None,
+        action_field: str | None = None,
+        action_from_text: str | Callable | None = None,
+        observation_to_text: str | Callable | None = None,
+        prompt_key: str | None = None,
+        system_prompt: str | None = None,
+        reset_kwargs: dict[str, Any] | None = None,
+        reset_columns: list[str] | None = None,
+        invalid_action: Literal["message", "raise"] = "message",
+    ) -> None:
         server = require("openenv.core.env_server", EXTRA, "OpenEnvEnvironment")
         make = resolve(env, "OpenEnvEnvironment.env", "'my_pkg.server.MyEnvironment'")
         self.env = make(**dict(env_args or {}))
@@ -229,15 +261,26 @@ class OpenEnvEnvironment(_OpenEnvBase):
         cls = type(self.env)
         self.action_cls = _generic_arg(cls, "Environment", server.Action) or _step_action(cls, server.Action)
         self._observation_cls = server.Observation
-        super().__init__(action, action_field, action_from_text, observation_to_text, prompt_key, system_prompt,
-                         reset_kwargs, reset_columns, invalid_action)
+        super().__init__(
+            action,
+            action_field,
+            action_from_text,
+            observation_to_text,
+            prompt_key,
+            system_prompt,
+            reset_kwargs,
+            reset_columns,
+            invalid_action,
+        )
         self._reset_names, self._reset_any = reset_arguments(self.env.reset)
         for field, names in (("reset_kwargs", self.reset_kwargs), ("reset_columns", self.reset_columns)):
             refused = [n for n in names if not self._reset_any and n not in self._reset_names]
             if refused:
                 takes = ", ".join(sorted(self._reset_names)) or "nothing"
-                raise ValueError(f"OpenEnvEnvironment.{field}: {cls.__name__}.reset() takes no argument {refused[0]!r} "
-                                 f"(it takes: {takes}); remove it, or add it to reset's parameters")
+                raise ValueError(
+                    f"OpenEnvEnvironment.{field}: {cls.__name__}.reset() takes no argument {refused[0]!r} "
+                    f"(it takes: {takes}); remove it, or add it to reset's parameters"
+                )
 
     def _unknown_action(self) -> str:
         name = type(self.env).__name__
@@ -249,7 +292,9 @@ class OpenEnvEnvironment(_OpenEnvBase):
 
     def _checked(self, observation: Any, method: str) -> Any:
         if not isinstance(observation, self._observation_cls):
-            raise TypeError(f"{type(self.env).__name__}.{method} returned a {type(observation).__name__}, not an openenv Observation")
+            raise TypeError(
+                f"{type(self.env).__name__}.{method} returned a {type(observation).__name__}, not an openenv Observation"
+            )
         return observation
 
     def _reset(self, seed: int, kwargs: dict[str, Any]) -> Any:
@@ -282,29 +327,53 @@ class OpenEnvClientEnvironment(_OpenEnvBase):
             action class defaults to the typed client's ``EnvClient[Action, ...]`` parameter.
     """
 
-    def __init__(self, base_url: str, client: str | type = "openenv.core.GenericEnvClient", action: str | type | None = None,
-                 action_field: str | None = None, action_from_text: str | Callable | None = None,
-                 observation_to_text: str | Callable | None = None, prompt_key: str | None = None,
-                 system_prompt: str | None = None, reset_kwargs: dict[str, Any] | None = None,
-                 reset_columns: list[str] | None = None, invalid_action: Literal["message", "raise"] = "message",
-                 connect_timeout_s: float = 10.0, message_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        client: str | type = "openenv.core.GenericEnvClient",
+        action: str | type | None = None,
+        action_field: str | None = None,
+        action_from_text: str | Callable | None = None,
+        observation_to_text: str | Callable | None = None,
+        prompt_key: str | None = None,
+        system_prompt: str | None = None,
+        reset_kwargs: dict[str, Any] | None = None,
+        reset_columns: list[str] | None = None,
+        invalid_action: Literal["message", "raise"] = "message",
+        connect_timeout_s: float = 10.0,
+        message_timeout_s: float = 60.0,
+    ) -> None:
         core = require("openenv.core", EXTRA, "OpenEnvClientEnvironment")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://", "ws://", "wss://")):
-            raise ValueError(f"OpenEnvClientEnvironment.base_url must be an http(s):// or ws(s):// URL, got {base_url!r}")
+            raise ValueError(
+                f"OpenEnvClientEnvironment.base_url must be an http(s):// or ws(s):// URL, got {base_url!r}"
+            )
         self.client_cls = resolve(client, "OpenEnvClientEnvironment.client", "'my_env.client.MyEnvClient'")
         if not (isinstance(self.client_cls, type) and issubclass(self.client_cls, core.EnvClient)):
-            raise TypeError(f"OpenEnvClientEnvironment.client must be an openenv EnvClient subclass, got {self.client_cls!r}")
+            raise TypeError(
+                f"OpenEnvClientEnvironment.client must be an openenv EnvClient subclass, got {self.client_cls!r}"
+            )
         from pydantic import BaseModel
 
         self.action_cls = _generic_arg(self.client_cls, "EnvClient", BaseModel)
         self.base_url, self.timeouts = base_url, (connect_timeout_s, message_timeout_s)
         self.client: Any = None
-        super().__init__(action, action_field, action_from_text, observation_to_text, prompt_key, system_prompt,
-                         reset_kwargs, reset_columns, invalid_action)
+        super().__init__(
+            action,
+            action_field,
+            action_from_text,
+            observation_to_text,
+            prompt_key,
+            system_prompt,
+            reset_kwargs,
+            reset_columns,
+            invalid_action,
+        )
 
     def _reset(self, seed: int, kwargs: dict[str, Any]) -> Any:
-        self.client = self.client_cls(base_url=self.base_url, connect_timeout_s=self.timeouts[0],
-                                      message_timeout_s=self.timeouts[1]).sync()
+        self.client = self.client_cls(
+            base_url=self.base_url, connect_timeout_s=self.timeouts[0], message_timeout_s=self.timeouts[1]
+        ).sync()
         try:
             self.client.connect()
             return self.client.reset(seed=seed, **kwargs).observation

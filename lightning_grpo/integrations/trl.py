@@ -52,13 +52,21 @@ class TRLEnvironment(ToolEnvironment):
         timeout_s: seconds one tool call may run.
     """
 
-    def __init__(self, factory: str | Callable[..., Any], factory_args: dict[str, Any] | None = None,
-                 prompt_key: str = "prompt", system_prompt: str | None = None, timeout_s: float | None = 10.0) -> None:
+    def __init__(
+        self,
+        factory: str | Callable[..., Any],
+        factory_args: dict[str, Any] | None = None,
+        prompt_key: str = "prompt",
+        system_prompt: str | None = None,
+        timeout_s: float | None = 10.0,
+    ) -> None:
         make = resolve(factory, "TRLEnvironment.factory", "'my_pkg.envs.WordleEnv'")
         self.env = make(**dict(factory_args or {}))
         name = type(self.env).__name__
         if not callable(getattr(self.env, "reset", None)):
-            raise TypeError(f"TRLEnvironment: {name} has no reset(**kwargs) method (TRL's environment_factory contract)")
+            raise TypeError(
+                f"TRLEnvironment: {name} has no reset(**kwargs) method (TRL's environment_factory contract)"
+            )
         get_reward = getattr(self.env, "get_reward", None)
         if get_reward is not None and not callable(get_reward):
             raise TypeError(f"TRLEnvironment: {name}.get_reward must be a method, got a {type(get_reward).__name__}")
@@ -70,7 +78,9 @@ class TRLEnvironment(ToolEnvironment):
                 try:
                     tool_schema(tool)
                 except ValueError as err:
-                    raise ValueError(f"TRLEnvironment: {name}.{tool.__name__} is public, so it is a tool, but {err}") from err
+                    raise ValueError(
+                        f"TRLEnvironment: {name}.{tool.__name__} is public, so it is a tool, but {err}"
+                    ) from err
             _CHECKED.add(type(self.env))
         super().__init__(tools, timeout_s=timeout_s)
         self.prompt_key, self.system_prompt = prompt_key, system_prompt
@@ -82,7 +92,9 @@ class TRLEnvironment(ToolEnvironment):
     def reset(self, record: dict[str, Any], seed: int) -> Messages:
         name = type(self.env).__name__
         if self.prompt_key not in record:
-            raise KeyError(f"TRLEnvironment: the record has no column {self.prompt_key!r} (prompt_key); its columns: {sorted(dataset_row(record))}")
+            raise KeyError(
+                f"TRLEnvironment: the record has no column {self.prompt_key!r} (prompt_key); its columns: {sorted(dataset_row(record))}"
+            )
         row = dataset_row(record)  # the prompt before our chat template, no internal keys
         prompt = row[self.prompt_key]
         if isinstance(prompt, str):
@@ -90,16 +102,22 @@ class TRLEnvironment(ToolEnvironment):
         elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) and "role" in m for m in prompt):
             messages = [dict(m) for m in prompt]
         else:
-            raise TypeError(f"TRLEnvironment: column {self.prompt_key!r} must hold a string or chat messages, got {prompt!r:.80}")
+            raise TypeError(
+                f"TRLEnvironment: column {self.prompt_key!r} must hold a string or chat messages, got {prompt!r:.80}"
+            )
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         observation = self._reset(**row)
         if observation is not None:
             if not isinstance(observation, str):
-                raise TypeError(f"{name}.reset returned {observation!r:.60} ({type(observation).__name__}); expected a string or None")
+                raise TypeError(
+                    f"{name}.reset returned {observation!r:.60} ({type(observation).__name__}); expected a string or None"
+                )
             last = messages[-1]
             if not isinstance(last.get("content"), str):
-                raise TypeError(f"TRLEnvironment: cannot append {name}.reset's observation to a non-text message {last!r:.80}")
+                raise TypeError(
+                    f"TRLEnvironment: cannot append {name}.reset's observation to a non-text message {last!r:.80}"
+                )
             messages[-1] = {**last, "content": last["content"] + observation}  # as TRL does: no separator
         return messages
 

@@ -66,7 +66,9 @@ def task_messages(task: Any) -> list[dict[str, str]]:
 
     data = task.data
     if data.prompt is None:
-        raise ValueError(f"task {data.idx} ({type(task).__name__}) has no prompt; tasks where the user opens the conversation are not supported")
+        raise ValueError(
+            f"task {data.idx} ({type(task).__name__}) has no prompt; tasks where the user opens the conversation are not supported"
+        )
     system = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
     if isinstance(data.prompt, str):
         return system + [{"role": "user", "content": data.prompt}]
@@ -74,7 +76,9 @@ def task_messages(task: Any) -> list[dict[str, str]]:
     return messages if messages and messages[0]["role"] == "system" else system + messages
 
 
-def taskset_records(taskset: Any, taskset_args: dict[str, Any] | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+def taskset_records(
+    taskset: Any, taskset_args: dict[str, Any] | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
     """One record per task (the first ``limit``): ``prompt`` (chat messages) and :data:`TASK_COLUMN`."""
     tasks = load_taskset(taskset, taskset_args)
     if limit is not None:
@@ -90,7 +94,9 @@ def taskset_records(taskset: Any, taskset_args: dict[str, Any] | None = None, li
 def task_reference(taskset: str, taskset_args: dict[str, Any] | None, limit: int | None, idx: int) -> str:
     """A task named by its taskset (import path), the taskset's config, the ``limit`` and its index: a
     :data:`TASK_COLUMN` value that a file can hold (JSON text)."""
-    return json.dumps({"taskset": taskset, "taskset_args": dict(taskset_args or {}), "limit": limit, "idx": idx}, sort_keys=True)
+    return json.dumps(
+        {"taskset": taskset, "taskset_args": dict(taskset_args or {}), "limit": limit, "idx": idx}, sort_keys=True
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -120,7 +126,10 @@ def write_taskset(taskset: str, path: str, taskset_args: dict[str, Any] | None =
     records = taskset_records(taskset, taskset_args, limit)
     with open(path, "w") as f:
         for i, record in enumerate(records):
-            f.write(json.dumps({"prompt": record["prompt"], TASK_COLUMN: task_reference(taskset, taskset_args, limit, i)}) + "\n")
+            f.write(
+                json.dumps({"prompt": record["prompt"], TASK_COLUMN: task_reference(taskset, taskset_args, limit, i)})
+                + "\n"
+            )
     return len(records)
 
 
@@ -136,12 +145,22 @@ def score_traces(completions: Sequence[str], tasks: Sequence[Any]) -> list[Any]:
         opening = task_messages(task)
         unknown = [m["role"] for m in opening if m["role"] not in roles]
         if unknown:
-            raise ValueError(f"task {task.data.idx}: its prompt has a {unknown[0]!r} message; only system / user / assistant are supported")
+            raise ValueError(
+                f"task {task.data.idx}: its prompt has a {unknown[0]!r} message; only system / user / assistant are supported"
+            )
         messages = [roles[m["role"]](content=m["content"]) for m in opening]
         messages.append(vf.AssistantMessage(content=completion))
-        nodes = [MessageNode(message=m, parent=i - 1 if i else None, sampled=i == len(messages) - 1) for i, m in enumerate(messages)]
-        traces.append(vf.Trace(task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
-                               agent=vf.AgentInfo(config=vf.AgentConfig()), nodes=nodes))
+        nodes = [
+            MessageNode(message=m, parent=i - 1 if i else None, sampled=i == len(messages) - 1)
+            for i, m in enumerate(messages)
+        ]
+        traces.append(
+            vf.Trace(
+                task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
+                agent=vf.AgentInfo(config=vf.AgentConfig()),
+                nodes=nodes,
+            )
+        )
 
     async def score_all() -> None:
         import asyncio
@@ -177,7 +196,9 @@ def verifiers_reward(completions: list[str], vf_task: list[Any], reward: str | N
     out = []
     for trace in _LastBatch.traces:
         if trace.rewards.get(reward) is None:
-            raise ValueError(f"verifiers_reward: the task has no reward {reward!r} (or it did not run); its rewards: {sorted(trace.rewards)}")
+            raise ValueError(
+                f"verifiers_reward: the task has no reward {reward!r} (or it did not run); its rewards: {sorted(trace.rewards)}"
+            )
         out.append(trace.rewards[reward].score)
     return out
 
@@ -192,8 +213,15 @@ def taskset_reward_specs(taskset: Any, taskset_args: dict[str, Any] | None = Non
     hooks = task.hooks("reward")
     if not hooks:
         raise ValueError(f"task {type(task).__name__} has no @vf.reward method")
-    return [RewardSpec(verifiers_reward, weight=float(getattr(fn, "_vf_weight", 1.0)), kwargs={"reward": fn.__name__},
-                       alias=fn.__name__) for fn in hooks]
+    return [
+        RewardSpec(
+            verifiers_reward,
+            weight=float(getattr(fn, "_vf_weight", 1.0)),
+            kwargs={"reward": fn.__name__},
+            alias=fn.__name__,
+        )
+        for fn in hooks
+    ]
 
 
 class TasksetDataModule(PromptDataModule):
@@ -208,14 +236,37 @@ class TasksetDataModule(PromptDataModule):
         The other arguments are :class:`~lightning_grpo.PromptDataModule`'s.
     """
 
-    def __init__(self, taskset: Any, taskset_args: dict[str, Any] | None = None, limit: int | None = None,
-                 val_fraction: float | None = None, tokenizer_path: str | None = None, batch_size: int = 8,
-                 val_batch_size: int | None = None, max_prompt_length: int | None = None,
-                 on_long_prompt: Literal["error", "truncate"] = "error", seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(
+        self,
+        taskset: Any,
+        taskset_args: dict[str, Any] | None = None,
+        limit: int | None = None,
+        val_fraction: float | None = None,
+        tokenizer_path: str | None = None,
+        batch_size: int = 8,
+        val_batch_size: int | None = None,
+        max_prompt_length: int | None = None,
+        on_long_prompt: Literal["error", "truncate"] = "error",
+        seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
         records = taskset_records(taskset, taskset_args, limit)
-        fmt = PromptFormat(answer_column=None, use_chat_template=True, max_prompt_length=max_prompt_length, on_long_prompt=on_long_prompt)
-        super().__init__(Rows(records), tokenizer_path=tokenizer_path, format=fmt, val_fraction=val_fraction, batch_size=batch_size,
-                         val_batch_size=val_batch_size, seed=seed, shuffle=shuffle)
+        fmt = PromptFormat(
+            answer_column=None,
+            use_chat_template=True,
+            max_prompt_length=max_prompt_length,
+            on_long_prompt=on_long_prompt,
+        )
+        super().__init__(
+            Rows(records),
+            tokenizer_path=tokenizer_path,
+            format=fmt,
+            val_fraction=val_fraction,
+            batch_size=batch_size,
+            val_batch_size=val_batch_size,
+            seed=seed,
+            shuffle=shuffle,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

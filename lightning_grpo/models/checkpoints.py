@@ -35,10 +35,15 @@ def locate_checkpoint(source: str | Path) -> tuple[Path, list[Path]]:
         raise ExportError(f"{path}: no such file or folder (expected a checkpoint or a run directory)")
     if path.is_file() or is_distributed_checkpoint(path):
         if path.is_file() and not _is_torch_file(path):
-            raise ExportError(f"{path} is not a Lightning checkpoint (expected a .ckpt file written by Trainer / ModelCheckpoint)")
+            raise ExportError(
+                f"{path} is not a Lightning checkpoint (expected a .ckpt file written by Trainer / ModelCheckpoint)"
+            )
         return path, []
-    versions = [path] if (path / "checkpoints").is_dir() else sorted(
-        path.glob("version_*"), key=lambda p: int(re.sub(r"\D", "", p.name) or -1), reverse=True)
+    versions = (
+        [path]
+        if (path / "checkpoints").is_dir()
+        else sorted(path.glob("version_*"), key=lambda p: int(re.sub(r"\D", "", p.name) or -1), reverse=True)
+    )
     for i, version in enumerate(versions):
         found = _checkpoint_in(version / "checkpoints")
         if found is not None:
@@ -49,7 +54,9 @@ def locate_checkpoint(source: str | Path) -> tuple[Path, list[Path]]:
             "last.ckpt with a ModelCheckpoint(save_last: true) in trainer.callbacks; or save the model during "
             "training with the SavePretrained callback"
         )
-    raise ExportError(f"{path} is neither a Lightning checkpoint nor a run directory (no version_*/checkpoints, no checkpoints/)")
+    raise ExportError(
+        f"{path} is neither a Lightning checkpoint nor a run directory (no version_*/checkpoints, no checkpoints/)"
+    )
 
 
 def _checkpoint_in(folder: Path) -> Path | None:
@@ -84,7 +91,9 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
         raise ExportError(f"{path} is not a Lightning checkpoint (no state_dict)")
     policy = {k[len("policy.") :]: v for k, v in state.items() if k.startswith("policy.")}
     if not policy:
-        raise ExportError(f"{path} holds no policy weights (no 'policy.*' in its state_dict): not a GRPOModule checkpoint")
+        raise ExportError(
+            f"{path} holds no policy weights (no 'policy.*' in its state_dict): not a GRPOModule checkpoint"
+        )
     info = meta.get(EXPORT_KEY)
     if not isinstance(info, dict) or "config" not in info:
         raise ExportError(
@@ -103,8 +112,14 @@ def _safe_globals() -> list[Any]:
     from .lora import LoraSettings
     from .quantization import QuantizationSettings
 
-    allowed: list[Any] = [LoraSettings, QuantizationSettings, pathlib.PosixPath, pathlib.PurePosixPath,
-                          pathlib.WindowsPath, pathlib.PureWindowsPath]
+    allowed: list[Any] = [
+        LoraSettings,
+        QuantizationSettings,
+        pathlib.PosixPath,
+        pathlib.PurePosixPath,
+        pathlib.WindowsPath,
+        pathlib.PureWindowsPath,
+    ]
     try:
         from transformers.utils.quantization_config import QuantizationMethod
 
@@ -147,8 +162,12 @@ def _load_distributed_state(path: Path) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}),
-                     no_dist=True)
+    _load_state_dict(
+        state,
+        storage_reader=FileSystemReader(str(path)),
+        planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}),
+        no_dist=True,
+    )
     if not isinstance(state.get("state_dict"), dict):
         raise ExportError(f"{path} is a distributed checkpoint without a model state_dict (not written by Lightning)")
     return state["state_dict"]
@@ -180,9 +199,13 @@ def build_policy(weights: dict[str, torch.Tensor], info: dict[str, Any]) -> nn.M
 
         model = get_peft_model(model, LoraSettings(**info["lora"]).to_peft())
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
-    missing = [k for k in missing if not k.endswith("lm_head.weight") or not getattr(config, "tie_word_embeddings", False)]
+    missing = [
+        k for k in missing if not k.endswith("lm_head.weight") or not getattr(config, "tie_word_embeddings", False)
+    ]
     if missing or unexpected:
-        raise ExportError(f"the checkpoint's policy does not match its stored config: missing {missing[:4]}, unexpected {unexpected[:4]}")
+        raise ExportError(
+            f"the checkpoint's policy does not match its stored config: missing {missing[:4]}, unexpected {unexpected[:4]}"
+        )
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(config, "tie_word_embeddings", False):
         base.tie_weights()
@@ -215,7 +238,11 @@ def _materialise_buffers(model: nn.Module) -> None:
         for name in meta:
             module.register_buffer(name, getattr(fresh, name), persistent=False)
         for name, value in vars(fresh).items():  # plain tensor attributes some versions keep (original_inv_freq)
-            if isinstance(value, torch.Tensor) and getattr(module, name, None) is not None and getattr(module, name).is_meta:
+            if (
+                isinstance(value, torch.Tensor)
+                and getattr(module, name, None) is not None
+                and getattr(module, name).is_meta
+            ):
                 setattr(module, name, value)
 
 

@@ -57,8 +57,13 @@ def export_info(module: Any, tokenizer: Any) -> dict[str, Any]:
     tokenizer's files (bytes; the chat template included), the LoRA settings and the model source."""
     policy = module.policy
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-    info: dict[str, Any] = {"model_source": getattr(module, "model_source", None), "lora": None, "tokenizer_files": {},
-                            "quantization": None, "dtype": module.policy_settings.dtype}
+    info: dict[str, Any] = {
+        "model_source": getattr(module, "model_source", None),
+        "lora": None,
+        "tokenizer_files": {},
+        "quantization": None,
+        "dtype": module.policy_settings.dtype,
+    }
     if getattr(module, "lora", None) is not None:
         info["lora"] = asdict(module.lora)
     if getattr(module, "quantization", None) is not None:  # QLoRA: the 4-bit layout is rebuilt from these on export
@@ -86,9 +91,16 @@ def check_output(out: str | Path, force: bool = False) -> Path:
     return out
 
 
-def write_model_folder(policy: nn.Module, tokenizer: Any, out: str | Path, *, dtype: str | None = None,
-                       adapter: bool = False, weights: Iterable[tuple[str, torch.Tensor]] | None = None,
-                       base_model: str | None = None) -> Path:
+def write_model_folder(
+    policy: nn.Module,
+    tokenizer: Any,
+    out: str | Path,
+    *,
+    dtype: str | None = None,
+    adapter: bool = False,
+    weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+    base_model: str | None = None,
+) -> Path:
     """Write ``policy`` (and ``tokenizer``) as a model folder at ``out``, replacing it whole.
 
     ``weights``: the ``(hf_name, tensor)`` pairs to save (default: the policy's, LoRA merged; under
@@ -121,8 +133,13 @@ def _write_merged(policy: nn.Module, folder: Path, dtype: str | None, weights: I
     save_dense(policy, folder, weights=weights, dtype=dtype)
 
 
-def save_dense(policy: nn.Module, folder: str | Path, *, weights: Iterable[tuple[str, torch.Tensor]] | None = None,
-               dtype: str | None = None) -> None:
+def save_dense(
+    policy: nn.Module,
+    folder: str | Path,
+    *,
+    weights: Iterable[tuple[str, torch.Tensor]] | None = None,
+    dtype: str | None = None,
+) -> None:
     """Save ``policy`` as a plain dense model folder (``model.safetensors``, ``config.json``,
     ``generation_config.json``): LoRA merged, a 4-bit (QLoRA) base dequantised, and the config without
     its ``quantization_config`` (transformers would save the 4-bit layout, vLLM load it as such). The
@@ -194,8 +211,9 @@ def _set_config_dtype(file: Path, dtype: str) -> None:
 
 
 # ------------------------------------------------------------------------------------- export
-def export(source: str | Path, out: str | Path, *, dtype: str | None = None, adapter: bool = False,
-           force: bool = False) -> Path:
+def export(
+    source: str | Path, out: str | Path, *, dtype: str | None = None, adapter: bool = False, force: bool = False
+) -> Path:
     """Export the policy of checkpoint / run directory ``source`` to the model folder ``out``
     (see the module docstring). Raises :class:`ExportError` before writing anything on bad input."""
     out = check_output(out, force)

@@ -11,8 +11,9 @@ from .quantization import QuantizationSettings
 __all__ = ["apply_lora", "load_policy"]
 
 
-def load_policy(source: str, dtype: str, lora: LoraSettings | None, quantization: QuantizationSettings | None,
-                device: torch.device) -> nn.Module:
+def load_policy(
+    source: str, dtype: str, lora: LoraSettings | None, quantization: QuantizationSettings | None, device: torch.device
+) -> nn.Module:
     """``AutoModelForCausalLM`` from ``source`` in ``dtype`` (a QLoRA base built on ``device``), with
     ``lora``'s adapters when given."""
     from transformers import AutoModelForCausalLM

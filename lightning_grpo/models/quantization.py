@@ -62,9 +62,12 @@ class QuantizationSettings:
     def from_config(cls, config: dict[str, Any]) -> QuantizationSettings:
         """The settings of a model config's ``quantization_config`` (bitsandbytes 4-bit, as ``to_dict`` writes it)."""
         compute = config.get("bnb_4bit_compute_dtype")
-        return cls(quant_type=config.get("bnb_4bit_quant_type", "nf4"), double_quant=bool(config.get("bnb_4bit_use_double_quant")),
-                   compute_dtype=None if compute is None else str(compute).removeprefix("torch."),
-                   skip_modules=config.get("llm_int8_skip_modules"))
+        return cls(
+            quant_type=config.get("bnb_4bit_quant_type", "nf4"),
+            double_quant=bool(config.get("bnb_4bit_use_double_quant")),
+            compute_dtype=None if compute is None else str(compute).removeprefix("torch."),
+            skip_modules=config.get("llm_int8_skip_modules"),
+        )
 
     def to_bitsandbytes(self, dtype: str) -> Any:
         """The ``BitsAndBytesConfig`` for a model loaded in ``dtype`` (the dtype of what stays unquantised)."""
@@ -88,7 +91,9 @@ def check_quantization(quantization: Any, has_lora: bool, model: Any) -> Quantiz
     if isinstance(quantization, dict):
         quantization = QuantizationSettings(**quantization)
     if not has_lora:
-        raise ValueError("model.policy.quantization needs model.policy.lora: the 4-bit base weights are frozen, QLoRA trains a LoRA adapter on them")
+        raise ValueError(
+            "model.policy.quantization needs model.policy.lora: the 4-bit base weights are frozen, QLoRA trains a LoRA adapter on them"
+        )
     if isinstance(model, nn.Module):
         raise ValueError(
             f"model.policy.quantization loads a model path in 4 bits, but model is an nn.Module ({type(model).__name__}): "
@@ -111,7 +116,9 @@ def load_quantized(source: str, dtype: str, settings: QuantizationSettings | Non
     from transformers import AutoModelForCausalLM
 
     quantization = {} if settings is None else {"quantization_config": settings.to_bitsandbytes(dtype)}
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype), device_map={"": str(device)}, **quantization)
+    model = AutoModelForCausalLM.from_pretrained(
+        source, dtype=getattr(torch, dtype), device_map={"": str(device)}, **quantization
+    )
     keep_float_kernels(model)
     return model
 
@@ -143,8 +150,9 @@ def split_peft_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Te
     return base, adapter
 
 
-def rebuild_quantized(state: dict[str, torch.Tensor], config: dict[str, Any], settings: QuantizationSettings, dtype: str,
-                      peft_config: Any) -> nn.Module:
+def rebuild_quantized(
+    state: dict[str, torch.Tensor], config: dict[str, Any], settings: QuantizationSettings, dtype: str, peft_config: Any
+) -> nn.Module:
     """A QLoRA checkpoint's policy as it was trained: the base's 4-bit weights loaded as they were saved
     (transformers reads a pre-quantised bitsandbytes folder; nothing is quantised again), the LoRA
     adapter ``peft_config`` on top with its trained tensors. ``state``: the peft model's state dict,
@@ -160,8 +168,10 @@ def rebuild_quantized(state: dict[str, torch.Tensor], config: dict[str, Any], se
         model = get_peft_model(load_quantized(folder, dtype, None, torch.device("cpu")), peft_config)
     expected = {name for name in model.state_dict() if _ADAPTER_NAME.search(name)}
     if set(adapter) != expected:
-        raise ValueError(f"the checkpoint's adapter does not match its LoRA settings: missing {sorted(expected - set(adapter))[:4]}, "
-                         f"unexpected {sorted(set(adapter) - expected)[:4]}")
+        raise ValueError(
+            f"the checkpoint's adapter does not match its LoRA settings: missing {sorted(expected - set(adapter))[:4]}, "
+            f"unexpected {sorted(set(adapter) - expected)[:4]}"
+        )
     model.load_state_dict(adapter, strict=False)
     return model.eval()
 

@@ -41,7 +41,7 @@ CHATML_TOOLS_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
     "{% elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n{{ message.content or '' }}"
-    "{% for call in message.tool_calls %}<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": "
+    '{% for call in message.tool_calls %}<tool_call>\n{"name": "{{ call.function.name }}", "arguments": '
     "{{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
     "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -61,8 +61,11 @@ VARIANT_ALPHABETS = {"chars": [], "tools": TOOLS_ALPHABET, "text": TEXT_ALPHABET
 #: Qwen3 on the real Qwen3 tokenizer, its LM head tied to the embedding or its own; 8h: 8 attention heads of 32, not 2:
 #: :mod:`lightning_grpo.models.tiny_qwen3`).
 _UNTIED = {"tie_word_embeddings": False, "embedding_std": 1.0}
-QWEN3_VARIANTS = {"qwen3": {}, "qwen3-untied": _UNTIED,
-                  "qwen3-untied-8h": {**_UNTIED, "num_attention_heads": 8, "num_key_value_heads": 8}}  # -> TinyQwen3Config
+QWEN3_VARIANTS = {
+    "qwen3": {},
+    "qwen3-untied": _UNTIED,
+    "qwen3-untied-8h": {**_UNTIED, "num_attention_heads": 8, "num_key_value_heads": 8},
+}  # -> TinyQwen3Config
 BUILTIN_VARIANTS = [*VARIANT_ALPHABETS, *QWEN3_VARIANTS]
 #: Whole strings that the ``tools`` variant spells as one token each, as a real BPE vocabulary spells
 #: frequent strings: the chat roles, the Hermes markers, and the complete call of the built-in secret-digit tool, so
@@ -206,6 +209,7 @@ def tiny_model_dir(config: TinyModelConfig | None = None, cache_dir: str | os.Pa
 #: optionally with a pinned initialisation seed: ``"tiny:chars@3"``.
 BUILTIN_PREFIX = "tiny:"
 
+
 def run_seed() -> int:
     """The run's seed: the value ``lightning.seed_everything`` stored in ``$PL_GLOBAL_SEED`` (LightningCLI's
     ``seed_everything``, set before any class is built, and inherited by DDP ranks and subprocesses), else 0."""
@@ -263,9 +267,13 @@ def save_tiny_reward_model(
     tokenizer.padding_side = padding_side
     tokenizer.init_kwargs["padding_side"] = padding_side  # saved in tokenizer_config.json
     config = qwen2_config(
-        TinyModelConfig(seed=seed), len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id,
+        TinyModelConfig(seed=seed),
+        len(tokenizer),
+        tokenizer.pad_token_id,
+        tokenizer.eos_token_id,
         initializer_range=0.5,  # a wide spread of scores, so that tests see differences
-        num_labels=num_labels, tie_word_embeddings=False,
+        num_labels=num_labels,
+        tie_word_embeddings=False,
     )
     with torch.random.fork_rng():
         torch.manual_seed(seed)

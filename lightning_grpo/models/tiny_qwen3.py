@@ -51,8 +51,10 @@ class TinyQwen3Config:
     def __post_init__(self) -> None:
         std = self.embedding_std
         if std is not None and (self.tie_word_embeddings or not (isinstance(std, (int, float)) and std > 0)):
-            raise ValueError(f"TinyQwen3Config.embedding_std must be None or a number > 0 with tie_word_embeddings=False "
-                             f"(it would scale the tied LM head too), got {std!r} with tie_word_embeddings={self.tie_word_embeddings}")
+            raise ValueError(
+                f"TinyQwen3Config.embedding_std must be None or a number > 0 with tie_word_embeddings=False "
+                f"(it would scale the tied LM head too), got {std!r} with tie_word_embeddings={self.tie_word_embeddings}"
+            )
 
     def key(self) -> str:
         fields = asdict(self)
@@ -87,10 +89,17 @@ def build_tiny_qwen3(config: TinyQwen3Config, tokenizer):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     if config.vocab_size < len(tokenizer):
-        raise ValueError(f"TinyQwen3Config.vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)}")
+        raise ValueError(
+            f"TinyQwen3Config.vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)}"
+        )
     fields = {k: v for k, v in asdict(config).items() if k not in ("seed", "embedding_std")}
-    hf = Qwen3Config(**fields, pad_token_id=tokenizer.pad_token_id,
-                     eos_token_id=tokenizer.eos_token_id, bos_token_id=None, torch_dtype="float32")
+    hf = Qwen3Config(
+        **fields,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
     with torch.random.fork_rng():
         torch.manual_seed(config.seed)
         model = Qwen3ForCausalLM(hf)

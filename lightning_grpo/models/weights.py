@@ -44,7 +44,9 @@ def policy_weights_for_engine(model: nn.Module, merge_lora: bool = True) -> Iter
 
 
 @contextmanager
-def gathered_weights_for_engine(model: nn.Module, merge_lora: bool = True) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
+def gathered_weights_for_engine(
+    model: nn.Module, merge_lora: bool = True
+) -> Iterator[Iterator[tuple[str, torch.Tensor]]]:
     """:func:`policy_weights_for_engine` with full parameters when ``model`` is FSDP2-sharded (every
     unit all-gathered on entry, resharded on exit; a collective: all ranks enter together). The
     tensors are views of the gathered parameters: consume them inside the ``with`` block."""

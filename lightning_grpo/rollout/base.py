@@ -55,7 +55,9 @@ class SamplingConfig:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"SamplingConfig.max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
         if self.stop_token_ids is not None and not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError(f"SamplingConfig.stop_token_ids must be a list of token ids (ints >= 0), got {self.stop_token_ids!r}")
+            raise ValueError(
+                f"SamplingConfig.stop_token_ids must be a list of token ids (ints >= 0), got {self.stop_token_ids!r}"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -113,7 +115,9 @@ class Rollout:
             if len(ids) != len(lps):
                 raise ValueError(f"Rollout.logprobs[{i}] has {len(lps)} values for {len(ids)} completion tokens")
             if self.turn_ids is not None and len(self.turn_ids[i]) != len(ids):
-                raise ValueError(f"Rollout.turn_ids[{i}] has {len(self.turn_ids[i])} values for {len(ids)} completion tokens")
+                raise ValueError(
+                    f"Rollout.turn_ids[{i}] has {len(self.turn_ids[i])} values for {len(ids)} completion tokens"
+                )
 
     def prompt_of(self, row: int) -> list[int]:
         """The prompt row ``row`` was sampled from."""
@@ -214,7 +218,9 @@ class RolloutEngine(abc.ABC):
 
     def load_lora_adapter(self, path: str) -> None:
         """Sample with the peft adapter saved in ``path`` from now on (engines that serve adapters)."""
-        raise NotImplementedError(f"{type(self).__name__} does not serve LoRA adapters (rollout.weight_sync.lora: merged)")
+        raise NotImplementedError(
+            f"{type(self).__name__} does not serve LoRA adapters (rollout.weight_sync.lora: merged)"
+        )
 
     def unload_lora_adapter(self) -> None:  # noqa: B027 - optional hook, a no-op unless the engine overrides it
         """Stop applying the adapter of :meth:`load_lora_adapter` (no-op when none is loaded)."""

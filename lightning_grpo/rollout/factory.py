@@ -56,7 +56,9 @@ def _vllm_engine(module, tokenizer, seed: int, settings: VLLMArgs | None, contex
 
 
 @ENGINES.register("vllm_server")
-def _vllm_server_engine(module, tokenizer, seed: int, settings: ServerSettings | None, context: EngineContext) -> RolloutEngine:
+def _vllm_server_engine(
+    module, tokenizer, seed: int, settings: ServerSettings | None, context: EngineContext
+) -> RolloutEngine:
     """vLLM servers (``rollout/vllm_server.py``): the user's (``urls``) or started on the model directory."""
     from .vllm_server import ServerSettings, build_server_engine
 
@@ -111,8 +113,14 @@ def _save_for_engine(policy, tokenizer) -> str:
     return str(directory)
 
 
-def build_engine(name: str, module, tokenizer, seed: int, settings: VLLMArgs | ServerSettings | None = None,
-                 context: EngineContext = EngineContext()) -> RolloutEngine:
+def build_engine(
+    name: str,
+    module,
+    tokenizer,
+    seed: int,
+    settings: VLLMArgs | ServerSettings | None = None,
+    context: EngineContext = EngineContext(),
+) -> RolloutEngine:
     """The engine called ``name`` ("vllm", "vllm_server" or "hf") for ``module``'s policy, with its settings
     (:class:`~lightning_grpo.rollout.vllm_args.VLLMArgs`, :class:`~lightning_grpo.rollout.vllm_server.ServerSettings`
     or None for "hf")."""

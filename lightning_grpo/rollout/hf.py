@@ -77,7 +77,9 @@ class HFEngine(RolloutEngine):
         new_tokens = out.sequences[:, input_ids.shape[1] :]  # [P*G, Ln]
         token_logprobs = torch.stack(  # one step at a time: never a second [P*G, Ln, V] copy
             [
-                torch.log_softmax(step.float() / sampling.logprob_temperature, dim=-1).gather(-1, new_tokens[:, t, None])[:, 0]
+                torch.log_softmax(step.float() / sampling.logprob_temperature, dim=-1).gather(
+                    -1, new_tokens[:, t, None]
+                )[:, 0]
                 for t, step in enumerate(out.logits)  # step: [P*G, V] raw logits
             ],
             dim=1,

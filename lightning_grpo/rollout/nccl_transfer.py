@@ -48,7 +48,9 @@ class NcclTransport:
         """A snapshot of ``(name, tensor)`` on this process's GPU in the servers' dtype (one copy of the
         weights: the pipeline may train on while it is sent)."""
         if not torch.cuda.is_available():
-            raise RuntimeError("rollout.server.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp for CPU")
+            raise RuntimeError(
+                "rollout.server.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp for CPU"
+            )
         device = torch.device("cuda", torch.cuda.current_device())
         out = []
         for name, tensor in weights:

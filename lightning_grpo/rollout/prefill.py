@@ -39,7 +39,9 @@ def cpu_prefill_budget(max_model_len: int, max_num_batched_tokens: int | None, f
     if max_num_batched_tokens is None:
         return max(int(max_model_len), DEFAULT_CPU_PREFILL_TOKENS)
     if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
-        raise ValueError(f"{field} must be a positive integer (tokens per prefill step), got {max_num_batched_tokens!r}")
+        raise ValueError(
+            f"{field} must be a positive integer (tokens per prefill step), got {max_num_batched_tokens!r}"
+        )
     if max_num_batched_tokens < max_model_len:
         raise ValueError(
             f"{field} ({max_num_batched_tokens}) is below max_model_len ({max_model_len}): on CPU every prompt is "

@@ -49,7 +49,9 @@ class ServerClient:
         self.timeout = timeout
         self.transfer_ready = False  # /init_weight_transfer_engine was called
 
-    def _request(self, method: str, path: str, body: dict | None = None, params: str = "", timeout: float | None = None) -> Any:
+    def _request(
+        self, method: str, path: str, body: dict | None = None, params: str = "", timeout: float | None = None
+    ) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
             f"{self.url}{path}{'?' + params if params else ''}",
@@ -89,8 +91,12 @@ class ServerClient:
             ids = list(choice["token_ids"])
             content = (choice.get("logprobs") or {}).get("content") or []
             if len(content) != len(ids):
-                raise ServerRequestError(f"vLLM server {self.url} returned {len(content)} log-probs for {len(ids)} tokens")
-            samples.append(Sample(ids, [float(c["logprob"]) for c in content], choice["finish_reason"] == "stop", _version(choice)))
+                raise ServerRequestError(
+                    f"vLLM server {self.url} returned {len(content)} log-probs for {len(ids)} tokens"
+                )
+            samples.append(
+                Sample(ids, [float(c["logprob"]) for c in content], choice["finish_reason"] == "stop", _version(choice))
+            )
         return samples
 
     def prompt_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
@@ -114,7 +120,9 @@ class ServerClient:
         """``/update_weights``: the server loads one bucket."""
         self._request("POST", "/update_weights", {"update_info": update_info})
 
-    def push(self, update_infos: list[dict], version: int, load_bucket: Callable[[int, dict], None] | None = None) -> None:
+    def push(
+        self, update_infos: list[dict], version: int, load_bucket: Callable[[int, dict], None] | None = None
+    ) -> None:
         """One weight update: pause (finish running requests), load every bucket (``load_bucket(i, info)``,
         default :meth:`update_weights`), set ``version``, drop the prefix cache (its KV was computed by
         the old weights), resume. The transfer must be initialised (:meth:`init_transfer`)."""

@@ -111,7 +111,9 @@ class ServerEngine(RolloutEngine):
         version that sampled it (:attr:`Rollout.versions`)."""
         validate_prompts(prompt_ids)
         if self.max_model_len is not None:
-            check_fits(prompt_ids, sampling.max_new_tokens, self.max_model_len, "servers'", "rollout.server.max_model_len")
+            check_fits(
+                prompt_ids, sampling.max_new_tokens, self.max_model_len, "servers'", "rollout.server.max_model_len"
+            )
         stop_token_ids = sampling.stop_token_ids
         base = {
             "n": sampling.n,

@@ -59,12 +59,20 @@ def plugin_path(directory: Path) -> Path:
     dist = directory / _PLUGIN_DIST
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: lightning-grpo-server-plugin\nVersion: 0\n")
-    (dist / "entry_points.txt").write_text("[vllm.general_plugins]\nlightning_grpo = lightning_grpo.vllm_entry:register\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nlightning_grpo = lightning_grpo.vllm_entry:register\n"
+    )
     return directory
 
 
 def server_command(
-    model: str, port: int, host: str, dtype: str, max_model_len: int, extra_args: list[str], transfer_backend: str = "lightning_grpo_shm"
+    model: str,
+    port: int,
+    host: str,
+    dtype: str,
+    max_model_len: int,
+    extra_args: list[str],
+    transfer_backend: str = "lightning_grpo_shm",
 ) -> list[str]:
     """The child's command line (vLLM's API server module, our required options first)."""
     return [

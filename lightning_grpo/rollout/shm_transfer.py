@@ -147,7 +147,9 @@ def bucket_tensors(
         yield name, buffer[start : start + size].view(torch_dtype).view(shape)
 
 
-def read_bucket(path: str, names: list[str], dtype: str, shapes: list[list[int]], offsets: list[int]) -> Iterator[tuple[str, torch.Tensor]]:
+def read_bucket(
+    path: str, names: list[str], dtype: str, shapes: list[list[int]], offsets: list[int]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The ``(name, tensor)`` pairs of one bucket (server side), read from a private mapping of the file."""
     torch_dtype = getattr(torch, dtype)
     sizes = [int(torch.Size(s).numel()) * torch_dtype.itemsize for s in shapes]

@@ -176,7 +176,9 @@ def _read_hello(sock: socket.socket, token: bytes, url: str) -> int:
     magic, got, rank, _world = HELLO.unpack(recv_exact(sock, HELLO.size))
     if magic != MAGIC or got != token:
         sock.close()
-        raise ConnectionError(f"vLLM server {url}: a connection to the weight-transfer port did not present this push's token")
+        raise ConnectionError(
+            f"vLLM server {url}: a connection to the weight-transfer port did not present this push's token"
+        )
     return rank
 
 

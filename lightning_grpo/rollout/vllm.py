@@ -47,9 +47,7 @@ from lightning_grpo.rollout.vllm_env import (
     sleep_kwargs,
 )
 
-MISSING_VLLM = (
-    "engine='vllm' needs vLLM: pip install 'lightning-grpo[cpu]' (CPU) or 'lightning-grpo[gpu]' (CUDA)"
-)
+MISSING_VLLM = "engine='vllm' needs vLLM: pip install 'lightning-grpo[cpu]' (CPU) or 'lightning-grpo[gpu]' (CUDA)"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: ``cpu_gemm="auto"`` uses plain kernels up to this hidden size (measured, docs/benchmarks.md).
 PLAIN_GEMM_MAX_HIDDEN = 128
@@ -123,8 +121,13 @@ class VLLMEngine(RolloutEngine):
             "logprobs_mode": "processed_logprobs",
             "skip_tokenizer_init": True,  # prompts and completions stay token ids
             "enable_prefix_caching": True,
-            **optional_llm_kwargs(args.kv_cache_memory_bytes, args.block_size, args.enable_lora, args.max_lora_rank,
-                                  args.gpu_memory_utilization),
+            **optional_llm_kwargs(
+                args.kv_cache_memory_bytes,
+                args.block_size,
+                args.enable_lora,
+                args.max_lora_rank,
+                args.gpu_memory_utilization,
+            ),
             **sleep_kwargs(args.sleep_level),
             **(args.extra_llm_kwargs or {}),  # last: overrides any of the above
         }
@@ -280,7 +283,9 @@ def model_max_length(model_path: str) -> int:
         config = json.load(f)
     length = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
     if not isinstance(length, int):
-        raise ValueError(f"VLLMEngine: {model_path}/config.json has no max_position_embeddings: set rollout.vllm.max_model_len")
+        raise ValueError(
+            f"VLLMEngine: {model_path}/config.json has no max_position_embeddings: set rollout.vllm.max_model_len"
+        )
     return length
 
 

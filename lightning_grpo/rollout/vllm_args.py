@@ -54,8 +54,12 @@ class VLLMArgs:
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
             raise ValueError(f"rollout.vllm.max_model_len must be an integer >= 1 or null, got {self.max_model_len!r}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
-            raise ValueError(f"rollout.vllm.kv_cache_memory_bytes must be > 0 or null, got {self.kv_cache_memory_bytes!r}")
+            raise ValueError(
+                f"rollout.vllm.kv_cache_memory_bytes must be > 0 or null, got {self.kv_cache_memory_bytes!r}"
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+            raise ValueError(
+                f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
         if "max_model_len" in (self.extra_llm_kwargs or {}):
             raise ValueError("rollout.vllm.extra_llm_kwargs.max_model_len: set rollout.vllm.max_model_len instead")

@@ -22,9 +22,18 @@ import torch
 #: runs without Triton; its worker may not set the thread count we already set (once per layer).
 #: Kept: everything else, e.g. the CPU worker's performance hints (tcmalloc / iomp in LD_PRELOAD).
 KNOWN_HARMLESS = {
-    "vllm.renderers.base": ("Chat template warmup failed", "Using None for EOS token id because tokenizer is not initialized"),
-    "vllm.engine.arg_utils": ("This model does not officially support disabling chunked prefill", "The global random seed is set to"),
-    "vllm.v1.worker.cpu_worker": ("sleep mode is not supported on CPU", "CPU backend doesn't allow to use `torch.set_num_threads`"),
+    "vllm.renderers.base": (
+        "Chat template warmup failed",
+        "Using None for EOS token id because tokenizer is not initialized",
+    ),
+    "vllm.engine.arg_utils": (
+        "This model does not officially support disabling chunked prefill",
+        "The global random seed is set to",
+    ),
+    "vllm.v1.worker.cpu_worker": (
+        "sleep mode is not supported on CPU",
+        "CPU backend doesn't allow to use `torch.set_num_threads`",
+    ),
     "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
     "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
     "torch._library.triton": ("Triton not available",),
@@ -70,7 +79,8 @@ def sleep_kwargs(sleep_level: int) -> dict[str, Any]:
     if current_platform.is_sleep_mode_available():
         return {"enable_sleep_mode": True}
     logging.getLogger(__name__).warning(
-        "rollout.vllm.sleep_level=%d: vLLM has no sleep mode on %s, so sleeping frees no memory here", sleep_level,
+        "rollout.vllm.sleep_level=%d: vLLM has no sleep mode on %s, so sleeping frees no memory here",
+        sleep_level,
         current_platform.device_type,
     )
     return {}

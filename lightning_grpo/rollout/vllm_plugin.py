@@ -129,7 +129,9 @@ if WeightTransferEngine is not None:
             self.shutdown()
             group = get_world_group()
             info = init_info
-            self._socket = connect_to_trainer(info.host, info.port, info.token, group.rank_in_group, group.world_size, info.timeout)
+            self._socket = connect_to_trainer(
+                info.host, info.port, info.token, group.rank_in_group, group.world_size, info.timeout
+            )
 
         def update_weights(self, update_info: dict) -> None:
             self.receive_weights(self.parse_update_info(update_info))  # loaded synchronously

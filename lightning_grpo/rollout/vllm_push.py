@@ -145,7 +145,9 @@ def plan_cpu_push(model: nn.Module, tensor_parallel_size: int = 1, plain_gemm: b
             linears.append(_Linear(module, sources, has_bias))
             covered.update(id(p) for p in module.parameters(recurse=False))
         elif isinstance(module, VocabParallelEmbedding):
-            if not isinstance(module.quant_method, _unquantized_embedding_method()) or not hasattr(module, "cpu_linear"):
+            if not isinstance(module.quant_method, _unquantized_embedding_method()) or not hasattr(
+                module, "cpu_linear"
+            ):
                 return None
             embeddings.append(_Embedding(module, hf_name))
             covered.add(id(module.weight))

@@ -78,13 +78,21 @@ class ServerSettings:
         if self.num_servers < 1:
             raise ValueError(f"rollout.server.num_servers must be >= 1, got {self.num_servers}")
         if self.transfer not in TRANSFER_BACKENDS:
-            raise ValueError(f"rollout.server.transfer must be one of {', '.join(TRANSFER_BACKENDS)}, got {self.transfer!r}")
+            raise ValueError(
+                f"rollout.server.transfer must be one of {', '.join(TRANSFER_BACKENDS)}, got {self.transfer!r}"
+            )
         if not 0 <= int(self.transfer_port) < 65536:
-            raise ValueError(f"rollout.server.transfer_port must be a TCP port (0 = any free one), got {self.transfer_port}")
+            raise ValueError(
+                f"rollout.server.transfer_port must be a TCP port (0 = any free one), got {self.transfer_port}"
+            )
         if self.server_start_timeout <= 0:
-            raise ValueError(f"rollout.server.server_start_timeout must be > 0 seconds, got {self.server_start_timeout}")
+            raise ValueError(
+                f"rollout.server.server_start_timeout must be > 0 seconds, got {self.server_start_timeout}"
+            )
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
-            raise ValueError(f"rollout.server.max_model_len must be an integer >= 1 or null, got {self.max_model_len!r}")
+            raise ValueError(
+                f"rollout.server.max_model_len must be an integer >= 1 or null, got {self.max_model_len!r}"
+            )
 
     def check_prefill(self) -> None:
         """Servers started here on CPU: their prefill settings (checked before any starts; needs ``max_model_len``)."""
@@ -119,7 +127,9 @@ def build_server_engine(
     """Connect to ``settings.urls`` or start servers on ``model_dir``; rank 0 pushes to shared servers.
     ``broadcast``: rank 0's value on every rank (the strategy's; every rank calls this together)."""
     common = dict(
-        dtype=settings.dtype, max_model_len=settings.max_model_len, bucket_bytes=settings.bucket_bytes,
+        dtype=settings.dtype,
+        max_model_len=settings.max_model_len,
+        bucket_bytes=settings.bucket_bytes,
         transport=build_transport(settings),
     )
     if settings.urls is not None:
@@ -134,14 +144,21 @@ def build_server_engine(
     from .server_process import start_servers
 
     if settings.max_model_len is None:
-        raise ValueError("rollout.server.max_model_len is not set: servers started here need it (RolloutCallback derives it)")
+        raise ValueError(
+            "rollout.server.max_model_len is not set: servers started here need it (RolloutCallback derives it)"
+        )
     settings.check_prefill()
     log_dir = settings.log_dir or os.path.join(default_log_dir, f"vllm-servers-rank{rank}")
     processes = start_servers(
-        str(model_dir), settings.num_servers, log_dir, settings.server_start_timeout,
+        str(model_dir),
+        settings.num_servers,
+        log_dir,
+        settings.server_start_timeout,
         lambda url: ServerClient(url).healthy(),
-        dtype=settings.dtype, max_model_len=settings.max_model_len,
-        kv_cache_bytes=settings.kv_cache_memory_bytes, max_num_batched_tokens=settings.max_num_batched_tokens,
+        dtype=settings.dtype,
+        max_model_len=settings.max_model_len,
+        kv_cache_bytes=settings.kv_cache_memory_bytes,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
         extra_args=list(settings.server_args),
         cpus=settings.server_cpus,
         transfer_backend=TRANSFER_BACKENDS[settings.transfer],

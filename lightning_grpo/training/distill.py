@@ -80,11 +80,19 @@ class DistillSettings:
 
     def __post_init__(self) -> None:
         if self.teacher is None or (isinstance(self.teacher, dict) and not self.teacher):
-            raise ValueError(f"{FIELD}.teacher is required: a model path, an nn.Module, 'base', 'adapter:<dir>' or a mapping name -> teacher")
+            raise ValueError(
+                f"{FIELD}.teacher is required: a model path, an nn.Module, 'base', 'adapter:<dir>' or a mapping name -> teacher"
+            )
         if isinstance(self.teacher, dict) and len(self.teacher) > 1 and not self.teacher_key:
-            raise ValueError(f"{FIELD}.teacher_key must name the record column that picks one of the teachers {sorted(self.teacher)}")
-        for name, value, ok in (("coef", self.coef, self.coef >= 0), ("gkd_coef", self.gkd_coef, self.gkd_coef >= 0),
-                                ("beta", self.beta, 0 <= self.beta <= 1), ("lmbda", self.lmbda, 0 <= self.lmbda <= 1)):
+            raise ValueError(
+                f"{FIELD}.teacher_key must name the record column that picks one of the teachers {sorted(self.teacher)}"
+            )
+        for name, value, ok in (
+            ("coef", self.coef, self.coef >= 0),
+            ("gkd_coef", self.gkd_coef, self.gkd_coef >= 0),
+            ("beta", self.beta, 0 <= self.beta <= 1),
+            ("lmbda", self.lmbda, 0 <= self.lmbda <= 1),
+        ):
             if not ok:
                 raise ValueError(f"{FIELD}.{name} out of range: {value} (coef, gkd_coef >= 0; beta, lmbda in [0, 1])")
         if not (self.coef or self.gkd_coef or self.use_task_rewards):
@@ -153,10 +161,14 @@ class Distiller:
             if tokenizer is not None:
                 check_teacher(where, spec, self._models[name] or self.ctx.policy(), tokenizer)
             if self.settings.gkd_coef and self._models[name] is not None:  # GKD compares whole distributions
-                theirs, ours = (m.get_output_embeddings().weight.shape[0] for m in (self._models[name], self.ctx.policy()))
+                theirs, ours = (
+                    m.get_output_embeddings().weight.shape[0] for m in (self._models[name], self.ctx.policy())
+                )
                 if theirs != ours:
-                    raise ValueError(f"{where}: GKD compares full next-token distributions, but the teacher's LM head has "
-                                     f"{theirs} rows and the student's {ours}")
+                    raise ValueError(
+                        f"{where}: GKD compares full next-token distributions, but the teacher's LM head has "
+                        f"{theirs} rows and the student's {ours}"
+                    )
 
     def _load(self, name: str, spec: TeacherSpec) -> nn.Module | None:
         where = f"{FIELD}.teacher[{name!r}]"
@@ -164,9 +176,13 @@ class Distiller:
             return spec.eval().requires_grad_(False)
         if spec == "base" or spec.startswith("adapter:"):
             if not hasattr(self.ctx.policy(), "disable_adapter"):
-                raise ValueError(f"{where} = {spec!r} needs a LoRA policy (model.policy.lora): the teacher is the policy's base model")
+                raise ValueError(
+                    f"{where} = {spec!r} needs a LoRA policy (model.policy.lora): the teacher is the policy's base model"
+                )
             if self.settings.dtype is not None:
-                raise ValueError(f"{FIELD}.dtype applies to a teacher loaded from a path, not to {spec!r} (the policy itself)")
+                raise ValueError(
+                    f"{FIELD}.dtype applies to a teacher loaded from a path, not to {spec!r} (the policy itself)"
+                )
             self._adapters[name] = None
             if spec != "base":
                 adapter = f"teacher_{name}"
@@ -180,13 +196,17 @@ class Distiller:
 
         source = builtin_model_path(spec, where)  # "tiny:chars": the run seed's initialisation, "tiny:chars@3" pinned
         if is_local_path(source) and not Path(source).expanduser().is_dir():
-            raise ValueError(f"{where} {spec!r}: no model directory there (SavePretrained writes one; a hub name is 'org/name')")
+            raise ValueError(
+                f"{where} {spec!r}: no model directory there (SavePretrained writes one; a hub name is 'org/name')"
+            )
         dtype = getattr(torch, self.settings.dtype or self.ctx.dtype)
         try:
             teacher = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
         except OSError as err:
-            raise ValueError(f"{where} {spec!r}: no model there ({err.__class__.__name__}: {str(err)[:200]}); give a model "
-                             "directory (SavePretrained writes one), a hub name, 'base' or 'adapter:<dir>'") from err
+            raise ValueError(
+                f"{where} {spec!r}: no model there ({err.__class__.__name__}: {str(err)[:200]}); give a model "
+                "directory (SavePretrained writes one), a hub name, 'base' or 'adapter:<dir>'"
+            ) from err
         return teacher.eval().requires_grad_(False)
 
     @contextmanager
@@ -221,7 +241,9 @@ class Distiller:
         key, ids = self.settings.teacher_key, []
         for record in records:
             if record.get(key) not in self.names:
-                raise ValueError(f"{FIELD}.teacher_key {key!r}: a record has {record.get(key)!r}; the teachers are {self.names}")
+                raise ValueError(
+                    f"{FIELD}.teacher_key {key!r}: a record has {record.get(key)!r}; the teachers are {self.names}"
+                )
             ids.append(self.names.index(record[key]))
         return torch.tensor(ids, dtype=torch.long)
 
@@ -249,13 +271,17 @@ class Distiller:
         if s.gkd_coef:
             self._gkd, self._gkd_teachers = batch, teacher_of
             if s.lmbda < 1 and random.Random(_seed(self.ctx.step())).random() >= s.lmbda:
-                self._gkd = reference_batch(records, self.ctx.tokenizer(), s.answer_key, batch.temperature, self.ctx.device())
+                self._gkd = reference_batch(
+                    records, self.ctx.tokenizer(), s.answer_key, batch.temperature, self.ctx.device()
+                )
                 self._gkd_teachers = teacher_of[:: batch.group_size]
 
     def training_term(self, micro_index: int, micro: RolloutBatch, logp: Tensor, metrics: dict) -> Tensor:
         """Logged reverse KL of the current policy, plus GKD's term for micro-step ``micro_index``."""
         if micro.teacher_logp is not None:
-            metrics["distill_reverse_kl"] = masked_mean((logp.detach() - micro.teacher_logp).float(), micro.completion_mask)
+            metrics["distill_reverse_kl"] = masked_mean(
+                (logp.detach() - micro.teacher_logp).float(), micro.completion_mask
+            )
         if not self.settings.gkd_coef or self._gkd is None:
             return logp.new_zeros(())
         step = self.ctx.micro_step(len(self._gkd), micro_index)
@@ -282,14 +308,20 @@ def _seed(step: int) -> int:
     return int(os.environ.get("PL_GLOBAL_SEED", 0)) * 1_000_003 + step
 
 
-def reference_batch(records: list[dict] | None, tokenizer: Any, answer_key: str, temperature: float, device) -> RolloutBatch:
+def reference_batch(
+    records: list[dict] | None, tokenizer: Any, answer_key: str, temperature: float, device
+) -> RolloutBatch:
     """One row per record: its prompt and its reference completion (``answer_key``) + eos. GKD's
     off-policy data, as TRL's dataset outputs. Prompts are left-padded, completions right-padded (the
     rollout layout)."""
     if not records or answer_key not in records[0]:
-        raise ValueError(f"{FIELD}.lmbda < 1 trains on the records' reference completions: column {answer_key!r} (answer_key) is missing")
+        raise ValueError(
+            f"{FIELD}.lmbda < 1 trains on the records' reference completions: column {answer_key!r} (answer_key) is missing"
+        )
     prompts = [list(r["prompt_ids"]) for r in records]
-    completions = [tokenizer(str(r[answer_key]), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for r in records]
+    completions = [
+        tokenizer(str(r[answer_key]), add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for r in records
+    ]
     Lp, Lc = max(map(len, prompts)), max(map(len, completions))
     input_ids = torch.full((len(records), Lp + Lc), tokenizer.pad_token_id, dtype=torch.long)  # [B, Lp+Lc]
     attention_mask = torch.zeros_like(input_ids)  # [B, Lp+Lc]
@@ -297,9 +329,16 @@ def reference_batch(records: list[dict] | None, tokenizer: Any, answer_key: str,
         input_ids[b, Lp - len(prompt) : Lp + len(completion)] = torch.tensor(prompt + completion, dtype=torch.long)
         attention_mask[b, Lp - len(prompt) : Lp + len(completion)] = 1
     completion_mask = attention_mask[:, Lp:].float()  # [B, Lc]
-    return RolloutBatch(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
-                        advantages=torch.zeros(len(records)), rollout_logp=torch.zeros_like(completion_mask),
-                        prompt_length=Lp, group_size=1, temperature=temperature).to(device)
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        completion_mask=completion_mask,
+        advantages=torch.zeros(len(records)),
+        rollout_logp=torch.zeros_like(completion_mask),
+        prompt_length=Lp,
+        group_size=1,
+        temperature=temperature,
+    ).to(device)
 
 
 def check_teacher(where: str, spec: TeacherSpec, teacher: nn.Module, tokenizer: Any) -> None:
@@ -314,7 +353,11 @@ def check_teacher(where: str, spec: TeacherSpec, teacher: nn.Module, tokenizer: 
         ours_vocab, their_vocab = tokenizer.get_vocab(), theirs.get_vocab()
         differ = sorted(t for t in set(ours_vocab) | set(their_vocab) if ours_vocab.get(t) != their_vocab.get(t))
         if differ or theirs.eos_token_id != tokenizer.eos_token_id:
-            example = f"e.g. {differ[0]!r}: {their_vocab.get(differ[0])} vs {ours_vocab.get(differ[0])}" if differ else "the eos ids differ"
+            example = (
+                f"e.g. {differ[0]!r}: {their_vocab.get(differ[0])} vs {ours_vocab.get(differ[0])}"
+                if differ
+                else "the eos ids differ"
+            )
             raise ValueError(
                 f"{where} {spec!r} has another tokenizer than the student's ({len(differ)} tokens differ, {example}): "
                 "on-policy distillation scores the student's token ids with the teacher, so both must share one tokenizer"
@@ -322,5 +365,6 @@ def check_teacher(where: str, spec: TeacherSpec, teacher: nn.Module, tokenizer: 
     head = teacher.get_output_embeddings() if hasattr(teacher, "get_output_embeddings") else None
     rows = head.weight.shape[0] if head is not None else getattr(getattr(teacher, "config", None), "vocab_size", None)
     if rows is not None and rows < len(tokenizer):
-        raise ValueError(f"{where}: its LM head has {rows} rows but the tokenizer has {len(tokenizer)} tokens (another vocabulary?)")
-
+        raise ValueError(
+            f"{where}: its LM head has {rows} rows but the tokenizer has {len(tokenizer)} tokens (another vocabulary?)"
+        )

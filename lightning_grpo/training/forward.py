@@ -23,8 +23,9 @@ from .settings import ForwardSettings
 __all__ = ["layout_token_logprobs"]
 
 
-def layout_token_logprobs(model: nn.Module, batch: RolloutBatch, forward: ForwardSettings,
-                          compute_entropy: bool = False) -> TokenLogProbs:
+def layout_token_logprobs(
+    model: nn.Module, batch: RolloutBatch, forward: ForwardSettings, compute_entropy: bool = False
+) -> TokenLogProbs:
     """Log-probs (and entropy) [B, Lc] of the completion tokens at the sampling temperature, scored by
     ``LOGPROBS[forward.logprob_path]`` (models without a decoder / LM head are scored from their logits), with a
     shared prefix, packed or padded as ``forward.prefix_sharing`` and ``forward.packing`` say (``forward.save_probs``:
@@ -36,7 +37,9 @@ def layout_token_logprobs(model: nn.Module, batch: RolloutBatch, forward: Forwar
         score = logprobs_from_logits  # no decoder / LM head to call apart: the model's own logits
     plan = choose_layout(model, batch, forward.packing, forward.prefix_sharing)
     fn = padded_token_logprobs if plan is None else partial(packed_token_logprobs, plan=plan)
-    kwargs = dict(score=score, compute_entropy=compute_entropy, chunk_size=forward.chunk_size, save_probs=forward.save_probs)
+    kwargs = dict(
+        score=score, compute_entropy=compute_entropy, chunk_size=forward.chunk_size, save_probs=forward.save_probs
+    )
     if score.reads == "hidden":  # decoder and LM head called directly: run them as a root forward for FSDP2
         return run_as_forward(model, fn, model, batch, **kwargs)
     out = fn(model, batch, **kwargs)

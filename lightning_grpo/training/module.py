@@ -82,14 +82,22 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self.policy_settings = as_settings(PolicySettings, policy)
         self.forward_settings = as_settings(ForwardSettings, forward)
         self.default_guards = default_guards
-        self.save_hyperparameters({"algorithm": settings_dict(self.algorithm), "policy": settings_dict(self.policy_settings),
-                                   "forward": settings_dict(self.forward_settings), "default_guards": default_guards})
+        self.save_hyperparameters(
+            {
+                "algorithm": settings_dict(self.algorithm),
+                "policy": settings_dict(self.policy_settings),
+                "forward": settings_dict(self.forward_settings),
+                "default_guards": default_guards,
+            }
+        )
         self.loss_fn = loss if loss is not None else GRPOLoss()
         self._advantage_fn = ADVANTAGES.get(self.algorithm.advantage)
         self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(self.algorithm.reward_aggregation)
         #: the coefficient of KL in reward (``value``), fixed or adaptive (``algorithm.kl_in_reward``)
         self.kl_ctrl = self.algorithm.kl_in_reward.build()
-        self._reward_kl = self._reward_kl_coef = float("nan")  # the last generation batch's KL in reward and its coefficient
+        self._reward_kl = self._reward_kl_coef = float(
+            "nan"
+        )  # the last generation batch's KL in reward and its coefficient
         self.distiller = Distiller.of(distillation, self._distill_context())  # None without distillation
         self._init_policy(model, self.policy_settings, optimizer, lr_scheduler)  # lightning_grpo.training.policy
         self.reference: nn.Module | None = None
@@ -128,9 +136,13 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         mesh = self.device_mesh  # set by ModelParallelStrategy: shard with FSDP2 over data parallelism
         if mesh is not None and not fsdp_units(self.policy):
             if self.quantization is not None:
-                raise NotImplementedError("model.policy.quantization (QLoRA) does not shard with FSDP2: use strategy ddp or one device")
+                raise NotImplementedError(
+                    "model.policy.quantization (QLoRA) does not shard with FSDP2: use strategy ddp or one device"
+                )
             if "tensor_parallel" in (mesh.mesh_dim_names or ()) and mesh["tensor_parallel"].size() > 1:
-                raise NotImplementedError("GRPOModule shards with FSDP2 only: use ModelParallelStrategy(tensor_parallel_size=1)")
+                raise NotImplementedError(
+                    "GRPOModule shards with FSDP2 only: use ModelParallelStrategy(tensor_parallel_size=1)"
+                )
             dp_mesh = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
             for model in filter(None, (self.policy, self.reference)):
                 shard_policy(model, dp_mesh)
@@ -183,9 +195,13 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     def batch_geometry(self, prompts: int, group_size: int) -> BatchGeometry:
         """The run's batch geometry: ``prompts`` x ``group_size`` rows per generation and rank, this
         module's ``num_iterations`` / ``steps_per_generation`` and the Trainer's ``accumulate_grad_batches``."""
-        return BatchGeometry(prompts=prompts, group_size=group_size, num_iterations=self.algorithm.num_iterations,
-                             steps_per_generation=self.algorithm.steps_per_generation,
-                             accumulate=self.trainer.accumulate_grad_batches)
+        return BatchGeometry(
+            prompts=prompts,
+            group_size=group_size,
+            num_iterations=self.algorithm.num_iterations,
+            steps_per_generation=self.algorithm.steps_per_generation,
+            accumulate=self.trainer.accumulate_grad_batches,
+        )
 
     def _geometry_of(self, batch: RolloutBatch) -> BatchGeometry:
         return self.batch_geometry(max(1, len(batch) // batch.group_size), batch.group_size)
@@ -211,7 +227,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             return self.forward_logprobs(model, batch)
 
     # ----------------------------------------------------------------------- advantages
-    def compute_advantages(self, rewards: Tensor, weights: Tensor, group_size: int, lengths: Tensor | None = None) -> Tensor:
+    def compute_advantages(
+        self, rewards: Tensor, weights: Tensor, group_size: int, lengths: Tensor | None = None
+    ) -> Tensor:
         """rewards [B, R] (one column per reward function), weights [R] -> advantages [B]. ``lengths``
         [B] (completion tokens) go to an estimator marked ``needs_lengths`` (opo)."""
         params = dict(self.algorithm.advantage_args or {})
@@ -219,7 +237,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
             params["lengths"] = lengths
         return self._reward_aggregation_fn(rewards, weights, group_size, estimator=self.algorithm.advantage, **params)
 
-    def prepare_rollout_batch(self, batch: RolloutBatch, rewards: Tensor, weights: Tensor, records: list[dict] | None = None) -> RolloutBatch:
+    def prepare_rollout_batch(
+        self, batch: RolloutBatch, rewards: Tensor, weights: Tensor, records: list[dict] | None = None
+    ) -> RolloutBatch:
         """Fill in advantages and, only where needed, the reference and old log-probs.
 
         Old log-probs only when the batch is reused after an optimizer step (num_iterations or
@@ -273,7 +293,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         # one all-reduce for the global normalisers of the mini-batch (tokens, sequences, IS-weight mean)
         kept = full.completion_mask if full.keep_mask is None else full.completion_mask * full.keep_mask
         tokens = kept[step.mini].sum().float()
-        counts = torch.cat([torch.stack([tokens, tokens.new_tensor(float(len(step.mini)))]), self._is_weight_sums(full, step.mini)])
+        counts = torch.cat(
+            [torch.stack([tokens, tokens.new_tensor(float(len(step.mini)))]), self._is_weight_sums(full, step.mini)]
+        )
         num_tokens, num_sequences, weight_sum, weight_count = self._global_sum(counts)
         is_weight = {"is_weight_mean": weight_sum / weight_count} if weight_count > 0 else {}
         if len(micro) == 0:  # an uneven split left this rank nothing: keep every parameter in the graph
@@ -326,15 +348,23 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         """[2] (sum, count) of the loss's IS-weight mean over the optimizer-step batch (zeros: none)."""
         if full.old_logp is None or not self.loss_fn.normalizes_is_weights:
             return torch.zeros(2, device=full.completion_mask.device)
-        return self.loss_fn.is_weight_sums(full.old_logp[rows], full.rollout_logp[rows], full.completion_mask[rows]).float()
+        return self.loss_fn.is_weight_sums(
+            full.old_logp[rows], full.rollout_logp[rows], full.completion_mask[rows]
+        ).float()
 
     def _distill_context(self) -> DistillContext:
         """What the distiller uses of this module (lightning_grpo.training.distill): functions read at call time."""
-        return DistillContext(policy=lambda: self.policy, logprobs=lambda *args: self.forward_logprobs(*args),
-                              global_sum=lambda value: self._global_sum(value), precision=lambda: self.precision_context(),
-                              tokenizer=lambda: self.trainer.datamodule.tokenizer,
-                              device=lambda: self.device, step=lambda: self.trainer.global_step, dtype=self.policy_settings.dtype,
-                              micro_step=lambda rows, i: self._geometry_of(self._rollout_batch).micro_step(rows, i))
+        return DistillContext(
+            policy=lambda: self.policy,
+            logprobs=lambda *args: self.forward_logprobs(*args),
+            global_sum=lambda value: self._global_sum(value),
+            precision=lambda: self.precision_context(),
+            tokenizer=lambda: self.trainer.datamodule.tokenizer,
+            device=lambda: self.device,
+            step=lambda: self.trainer.global_step,
+            dtype=self.policy_settings.dtype,
+            micro_step=lambda rows, i: self._geometry_of(self._rollout_batch).micro_step(rows, i),
+        )
 
     # -------------------------------------------------------------- optimizer step, guards
     def skip_optimizer_step(self, reason: str) -> None:
@@ -370,7 +400,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self._grad_norm = None
 
     def _log_step(self, metrics: dict[str, float]) -> None:
-        rollout = reduce_rollout_metrics(self._rollout_metrics) if self.trainer.world_size > 1 else self._rollout_metrics
+        rollout = (
+            reduce_rollout_metrics(self._rollout_metrics) if self.trainer.world_size > 1 else self._rollout_metrics
+        )
         logged = {f"train/{k}": float(v) for k, v in {**metrics, **rollout}.items()}
         self.log_dict(logged, batch_size=1, on_step=True, on_epoch=False)
         bar = {"reward": float(rollout.get("reward_mean", float("nan")))}

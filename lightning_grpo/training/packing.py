@@ -175,7 +175,12 @@ def _scatter(keep: Tensor, values: Tensor) -> Tensor:
 
 
 def padded_token_logprobs(
-    model: nn.Module, batch: RolloutBatch, *, score: Callable, compute_entropy: bool, chunk_size: int,
+    model: nn.Module,
+    batch: RolloutBatch,
+    *,
+    score: Callable,
+    compute_entropy: bool,
+    chunk_size: int,
     save_probs: bool = False,
 ) -> TokenLogProbs:
     """Completion log-probs (and entropy) of ``batch`` from the padded ``[B, L]`` forward, ``[B, Lc]``, scored by
@@ -190,8 +195,13 @@ def padded_token_logprobs(
         keep = sampled_positions(batch)  # [B, Lc] the head skips padding and environment tokens
         res = score(
             out.last_hidden_state[:, lp - 1 : -1][keep],  # [N, H] states that predict the sampled tokens
-            head.weight, ids[:, lp:][keep], bias=head.bias, temperature=batch.temperature,
-            compute_entropy=compute_entropy, chunk_size=chunk_size, save_probs=save_probs,
+            head.weight,
+            ids[:, lp:][keep],
+            bias=head.bias,
+            temperature=batch.temperature,
+            compute_entropy=compute_entropy,
+            chunk_size=chunk_size,
+            save_probs=save_probs,
         )
         return TokenLogProbs(_scatter(keep, res.logp), _scatter(keep, res.entropy) if compute_entropy else None)
     logits = padded_completion_logits(model, batch)  # [B, Lc, V]
@@ -204,12 +214,20 @@ def padded_completion_logits(model: nn.Module, batch: RolloutBatch) -> Tensor:
     ids, lp = batch.input_ids, batch.prompt_length  # [B, L]
     keep = ids.shape[1] - lp + 1
     kwargs = {"logits_to_keep": keep} if hasattr(model, "get_output_embeddings") else {}
-    logits = model(input_ids=ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask), **kwargs).logits
+    logits = model(
+        input_ids=ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask), **kwargs
+    ).logits
     return logits[:, -keep:-1]  # [B, Lc, V]
 
 
 def packed_token_logprobs(
-    model: nn.Module, batch: RolloutBatch, *, plan: PackPlan, score: Callable, compute_entropy: bool, chunk_size: int,
+    model: nn.Module,
+    batch: RolloutBatch,
+    *,
+    plan: PackPlan,
+    score: Callable,
+    compute_entropy: bool,
+    chunk_size: int,
     save_probs: bool = False,
 ) -> TokenLogProbs:
     """Completion log-probs (and entropy) of ``batch`` from one packed forward, in the padded
@@ -217,7 +235,9 @@ def packed_token_logprobs(
     then the LM head in chunks on the real completion tokens only; reading logits: the model's own forward (what
     FSDP2 / ZeRO-3 gather in)."""
     ids = plan.pack(batch.input_ids)  # [R, W]
-    kwargs = dict(input_ids=ids, attention_mask=plan.attention_mask(model), position_ids=plan.position_ids(), use_cache=False)
+    kwargs = dict(
+        input_ids=ids, attention_mask=plan.attention_mask(model), position_ids=plan.position_ids(), use_cache=False
+    )
     pred = plan.predictor_index()  # [Nc]
     targets = plan.completion_tokens(batch.completion_ids)  # [Nc]
     if score.reads == "hidden":
@@ -226,8 +246,13 @@ def packed_token_logprobs(
         keep = plan.completion_tokens(sampled_positions(batch))  # [Nc] the head skips environment tokens
         res = score(
             hidden.reshape(-1, hidden.shape[-1])[pred[keep]],  # [N, H]
-            head.weight, targets[keep], bias=head.bias, temperature=batch.temperature,
-            compute_entropy=compute_entropy, chunk_size=chunk_size, save_probs=save_probs,
+            head.weight,
+            targets[keep],
+            bias=head.bias,
+            temperature=batch.temperature,
+            compute_entropy=compute_entropy,
+            chunk_size=chunk_size,
+            save_probs=save_probs,
         )
         out = TokenLogProbs(_scatter(keep, res.logp), _scatter(keep, res.entropy) if compute_entropy else None)  # [Nc]
     else:

@@ -129,4 +129,7 @@ class PolicyMixin:
         optimizer = self.optimizer_factory(params)
         if self.lr_scheduler_factory is None:
             return optimizer
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": self.lr_scheduler_factory(optimizer), "interval": "step"},
+        }

@@ -60,7 +60,9 @@ class SharedPrefixPlan(PackPlan):
         group, prompt_len, comp_len = group.cpu(), valid[:, :lp].sum(1).cpu(), valid[:, lp:].sum(1).cpu()  # [B] each
         groups = int(group.max()) + 1 if len(group) else 0
         rows_b = torch.arange(len(group))
-        first = torch.full((groups,), len(group)).scatter_reduce_(0, group, rows_b, "amin")  # [groups] first row of each
+        first = torch.full((groups,), len(group)).scatter_reduce_(
+            0, group, rows_b, "amin"
+        )  # [groups] first row of each
         seg_len = prompt_len[first] + torch.zeros(groups, dtype=torch.long).index_add_(0, group, comp_len)  # [groups]
         width = max(int(seg_len.max()) if groups else 1, 1)
         if pack:
@@ -77,7 +79,9 @@ class SharedPrefixPlan(PackPlan):
         before = before.to(valid.device)[:, None]  # [B, 1]
         in_prompt = torch.zeros_like(valid)
         in_prompt[:, :lp] = True  # [B, L]
-        index = torch.where(in_prompt, start + valid.long().cumsum(1) - 1, start + before + (valid & ~in_prompt).long().cumsum(1) - 1)
+        index = torch.where(
+            in_prompt, start + valid.long().cumsum(1) - 1, start + before + (valid & ~in_prompt).long().cumsum(1) - 1
+        )
         index = torch.where(valid, index, -1)  # [B, L]
         leader = torch.zeros(len(group), dtype=torch.bool, device=valid.device)
         leader[first.to(valid.device)] = True  # [B] the row whose prompt fills the segment's prompt slots
@@ -110,7 +114,9 @@ class SharedPrefixPlan(PackPlan):
         allowed = allowed[:, None]  # [R, 1, W, W]
         if attention_backend(model) == "eager":
             dtype = getattr(model, "dtype", torch.float32)
-            return torch.zeros(allowed.shape, dtype=dtype, device=seg.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+            return torch.zeros(allowed.shape, dtype=dtype, device=seg.device).masked_fill_(
+                ~allowed, torch.finfo(dtype).min
+            )
         return allowed
 
 
@@ -141,7 +147,9 @@ def forward_cost(model: nn.Module, rows: int, width: int) -> float:
     return float(rows * width * (4 * h * h + 3 * h * f + 2 * h * width))
 
 
-def choose_layout(model: nn.Module, batch: RolloutBatch, packing: PackingMode, sharing: PrefixSharingMode) -> PackPlan | None:
+def choose_layout(
+    model: nn.Module, batch: RolloutBatch, packing: PackingMode, sharing: PrefixSharingMode
+) -> PackPlan | None:
     """The layout of ``batch``'s forward: a :class:`SharedPrefixPlan`, a :class:`PackPlan` or None
     (padded), as ``packing`` and ``sharing`` say.
 

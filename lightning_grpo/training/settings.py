@@ -24,7 +24,14 @@ from ..core import ADVANTAGES, KL_CONTROLLERS, LOGPROBS, REWARD_AGGREGATIONS
 from ..models.lora import LoraSettings
 from ..models.quantization import QuantizationSettings
 
-__all__ = ["AlgorithmSettings", "ForwardSettings", "KLInRewardSettings", "PolicySettings", "as_settings", "settings_dict"]
+__all__ = [
+    "AlgorithmSettings",
+    "ForwardSettings",
+    "KLInRewardSettings",
+    "PolicySettings",
+    "as_settings",
+    "settings_dict",
+]
 
 MODES = ("auto", "on", "off")
 
@@ -85,7 +92,9 @@ class AlgorithmSettings:
         self.kl_in_reward = as_settings(KLInRewardSettings, self.kl_in_reward)
         for name, registry in (("advantage", ADVANTAGES), ("reward_aggregation", REWARD_AGGREGATIONS)):
             if getattr(self, name) not in registry:
-                raise ValueError(f"model.algorithm.{name}: unknown {registry.kind} {getattr(self, name)!r}; valid names: {', '.join(registry.names())}")
+                raise ValueError(
+                    f"model.algorithm.{name}: unknown {registry.kind} {getattr(self, name)!r}; valid names: {', '.join(registry.names())}"
+                )
         for name in ("num_iterations", "steps_per_generation"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
@@ -117,7 +126,9 @@ class PolicySettings:
         _check_choice("model.policy.dtype", self.dtype, ("float32", "bfloat16", "float16"))
         _check_choice("model.policy.reference", self.reference, ("auto", "none", "copy", "adapter"))
         if self.reference == "adapter" and self.lora is None:
-            raise ValueError("model.policy.reference 'adapter' needs model.policy.lora (the reference is the model without its adapter)")
+            raise ValueError(
+                "model.policy.reference 'adapter' needs model.policy.lora (the reference is the model without its adapter)"
+            )
 
 
 @dataclass
@@ -144,7 +155,9 @@ class ForwardSettings:
 
     def __post_init__(self) -> None:
         if self.logprob_path not in LOGPROBS:
-            raise ValueError(f"model.forward.logprob_path: unknown {LOGPROBS.kind} {self.logprob_path!r}; valid names: {', '.join(LOGPROBS.names())}")
+            raise ValueError(
+                f"model.forward.logprob_path: unknown {LOGPROBS.kind} {self.logprob_path!r}; valid names: {', '.join(LOGPROBS.names())}"
+            )
         _check_choice("model.forward.packing", self.packing, MODES)
         _check_choice("model.forward.prefix_sharing", self.prefix_sharing, MODES)
         for name in ("chunk_size", "rows_per_pass"):
@@ -167,7 +180,9 @@ def as_settings(cls: type, value: Any) -> Any:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - names)
         if unknown:
-            raise ValueError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}")
+            raise ValueError(
+                f"{cls.__name__}: unknown field(s) {', '.join(unknown)}; valid: {', '.join(sorted(names))}"
+            )
         return cls(**value)
     raise TypeError(f"expected {cls.__name__} (or a dict of its fields), got {type(value).__name__}")
 

@@ -67,19 +67,27 @@ class SFTModule(PolicyMixin, L.LightningModule):
         self.policy_settings = as_settings(PolicySettings, policy)
         self.forward_settings = as_settings(ForwardSettings, forward)
         defaults = (PolicySettings(), ForwardSettings())
-        for section, settings, default, name in (("policy", self.policy_settings, defaults[0], "reference"),
-                                                 ("forward", self.forward_settings, defaults[1], "prefix_sharing"),
-                                                 ("forward", self.forward_settings, defaults[1], "rows_per_pass")):
+        for section, settings, default, name in (
+            ("policy", self.policy_settings, defaults[0], "reference"),
+            ("forward", self.forward_settings, defaults[1], "prefix_sharing"),
+            ("forward", self.forward_settings, defaults[1], "rows_per_pass"),
+        ):
             if getattr(settings, name) != getattr(default, name):
-                raise ValueError(f"model.{section}.{name} does not apply to SFTModule (GRPOModule only): leave it unset")
-        self.save_hyperparameters({"policy": settings_dict(self.policy_settings), "forward": settings_dict(self.forward_settings)})
+                raise ValueError(
+                    f"model.{section}.{name} does not apply to SFTModule (GRPOModule only): leave it unset"
+                )
+        self.save_hyperparameters(
+            {"policy": settings_dict(self.policy_settings), "forward": settings_dict(self.forward_settings)}
+        )
         self._init_policy(model, self.policy_settings, optimizer, lr_scheduler)
         self._layout = replace(self.forward_settings, prefix_sharing="off")  # SFT rows share no prompt
         self._val_sums: Tensor | None = None  # [4] loss sum, tokens, right tokens, right rows / rows (see validation)
 
     def configure_model(self) -> None:
         if self.device_mesh is not None:
-            raise NotImplementedError("SFTModule does not shard with FSDP2 (ModelParallelStrategy): use strategy ddp or one device")
+            raise NotImplementedError(
+                "SFTModule does not shard with FSDP2 (ModelParallelStrategy): use strategy ddp or one device"
+            )
         self._build_policy()
 
     # ----------------------------------------------------------------------------- loss
@@ -91,12 +99,23 @@ class SFTModule(PolicyMixin, L.LightningModule):
         151k-token vocabulary it is most of the step)."""
         ids, attention, mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]  # [B, L] each
         hit = mask[:, 1:].any(0).nonzero()
-        start = 1 + int(hit[0]) if len(hit) else 1  # the first position any row trains on (>= 1: token 0 has no context)
+        start = (
+            1 + int(hit[0]) if len(hit) else 1
+        )  # the first position any row trains on (>= 1: token 0 has no context)
         targets = mask[:, start:].float()  # [B, L-start] the tokens that enter the loss
         zeros = torch.zeros_like(targets)
         turns = torch.where(targets > 0, 0, -1)  # [B, L-start] other turns (a tool result) are context: no LM head
-        return RolloutBatch(ids, attention, targets, zeros[:, 0], zeros, prompt_length=start, group_size=1, temperature=1.0,
-                            turn_ids=turns)
+        return RolloutBatch(
+            ids,
+            attention,
+            targets,
+            zeros[:, 0],
+            zeros,
+            prompt_length=start,
+            group_size=1,
+            temperature=1.0,
+            turn_ids=turns,
+        )
 
     def token_logprobs(self, batch: RolloutBatch) -> Tensor:
         """[B, Lc] log-probs of the completion tokens of each row, packed or padded as ``packing`` says."""
@@ -108,19 +127,32 @@ class SFTModule(PolicyMixin, L.LightningModule):
         rollout = self.as_rollout_batch(batch)
         logp = self.token_logprobs(rollout)  # [B, L-1]
         weights = rollout.completion_mask  # [B, L-1] each token's loss weight (1 on assistant tokens by default)
-        totals = self._global_sum(torch.stack([weights.sum(), (weights > 0).sum().to(weights.dtype)]))  # [2] weight, tokens
+        totals = self._global_sum(
+            torch.stack([weights.sum(), (weights > 0).sum().to(weights.dtype)])
+        )  # [2] weight, tokens
         return -(logp * weights).sum() / totals[0].clamp(min=1e-8), totals[1]
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss, tokens = self.sft_loss(batch)
         world = self.trainer.world_size
         logged = self._global_sum(loss.detach()) if world > 1 else loss.detach()
-        self.log_dict({"train/loss": logged, "train/tokens": tokens}, batch_size=len(batch["input_ids"]), on_step=True, on_epoch=False)
+        self.log_dict(
+            {"train/loss": logged, "train/tokens": tokens},
+            batch_size=len(batch["input_ids"]),
+            on_step=True,
+            on_epoch=False,
+        )
         self.log("loss", logged, prog_bar=True, logger=False, on_step=True, on_epoch=False)
         return loss * world  # DDP averages the ranks' gradients: undo it, the loss is normalised globally
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.log("train/grad_norm", float(total_grad_norm(self.policy.parameters())), batch_size=1, on_step=True, on_epoch=False)
+        self.log(
+            "train/grad_norm",
+            float(total_grad_norm(self.policy.parameters())),
+            batch_size=1,
+            on_step=True,
+            on_epoch=False,
+        )
 
     # ----------------------------------------------------------------------- validation
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
@@ -133,9 +165,13 @@ class SFTModule(PolicyMixin, L.LightningModule):
             nll.append(-torch.log_softmax(logits, -1).gather(-1, targets[chunk, None]).squeeze(-1))  # [n]
             right.append(logits.argmax(-1) == targets[chunk])  # [n]
         nll, right = torch.cat(nll), torch.cat(right)  # [N] each
-        wrong_rows = torch.zeros(len(ids), device=ids.device).index_add_(0, mask.nonzero()[:, 0], (~right).float())  # [B]
+        wrong_rows = torch.zeros(len(ids), device=ids.device).index_add_(
+            0, mask.nonzero()[:, 0], (~right).float()
+        )  # [B]
         rows_right = (wrong_rows == 0).float().sum()  # every assistant token of the row right
-        sums = torch.stack([nll.sum(), nll.new_tensor(len(nll)), right.float().sum(), rows_right, nll.new_tensor(len(ids))])
+        sums = torch.stack(
+            [nll.sum(), nll.new_tensor(len(nll)), right.float().sum(), rows_right, nll.new_tensor(len(ids))]
+        )
         self._val_sums = sums if self._val_sums is None else self._val_sums + sums
 
     def _assistant_logits(self, batch: dict[str, Tensor], mask: Tensor):
@@ -168,7 +204,11 @@ class SFTModule(PolicyMixin, L.LightningModule):
             return
         loss, tokens, right, rows_right, rows = self._global_sum(self._val_sums).tolist()
         self._val_sums = None
-        metrics = {"loss": loss / max(tokens, 1), "token_accuracy": right / max(tokens, 1), "accuracy": rows_right / max(rows, 1)}
+        metrics = {
+            "loss": loss / max(tokens, 1),
+            "token_accuracy": right / max(tokens, 1),
+            "accuracy": rows_right / max(rows, 1),
+        }
         self.log_dict({f"{split}/{k}": v for k, v in metrics.items()}, batch_size=1, on_step=False, on_epoch=True)
 
     # -------------------------------------------------------------------------- checkpoints

@@ -26,20 +26,33 @@ def caller_dir(tmp_path_factory):
     return caller_model_dir(tmp_path_factory)
 
 
-
 def _callback(**kwargs):
     return AgentRolloutCallback(
-        engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), max_turns=3, seed=1,
-        rewards=[RewardSpec("env_reward"), RewardSpec("tool_call_made", weight=0.2)], **kwargs,
+        engine="hf",
+        sampling=SamplingConfig(n=4, max_new_tokens=2),
+        max_turns=3,
+        seed=1,
+        rewards=[RewardSpec("env_reward"), RewardSpec("tool_call_made", weight=0.2)],
+        **kwargs,
     )
 
 
 def test_tool_path_end_to_end_with_training(caller_dir):
     catcher = BatchCatcher()
     callback = _callback()
-    module = GRPOModule(model=caller_dir, loss=GRPOLoss(terms=LossTerms(llds_coef=0.1)), algorithm=AlgorithmSettings(num_iterations=2))
-    trainer = L.Trainer(max_steps=4, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    module = GRPOModule(
+        model=caller_dir, loss=GRPOLoss(terms=LossTerms(llds_coef=0.1)), algorithm=AlgorithmSettings(num_iterations=2)
+    )
+    trainer = L.Trainer(
+        max_steps=4,
+        callbacks=[callback, catcher],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=caller_dir, batch_size=2))
     tok = trainer.datamodule.tokenizer
     im_end, call = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids(CALL_TEXT)
@@ -59,7 +72,12 @@ def test_tool_path_end_to_end_with_training(caller_dir):
     assert gap < 1e-4
     assert batch.rollout_logp[mask == 0].abs().max() == 0
     logged = trainer.callback_metrics
-    for key in ("train/agent/turns_mean", "train/agent/tool_call_rate", "train/agent/env_tokens", "train/agent/env_time"):
+    for key in (
+        "train/agent/turns_mean",
+        "train/agent/tool_call_rate",
+        "train/agent/env_tokens",
+        "train/agent/env_time",
+    ):
         assert key in logged
     assert float(logged["train/agent/turns_mean"]) > 1.0
 
@@ -76,9 +94,19 @@ def test_validation_batches_draw_their_own_episodes(caller_dir):
         return rollout
 
     callback.run = recording_run
-    trainer = L.Trainer(callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=3)
-    trainer.validate(GRPOModule(model=caller_dir), datamodule=PromptDataModule(DigitTask(), tokenizer_path=caller_dir, batch_size=2, val_batch_size=10))
+    trainer = L.Trainer(
+        callbacks=[callback],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=3,
+    )
+    trainer.validate(
+        GRPOModule(model=caller_dir),
+        datamodule=PromptDataModule(DigitTask(), tokenizer_path=caller_dir, batch_size=2, val_batch_size=10),
+    )
     assert [len(s) for s in secrets] == [10, 10, 10]
     assert secrets[0] != secrets[1] and secrets[1] != secrets[2] and secrets[0] != secrets[2]
 
@@ -112,9 +140,17 @@ def test_vllm_engine_runs_turn_synchronous_episodes(vllm_engine, tiny_model_path
             assert len(turn) == 6 or turn[-1] in stops or turn[-1] == tok.eos_token_id
             assert all(i not in stops for i in turn[:-1])
     tensors = rollout_to_tensors(out, tok.pad_token_id)
-    batch = RolloutBatch(tensors.input_ids, tensors.attention_mask, tensors.completion_mask, torch.zeros(8),
-                         tensors.rollout_logprobs, tensors.input_ids.shape[1] - tensors.completion_mask.shape[1], 4, 1.0,
-                         turn_ids=tensors.turn_ids)
+    batch = RolloutBatch(
+        tensors.input_ids,
+        tensors.attention_mask,
+        tensors.completion_mask,
+        torch.zeros(8),
+        tensors.rollout_logprobs,
+        tensors.input_ids.shape[1] - tensors.completion_mask.shape[1],
+        4,
+        1.0,
+        turn_ids=tensors.turn_ids,
+    )
     module = GRPOModule(model=model)
     module.configure_model()
     logp = module.token_logprobs(model, batch).logp  # [8, Lc]

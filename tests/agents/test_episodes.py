@@ -49,9 +49,15 @@ def test_secret_digit_episode_ids_masks_logprobs(tok):
     secret = ep.env.secret
     call = ids_of(tok, CALL_TEXT)
     assert call == [tok.convert_tokens_to_ids(CALL_TEXT)]  # the tiny tools tokenizer spells the call as one token
-    obs = ids_of(tok, f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{secret}\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    obs = ids_of(
+        tok,
+        f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{secret}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    )
     answer = ids_of(tok, secret + "<|im_end|>")
-    assert out.prompt_ids[0] == ids_of(tok, "<|im_start|>system\ntools: secret_digit<|im_end|>\n<|im_start|>user\n4821=<|im_end|>\n<|im_start|>assistant\n")
+    assert out.prompt_ids[0] == ids_of(
+        tok,
+        "<|im_start|>system\ntools: secret_digit<|im_end|>\n<|im_start|>user\n4821=<|im_end|>\n<|im_start|>assistant\n",
+    )
     assert out.completion_ids[0] == call + obs + answer
     assert out.turn_ids[0] == [0] + [-1] * len(obs) + [1, 1]
     assert out.logprobs[0] == pytest.approx([-0.1] + [0.0] * len(obs) + [-0.1, -0.2])
@@ -72,7 +78,11 @@ def test_secret_digit_episode_ids_masks_logprobs(tok):
 def test_retokenisation_drift_trains_the_sampled_ids(tok):
     """The model spells the call with 40 single tokens; decode -> encode would give ONE token. The
     trajectory keeps the 40 sampled ids (and their log-probs), and the call still runs."""
-    spelled = ids_of(tok, "<tool_call>") + ids_of(tok, '\n{"name": "secret_digit", "arguments": {}}\n') + ids_of(tok, "</tool_call>")
+    spelled = (
+        ids_of(tok, "<tool_call>")
+        + ids_of(tok, '\n{"name": "secret_digit", "arguments": {}}\n')
+        + ids_of(tok, "</tool_call>")
+    )
     text = tok.decode(spelled, skip_special_tokens=False)
     assert text == CALL_TEXT and ids_of(tok, text) != spelled and len(ids_of(tok, text)) == 1
 
@@ -85,7 +95,11 @@ def test_retokenisation_drift_trains_the_sampled_ids(tok):
     assert out.completion_ids[0][:n] == spelled
     assert out.turn_ids[0][:n] == [0] * n and out.turn_ids[0][n] == -1
     assert out.logprobs[0][:n] == pytest.approx([-(k + 1) / 10 for k in range(n)])
-    assert out.episodes[0].messages[2] == {"role": "tool", "name": "secret_digit", "content": out.episodes[0].env.secret}
+    assert out.episodes[0].messages[2] == {
+        "role": "tool",
+        "name": "secret_digit",
+        "content": out.episodes[0].env.secret,
+    }
     tensors = rollout_to_tensors(out, pad_id=0)
     Lp = len(out.prompt_ids[0])
     assert tensors.input_ids[0, Lp : Lp + n].tolist() == spelled  # what the trainer scores
@@ -101,18 +115,34 @@ def test_group_rows_and_secrets(tok):
     secrets = [ep.env.secret for ep in out.episodes]
     assert secrets[:8] == [secrets[0]] * 8 and secrets[8:] == [secrets[8]] * 8  # one task per group
     assert all(ep.reward == 1.0 for ep in out.episodes)
-    again = run_episodes(ScriptedEngine(answer_secret(tok)), SecretDigitEnv, tok, renderer, records * 2, sampling, 1, limits)
+    again = run_episodes(
+        ScriptedEngine(answer_secret(tok)), SecretDigitEnv, tok, renderer, records * 2, sampling, 1, limits
+    )
     assert [e.env.secret for e in again.episodes] == secrets  # seeded
-    mixed = run_episodes(ScriptedEngine(answer_secret(tok)), SecretDigitEnv, tok, renderer, records * 2, sampling, 1, limits,
-                         reset_seed="episode")
+    mixed = run_episodes(
+        ScriptedEngine(answer_secret(tok)),
+        SecretDigitEnv,
+        tok,
+        renderer,
+        records * 2,
+        sampling,
+        1,
+        limits,
+        reset_seed="episode",
+    )
     assert len({ep.env.secret for ep in mixed.episodes}) > 3  # drawn per episode
     assert all(ep.reward == 1.0 for ep in mixed.episodes)
 
 
 def test_secret_digit_question_replaces_the_record_prompt(tok):
     engine, renderer, records, sampling, limits = setup(tok, answer_secret(tok))
-    out = run_episodes(engine, lambda: SecretDigitEnv(question="secret"), tok, renderer, records, sampling, seed=3, limits=limits)
-    assert out.prompt_ids[0] == ids_of(tok, "<|im_start|>system\ntools: secret_digit<|im_end|>\n<|im_start|>user\nsecret<|im_end|>\n<|im_start|>assistant\n")
+    out = run_episodes(
+        engine, lambda: SecretDigitEnv(question="secret"), tok, renderer, records, sampling, seed=3, limits=limits
+    )
+    assert out.prompt_ids[0] == ids_of(
+        tok,
+        "<|im_start|>system\ntools: secret_digit<|im_end|>\n<|im_start|>user\nsecret<|im_end|>\n<|im_start|>assistant\n",
+    )
     assert out.episodes[0].reward == 1.0
     for bad in ("", "  ", 7):
         with pytest.raises(ValueError, match="SecretDigitEnv.question must be a non-empty string"):
@@ -129,7 +159,9 @@ def test_max_turns_ends_truncated(tok):
 
 
 def test_episode_token_budget_and_engine_length(tok):
-    engine, renderer, records, sampling, limits = setup(tok, lambda c, r, p: ids_of(tok, CALL_TEXT), max_episode_tokens=10)
+    engine, renderer, records, sampling, limits = setup(
+        tok, lambda c, r, p: ids_of(tok, CALL_TEXT), max_episode_tokens=10
+    )
     out = run_episodes(engine, SecretDigitEnv, tok, renderer, records, sampling, seed=0, limits=limits)
     assert out.completion_ids[0] == ids_of(tok, CALL_TEXT) and out.finished == [False]  # the observation would overflow
     prompt_len = len(out.prompt_ids[0])
@@ -169,7 +201,10 @@ class WrongTypeEnv(Environment):
         ({"messages": "hi", "done": True}, r"WrongTypeEnv\.step must return a lightning_grpo\.agents\.Step, got dict"),
         (Step(reward="1"), r"WrongTypeEnv\.step returned Step\.reward = '1'; expected a finite float"),
         (Step(done=1), r"WrongTypeEnv\.step returned Step\.done = 1; expected a bool"),
-        (Step(messages=[{"content": "x"}]), r"WrongTypeEnv\.step returned Step\.messages, which must be a list of chat messages"),
+        (
+            Step(messages=[{"content": "x"}]),
+            r"WrongTypeEnv\.step returned Step\.messages, which must be a list of chat messages",
+        ),
     ],
 )
 def test_environment_wrong_return_type_names_class_and_field(tok, answer, message):
@@ -186,8 +221,16 @@ class WrongResetEnv(Environment):
 
 def test_environment_reset_wrong_type(tok):
     with pytest.raises(TypeError, match=r"WrongResetEnv\.reset returned a value that must be a list of chat messages"):
-        run_episodes(ScriptedEngine(lambda c, r, p: [1]), WrongResetEnv, tok, ChatRenderer(tok), [{"prompt_ids": [9]}],
-                     SamplingConfig(n=1), 0, EpisodeLimits())
+        run_episodes(
+            ScriptedEngine(lambda c, r, p: [1]),
+            WrongResetEnv,
+            tok,
+            ChatRenderer(tok),
+            [{"prompt_ids": [9]}],
+            SamplingConfig(n=1),
+            0,
+            EpisodeLimits(),
+        )
 
 
 class FinishEnv(Environment):
@@ -211,12 +254,35 @@ def test_finish_runs_once_per_episode_and_adds_its_reward(tok):
     engine = ScriptedEngine(lambda c, r, p: [1])
     records = [{"prompt": "x", "prompt_ids": [9]}]
     for stop, turns, truncated in ((True, 2, False), (False, 3, True)):
-        out = run_episodes(engine, lambda stop=stop: FinishEnv(stop), tok, None, records, SamplingConfig(n=2), 0, EpisodeLimits(max_turns=3))
+        out = run_episodes(
+            engine,
+            lambda stop=stop: FinishEnv(stop),
+            tok,
+            None,
+            records,
+            SamplingConfig(n=2),
+            0,
+            EpisodeLimits(max_turns=3),
+        )
         for ep in out.episodes:  # done at turn 1 / truncated after 3 turns: finish ran once either way
-            assert (ep.env.finished, ep.turns, ep.truncated, ep.reward) == (1, turns, truncated, turns * 1.0 + 0.25 * turns)
+            assert (ep.env.finished, ep.turns, ep.truncated, ep.reward) == (
+                1,
+                turns,
+                truncated,
+                turns * 1.0 + 0.25 * turns,
+            )
     with pytest.raises(TypeError, match=r"FinishEnv\.finish returned = 'x'; expected a finite float"):
         run_episodes(engine, lambda: FinishEnv(final="x"), tok, None, records, SamplingConfig(n=1), 0, EpisodeLimits())
     envs = []
     with pytest.raises(RuntimeError, match="step broke"):  # a failing step still releases every episode
-        run_episodes(engine, lambda: envs.append(FinishEnv(fail=True)) or envs[-1], tok, None, records, SamplingConfig(n=2), 0, EpisodeLimits())
+        run_episodes(
+            engine,
+            lambda: envs.append(FinishEnv(fail=True)) or envs[-1],
+            tok,
+            None,
+            records,
+            SamplingConfig(n=2),
+            0,
+            EpisodeLimits(),
+        )
     assert [e.finished for e in envs] == [1, 1]

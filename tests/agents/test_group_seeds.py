@@ -33,8 +33,9 @@ class SeedOpening(Environment):
         return [{"role": "user", "content": f"{seed % 1000}="}]
 
     def step(self, turn):
-        return Step(messages=[{"role": "user", "content": "again"}], reward=float(turn.text[:1].isdigit()),
-                    done=turn.index == 1)
+        return Step(
+            messages=[{"role": "user", "content": "again"}], reward=float(turn.text[:1].isdigit()), done=turn.index == 1
+        )
 
 
 class Counter(Environment):
@@ -54,8 +55,17 @@ def _episodes(env, **kwargs):
     tok = tools_tokenizer()
     engine = ScriptedEngine(lambda call, row, prompt: ids_of(tok, "7"), eos_id=tok.eos_token_id)
     records = [{"prompt": "a", "prompt_ids": [5]}, {"prompt": "b", "prompt_ids": [6]}]
-    return run_episodes(engine, env, tok, ChatRenderer(tok, []), records, SamplingConfig(n=4, max_new_tokens=1), seed=3,
-                        limits=EpisodeLimits(max_turns=2), **kwargs)
+    return run_episodes(
+        engine,
+        env,
+        tok,
+        ChatRenderer(tok, []),
+        records,
+        SamplingConfig(n=4, max_new_tokens=1),
+        seed=3,
+        limits=EpisodeLimits(max_turns=2),
+        **kwargs,
+    )
 
 
 def test_a_group_shares_its_reset_seed_and_opening_by_default():
@@ -75,8 +85,11 @@ def test_per_episode_seeds_keep_each_episodes_opening():
 
 
 def test_a_group_whose_openings_differ_is_refused():
-    with pytest.raises(ValueError, match=r"Counter\.reset gave the episodes of record 0 different openings.*"
-                                         r"rollout\.reset_seed: episode.*rollout\.allow_mixed_task_groups: true"):
+    with pytest.raises(
+        ValueError,
+        match=r"Counter\.reset gave the episodes of record 0 different openings.*"
+        r"rollout\.reset_seed: episode.*rollout\.allow_mixed_task_groups: true",
+    ):
         _episodes(Counter)
 
 
@@ -100,14 +113,16 @@ def test_a_trl_environment_with_a_random_opening():
 
 
 def test_mixed_task_groups_are_refused_before_the_engine_starts():
-    with pytest.raises(ValueError, match=r"rollout\.reset_seed: episode gives the 4 episodes of a group different reset "
-                                         r"seeds.*set rollout\.allow_mixed_task_groups: true.*docs/agents\.md"):
+    with pytest.raises(
+        ValueError,
+        match=r"rollout\.reset_seed: episode gives the 4 episodes of a group different reset "
+        r"seeds.*set rollout\.allow_mixed_task_groups: true.*docs/agents\.md",
+    ):
         AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=4), reset_seed="episode")
     with pytest.raises(ValueError, match=r"rollout\.reset_seed must be 'group' or 'episode', got 'row'"):
         AgentRolloutCallback(engine="hf", reset_seed="row")
     AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=1), reset_seed="episode")  # no group, nothing mixed
     AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=4), reset_seed="episode", allow_mixed_task_groups=True)
-
 
 
 def test_each_episode_trains_and_is_logged_on_its_own_opening(tmp_path):
@@ -116,8 +131,13 @@ def test_each_episode_trains_and_is_logged_on_its_own_opening(tmp_path):
     (Training every episode on its group's first opening put them 0.124 apart.)"""
     catcher = BatchCatcher()
     callback = AgentRolloutCallback(
-        environment="tests.agents.test_group_seeds.SeedOpening", engine="hf", max_turns=2, seed=0,
-        sampling=SamplingConfig(n=4, max_new_tokens=3), reset_seed="episode", allow_mixed_task_groups=True,
+        environment="tests.agents.test_group_seeds.SeedOpening",
+        engine="hf",
+        max_turns=2,
+        seed=0,
+        sampling=SamplingConfig(n=4, max_new_tokens=3),
+        reset_seed="episode",
+        allow_mixed_task_groups=True,
         log_completions=CompletionLogSettings(every_n_steps=1, groups=None),
     )
     episodes, run = [], callback.run
@@ -128,10 +148,20 @@ def test_each_episode_trains_and_is_logged_on_its_own_opening(tmp_path):
         return out
 
     callback.run = recording_run
-    trainer = L.Trainer(max_steps=1, callbacks=[callback, catcher], accelerator="cpu", logger=CSVLogger(tmp_path),
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)
-    trainer.fit(GRPOModule(model=MODEL, algorithm=AlgorithmSettings(num_iterations=2)), datamodule=PromptDataModule(DigitTask(), tokenizer_path=MODEL, batch_size=2))
+    trainer = L.Trainer(
+        max_steps=1,
+        callbacks=[callback, catcher],
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(
+        GRPOModule(model=MODEL, algorithm=AlgorithmSettings(num_iterations=2)),
+        datamodule=PromptDataModule(DigitTask(), tokenizer_path=MODEL, batch_size=2),
+    )
     batch, eps = catcher.batches[0], episodes[0]  # 8 episodes
     openings = [ep.context[: ep.prompt_length] for ep in eps]
     assert len({tuple(o) for o in openings[:4]}) > 1 and len({len(o) for o in openings}) > 1  # not vacuous
@@ -141,5 +171,6 @@ def test_each_episode_trains_and_is_logged_on_its_own_opening(tmp_path):
     tok = trainer.datamodule.tokenizer
     rows = [json.loads(line) for line in (Path(trainer.log_dir) / "completions.jsonl").read_text().splitlines()]
     assert [r["prompt"] for r in rows] == [tok.decode(o, skip_special_tokens=False) for o in openings]
-    assert all(r["prompt"].endswith(f"{ep.env.seed % 1000}=<|im_end|>\n<|im_start|>assistant\n") for r, ep in zip(rows, eps))
-
+    assert all(
+        r["prompt"].endswith(f"{ep.env.seed % 1000}=<|im_end|>\n<|im_start|>assistant\n") for r, ep in zip(rows, eps)
+    )

@@ -40,7 +40,9 @@ def test_tiny_qwen3_is_a_qwen3_on_the_real_tokenizer(qwen3_dirs, qwen_tokenizer,
     assert not a["model.embed_tokens.weight"].equal(b["model.embed_tokens.weight"])  # the seed sets the init
     monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(qwen3_dirs[0].parent))
     monkeypatch.setenv("PL_GLOBAL_SEED", "1")
-    assert builtin_model_path("tiny:qwen3") == str(qwen3_dirs[1]) and builtin_model_path("tiny:qwen3@0") == str(qwen3_dirs[0])
+    assert builtin_model_path("tiny:qwen3") == str(qwen3_dirs[1]) and builtin_model_path("tiny:qwen3@0") == str(
+        qwen3_dirs[0]
+    )
     assert builtin_tokenizer_path("tiny:qwen3") == str(qwen3_dirs[0])
 
 
@@ -60,7 +62,9 @@ def test_untied_variant_has_its_own_head_and_a_unit_embedding(tmp_path, qwen_tok
     a, b = load_file(f"{tied}/model.safetensors"), load_file(f"{untied}/model.safetensors")
     assert "lm_head.weight" in b and "lm_head.weight" not in a
     embed = b["model.embed_tokens.weight"]
-    assert embed.std().item() == pytest.approx(1.0, abs=0.01) and b["lm_head.weight"].std().item() == pytest.approx(0.02, abs=1e-3)
+    assert embed.std().item() == pytest.approx(1.0, abs=0.01) and b["lm_head.weight"].std().item() == pytest.approx(
+        0.02, abs=1e-3
+    )
     assert embed.allclose(a["model.embed_tokens.weight"] * 50, atol=1e-5)  # the tied draw, x 1.0 / 0.02
     assert a["model.layers.0.self_attn.q_proj.weight"].equal(b["model.layers.0.self_attn.q_proj.weight"])
     with pytest.raises(ValueError, match="embedding_std must be None or a number > 0 with tie_word_embeddings=False"):
@@ -77,10 +81,17 @@ def test_eight_head_variant_is_the_untied_model_with_eight_heads(tmp_path, qwen_
     from lightning_grpo.models.tiny import builtin_model_path
 
     monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(tmp_path))
-    two, eight, other = (builtin_model_path(f"tiny:{v}") for v in ("qwen3-untied@2", "qwen3-untied-8h@2", "qwen3-untied-8h@3"))
+    two, eight, other = (
+        builtin_model_path(f"tiny:{v}") for v in ("qwen3-untied@2", "qwen3-untied-8h@2", "qwen3-untied-8h@3")
+    )
     assert len({two, eight, other}) == 3
     config = AutoConfig.from_pretrained(eight)
-    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.hidden_size) == (8, 8, 32, 64)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.hidden_size) == (
+        8,
+        8,
+        32,
+        64,
+    )
     assert not config.tie_word_embeddings
     a, b = load_file(f"{eight}/model.safetensors"), load_file(f"{other}/model.safetensors")
     assert a["model.layers.0.self_attn.q_proj.weight"].shape == (8 * 32, 64)
@@ -96,15 +107,25 @@ def test_transcripts_teach_the_tokens_an_episode_samples(qwen_tokenizer):
 
     def say(call, row, prompt):  # turn 0: the transcript's call; turn 1: the answer after Qwen3's empty think block
         if call == 0:
-            return tok('<tool_call>\n{"name": "secret_digit", "arguments": {}}\n</tool_call>', add_special_tokens=False)["input_ids"]
+            return tok(
+                '<tool_call>\n{"name": "secret_digit", "arguments": {}}\n</tool_call>', add_special_tokens=False
+            )["input_ids"]
         digit = re.findall(r"<tool_response>\n(\d)\n</tool_response>", tok.decode(prompt))[-1]
         return tok(f"<think>\n\n</think>\n\n{digit}<|im_end|>", add_special_tokens=False)["input_ids"]
 
     env = SecretDigitEnv(question=QUESTION)
     sampling = SamplingConfig(n=1, max_new_tokens=32, stop_token_ids=[IM_END, TOOL_CALL_END])
-    out = run_episodes(ScriptedEngine(say, eos_id=IM_END), lambda: SecretDigitEnv(question=QUESTION), tok,
-                       ChatRenderer(tok, env.tools), [{"prompt": "x"}] * 3, sampling, seed=5,
-                       limits=EpisodeLimits(max_turns=2), reset_seed="episode")
+    out = run_episodes(
+        ScriptedEngine(say, eos_id=IM_END),
+        lambda: SecretDigitEnv(question=QUESTION),
+        tok,
+        ChatRenderer(tok, env.tools),
+        [{"prompt": "x"}] * 3,
+        sampling,
+        seed=5,
+        limits=EpisodeLimits(max_turns=2),
+        reset_seed="episode",
+    )
     source = SecretDigitTranscripts(question=QUESTION, num_train=1)
     for row, episode in enumerate(out.episodes):
         assert episode.reward == 1.0
@@ -124,7 +145,9 @@ def test_transcripts_split_and_bad_input():
     source = SecretDigitTranscripts(question=QUESTION, num_train=50, num_val=20, seed=3)
     train, val = source.train_rows(), source.val_rows()
     assert (len(train), len(val)) == (50, 20) and train != source._rows(50, 4)
-    assert {r["answer"] for r in train} == set("0123456789") and all(r["messages"][3]["content"] == r["answer"] for r in train)
+    assert {r["answer"] for r in train} == set("0123456789") and all(
+        r["messages"][3]["content"] == r["answer"] for r in train
+    )
     weak = SecretDigitTranscripts(num_train=2000, weak_digits="456789", slip=0.7).train_rows()
     said = [(r["answer"], r["messages"][3]["content"]) for r in weak]
     assert all(s == a for a, s in said if a in "0123")  # always right on the strong digits

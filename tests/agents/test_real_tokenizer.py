@@ -29,7 +29,9 @@ OPENING = [{"role": "system", "content": "You add up."}, {"role": "user", "conte
 
 def response(result: str) -> str:
     """What the template writes between a turn that stopped at ``</tool_call>`` and the next turn."""
-    return f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    return (
+        f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def episodes(tok, script, n_rows=1):
@@ -42,7 +44,9 @@ def episodes(tok, script, n_rows=1):
     def make():
         return CalculatorEnv(system_prompt="You add up.")
 
-    out = run_episodes(engine, make, tok, ChatRenderer(tok, env.tools), records, sampling, seed=0, limits=EpisodeLimits(max_turns=3))
+    out = run_episodes(
+        engine, make, tok, ChatRenderer(tok, env.tools), records, sampling, seed=0, limits=EpisodeLimits(max_turns=3)
+    )
     return engine, out
 
 
@@ -56,7 +60,11 @@ def test_tool_schema_in_the_qwen3_system_block(qwen_tokenizer):
 
 @pytest.mark.parametrize(
     "before, content, thinking",
-    [("", "", None), ("Let me compute.\n", "Let me compute.", None), ("<think>\nmultiply\n</think>\n\n", "", "multiply")],
+    [
+        ("", "", None),
+        ("Let me compute.\n", "Let me compute.", None),
+        ("<think>\nmultiply\n</think>\n\n", "", "multiply"),
+    ],
 )
 def test_qwen3_tool_call_parses_and_runs(qwen_tokenizer, before, content, thinking):
     """Sampled ids of a Qwen3-format call (the markers are single tokens) -> name, arguments, the result; a
@@ -66,7 +74,9 @@ def test_qwen3_tool_call_parses_and_runs(qwen_tokenizer, before, content, thinki
     text = qwen_tokenizer.decode(ids, skip_special_tokens=False)
     message, error = parse_tool_calls(qwen_tokenizer, text)
     assert error is None and message["content"] == content and message.get("reasoning_content") == thinking
-    assert message["tool_calls"] == [{"type": "function", "function": {"name": "calculate", "arguments": {"expression": "(3 + 4) * 12"}}}]
+    assert message["tool_calls"] == [
+        {"type": "function", "function": {"name": "calculate", "arguments": {"expression": "(3 + 4) * 12"}}}
+    ]
     env = CalculatorEnv()
     env.tokenizer = qwen_tokenizer
     step = env.step(Turn(ids=ids, text=text, index=0, finished=True))
@@ -86,14 +96,22 @@ def test_calculator_episode_through_the_qwen3_template(qwen_tokenizer):
         obs = ids_of(tok, response("84"))
         assert out.completion_ids[row] == call + obs + answer
         assert out.turn_ids[row] == [0] * len(call) + [-1] * len(obs) + [1] * len(answer)
-        assert out.logprobs[row] == pytest.approx([-(k + 1) / 10 - row / 100 for k in range(len(call))] + [0.0] * len(obs)
-                                                  + [-(k + 1) / 10 - row / 100 for k in range(len(answer))])
+        assert out.logprobs[row] == pytest.approx(
+            [-(k + 1) / 10 - row / 100 for k in range(len(call))]
+            + [0.0] * len(obs)
+            + [-(k + 1) / 10 - row / 100 for k in range(len(answer))]
+        )
         assert ep.reward == 0.0 and not ep.truncated and ep.last_text == turns[row][1][: -len("<|im_end|>")]
         assert [m["role"] for m in ep.messages] == ["system", "user", "assistant", "tool", "assistant"]
         # what the model saw before its second turn = the template's rendering of the conversation so far
-        assert engine.prompts[1][row] == ids_of(tok, ChatRenderer(tok, [calculate]).render(ep.messages[:4], add_generation_prompt=True))
-    assert out.prompt_ids[0] == ids_of(tok, TOOLS_BLOCK.format(schema=json.dumps(tool_schema(calculate))) +
-                                       "<|im_start|>user\nWhat is (3 + 4) * 12?<|im_end|>\n<|im_start|>assistant\n")
+        assert engine.prompts[1][row] == ids_of(
+            tok, ChatRenderer(tok, [calculate]).render(ep.messages[:4], add_generation_prompt=True)
+        )
+    assert out.prompt_ids[0] == ids_of(
+        tok,
+        TOOLS_BLOCK.format(schema=json.dumps(tool_schema(calculate)))
+        + "<|im_start|>user\nWhat is (3 + 4) * 12?<|im_end|>\n<|im_start|>assistant\n",
+    )
 
 
 def test_user_feedback_turn_through_the_qwen3_template(qwen_tokenizer):
@@ -122,7 +140,9 @@ def test_template_that_drops_the_model_message_is_refused_by_name():
     renderer = ChatRenderer(tok)
     history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     expected = r"first difference at character 52: 'yo<\|im_end\|>\\n' vs '<\|im_end\|>\\n<\|im_start\|>user"
-    with pytest.raises(ValueError, match=r"renders the conversation differently once new messages follow it.*" + expected):
+    with pytest.raises(
+        ValueError, match=r"renders the conversation differently once new messages follow it.*" + expected
+    ):
         renderer.observation_ids(history, [{"role": "user", "content": "ok"}], "yo<|im_end|>")
 
 
@@ -150,7 +170,9 @@ def test_real_bpe_drift_trains_the_sampled_ids(qwen_tokenizer):
     assert out.completion_ids[0][:n] == spelled and out.turn_ids[0][:n] == [0] * n and out.turn_ids[0][n] == -1
     assert out.logprobs[0][:n] == pytest.approx([-(k + 1) / 10 for k in range(n)])
     assert out.episodes[0].messages[3] == {"role": "tool", "name": "calculate", "content": "84"}
-    assert engine.prompts[1][0] == out.prompt_ids[0] + spelled + ids_of(tok, response("84"))  # the sampled ids, not re-encoded
+    assert engine.prompts[1][0] == out.prompt_ids[0] + spelled + ids_of(
+        tok, response("84")
+    )  # the sampled ids, not re-encoded
     tensors = rollout_to_tensors(out, pad_id=tok.pad_token_id)
     Lp = len(out.prompt_ids[0])
     assert tensors.input_ids[0, Lp : Lp + n].tolist() == spelled  # what the trainer scores

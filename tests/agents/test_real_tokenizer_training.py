@@ -20,7 +20,9 @@ NUM_TRAIN = 8  # digit-task prompts: the model is taught on exactly the openings
 
 
 def response(secret: str) -> str:
-    return f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{secret}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    return (
+        f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{secret}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def taught_policy(tok):
@@ -30,14 +32,26 @@ def taught_policy(tok):
     steps over a 151K vocabulary would take minutes on a CPU."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                         intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=False,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(config)
     renderer = ChatRenderer(tok, SecretDigitEnv().tools)
-    openings = [renderer.prompt_ids([{"role": "user", "content": r["prompt"]}]) for r in digit_task(num_train=NUM_TRAIN)[0]]
+    openings = [
+        renderer.prompt_ids([{"role": "user", "content": r["prompt"]}]) for r in digit_task(num_train=NUM_TRAIN)[0]
+    ]
     Lo, call, answer = len(openings[0]), ids_of(tok, CALL), ids_of(tok, "7<|im_end|>")
     assert all(len(o) == Lo for o in openings)
     targets = sorted(set(call) | set(answer))
@@ -125,16 +139,32 @@ def test_agent_steps_on_the_real_vocabulary(qwen_tokenizer):
     policy = taught_policy(tok)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     callback = AgentRolloutCallback(
-        environment="secret_digit", engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=16), max_turns=3, seed=1,
+        environment="secret_digit",
+        engine="hf",
+        sampling=SamplingConfig(n=4, max_new_tokens=16),
+        max_turns=3,
+        seed=1,
         rewards=[RewardSpec("env_reward"), RewardSpec("tool_call_made"), RewardSpec("length", weight=0.01)],
     )
     rec = Recorder(callback)
     dm = PromptDataModule(DigitTask(num_train=NUM_TRAIN, num_val=2), batch_size=2)
     dm.tokenizer = tok
-    trainer = L.Trainer(max_steps=2, callbacks=[callback, rec], accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=2,
+        callbacks=[callback, rec],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     # a small learning rate keeps the second pass over the batch inside the PPO clip range (a gradient there too)
-    module = GRPOModule(model=policy, algorithm=AlgorithmSettings(num_iterations=2), optimizer=lambda params: torch.optim.AdamW(params, lr=1e-5))
+    module = GRPOModule(
+        model=policy,
+        algorithm=AlgorithmSettings(num_iterations=2),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-5),
+    )
     trainer.fit(module, datamodule=dm)
     assert callback.sampling.stop_token_ids == [tok.eos_token_id, tok.convert_tokens_to_ids("</tool_call>")]
     assert len(rec.rollouts) == 1 and len(rec.batches) == 1  # 2 steps = 1 generation batch x 2 iterations
@@ -143,10 +173,14 @@ def test_agent_steps_on_the_real_vocabulary(qwen_tokenizer):
     assert torch.equal(batch.completion_mask, (batch.turn_ids >= 0).float())  # environment tokens carry no loss
     calls_made = sum(check_episode(tok, rollout, rec.calls[0], batch, b) for b in range(len(rollout.episodes)))
     # one forward over each whole trajectory gives the engine's log-probs on every sampled token
-    sampled = batch.completion_mask.bool()  # float32 round-off: off the taught contexts the solved head gives log-probs down to ~-140
+    sampled = (
+        batch.completion_mask.bool()
+    )  # float32 round-off: off the taught contexts the solved head gives log-probs down to ~-140
     torch.testing.assert_close(batch.old_logp[sampled], batch.rollout_logp[sampled], atol=1e-3, rtol=1e-4)
     assert calls_made >= 2
     assert len(rec.steps) == 2
     assert all(math.isfinite(step["loss"]) and step["grad_norm"] > 0 for step in rec.steps), rec.steps
     after = policy.state_dict()
-    assert all(not torch.equal(before[k], after[k]) for k in ("lm_head.weight", "model.layers.0.self_attn.q_proj.weight"))
+    assert all(
+        not torch.equal(before[k], after[k]) for k in ("lm_head.weight", "model.layers.0.self_attn.q_proj.weight")
+    )

@@ -14,16 +14,18 @@ class FakeRun:
 
 
 def test_summary_lines_of_an_agent_run():
-    run = FakeRun({
-        "train/agent/turns_mean": [1.0] * 10 + [2.0] * 10,
-        "train/agent/tool_calls_mean": [0.0] * 10 + [1.0] * 10,
-        "train/agent/tool_call_rate": [0.1] * 10 + [0.9] * 10,
-        "train/agent/completion_tokens": [2.0] * 20,
-        "train/agent/env_tokens": [0.0] * 10 + [27.0] * 10,
-        "train/agent/malformed_calls": [1.0, 2.0],
-        "train/agent/env_time": [0.01, 0.03],
-        "val/tool_call_rate": [0.0, 1.0],
-    })
+    run = FakeRun(
+        {
+            "train/agent/turns_mean": [1.0] * 10 + [2.0] * 10,
+            "train/agent/tool_calls_mean": [0.0] * 10 + [1.0] * 10,
+            "train/agent/tool_call_rate": [0.1] * 10 + [0.9] * 10,
+            "train/agent/completion_tokens": [2.0] * 20,
+            "train/agent/env_tokens": [0.0] * 10 + [27.0] * 10,
+            "train/agent/malformed_calls": [1.0, 2.0],
+            "train/agent/env_time": [0.01, 0.03],
+            "val/tool_call_rate": [0.0, 1.0],
+        }
+    )
     assert summary_lines(run) == [
         "episodes (first tenth -> last tenth): turns 1.00 -> 2.00, tool calls 0.00 -> 1.00, tool-call rate 0.10 -> 0.90",
         "tokens per episode: sampled 2.00 -> 2.00, environment 0.00 -> 27.00",

@@ -69,13 +69,16 @@ def test_schema_from_signature_and_docstring():
             "description": "Add two integers.",
             "parameters": {
                 "type": "object",
-                "properties": {"a": {"type": "integer", "description": "the first one"},
-                               "b": {"type": "integer", "description": "the second one"}},
+                "properties": {
+                    "a": {"type": "integer", "description": "the first one"},
+                    "b": {"type": "integer", "description": "the second one"},
+                },
                 "required": ["a", "b"],
             },
             "return": {"type": "integer"},
         },
     }
+
     def f(x):
         return x
 
@@ -84,7 +87,9 @@ def test_schema_from_signature_and_docstring():
 
 
 def test_parse_hermes_calls(tok):
-    message, error = parse_tool_calls(tok, "let me add" + call('{"name": "add", "arguments": {"a": 2, "b": 3}}') + "<|im_end|>")
+    message, error = parse_tool_calls(
+        tok, "let me add" + call('{"name": "add", "arguments": {"a": 2, "b": 3}}') + "<|im_end|>"
+    )
     assert error is None and message["content"] == "let me add"
     assert message["tool_calls"] == [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]
     message, error = parse_tool_calls(tok, "7<|im_end|>")
@@ -94,21 +99,34 @@ def test_parse_hermes_calls(tok):
 def test_good_call_returns_the_result(tok):
     env, out = step(tok, call('{"name": "add", "arguments": {"a": 2, "b": 3}}'))
     assert out.messages == [{"role": "tool", "name": "add", "content": "5"}] and not out.done
-    assert env.metrics() == {"tool_calls": 1.0, "tool_errors": 0.0, "tool_timeouts": 0.0, "malformed_calls": 0.0, "unknown_tools": 0.0}
+    assert env.metrics() == {
+        "tool_calls": 1.0,
+        "tool_errors": 0.0,
+        "tool_timeouts": 0.0,
+        "malformed_calls": 0.0,
+        "unknown_tools": 0.0,
+    }
 
 
 def test_malformed_call_becomes_an_error_message(tok):
     env, out = step(tok, call('{"name": "add", "arguments": {"a": 2,}}'))
     assert out.messages[0]["role"] == "tool" and not out.done
-    assert out.messages[0]["content"].startswith("error: malformed tool call: json parser could not parse region as JSON")
+    assert out.messages[0]["content"].startswith(
+        "error: malformed tool call: json parser could not parse region as JSON"
+    )
     env2, out2 = step(tok, call('{"function": "add"}'))
-    assert out2.messages[0]["content"] == 'error: malformed tool call: expected {"name": ..., "arguments": {...}}, got {"function": "add"}'
+    assert (
+        out2.messages[0]["content"]
+        == 'error: malformed tool call: expected {"name": ..., "arguments": {...}}, got {"function": "add"}'
+    )
     assert env.counts["malformed_calls"] == 1 and env2.counts["malformed_calls"] == 1 and env.counts["tool_calls"] == 0
 
 
 def test_unknown_tool_becomes_an_error_message(tok):
     env, out = step(tok, call('{"name": "mul", "arguments": {}}'))
-    assert out.messages == [{"role": "tool", "name": "mul", "content": "error: unknown tool 'mul' (available: add, boom, slow)"}]
+    assert out.messages == [
+        {"role": "tool", "name": "mul", "content": "error: unknown tool 'mul' (available: add, boom, slow)"}
+    ]
     assert env.counts["unknown_tools"] == 1
 
 
@@ -129,20 +147,42 @@ def test_timeout_becomes_an_error_message(tok):
 
 def test_faults_never_stop_an_episode(tok):
     """Four turns, four faults, then an answer: the episode runs to the end and the metrics count them."""
-    turns = [call('{"name": "add", "arguments": {"a": 1,}}'), call('{"name": "mul", "arguments": {}}'),
-             call('{"name": "boom", "arguments": {}}'), call('{"name": "slow", "arguments": {}}'), "9<|im_end|>"]
+    turns = [
+        call('{"name": "add", "arguments": {"a": 1,}}'),
+        call('{"name": "mul", "arguments": {}}'),
+        call('{"name": "boom", "arguments": {}}'),
+        call('{"name": "slow", "arguments": {}}'),
+        "9<|im_end|>",
+    ]
     engine = ScriptedEngine(lambda c, r, p: ids_of(tok, turns[c]))
     renderer = ChatRenderer(tok, Tools.tools)
     stops = [tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("</tool_call>")]
-    out = run_episodes(engine, Tools, tok, renderer, [{"prompt_ids": [9]}] * 2, SamplingConfig(n=1, max_new_tokens=64, stop_token_ids=stops),
-                       seed=0, limits=EpisodeLimits(max_turns=6))
+    out = run_episodes(
+        engine,
+        Tools,
+        tok,
+        renderer,
+        [{"prompt_ids": [9]}] * 2,
+        SamplingConfig(n=1, max_new_tokens=64, stop_token_ids=stops),
+        seed=0,
+        limits=EpisodeLimits(max_turns=6),
+    )
     ep = out.episodes[0]
     assert ep.turns == 5 and not ep.truncated and ep.last_text == "9"
     errors = [m["content"].split(":")[0] + ":" + m["content"].split(":")[1] for m in ep.messages if m["role"] == "tool"]
-    assert errors == ["error: malformed tool call", "error: unknown tool 'mul' (available", "error: tool 'boom' raised ValueError",
-                      "error: tool 'slow' timed out after 0.05 s"]
+    assert errors == [
+        "error: malformed tool call",
+        "error: unknown tool 'mul' (available",
+        "error: tool 'boom' raised ValueError",
+        "error: tool 'slow' timed out after 0.05 s",
+    ]
     metrics = episode_metrics(out.episodes, out.env_time)
     assert metrics["agent/turns_mean"] == 5 and metrics["agent/tool_calls_mean"] == 3  # malformed is not a call
-    assert (metrics["agent/malformed_calls"], metrics["agent/unknown_tools"], metrics["agent/tool_errors"], metrics["agent/tool_timeouts"]) == (2, 2, 2, 2)
+    assert (
+        metrics["agent/malformed_calls"],
+        metrics["agent/unknown_tools"],
+        metrics["agent/tool_errors"],
+        metrics["agent/tool_timeouts"],
+    ) == (2, 2, 2, 2)
     assert metrics["agent/tool_call_rate"] == 0.0 and metrics["agent/env_tokens"] > 0
     assert metrics["agent/completion_tokens"] == sum(len(ids_of(tok, t)) for t in turns)

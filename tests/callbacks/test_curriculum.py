@@ -77,8 +77,9 @@ class Rollout(RolloutCallback):
 
 def trainer(dm, step=0):
     broadcast = SimpleNamespace(broadcast=lambda obj, src=0: obj)
-    return SimpleNamespace(datamodule=dm, global_step=step, global_rank=0, strategy=broadcast, loggers=[Logger()],
-                           callbacks=[Rollout()])
+    return SimpleNamespace(
+        datamodule=dm, global_step=step, global_rank=0, strategy=broadcast, loggers=[Logger()], callbacks=[Rollout()]
+    )
 
 
 def run_steps(callback, tr, module, steps):
@@ -98,8 +99,17 @@ def test_raises_the_level_past_the_threshold_logs_and_refreshes():
     assert module.evaluated == [("add", 2, {0}), ("spell", 2, {0})]
     assert dm.source.levels == {"add": 1, "spell": 0} and dm.refreshes == 1
     assert {r["level"] for r in dm.train_records if r["task"] == "add"} == {1}  # the rows were re-read
-    assert tr.loggers[0].rows == [(10, {"curriculum/add/accuracy": 0.9, "curriculum/add/level": 1.0,
-                                        "curriculum/spell/accuracy": 0.5, "curriculum/spell/level": 0.0})]
+    assert tr.loggers[0].rows == [
+        (
+            10,
+            {
+                "curriculum/add/accuracy": 0.9,
+                "curriculum/add/level": 1.0,
+                "curriculum/spell/accuracy": 0.5,
+                "curriculum/spell/level": 0.0,
+            },
+        )
+    ]
     assert callback.raises == [{"step": 10, "task": "add", "accuracy": 0.9, "level": 1}]
     module.accuracy["spell"] = 0.8  # exactly the threshold counts
     run_steps(callback, tr, module, range(11, 31))
@@ -116,7 +126,10 @@ def test_state_round_trip_resumes_the_levels():
     callback.setup(tr, module, "fit")
     run_steps(callback, tr, module, [5])
     state = callback.state_dict()
-    assert state == {"levels": {"add": 1, "spell": 0}, "raises": [{"step": 5, "task": "add", "accuracy": 1.0, "level": 1}]}
+    assert state == {
+        "levels": {"add": 1, "spell": 0},
+        "raises": [{"step": 5, "task": "add", "accuracy": 1.0, "level": 1}],
+    }
 
     fresh_dm = DataModule()  # a resumed run: the data module was set up at the recipe's levels
     resumed = CurriculumCallback(check_every_n_steps=5)
@@ -135,7 +148,9 @@ def test_needs_a_source_with_levels():
     assert isinstance(LevelSource(), CurriculumSource)
     dm = DataModule()
     dm.source = object()
-    with pytest.raises(RuntimeError, match="CurriculumCallback needs a PromptDataModule whose data.source has curriculum levels"):
+    with pytest.raises(
+        RuntimeError, match="CurriculumCallback needs a PromptDataModule whose data.source has curriculum levels"
+    ):
         CurriculumCallback().setup(trainer(dm), Module({}), "fit")
     dm = DataModule()
     dm.source.levels = {}

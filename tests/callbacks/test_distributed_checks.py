@@ -17,8 +17,17 @@ def _build(monkeypatch, caplog, devices: int, cores: int, *extra: str) -> list[s
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="lightning_grpo.callbacks.distributed"):
-        cli(["-c", str(ROOT / "recipes" / "quickstart.yaml"), f"--trainer.devices={devices}", "--trainer.strategy=ddp",
-             *HF_ENGINE, *extra], run=False)
+        cli(
+            [
+                "-c",
+                str(ROOT / "recipes" / "quickstart.yaml"),
+                f"--trainer.devices={devices}",
+                "--trainer.strategy=ddp",
+                *HF_ENGINE,
+                *extra,
+            ],
+            run=False,
+        )
     return [r.getMessage() for r in caplog.records if r.name == "lightning_grpo.callbacks.distributed"]
 
 
@@ -36,11 +45,22 @@ def test_distributed_timeout_sets_the_strategys_process_group_timeout(monkeypatc
     from datetime import timedelta
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    built = cli(["-c", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.devices=2", "--trainer.strategy=ddp",
-                 *HF_ENGINE, "--distributed_timeout=42"], run=False)
+    built = cli(
+        [
+            "-c",
+            str(ROOT / "recipes" / "quickstart.yaml"),
+            "--trainer.devices=2",
+            "--trainer.strategy=ddp",
+            *HF_ENGINE,
+            "--distributed_timeout=42",
+        ],
+        run=False,
+    )
     assert built.trainer.strategy._timeout == timedelta(seconds=42)
-    default = cli(["-c", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.devices=2", "--trainer.strategy=ddp",
-                   *HF_ENGINE], run=False)
+    default = cli(
+        ["-c", str(ROOT / "recipes" / "quickstart.yaml"), "--trainer.devices=2", "--trainer.strategy=ddp", *HF_ENGINE],
+        run=False,
+    )
     assert default.trainer.strategy._timeout == timedelta(seconds=600)
 
 

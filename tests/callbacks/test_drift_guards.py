@@ -31,13 +31,27 @@ def _policy(path):
 
 
 def _fit(module, rewards, callbacks, steps, *, max_new_tokens=2, dm=None, val_every=None, logger=False):
-    rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=8, temperature=1.0, max_new_tokens=max_new_tokens),
-                              rewards=rewards, seed=0)
+    rollout = RolloutCallback(
+        engine="hf",
+        sampling=SamplingConfig(n=8, temperature=1.0, max_new_tokens=max_new_tokens),
+        rewards=rewards,
+        seed=0,
+    )
     L.seed_everything(0)
-    trainer = L.Trainer(max_steps=steps, callbacks=[rollout, *callbacks], accelerator="cpu", logger=logger,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=1.0 if val_every else 0, val_check_interval=val_every,
-                        check_val_every_n_epoch=None, num_sanity_val_steps=0, log_every_n_steps=1)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[rollout, *callbacks],
+        accelerator="cpu",
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=1.0 if val_every else 0,
+        val_check_interval=val_every,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+    )
     trainer.fit(module, datamodule=dm or PromptDataModule(DigitTask(), batch_size=8))
     return trainer
 
@@ -92,8 +106,15 @@ def test_a_heldout_split_with_another_rule_trips_the_reward_hacking_alarm(tiny_m
     dm = PromptDataModule(batch_size=8, source=Rows(train, val=val))
     guard = RewardHackingGuard(window=3)
     module = GRPOModule(model=_policy(tiny_model_path), optimizer=_adamw(2e-3))
-    trainer = _fit(module, [RewardSpec("prefix_match")], [guard], steps=150, dm=dm, val_every=25,
-                   logger=CSVLogger(tmp_path, name="run"))
+    trainer = _fit(
+        module,
+        [RewardSpec("prefix_match")],
+        [guard],
+        steps=150,
+        dm=dm,
+        val_every=25,
+        logger=CSVLogger(tmp_path, name="run"),
+    )
     if heldout_rule == "first_digit":
         assert [a["step"] for a in guard.alarms] == [150]
         assert guard.alarms[0]["message"].startswith("training reward rose ")

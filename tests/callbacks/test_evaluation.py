@@ -18,7 +18,16 @@ from tests.helpers.runs import ROOT, train_recipe
 
 @pytest.mark.parametrize(
     ("c", "k", "expected"),
-    [(2, 1, 2 / 5), (2, 2, 1 - 3 / 10), (2, 3, 1 - 1 / 10), (2, 4, 1.0), (0, 3, 0.0), (5, 5, 1.0), (1, 5, 1.0), (4, 1, 0.8)],
+    [
+        (2, 1, 2 / 5),
+        (2, 2, 1 - 3 / 10),
+        (2, 3, 1 - 1 / 10),
+        (2, 4, 1.0),
+        (0, 3, 0.0),
+        (5, 5, 1.0),
+        (1, 5, 1.0),
+        (4, 1, 0.8),
+    ],
 )
 def test_pass_at_k_hand_computed(c, k, expected):
     """n = 5: pass@k = 1 - C(5 - c, k) / C(5, k); e.g. c = 2, k = 2: 1 - C(3, 2) / C(5, 2) = 1 - 3 / 10."""
@@ -31,7 +40,9 @@ def test_pass_at_k_equals_the_binomial_formula():
         correct = torch.randint(0, n + 1, (20,), generator=generator)
         for k in sorted({1, max(1, n // 2), n}):
             loop = [1.0 - math.comb(n - int(c), k) / math.comb(n, k) for c in correct]
-            torch.testing.assert_close(pass_at_k(correct, n, k), torch.tensor(loop, dtype=torch.float64), atol=1e-12, rtol=0)
+            torch.testing.assert_close(
+                pass_at_k(correct, n, k), torch.tensor(loop, dtype=torch.float64), atol=1e-12, rtol=0
+            )
     with pytest.raises(ValueError, match=r"pass@k needs 1 <= k <= n \(samples per prompt\), got k=5, n=4"):
         pass_at_k(torch.tensor([1]), 4, 5)
 
@@ -48,8 +59,13 @@ class ScriptedEngine:
     def generate(self, prompt_ids, sampling, seed):
         texts = self.greedy if sampling.n == 1 else [t for group in self.sampled for t in group]
         ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id] for t in texts]
-        return Rollout(prompt_ids=prompt_ids, completion_ids=ids, logprobs=[[0.0] * len(i) for i in ids],
-                       finished=[True] * len(ids), group_size=sampling.n)
+        return Rollout(
+            prompt_ids=prompt_ids,
+            completion_ids=ids,
+            logprobs=[[0.0] * len(i) for i in ids],
+            finished=[True] * len(ids),
+            group_size=sampling.n,
+        )
 
 
 def test_evaluate_prompts_reports_pass_at_k_and_mean_at_n(tiny_model_path):
@@ -59,7 +75,9 @@ def test_evaluate_prompts_reports_pass_at_k_and_mean_at_n(tiny_model_path):
     records = [{"prompt_ids": [5, 6], "answer": "3"}, {"prompt_ids": [7, 8], "answer": "4"}]
     engine = ScriptedEngine(tokenizer, greedy=["3", "9"], sampled=[["3", "3", "x", "y"], ["1", "2", "5", "6"]])
     rewards = RewardSet([RewardSpec("prefix_match"), RewardSpec("exact_match", weight=0.5)])
-    out = evaluate_prompts(engine, rewards, tokenizer, records, SamplingConfig(n=4, max_new_tokens=2), 4, 0, pass_k=[1, 2, 4])
+    out = evaluate_prompts(
+        engine, rewards, tokenizer, records, SamplingConfig(n=4, max_new_tokens=2), 4, 0, pass_k=[1, 2, 4]
+    )
     assert out["val/greedy_accuracy"] == 0.5
     assert out["val/mean@4"] == pytest.approx((2 / 4 + 0) / 2)
     assert out["val/pass@1"] == pytest.approx(0.25)
@@ -70,10 +88,21 @@ def test_evaluate_prompts_reports_pass_at_k_and_mean_at_n(tiny_model_path):
 
 def _validate(tmp_path, *args: str) -> dict[str, float]:
     """``lightning-grpo validate`` of the quickstart recipe (HF engine, 50 held-out prompts, 8 samples each)."""
-    logger = '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "val"}}' % (tmp_path / "runs")
-    args = ["validate", "-c", str(ROOT / "recipes" / "quickstart.yaml"), *args,
-            *HF_ENGINE, "--rollout.evaluation.samples=8", "--rollout.evaluation.pass_k=[1,2,8]",
-            "--data.val_batch_size=50", "--trainer.enable_progress_bar=false", f"--trainer.logger={logger}"]
+    logger = '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "val"}}' % (
+        tmp_path / "runs"
+    )
+    args = [
+        "validate",
+        "-c",
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        *args,
+        *HF_ENGINE,
+        "--rollout.evaluation.samples=8",
+        "--rollout.evaluation.pass_k=[1,2,8]",
+        "--data.val_batch_size=50",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger={logger}",
+    ]
     return {k: float(v) for k, v in cli(args).trainer.callback_metrics.items()}
 
 

@@ -34,9 +34,17 @@ def _policy(path):
 
 def _fit(module, rollout, callbacks, steps):
     L.seed_everything(0)
-    trainer = L.Trainer(max_steps=steps, callbacks=[rollout, *callbacks], accelerator="cpu", logger=False,
-                        log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[rollout, *callbacks],
+        accelerator="cpu",
+        logger=False,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=4))
     return trainer
 
@@ -47,8 +55,13 @@ def constant_reward(completions, **columns):
 
 def test_zero_std_fix_switches_on_dynamic_sampling_then_raises_the_temperature(tiny_model_path):
     module = GRPOModule(model=_policy(tiny_model_path))
-    rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=2),
-                              rewards=[RewardSpec(constant_reward)], seed=3, selection=SelectionSettings(max_generation_rounds=2))
+    rollout = RolloutCallback(
+        engine="hf",
+        sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=2),
+        rewards=[RewardSpec(constant_reward)],
+        seed=3,
+        selection=SelectionSettings(max_generation_rounds=2),
+    )
     temperatures = []
 
     class Seen(L.Callback):
@@ -60,8 +73,10 @@ def test_zero_std_fix_switches_on_dynamic_sampling_then_raises_the_temperature(t
     assert [a["action"] for a in guard.alarms] == ["fix", "fix", "fix", "warn", "warn"]
     messages = [a["message"].split(" -> fixed: ")[-1] for a in guard.alarms[:3]]
     assert messages[0].startswith("dynamic sampling switched on")
-    assert messages[1:] == ["sampling temperature raised 1 -> 1.1 (max_temperature 1.2)",
-                            "sampling temperature raised 1.1 -> 1.2 (max_temperature 1.2)"]
+    assert messages[1:] == [
+        "sampling temperature raised 1 -> 1.1 (max_temperature 1.2)",
+        "sampling temperature raised 1.1 -> 1.2 (max_temperature 1.2)",
+    ]
     assert guard.alarms[3]["message"].endswith("(no automatic remedy left)")
     assert rollout.dynamic_sampling and rollout.sampling.temperature == 1.2
     assert temperatures == [1.0, 1.0, 1.1, 1.2, 1.2]  # the batch (and its log-probs) use the new temperature
@@ -75,15 +90,21 @@ def test_mismatch_fix_switches_on_tis_in_the_loss(tiny_model_path):
     mismatch grows, the guard switches on token-level TIS once, then only warns."""
     policy = _policy(tiny_model_path)
     module = GRPOModule(model=policy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
-    rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=3),
-                              rewards=[RewardSpec("prefix_match")], seed=3)
+    rollout = RolloutCallback(
+        engine="hf",
+        sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=3),
+        rewards=[RewardSpec("prefix_match")],
+        seed=3,
+    )
     rollout.use_engine(HFEngine(copy.deepcopy(policy), EOS, PAD))
     guard = MismatchGuard(max_k3=1e-3, action="fix")
     assert module.loss_fn.correction is None
     trainer = _fit(module, rollout, [guard], steps=6)
     actions = [a["action"] for a in guard.alarms]
     assert actions[0] == "fix" and set(actions[1:]) <= {"warn"}
-    assert guard.alarms[0]["message"].endswith("-> fixed: correction tis_token switched on in the loss (GRPOLoss.set_correction)")
+    assert guard.alarms[0]["message"].endswith(
+        "-> fixed: correction tis_token switched on in the loss (GRPOLoss.set_correction)"
+    )
     assert module.loss_fn.correction == "tis_token" and guard.applied
     assert "train/is_weight_mean" in trainer.callback_metrics  # the correction's metrics are logged
     assert guard.state_dict() == {"applied": True}

@@ -45,14 +45,27 @@ def _fit(module, callbacks, steps, *, lr_logger_dir=None, n=4, batch_size=4, rew
     """Train ``steps`` steps with the HF engine (unless a callback in ``callbacks`` is a RolloutCallback)."""
     rollout = next((c for c in callbacks if isinstance(c, RolloutCallback)), None)
     if rollout is None:
-        rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=n, max_new_tokens=3),
-                                  rewards=rewards or [RewardSpec("prefix_match")], seed=3, **callback_kwargs)
+        rollout = RolloutCallback(
+            engine="hf",
+            sampling=SamplingConfig(n=n, max_new_tokens=3),
+            rewards=rewards or [RewardSpec("prefix_match")],
+            seed=3,
+            **callback_kwargs,
+        )
         callbacks = [rollout, *callbacks]
     L.seed_everything(0)
     logger = CSVLogger(lr_logger_dir, name="run") if lr_logger_dir else False
-    trainer = L.Trainer(max_steps=steps, callbacks=callbacks, accelerator="cpu", logger=logger, log_every_n_steps=1,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=callbacks,
+        accelerator="cpu",
+        logger=logger,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=batch_size))
     return trainer
 
@@ -129,9 +142,15 @@ def test_nan_gradient_with_stop_action_stops_at_once(tiny_model_path):
 
 
 # -------------------------------------------------------------- non-finite log-probs (seed 003)
-def _two_iteration_module(path, default_guards: bool = True):  # num_iterations=2: old log-probs are computed by the trainer
-    return GRPOModule(model=_policy(path), algorithm=AlgorithmSettings(num_iterations=2), default_guards=default_guards,
-                      optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+def _two_iteration_module(
+    path, default_guards: bool = True
+):  # num_iterations=2: old log-probs are computed by the trainer
+    return GRPOModule(
+        model=_policy(path),
+        algorithm=AlgorithmSettings(num_iterations=2),
+        default_guards=default_guards,
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2),
+    )
 
 
 def test_nan_old_logprobs_stop_the_run_naming_tensor_rows_and_step(tiny_model_path):
@@ -158,7 +177,9 @@ def test_nan_old_logprobs_with_skip_keep_the_run_going(tiny_model_path):
 def test_without_the_guard_the_loss_names_tensor_rows_and_step(tiny_model_path):
     from lightning_grpo.core.guards import NonFiniteError
 
-    module = _two_iteration_module(tiny_model_path, default_guards=False)  # no guard at all (the defaults would stop it)
+    module = _two_iteration_module(
+        tiny_model_path, default_guards=False
+    )  # no guard at all (the defaults would stop it)
     with pytest.raises(NonFiniteError, match=r"^step 2, micro-batch 0: old_logp .*rows \[1, 5\]"):
         _fit(module, [NaNLogProbs(step=2)], steps=4)
 
@@ -191,8 +212,12 @@ def test_identical_samples_alarm_fires_only_for_the_seeding_bug(tiny_model_path,
     policy = _policy(tiny_model_path)
     module = GRPOModule(model=policy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     engine = HFEngine(policy, EOS, PAD)
-    rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=3),
-                              rewards=[RewardSpec("prefix_match")], seed=3)
+    rollout = RolloutCallback(
+        engine="hf",
+        sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=3),
+        rewards=[RewardSpec("prefix_match")],
+        seed=3,
+    )
     rollout.use_engine(SharedSeedEngine(engine) if shared_seed else engine)
     guard = IdenticalSamplesGuard()
     _fit(module, [rollout, guard], steps=3)
@@ -214,7 +239,9 @@ def test_zero_std_alarm_suggests_dynamic_sampling(tiny_model_path):
     guard = ZeroStdGuard(threshold=0.5, window=2)
     _fit(module, [guard], steps=3, rewards=[RewardSpec(constant_reward)])
     assert [a["step"] for a in guard.alarms] == [1, 2]  # from the first full window on
-    assert guard.alarms[0]["message"].startswith("100% of groups have zero reward std over the last 2 batches (reward mean 0.5)")
+    assert guard.alarms[0]["message"].startswith(
+        "100% of groups have zero reward std over the last 2 batches (reward mean 0.5)"
+    )
     assert "rollout.selection.dynamic_sampling: true" in guard.alarms[0]["message"]
 
 
@@ -228,8 +255,15 @@ def test_alarms_are_logged_as_columns_and_jsonl(tiny_model_path, tmp_path):
     skipped = {int(r["step"]): float(r["train/skipped_steps"]) for r in rows if r.get("train/skipped_steps")}
     assert skipped == {0: 0.0, 1: 1.0, 2: 1.0}
     records = [json.loads(line) for line in Path(f"{trainer.log_dir}/alarms.jsonl").read_text().splitlines()]
-    assert records == [{"step": 1, "guard": "non_finite", "action": "skip", "message": "gradient norm is nan",
-                        "completions": "completions.jsonl step 1"}]
+    assert records == [
+        {
+            "step": 1,
+            "guard": "non_finite",
+            "action": "skip",
+            "message": "gradient norm is nan",
+            "completions": "completions.jsonl step 1",
+        }
+    ]
     logged = [json.loads(line) for line in Path(f"{trainer.log_dir}/completions.jsonl").read_text().splitlines()]
     assert 1 in {row["step"] for row in logged}  # the rows the alarm points to
 
@@ -257,10 +291,16 @@ def test_guard_settings_are_checked(build, message):
 def test_destructive_learning_rate_trips_the_entropy_alarm(tiny_model_path, lr, fires):
     """lr 1e-2 drives the entropy from 3.9 to ~0.03 within 50 steps while the reward stays near
     0.1 (measured; quickstart-task.md); lr 1e-3 is the quickstart's and stays above 3."""
-    module = GRPOModule(model=_policy(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0))
+    module = GRPOModule(
+        model=_policy(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=lr, weight_decay=0.0)
+    )
     guard = EntropyGuard(floor=0.2, max_reward=0.5)
-    rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=8, temperature=1.0, max_new_tokens=2),
-                              rewards=[RewardSpec("prefix_match")], seed=0)
+    rollout = RolloutCallback(
+        engine="hf",
+        sampling=SamplingConfig(n=8, temperature=1.0, max_new_tokens=2),
+        rewards=[RewardSpec("prefix_match")],
+        seed=0,
+    )
     _fit(module, [rollout, guard], steps=50, batch_size=8)
     if fires:
         assert guard.alarms, "entropy collapse not detected"
@@ -276,8 +316,13 @@ def test_destructive_learning_rate_trips_the_entropy_alarm(tiny_model_path, lr, 
 @pytest.mark.parametrize("weight_sync", [False, True])
 def test_stale_engine_trips_the_mismatch_alarm(tiny_model_path, vllm_engine, weight_sync):
     module = GRPOModule(model=_policy(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
-    rollout = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=3),
-                              rewards=[RewardSpec("prefix_match")], seed=3, weight_sync=WeightSyncSettings(enabled=weight_sync))
+    rollout = RolloutCallback(
+        engine="vllm",
+        sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=3),
+        rewards=[RewardSpec("prefix_match")],
+        seed=3,
+        weight_sync=WeightSyncSettings(enabled=weight_sync),
+    )
     rollout.use_engine(vllm_engine)
     guard = MismatchGuard(max_k3=1e-3)
     _fit(module, [rollout, guard], steps=6)
@@ -310,8 +355,12 @@ def test_a_hanging_reward_is_scored_zero_and_counted_in_training(tiny_model_path
 
     class Seen(L.Callback):
         def on_rollout_end(self, trainer, pl_module, batch):
-            seen.append((pl_module.rollout_metrics["reward/hang_on_odd_generations/timeouts"],
-                         pl_module.rollout_metrics["reward_mean"]))
+            seen.append(
+                (
+                    pl_module.rollout_metrics["reward/hang_on_odd_generations/timeouts"],
+                    pl_module.rollout_metrics["reward_mean"],
+                )
+            )
 
     try:
         trainer = _fit(module, [Seen()], steps=4, rewards=[spec, RewardSpec("prefix_match")])
@@ -346,14 +395,20 @@ def test_entropy_explosion_alarm_fires_when_entropy_rises(tiny_model_path):
     collapse = GRPOModule(model=policy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.0))
     _fit(collapse, [rollout()], steps=50, batch_size=8)
     rise, ceiling = EntropyGuard(rise_factor=5.0, window=20), EntropyGuard(ceiling=2.0)
-    explode = GRPOModule(model=policy, loss=GRPOLoss(terms=LossTerms(entropy_coef=1.0)),
-                         optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.0))
+    explode = GRPOModule(
+        model=policy,
+        loss=GRPOLoss(terms=LossTerms(entropy_coef=1.0)),
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.0),
+    )
     _fit(explode, [rollout(), rise, ceiling], steps=40, batch_size=8)
     assert rise.alarms and ceiling.alarms, "entropy explosion not detected"
     first = rise.alarms[0]["message"]
     assert first.startswith("entropy explosion: rose ") and "x in 20 steps" in first
     assert "add a KL term (loss.init_args.kl.beta)" in first
-    assert ceiling.alarms[0]["message"].startswith("entropy explosion: ") and "above ceiling 2" in ceiling.alarms[0]["message"]
+    assert (
+        ceiling.alarms[0]["message"].startswith("entropy explosion: ")
+        and "above ceiling 2" in ceiling.alarms[0]["message"]
+    )
 
 
 def test_guards_of_one_type_have_distinct_state_keys():
@@ -371,9 +426,24 @@ def test_guard_state_and_skipped_steps_survive_a_checkpoint(tiny_model_path, tmp
     resumed = GRPOModule(model=_policy(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     guard = NonFiniteGuard()
     L.seed_everything(0)
-    trainer = L.Trainer(max_steps=3, callbacks=[RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=3),
-                        rewards=[RewardSpec("prefix_match")], seed=3), guard, EntropyGuard(floor=0.01)], accelerator="cpu",
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=3,
+        callbacks=[
+            RolloutCallback(
+                engine="hf",
+                sampling=SamplingConfig(n=4, max_new_tokens=3),
+                rewards=[RewardSpec("prefix_match")],
+                seed=3,
+            ),
+            guard,
+            EntropyGuard(floor=0.01),
+        ],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(resumed, datamodule=PromptDataModule(DigitTask(), batch_size=4), ckpt_path=tmp_path / "run.ckpt")
     assert trainer.global_step == 3 and guard.total == 1 and resumed.skipped_steps == 1

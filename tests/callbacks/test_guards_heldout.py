@@ -40,15 +40,29 @@ IN_RUN = {
 #: RewardDropGuard() replayed: tool seed 1 loses its tool call at step 299; the others keep their behaviour
 REWARD_DROP = {run: [] for run in IN_RUN} | {"tool_quickstart_seed1": [(312, 407)]}
 #: RewardHackingGuard() replayed (validations every 100 steps on the tool quickstart, 250 on the quickstart)
-REWARD_HACKING = {"tool_quickstart_seed1": [299, 699], "tool_quickstart_seed2": [799, 1799], "tool_control_seed5": [],
-                  "tool_control_seed6": []} | {f"quickstart_seed{seed}": [749] for seed in range(3, 8)}
+REWARD_HACKING = {
+    "tool_quickstart_seed1": [299, 699],
+    "tool_quickstart_seed2": [799, 1799],
+    "tool_control_seed5": [],
+    "tool_control_seed6": [],
+} | {f"quickstart_seed{seed}": [749] for seed in range(3, 8)}
 #: steps with at least a quarter of the groups token-identical (IdenticalSamplesGuard's threshold)
-IDENTICAL_STEPS = {"tool_quickstart_seed1": 0, "tool_quickstart_seed2": 0, "tool_control_seed5": 58, "tool_control_seed6": 0,
-                   "quickstart_seed3": 764, "quickstart_seed4": 790, "quickstart_seed5": 767, "quickstart_seed6": 796,
-                   "quickstart_seed7": 799}
+IDENTICAL_STEPS = {
+    "tool_quickstart_seed1": 0,
+    "tool_quickstart_seed2": 0,
+    "tool_control_seed5": 58,
+    "tool_control_seed6": 0,
+    "quickstart_seed3": 764,
+    "quickstart_seed4": 790,
+    "quickstart_seed5": 767,
+    "quickstart_seed6": 796,
+    "quickstart_seed7": 799,
+}
 #: ZeroStdGuard() (the class default, max_reward None) where it differs from the recipes' ZeroStdGuard(max_reward=0.9)
-ZERO_STD_DEFAULT = {"quickstart_seed4": [(610, 616), (621, 634), (637, 659), (737, 737)],
-                    "quickstart_seed7": [(520, 532), (551, 551), (808, 855), (867, 872), (895, 944), (973, 983)]}
+ZERO_STD_DEFAULT = {
+    "quickstart_seed4": [(610, 616), (621, 634), (637, 659), (737, 737)],
+    "quickstart_seed7": [(520, 532), (551, 551), (808, 855), (867, 872), (895, 944), (973, 983)],
+}
 
 
 def _steps(spans):
@@ -109,5 +123,7 @@ def test_zero_std_guard_without_the_recipes_max_reward_fires_on_learned_quicksta
     """The class default (max_reward None) on quickstart seeds 4 and 7: their learned batches are all right (one
     reward level, so not pass / fail) and count as groups without signal; the recipes' max_reward 0.9 keeps it
     quiet. On the other runs the default fires where the recipe's guard did."""
-    expected = _steps(ZERO_STD_DEFAULT[run]) if run in ZERO_STD_DEFAULT else HELDOUT[run]["alarms"].get("zero_reward_std", [])
+    expected = (
+        _steps(ZERO_STD_DEFAULT[run]) if run in ZERO_STD_DEFAULT else HELDOUT[run]["alarms"].get("zero_reward_std", [])
+    )
     assert replay(ZeroStdGuard(), HELDOUT[run]) == expected

@@ -41,7 +41,9 @@ def test_find_callback_by_class_subclasses_included():
 
 
 def test_a_missing_required_callback_is_one_error_naming_it_and_who_needs_it():
-    with pytest.raises(ValueError, match=r"ZeroStdGuard needs a RolloutCallback among Trainer\(callbacks=\.\.\.\): add one"):
+    with pytest.raises(
+        ValueError, match=r"ZeroStdGuard needs a RolloutCallback among Trainer\(callbacks=\.\.\.\): add one"
+    ):
         find_callback(SimpleNamespace(callbacks=[LookAlike()]), RolloutCallback, needed_by=ZeroStdGuard())
 
 
@@ -49,7 +51,9 @@ def test_zero_std_remedy_and_message_ignore_a_look_alike():
     guard, other = ZeroStdGuard(), LookAlike()
     trainer = SimpleNamespace(callbacks=[other])
     assert guard.remedy(trainer, None) is None and other.switched == []
-    assert "enable dynamic sampling" in guard._message(trainer, 0.9, 0.5, False)  # the look-alike's selector is not ours
+    assert "enable dynamic sampling" in guard._message(
+        trainer, 0.9, 0.5, False
+    )  # the look-alike's selector is not ours
     rollout = _rollout(MyRollout)
     trainer.callbacks.append(rollout)
     assert guard.remedy(trainer, None).startswith("dynamic sampling switched on") and rollout.dynamic_sampling

@@ -12,7 +12,12 @@ from tests.helpers.guards import drive
 
 
 def _batch(zero_std, lowest, reward, levels=2.0):
-    return {"frac_reward_zero_std": zero_std, "frac_groups_all_lowest": lowest, "reward_mean": reward, "reward_levels": levels}
+    return {
+        "frac_reward_zero_std": zero_std,
+        "frac_groups_all_lowest": lowest,
+        "reward_mean": reward,
+        "reward_levels": levels,
+    }
 
 
 def test_pass_fail_reward_cold_start_and_plateau_are_quiet_and_noted_once(caplog):

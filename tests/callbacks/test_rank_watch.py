@@ -10,8 +10,9 @@ from lightning_grpo.callbacks.distributed import RankWatch
 
 def _trainer():
     strategy = SimpleNamespace(launcher=SimpleNamespace(procs=[]))
-    return SimpleNamespace(world_size=2, global_rank=0, node_rank=0, num_devices=2, local_rank=0, global_step=0,
-                           strategy=strategy)
+    return SimpleNamespace(
+        world_size=2, global_rank=0, node_rank=0, num_devices=2, local_rank=0, global_step=0, strategy=strategy
+    )
 
 
 def _mine(signum, frame):  # a user's handler

@@ -22,8 +22,11 @@ from lightning_grpo.data.tasks import DigitTask
 def _module(path):
     from transformers import AutoModelForCausalLM
 
-    return GRPOModule(model=AutoModelForCausalLM.from_pretrained(path), loss=GRPOLoss(kl=KLSettings(beta=0.1)),
-                      optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    return GRPOModule(
+        model=AutoModelForCausalLM.from_pretrained(path),
+        loss=GRPOLoss(kl=KLSettings(beta=0.1)),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+    )
 
 
 class Snapshots(L.Callback):
@@ -39,11 +42,20 @@ class Snapshots(L.Callback):
 
 def _fit(module, sync, steps):
     snaps = Snapshots()
-    rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), rewards=[RewardSpec("prefix_match")], seed=3)
+    rollout = RolloutCallback(
+        engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), rewards=[RewardSpec("prefix_match")], seed=3
+    )
     L.seed_everything(0)
-    trainer = L.Trainer(max_steps=steps, callbacks=[rollout, snaps, sync], accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[rollout, snaps, sync],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=4))
     return snaps
 
@@ -75,8 +87,12 @@ def test_soft_sync_is_a_moving_average(tiny_model_path):
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({}, "exactly one of every"), ({"every": 2, "alpha": 0.1}, "exactly one of every"), ({"every": 0}, "every must be >= 1"),
-     ({"alpha": 1.5}, r"alpha must be in \(0, 1\]")],
+    [
+        ({}, "exactly one of every"),
+        ({"every": 2, "alpha": 0.1}, "exactly one of every"),
+        ({"every": 0}, "every must be >= 1"),
+        ({"alpha": 1.5}, r"alpha must be in \(0, 1\]"),
+    ],
 )
 def test_settings_are_checked(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -87,5 +103,7 @@ def test_a_module_without_a_reference_copy_is_refused(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
     module = GRPOModule(model=AutoModelForCausalLM.from_pretrained(tiny_model_path))  # beta 0: no reference
-    with pytest.raises(ValueError, match="ReferenceSync needs a reference model that is a separate copy .* got reference mode 'none'"):
+    with pytest.raises(
+        ValueError, match="ReferenceSync needs a reference model that is a separate copy .* got reference mode 'none'"
+    ):
         ReferenceSync(every=1).setup(None, module, "fit")

@@ -31,8 +31,10 @@ def test_fires_once_half_the_gain_is_gone_by_hand(caplog):
     assert steps == [6, 7]
     assert (guard.start, guard.best, guard.best_step) == (pytest.approx(0.1), pytest.approx(1.0), 4)
     message = guard.alarms[0]["message"]
-    assert message.startswith("training reward fell to 0.5 (mean of the last 2 batches) from its best 1 at step 4, "
-                              "having started at 0.1: 56% of the gain is gone.")
+    assert message.startswith(
+        "training reward fell to 0.5 (mean of the last 2 batches) from its best 1 at step 4, "
+        "having started at 0.1: 56% of the gain is gone."
+    )
     assert len(caplog.records) == 1  # edge-triggered: one warning for steps 6-7
 
 
@@ -83,11 +85,13 @@ def test_resumed_guard_fires_as_the_uninterrupted_one():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"window": 0}, "RewardDropGuard.window must be >= 1, got 0"),
-     ({"drop": 0.0}, r"RewardDropGuard.drop must be in \(0, 1\] \(the share of the gain lost\), got 0.0"),
-     ({"drop": 1.5}, r"RewardDropGuard.drop must be in \(0, 1\]"),
-     ({"min_gain": 0}, "RewardDropGuard.min_gain must be > 0, got 0"),
-     ({"action": "fix"}, "RewardDropGuard.action must be one of warn, skip, stop; got 'fix'")],
+    [
+        ({"window": 0}, "RewardDropGuard.window must be >= 1, got 0"),
+        ({"drop": 0.0}, r"RewardDropGuard.drop must be in \(0, 1\] \(the share of the gain lost\), got 0.0"),
+        ({"drop": 1.5}, r"RewardDropGuard.drop must be in \(0, 1\]"),
+        ({"min_gain": 0}, "RewardDropGuard.min_gain must be > 0, got 0"),
+        ({"action": "fix"}, "RewardDropGuard.action must be one of warn, skip, stop; got 'fix'"),
+    ],
 )
 def test_bad_settings_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -21,8 +21,13 @@ class ScriptedEngine(RolloutEngine):
 
     def generate(self, prompt_ids, sampling, seed):
         completions = [[5 + (p[0] * i) % 3, 1] for p in prompt_ids for i in range(sampling.n)]
-        return Rollout([list(p) for p in prompt_ids], completions, [[-1.0, -1.0]] * len(completions),
-                       [True] * len(completions), group_size=sampling.n)
+        return Rollout(
+            [list(p) for p in prompt_ids],
+            completions,
+            [[-1.0, -1.0]] * len(completions),
+            [True] * len(completions),
+            group_size=sampling.n,
+        )
 
     def load_weights(self, weights, version=None):
         pass
@@ -44,8 +49,15 @@ def _run(tiny_model_path, signal_column, rounds=1):
     selector = GroupSelector(group_size=G, dynamic_sampling=True, signal_column=signal_column)
     prompts = {0: [0, 1, 2], 1: [3, 4, 6]}  # round -> prompt ids (0 and 3, 6 repeat one answer)
     return sample_groups(
-        ScriptedEngine(), rewards, tokenizer, SamplingConfig(n=G, max_new_tokens=2), selector,
-        lambda r: [{"prompt_ids": [p]} for p in prompts[r]], lambda r: r, target_groups=3, max_rounds=rounds,
+        ScriptedEngine(),
+        rewards,
+        tokenizer,
+        SamplingConfig(n=G, max_new_tokens=2),
+        selector,
+        lambda r: [{"prompt_ids": [p]} for p in prompts[r]],
+        lambda r: r,
+        target_groups=3,
+        max_rounds=rounds,
     )
 
 
@@ -67,9 +79,15 @@ def test_filter_on_accuracy_drops_them_and_refills(tiny_model_path):
 def test_dynamic_sampling_reward_must_name_a_configured_reward():
     from lightning_grpo import RolloutCallback, SelectionSettings
 
-    with pytest.raises(ValueError, match=r"rollout.selection.dynamic_sampling_reward 'acc' is not one of the configured rewards \['prefix_match'\]"):
-        RolloutCallback(engine="hf", rewards=[RewardSpec("prefix_match")],
-                        selection=SelectionSettings(dynamic_sampling=True, dynamic_sampling_reward="acc"))
+    with pytest.raises(
+        ValueError,
+        match=r"rollout.selection.dynamic_sampling_reward 'acc' is not one of the configured rewards \['prefix_match'\]",
+    ):
+        RolloutCallback(
+            engine="hf",
+            rewards=[RewardSpec("prefix_match")],
+            selection=SelectionSettings(dynamic_sampling=True, dynamic_sampling_reward="acc"),
+        )
 
 
 def test_wrong_completion_length_is_the_mean_over_unrewarded_samples():

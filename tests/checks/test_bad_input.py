@@ -41,15 +41,42 @@ pytestmark = pytest.mark.usefixtures("tiny_cache")
     ("build", "message"),
     [
         (lambda: GRPOLoss(policy_loss="ppoo"), r"unknown policy loss 'ppoo'; valid names: .*\bcispo\b.*\bppo\b"),
-        (lambda: GRPOLoss(aggregation="token_meen"), r"unknown loss aggregation 'token_meen'; valid names: .*\btoken_mean\b"),
+        (
+            lambda: GRPOLoss(aggregation="token_meen"),
+            r"unknown loss aggregation 'token_meen'; valid names: .*\btoken_mean\b",
+        ),
         (lambda: GRPOLoss(kl=KLSettings(estimator="k4")), r"unknown KL estimator 'k4'; valid names: .*\bk1\b.*\bk3\b"),
-        (lambda: GRPOLoss(off_policy=OffPolicySettings(correction="tis")), r"unknown rollout correction 'tis'; valid names: .*\btis_token\b"),
-        (lambda: GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="grpoo")), r"unknown advantage estimator 'grpoo'; valid names: .*\bdr_grpo\b.*\bgrpo\b"),
-        (lambda: GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(reward_aggregation="sum")), r"unknown multi-reward aggregation 'sum'; valid names: .*\bsum_then_normalize\b"),
-        (lambda: SelectionSettings(gfpo_keep=2, gfpo_metric="shortest"), r"rollout.selection.gfpo_metric 'shortest' is not one of \['gfpo_length', 'gfpo_reward_per_token'\]"),
-        (lambda: RewardSet([RewardSpec("exact")]), r"unknown reward function 'exact'; registered: env_reward, exact_match, .*or give an import path"),
+        (
+            lambda: GRPOLoss(off_policy=OffPolicySettings(correction="tis")),
+            r"unknown rollout correction 'tis'; valid names: .*\btis_token\b",
+        ),
+        (
+            lambda: GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="grpoo")),
+            r"unknown advantage estimator 'grpoo'; valid names: .*\bdr_grpo\b.*\bgrpo\b",
+        ),
+        (
+            lambda: GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(reward_aggregation="sum")),
+            r"unknown multi-reward aggregation 'sum'; valid names: .*\bsum_then_normalize\b",
+        ),
+        (
+            lambda: SelectionSettings(gfpo_keep=2, gfpo_metric="shortest"),
+            r"rollout.selection.gfpo_metric 'shortest' is not one of \['gfpo_length', 'gfpo_reward_per_token'\]",
+        ),
+        (
+            lambda: RewardSet([RewardSpec("exact")]),
+            r"unknown reward function 'exact'; registered: env_reward, exact_match, .*or give an import path",
+        ),
     ],
-    ids=["policy_loss", "aggregation", "kl.estimator", "off_policy.correction", "advantage", "reward_aggregation", "gfpo_metric", "reward"],
+    ids=[
+        "policy_loss",
+        "aggregation",
+        "kl.estimator",
+        "off_policy.correction",
+        "advantage",
+        "reward_aggregation",
+        "gfpo_metric",
+        "reward",
+    ],
 )
 def test_unknown_variant_name_lists_the_valid_ones(build, message):
     with pytest.raises(ValueError, match=message):
@@ -57,7 +84,11 @@ def test_unknown_variant_name_lists_the_valid_ones(build, message):
 
 
 def test_unknown_engine_name_fails_at_fit_setup():
-    fit_error(ValueError, r"rollout.engine: unknown rollout engine 'vlm'; valid names: hf, vllm", callback=hf_callback(engine="vlm"))
+    fit_error(
+        ValueError,
+        r"rollout.engine: unknown rollout engine 'vlm'; valid names: hf, vllm",
+        callback=hf_callback(engine="vlm"),
+    )
 
 
 # ================================================================ 2. YAML (LightningCLI)
@@ -66,13 +97,31 @@ def test_unknown_engine_name_fails_at_fit_setup():
     [
         ("model.algorithm.num_iterations", "abc", "model.algorithm.num_iterations: expected an int, got abc"),
         ("data.batch_size", "two", "data.batch_size: expected an int, got two"),
-        ("model.policy.dtype", "fp32", "model.policy.dtype: expected a Literal['float32', 'bfloat16', 'float16'], got fp32"),
-        ("model.algorithm.advantag", "grpo", "model.algorithm.advantag: not an option of 'model.algorithm' (did you mean 'advantage'?)"),
+        (
+            "model.policy.dtype",
+            "fp32",
+            "model.policy.dtype: expected a Literal['float32', 'bfloat16', 'float16'], got fp32",
+        ),
+        (
+            "model.algorithm.advantag",
+            "grpo",
+            "model.algorithm.advantag: not an option of 'model.algorithm' (did you mean 'advantage'?)",
+        ),
         ("rollout.sampling", {"m": 4}, "rollout.sampling.m: not an option of lightning_grpo.SamplingConfig"),
-        ("model.loss", {"class_path": "lightning_grpo.GRPOLoss", "init_args": {"policy_los": "ppo"}},
-         "model.loss.policy_los: not an option of lightning_grpo.GRPOLoss (did you mean 'policy_loss'?)"),
+        (
+            "model.loss",
+            {"class_path": "lightning_grpo.GRPOLoss", "init_args": {"policy_los": "ppo"}},
+            "model.loss.policy_los: not an option of lightning_grpo.GRPOLoss (did you mean 'policy_loss'?)",
+        ),
     ],
-    ids=["num_iterations_abc", "batch_size_two", "dtype_literal", "unknown_key", "unknown_nested_key", "unknown_loss_key"],
+    ids=[
+        "num_iterations_abc",
+        "batch_size_two",
+        "dtype_literal",
+        "unknown_key",
+        "unknown_nested_key",
+        "unknown_loss_key",
+    ],
 )
 def test_yaml_error_is_one_line_naming_the_field(tmp_path, capsys, key, value, message):
     """A parse error prints only ``lightning-grpo: error: <key>: <what is wrong>`` (no usage, no value dump)."""
@@ -88,12 +137,18 @@ def test_yaml_error_is_one_line_naming_the_field(tmp_path, capsys, key, value, m
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"rollout.sampling": {"n": 1, "max_new_tokens": 3}},
-         r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo'"),
-        ({"model.optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": -0.01}}},
-         r"model.optimizer: AdamW rejected its arguments: Invalid learning rate: -0.01"),
-        ({"data.source": {"class_path": "lightning_grpo.Rows", "init_args": {"train": [{"question": "12="}]}}},
-         r"data.format.prompt_column 'prompt' not found in data.source.train; columns present: \['question'\]"),
+        (
+            {"rollout.sampling": {"n": 1, "max_new_tokens": 3}},
+            r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo'",
+        ),
+        (
+            {"model.optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": -0.01}}},
+            r"model.optimizer: AdamW rejected its arguments: Invalid learning rate: -0.01",
+        ),
+        (
+            {"data.source": {"class_path": "lightning_grpo.Rows", "init_args": {"train": [{"question": "12="}]}}},
+            r"data.format.prompt_column 'prompt' not found in data.source.train; columns present: \['question'\]",
+        ),
     ],
     ids=["group_of_one", "negative_lr", "missing_column"],
 )
@@ -113,7 +168,10 @@ def test_missing_prompt_column_lists_the_columns(tmp_path):
     path = tmp_path / "qa.jsonl"
     path.write_text('{"q": "12=", "a": "3"}\n')
     dm = PromptDataModule(train_files=str(path), batch_size=1)
-    with pytest.raises(ValueError, match=rf"data.format.prompt_column 'prompt' not found in data.train_files {path}; columns present: \['q', 'a'\]"):
+    with pytest.raises(
+        ValueError,
+        match=rf"data.format.prompt_column 'prompt' not found in data.train_files {path}; columns present: \['q', 'a'\]",
+    ):
         dm.setup("fit")
 
 
@@ -134,7 +192,11 @@ def test_missing_file(tmp_path):
 
 
 def test_fewer_prompts_than_batch_size_at_fit():
-    fit_error(ValueError, r"data.source.train holds 2 prompts, fewer than data.batch_size=4", dm=PromptDataModule(source=Rows(ROWS), batch_size=4))
+    fit_error(
+        ValueError,
+        r"data.source.train holds 2 prompts, fewer than data.batch_size=4",
+        dm=PromptDataModule(source=Rows(ROWS), batch_size=4),
+    )
 
 
 def test_batch_size_zero():
@@ -144,13 +206,21 @@ def test_batch_size_zero():
 
 def test_prompt_longer_than_max_errors():
     dm = PromptDataModule(source=Rows(ROWS), batch_size=1, format=PromptFormat(max_prompt_length=4))
-    with pytest.raises(ValueError, match=r"prompt 1 of data.source.train has 5 tokens, more than data.format.max_prompt_length=4 \(set data.format.on_long_prompt: truncate"):
+    with pytest.raises(
+        ValueError,
+        match=r"prompt 1 of data.source.train has 5 tokens, more than data.format.max_prompt_length=4 \(set data.format.on_long_prompt: truncate",
+    ):
         dm.setup("fit")
 
 
 def test_prompt_longer_than_max_truncates_with_a_warning():
-    dm = PromptDataModule(source=Rows(ROWS), batch_size=1, format=PromptFormat(max_prompt_length=4, on_long_prompt="truncate"))
-    with pytest.warns(UserWarning, match=r"truncated 1 of 2 prompts of data.source.train to their last 4 tokens \(data.format.max_prompt_length\)"):
+    dm = PromptDataModule(
+        source=Rows(ROWS), batch_size=1, format=PromptFormat(max_prompt_length=4, on_long_prompt="truncate")
+    )
+    with pytest.warns(
+        UserWarning,
+        match=r"truncated 1 of 2 prompts of data.source.train to their last 4 tokens \(data.format.max_prompt_length\)",
+    ):
         dm.setup("fit")
     assert [len(r["prompt_ids"]) for r in dm.train_records] == [3, 4]
 
@@ -168,15 +238,23 @@ def _tokenizer_copy(tiny_model_path, tmp_path, edit) -> Path:
 
 def test_tokenizer_without_chat_template_says_what_to_do(tiny_model_path, tmp_path):
     plain = _tokenizer_copy(tiny_model_path, tmp_path, lambda c: c.pop("chat_template", None))
-    dm = PromptDataModule(source=Rows(ROWS), tokenizer_path=str(plain), format=PromptFormat(use_chat_template=True), batch_size=1)
-    with pytest.raises(ValueError, match=rf"the tokenizer at {plain} has no chat template: set data.format.use_chat_template: false .* data.tokenizer_path"):
+    dm = PromptDataModule(
+        source=Rows(ROWS), tokenizer_path=str(plain), format=PromptFormat(use_chat_template=True), batch_size=1
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"the tokenizer at {plain} has no chat template: set data.format.use_chat_template: false .* data.tokenizer_path",
+    ):
         dm.setup("fit")
 
 
 def test_tokenizer_without_eos(tiny_model_path, tmp_path):
     no_eos = _tokenizer_copy(tiny_model_path, tmp_path, lambda c: c.update(eos_token=None))
     dm = PromptDataModule(source=Rows(ROWS), tokenizer_path=str(no_eos), batch_size=1)
-    with pytest.raises(ValueError, match=rf"the tokenizer at {no_eos} \(data.tokenizer_path\) has no EOS token, so no completion could end"):
+    with pytest.raises(
+        ValueError,
+        match=rf"the tokenizer at {no_eos} \(data.tokenizer_path\) has no EOS token, so no completion could end",
+    ):
         dm.setup("fit")
 
 
@@ -185,7 +263,11 @@ def test_tokenizer_vocabulary_larger_than_the_policy(tiny_model_path, tmp_path):
     small.mkdir()
     config = json.loads((Path(tiny_model_path) / "config.json").read_text())
     (small / "config.json").write_text(json.dumps({**config, "vocab_size": 8}))
-    fit_error(ValueError, r"data.tokenizer_path \(.*\) has \d+ tokens but the policy \(.*small-vocab\) has 8 embedding rows: set data.tokenizer_path", module=GRPOModule(model=str(small)))
+    fit_error(
+        ValueError,
+        r"data.tokenizer_path \(.*\) has \d+ tokens but the policy \(.*small-vocab\) has 8 embedding rows: set data.tokenizer_path",
+        module=GRPOModule(model=str(small)),
+    )
 
 
 # ============================================================================= 4. rewards
@@ -208,10 +290,16 @@ def nan_reward(completions, **_columns):
 @pytest.mark.parametrize(
     ("fn", "message"),
     [
-        (raises_on_bad, r"reward function 'raises_on_bad' raised ZeroDivisionError: float division by zero on sample 1 \(completion 'bad'\)"),
+        (
+            raises_on_bad,
+            r"reward function 'raises_on_bad' raised ZeroDivisionError: float division by zero on sample 1 \(completion 'bad'\)",
+        ),
         (too_few, r"reward function 'too_few' returned the wrong number of scores: expected 2, got 1"),
         (words, r"reward function 'words' returned a non-number 'yes' \(str\) at index 0 \(completion 'ok'\)"),
-        (nan_reward, r"reward function 'nan_reward' returned nan at index 0 \(completion 'ok'\); scores must be finite"),
+        (
+            nan_reward,
+            r"reward function 'nan_reward' returned nan at index 0 \(completion 'ok'\); scores must be finite",
+        ),
     ],
     ids=["raises", "wrong_length", "non_number", "nan"],
 )
@@ -226,7 +314,10 @@ def test_reward_on_timeout_invalid():
 
 
 def test_reward_unknown_kwarg_lists_the_parameters():
-    with pytest.raises(ValueError, match=r"reward 'regex_format': unknown kwargs \['patern'\]; its named parameters are \['match', 'pattern'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"reward 'regex_format': unknown kwargs \['patern'\]; its named parameters are \['match', 'pattern'\]",
+    ):
         RewardSet([RewardSpec("regex_format", kwargs={"patern": r"\d"})])
 
 

@@ -38,23 +38,34 @@ pytestmark = pytest.mark.usefixtures("tiny_cache")
 
 # =========================================================================== 5. groups
 def test_group_of_one_with_std_normalisation_in_core():
-    with pytest.raises(ValueError, match=r"advantage 'grpo' divides by the std of each group's rewards, which needs group_size >= 2 .* got group_size=1"):
+    with pytest.raises(
+        ValueError,
+        match=r"advantage 'grpo' divides by the std of each group's rewards, which needs group_size >= 2 .* got group_size=1",
+    ):
         ADVANTAGES.get("grpo")(torch.tensor([1.0, 0.0]), 1)
 
 
 def test_group_of_one_with_grpo_at_fit_start():
-    fit_error(ValueError, r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo' .*normalised by their reward std.*: set rollout.sampling.n >= 2",
-              callback=hf_callback(sampling=SamplingConfig(n=1, max_new_tokens=3)))
+    fit_error(
+        ValueError,
+        r"rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo' .*normalised by their reward std.*: set rollout.sampling.n >= 2",
+        callback=hf_callback(sampling=SamplingConfig(n=1, max_new_tokens=3)),
+    )
 
 
 def test_gfpo_keep_one_at_fit_start():
-    fit_error(ValueError, r"rollout.selection.gfpo_keep=1 leaves 1 completion per prompt, but model.algorithm.advantage='dr_grpo' .*every advantage would be 0",
-              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="dr_grpo")),
-              callback=hf_callback(selection=SelectionSettings(gfpo_keep=1)))
+    fit_error(
+        ValueError,
+        r"rollout.selection.gfpo_keep=1 leaves 1 completion per prompt, but model.algorithm.advantage='dr_grpo' .*every advantage would be 0",
+        module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="dr_grpo")),
+        callback=hf_callback(selection=SelectionSettings(gfpo_keep=1)),
+    )
 
 
 def test_gfpo_keep_not_below_n():
-    with pytest.raises(ValueError, match=r"rollout.selection.gfpo_keep must be in \[1, rollout.sampling.n\) = \[1, 4\), got 4"):
+    with pytest.raises(
+        ValueError, match=r"rollout.selection.gfpo_keep must be in \[1, rollout.sampling.n\) = \[1, 4\), got 4"
+    ):
         hf_callback(selection=SelectionSettings(gfpo_keep=4))
 
 
@@ -72,9 +83,14 @@ def test_dynamic_sampling_filter_batch_not_divisible():
 
 
 def test_more_steps_per_generation_than_completions():
-    fit_error(ValueError, r"model.algorithm.steps_per_generation=8 x trainer.accumulate_grad_batches=2 training steps share each generation batch of "
-              r"data.batch_size=1 x rollout.sampling.n=4 = 4 completions: some steps would get none",
-              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(steps_per_generation=8)), dm=PromptDataModule(DigitTask(), batch_size=1), accumulate_grad_batches=2)
+    fit_error(
+        ValueError,
+        r"model.algorithm.steps_per_generation=8 x trainer.accumulate_grad_batches=2 training steps share each generation batch of "
+        r"data.batch_size=1 x rollout.sampling.n=4 = 4 completions: some steps would get none",
+        module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(steps_per_generation=8)),
+        dm=PromptDataModule(DigitTask(), batch_size=1),
+        accumulate_grad_batches=2,
+    )
 
 
 # ============================================================================= 6. engines
@@ -82,43 +98,76 @@ def test_vllm_not_installed_names_the_extra(monkeypatch):
     from lightning_grpo.rollout.vllm import import_vllm
 
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(ImportError, match=r"engine='vllm' needs vLLM: pip install 'lightning-grpo\[cpu\]' \(CPU\) or 'lightning-grpo\[gpu\]'"):
+    with pytest.raises(
+        ImportError,
+        match=r"engine='vllm' needs vLLM: pip install 'lightning-grpo\[cpu\]' \(CPU\) or 'lightning-grpo\[gpu\]'",
+    ):
         import_vllm()
 
 
 def test_vllm_not_installed_fails_at_fit_setup(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
-    fit_error(ImportError, r"needs vLLM: pip install 'lightning-grpo\[cpu\]'.*; or set rollout.engine: hf", callback=hf_callback(engine="vllm"))
+    fit_error(
+        ImportError,
+        r"needs vLLM: pip install 'lightning-grpo\[cpu\]'.*; or set rollout.engine: hf",
+        callback=hf_callback(engine="vllm"),
+    )
 
 
 def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
-    callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12))
-    fit_error(ValueError, r"^rollout.vllm.max_model_len=12 is smaller than data.format.max_prompt_length \(6 tokens\) \+ "
-              r"rollout.sampling.max_new_tokens \(10\) = 16$", callback=callback,
-              dm=PromptDataModule(DigitTask(), batch_size=4, format=PromptFormat(max_prompt_length=6)))
-    callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12))
-    fit_error(ValueError, r"^rollout.vllm.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
-              r"rollout.sampling.max_new_tokens \(10\) = 15$", callback=callback)
+    callback = hf_callback(
+        engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12)
+    )
+    fit_error(
+        ValueError,
+        r"^rollout.vllm.max_model_len=12 is smaller than data.format.max_prompt_length \(6 tokens\) \+ "
+        r"rollout.sampling.max_new_tokens \(10\) = 16$",
+        callback=callback,
+        dm=PromptDataModule(DigitTask(), batch_size=4, format=PromptFormat(max_prompt_length=6)),
+    )
+    callback = hf_callback(
+        engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12)
+    )
+    fit_error(
+        ValueError,
+        r"^rollout.vllm.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
+        r"rollout.sampling.max_new_tokens \(10\) = 15$",
+        callback=callback,
+    )
 
 
 def test_max_model_len_derived_from_the_data(monkeypatch):
     """Not set: the longest prompt of train / val / test (5 tokens: "1234=") + max_new_tokens, for the engine."""
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
-    callback = hf_callback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12))
-    fit_error(ValueError, r"^rollout.vllm.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
-              r"rollout.sampling.max_new_tokens \(10\) = 15$", callback=callback)
+    callback = hf_callback(
+        engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12)
+    )
+    fit_error(
+        ValueError,
+        r"^rollout.vllm.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
+        r"rollout.sampling.max_new_tokens \(10\) = 15$",
+        callback=callback,
+    )
 
 
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"max_num_batched_tokens": 256, "max_model_len": 512}, r"rollout.vllm.max_num_batched_tokens \(256\) is below max_model_len \(512\): "
-         r"on CPU every prompt is prefilled whole in one scheduler step .*raise rollout.vllm.max_num_batched_tokens to at least 512"),
-        ({"max_model_len": 8192, "extra_llm_kwargs": {"max_num_batched_tokens": 4096}},
-         r"rollout.vllm.extra_llm_kwargs.max_num_batched_tokens \(4096\) is below max_model_len \(8192\)"),
-        ({"extra_llm_kwargs": {"enable_chunked_prefill": True}}, r"rollout.vllm.extra_llm_kwargs.enable_chunked_prefill=True: "
-         r"chunked prefill is not supported with per-request seeds on CPU .*'CPU Generator does not use offset'.*; remove the option"),
+        (
+            {"max_num_batched_tokens": 256, "max_model_len": 512},
+            r"rollout.vllm.max_num_batched_tokens \(256\) is below max_model_len \(512\): "
+            r"on CPU every prompt is prefilled whole in one scheduler step .*raise rollout.vllm.max_num_batched_tokens to at least 512",
+        ),
+        (
+            {"max_model_len": 8192, "extra_llm_kwargs": {"max_num_batched_tokens": 4096}},
+            r"rollout.vllm.extra_llm_kwargs.max_num_batched_tokens \(4096\) is below max_model_len \(8192\)",
+        ),
+        (
+            {"extra_llm_kwargs": {"enable_chunked_prefill": True}},
+            r"rollout.vllm.extra_llm_kwargs.enable_chunked_prefill=True: "
+            r"chunked prefill is not supported with per-request seeds on CPU .*'CPU Generator does not use offset'.*; remove the option",
+        ),
     ],
     ids=["budget-below-max-model-len", "extra-budget", "chunked-prefill-on"],
 )
@@ -130,10 +179,19 @@ def test_cpu_prefill_settings_rejected_before_the_engine_starts(monkeypatch, set
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"max_num_batched_tokens": 100, "max_model_len": 512}, r"rollout.server.max_num_batched_tokens \(100\) is below max_model_len \(512\)"),
-        ({"server_args": ["--enable-chunked-prefill"]}, r"rollout.server.server_args '--enable-chunked-prefill': chunked prefill is not supported"),
-        ({"server_args": ["--max-num-batched-tokens=64"]}, r"rollout.server.server_args '--max-num-batched-tokens=64': set the prefill budget with "
-         r"rollout.server.max_num_batched_tokens"),
+        (
+            {"max_num_batched_tokens": 100, "max_model_len": 512},
+            r"rollout.server.max_num_batched_tokens \(100\) is below max_model_len \(512\)",
+        ),
+        (
+            {"server_args": ["--enable-chunked-prefill"]},
+            r"rollout.server.server_args '--enable-chunked-prefill': chunked prefill is not supported",
+        ),
+        (
+            {"server_args": ["--max-num-batched-tokens=64"]},
+            r"rollout.server.server_args '--max-num-batched-tokens=64': set the prefill budget with "
+            r"rollout.server.max_num_batched_tokens",
+        ),
     ],
     ids=["budget", "chunked-prefill-on", "budget-in-server-args"],
 )
@@ -144,16 +202,25 @@ def test_cpu_server_prefill_settings_rejected_before_any_server_starts(settings,
 def test_cpu_kv_cache_must_be_set(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    fit_error(ValueError, r"^rollout.vllm.kv_cache_memory_bytes is not set: on CPU vLLM would reserve about 90% of a NUMA node",
-              callback=hf_callback(engine="vllm", vllm=VLLMArgs()))
-    fit_error(ValueError, r"^rollout.server.kv_cache_memory_bytes is not set",
-              callback=hf_callback(engine="vllm_server", server=ServerSettings()))
+    fit_error(
+        ValueError,
+        r"^rollout.vllm.kv_cache_memory_bytes is not set: on CPU vLLM would reserve about 90% of a NUMA node",
+        callback=hf_callback(engine="vllm", vllm=VLLMArgs()),
+    )
+    fit_error(
+        ValueError,
+        r"^rollout.server.kv_cache_memory_bytes is not set",
+        callback=hf_callback(engine="vllm_server", server=ServerSettings()),
+    )
 
 
 def test_max_new_tokens_beyond_hf_policy_positions():
-    fit_error(ValueError, r"^the policy's max_position_embeddings \(engine 'hf'\)=512 is smaller than the longest prompt \(5 tokens\) \+ "
-              r"rollout.sampling.max_new_tokens \(600\) = 605$",
-              callback=hf_callback(sampling=SamplingConfig(n=4, max_new_tokens=600)))
+    fit_error(
+        ValueError,
+        r"^the policy's max_position_embeddings \(engine 'hf'\)=512 is smaller than the longest prompt \(5 tokens\) \+ "
+        r"rollout.sampling.max_new_tokens \(600\) = 605$",
+        callback=hf_callback(sampling=SamplingConfig(n=4, max_new_tokens=600)),
+    )
 
 
 @pytest.mark.parametrize(
@@ -177,11 +244,14 @@ def test_engine_sections_of_another_engine_are_said_not_refused(caplog):
     from lightning_grpo.callbacks.async_setup import unused_engine_sections
 
     assert unused_engine_sections("hf", VLLMArgs(max_model_len=64), ServerSettings()) == [
-        "rollout.vllm is set (max_model_len=64) but not used: rollout.engine is 'hf'"]
+        "rollout.vllm is set (max_model_len=64) but not used: rollout.engine is 'hf'"
+    ]
     assert unused_engine_sections("vllm", VLLMArgs(), ServerSettings(num_servers=2)) == [
-        "rollout.server is set (num_servers=2) but not used: rollout.engine is 'vllm'"]
+        "rollout.server is set (num_servers=2) but not used: rollout.engine is 'vllm'"
+    ]
     assert unused_engine_sections("vllm_server", cpu_vllm(), ServerSettings()) == [
-        "rollout.vllm is set (kv_cache_memory_bytes=67108864) but not used: rollout.engine is 'vllm_server'"]
+        "rollout.vllm is set (kv_cache_memory_bytes=67108864) but not used: rollout.engine is 'vllm_server'"
+    ]
     assert unused_engine_sections("vllm", cpu_vllm(), ServerSettings()) == []
     with caplog.at_level("INFO"):
         callback = hf_callback(vllm=VLLMArgs(max_model_len=64))
@@ -191,12 +261,27 @@ def test_engine_sections_of_another_engine_are_said_not_refused(caplog):
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: EvaluationSettings(samples=-1), r"^rollout.evaluation.samples must be an integer >= 0 \(0 = greedy only\), got -1$"),
-        (lambda: EvaluationSettings(samples=2, pass_k=[1, 3]), r"^rollout.evaluation.pass_k: each k must be in 1..rollout.evaluation.samples=2, got 3$"),
-        (lambda: SelectionSettings(max_generation_rounds=0), r"^rollout.selection.max_generation_rounds must be an integer >= 1, got 0$"),
-        (lambda: WeightSyncSettings(lora="both"), r"^rollout.weight_sync.lora must be 'merged' or 'adapter', got 'both'$"),
+        (
+            lambda: EvaluationSettings(samples=-1),
+            r"^rollout.evaluation.samples must be an integer >= 0 \(0 = greedy only\), got -1$",
+        ),
+        (
+            lambda: EvaluationSettings(samples=2, pass_k=[1, 3]),
+            r"^rollout.evaluation.pass_k: each k must be in 1..rollout.evaluation.samples=2, got 3$",
+        ),
+        (
+            lambda: SelectionSettings(max_generation_rounds=0),
+            r"^rollout.selection.max_generation_rounds must be an integer >= 1, got 0$",
+        ),
+        (
+            lambda: WeightSyncSettings(lora="both"),
+            r"^rollout.weight_sync.lora must be 'merged' or 'adapter', got 'both'$",
+        ),
         (lambda: VLLMArgs(max_model_len=0), r"^rollout.vllm.max_model_len must be an integer >= 1 or null, got 0$"),
-        (lambda: VLLMArgs(extra_llm_kwargs={"max_model_len": 64}), r"^rollout.vllm.extra_llm_kwargs.max_model_len: set rollout.vllm.max_model_len instead$"),
+        (
+            lambda: VLLMArgs(extra_llm_kwargs={"max_model_len": 64}),
+            r"^rollout.vllm.extra_llm_kwargs.max_model_len: set rollout.vllm.max_model_len instead$",
+        ),
     ],
     ids=["samples", "pass_k", "rounds", "lora", "max_model_len", "extra-max_model_len"],
 )
@@ -207,8 +292,12 @@ def test_rollout_sections_reject_bad_values_with_the_field(build, message):
 
 def test_max_staleness_needs_the_loss_correction():
     callback = hf_callback(engine="vllm_server", max_staleness=1, server=cpu_server(urls=["http://127.0.0.1:9"]))
-    fit_error(ValueError, r"^rollout.max_staleness=1 trains on batches sampled by older weights, but the loss has no off-policy "
-              r"correction: set model.loss.init_args.off_policy.correction \(e.g. tis_token\)$", callback=callback)
+    fit_error(
+        ValueError,
+        r"^rollout.max_staleness=1 trains on batches sampled by older weights, but the loss has no off-policy "
+        r"correction: set model.loss.init_args.off_policy.correction \(e.g. tis_token\)$",
+        callback=callback,
+    )
 
 
 def test_hf_engine_without_eos(tiny_model_path):
@@ -217,7 +306,9 @@ def test_hf_engine_without_eos(tiny_model_path):
     from lightning_grpo.rollout.hf import HFEngine
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
-    with pytest.raises(ValueError, match=r"HFEngine eos_token_id must be the tokenizer's EOS token id \(an int\), got None"):
+    with pytest.raises(
+        ValueError, match=r"HFEngine eos_token_id must be the tokenizer's EOS token id \(an int\), got None"
+    ):
         HFEngine(model, eos_token_id=None, pad_token_id=0)
     assert HFEngine(model, eos_token_id=2, pad_token_id=None).pad_token_id == 2  # no pad token: pad with EOS
 
@@ -225,21 +316,33 @@ def test_hf_engine_without_eos(tiny_model_path):
 # ================================================================ 7. incompatible options
 def test_lora_sync_adapter_without_enable_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
-    fit_error(ValueError, r"rollout.weight_sync.lora='adapter' needs rollout.vllm.enable_lora: true",
-              module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))),
-              callback=hf_callback(engine="vllm", weight_sync=WeightSyncSettings(lora="adapter")))
+    fit_error(
+        ValueError,
+        r"rollout.weight_sync.lora='adapter' needs rollout.vllm.enable_lora: true",
+        module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))),
+        callback=hf_callback(engine="vllm", weight_sync=WeightSyncSettings(lora="adapter")),
+    )
 
 
 def test_lora_sync_adapter_with_hf_engine():
-    fit_error(ValueError, r"rollout.weight_sync.lora='adapter' hands the LoRA adapter to vLLM, but rollout.engine is 'hf'",
-              module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))),
-              callback=hf_callback(weight_sync=WeightSyncSettings(lora="adapter")))
+    fit_error(
+        ValueError,
+        r"rollout.weight_sync.lora='adapter' hands the LoRA adapter to vLLM, but rollout.engine is 'hf'",
+        module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))),
+        callback=hf_callback(weight_sync=WeightSyncSettings(lora="adapter")),
+    )
 
 
 def test_lora_sync_adapter_without_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
-    callback = hf_callback(engine="vllm", weight_sync=WeightSyncSettings(lora="adapter"), vllm=cpu_vllm(enable_lora=True))
-    fit_error(ValueError, r"rollout.weight_sync.lora='adapter' needs a LoRA policy, but model.policy.lora is not set", callback=callback)
+    callback = hf_callback(
+        engine="vllm", weight_sync=WeightSyncSettings(lora="adapter"), vllm=cpu_vllm(enable_lora=True)
+    )
+    fit_error(
+        ValueError,
+        r"rollout.weight_sync.lora='adapter' needs a LoRA policy, but model.policy.lora is not set",
+        callback=callback,
+    )
 
 
 def test_reference_adapter_without_lora():
@@ -248,17 +351,31 @@ def test_reference_adapter_without_lora():
 
 
 def test_kl_beta_with_reference_none():
-    fit_error(ValueError, r"model.loss.init_args.kl.beta=0.04 puts a KL to the reference model in the loss, but model.policy.reference='none'",
-              module=GRPOModule(model="tiny:chars", loss=GRPOLoss(kl=KLSettings(beta=0.04)), policy=PolicySettings(reference="none")))
+    fit_error(
+        ValueError,
+        r"model.loss.init_args.kl.beta=0.04 puts a KL to the reference model in the loss, but model.policy.reference='none'",
+        module=GRPOModule(
+            model="tiny:chars", loss=GRPOLoss(kl=KLSettings(beta=0.04)), policy=PolicySettings(reference="none")
+        ),
+    )
 
 
 def test_kl_in_reward_with_reference_none():
-    fit_error(ValueError, r"model.algorithm.kl_in_reward.coef=0.1 subtracts a KL to the reference model from the rewards, but model.policy.reference='none'",
-              module=GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(kl_in_reward=KLInRewardSettings(coef=0.1)), policy=PolicySettings(reference="none")))
+    fit_error(
+        ValueError,
+        r"model.algorithm.kl_in_reward.coef=0.1 subtracts a KL to the reference model from the rewards, but model.policy.reference='none'",
+        module=GRPOModule(
+            model="tiny:chars",
+            algorithm=AlgorithmSettings(kl_in_reward=KLInRewardSettings(coef=0.1)),
+            policy=PolicySettings(reference="none"),
+        ),
+    )
 
 
 def test_temperature_zero_for_training():
-    with pytest.raises(ValueError, match=r"rollout.sampling.temperature must be > 0 for training \(0 is greedy decoding\)"):
+    with pytest.raises(
+        ValueError, match=r"rollout.sampling.temperature must be > 0 for training \(0 is greedy decoding\)"
+    ):
         hf_callback(sampling=SamplingConfig(temperature=0.0))
 
 
@@ -271,7 +388,11 @@ def test_temperature_zero_for_training():
     ids=["negative", "zero"],
 )
 def test_learning_rate_not_positive(lr, message):
-    fit_error(ValueError, message, module=GRPOModule(model="tiny:chars", optimizer=functools.partial(torch.optim.AdamW, lr=lr)))
+    fit_error(
+        ValueError,
+        message,
+        module=GRPOModule(model="tiny:chars", optimizer=functools.partial(torch.optim.AdamW, lr=lr)),
+    )
 
 
 def test_num_iterations_zero():
@@ -281,9 +402,16 @@ def test_num_iterations_zero():
 
 # ================================================================================ 8. model
 def test_model_directory_without_config(tmp_path):
-    fit_error(FileNotFoundError, rf"model.model: {tmp_path} has no config.json \(expected a Hugging Face model directory",
-              module=GRPOModule(model=str(tmp_path)))
+    fit_error(
+        FileNotFoundError,
+        rf"model.model: {tmp_path} has no config.json \(expected a Hugging Face model directory",
+        module=GRPOModule(model=str(tmp_path)),
+    )
 
 
 def test_model_path_missing(tmp_path):
-    fit_error(FileNotFoundError, rf"model.model: {tmp_path}/nowhere is not a directory", module=GRPOModule(model=str(tmp_path / "nowhere")))
+    fit_error(
+        FileNotFoundError,
+        rf"model.model: {tmp_path}/nowhere is not a directory",
+        module=GRPOModule(model=str(tmp_path / "nowhere")),
+    )

@@ -34,8 +34,11 @@ def fit_lines(tmp_path: Path, capsys, **overrides) -> list[str]:
 
     path = write_config(tmp_path, **overrides)
     start = time.perf_counter()
-    with mock.patch.object(sys, "argv", ["lightning-grpo"]), mock.patch("lightning_grpo.rollout.factory.build_engine") as build, \
-            pytest.raises(SystemExit) as exit_:
+    with (
+        mock.patch.object(sys, "argv", ["lightning-grpo"]),
+        mock.patch("lightning_grpo.rollout.factory.build_engine") as build,
+        pytest.raises(SystemExit) as exit_,
+    ):
         main(["fit", "-c", str(path)])
     assert exit_.value.code == 2 and not build.called
     assert time.perf_counter() - start < 20
@@ -57,10 +60,15 @@ def test_vllm_server_url_refusing_connections(tmp_path, capsys):
 def test_openenv_url_refusing_connections(tmp_path, capsys):
     pytest.importorskip("openenv.core")
     url = refusing_url()
-    rollout = {"class_path": "lightning_grpo.AgentRolloutCallback", "init_args": {
-        "engine": "hf", "sampling": {"n": 4, "max_new_tokens": 3},
-        "environment": "lightning_grpo.integrations.openenv.OpenEnvClientEnvironment",
-        "environment_args": {"base_url": url, "action_field": "message"}}}
+    rollout = {
+        "class_path": "lightning_grpo.AgentRolloutCallback",
+        "init_args": {
+            "engine": "hf",
+            "sampling": {"n": 4, "max_new_tokens": 3},
+            "environment": "lightning_grpo.integrations.openenv.OpenEnvClientEnvironment",
+            "environment_args": {"base_url": url, "action_field": "message"},
+        },
+    }
     lines = fit_lines(tmp_path, capsys, rollout=rollout)
     assert lines[-1] == (
         f"lightning-grpo: error: rollout.environment_args.base_url: {url} refused the connection (nothing listens there): "
@@ -82,11 +90,15 @@ def test_judge_url_refusing_connections(tmp_path, capsys):
 
 def test_missing_teacher_folder_names_the_command_of_the_recipe_header(tmp_path, capsys):
     teacher = tmp_path / "teacher"
-    command = (f"lightning-grpo fit -c recipes/quickstart.yaml --seed_everything 2 --trainer.callbacks+=lightning_grpo.SavePretrained "
-               f"--trainer.callbacks.dirpath={teacher}")
+    command = (
+        f"lightning-grpo fit -c recipes/quickstart.yaml --seed_everything 2 --trainer.callbacks+=lightning_grpo.SavePretrained "
+        f"--trainer.callbacks.dirpath={teacher}"
+    )
     lines = fit_lines(tmp_path, capsys, **{"model.distillation": {"teacher": str(teacher)}})
-    assert lines[-1].startswith(f"lightning-grpo: error: model.distillation.teacher: {teacher} does not exist (expected a model folder); "
-                                "make it first, e.g. train a teacher with --trainer.callbacks+=lightning_grpo.SavePretrained"), lines
+    assert lines[-1].startswith(
+        f"lightning-grpo: error: model.distillation.teacher: {teacher} does not exist (expected a model folder); "
+        "make it first, e.g. train a teacher with --trainer.callbacks+=lightning_grpo.SavePretrained"
+    ), lines
     path = write_config(tmp_path, **{"model.distillation": {"teacher": str(teacher)}})
     continued = command.replace(" --trainer.callbacks+", " \\\n#     --trainer.callbacks+")  # a "\"-continued line
     header = f"# the teacher, saved by SavePretrained:\n#   {continued}\n"
@@ -96,12 +108,17 @@ def test_missing_teacher_folder_names_the_command_of_the_recipe_header(tmp_path,
     with mock.patch.object(sys, "argv", ["lightning-grpo"]), pytest.raises(SystemExit):
         main(["fit", "-c", str(path)])
     last = capsys.readouterr().err.splitlines()[-1]
-    assert last == f"lightning-grpo: error: model.distillation.teacher: {teacher} does not exist (expected a model folder); make it first: {command}"
+    assert (
+        last
+        == f"lightning-grpo: error: model.distillation.teacher: {teacher} does not exist (expected a model folder); make it first: {command}"
+    )
 
 
 def test_the_distill_recipes_headers_name_the_teacher_command():
-    expected = ("lightning-grpo fit -c recipes/quickstart.yaml --seed_everything 2 --trainer.callbacks+=lightning_grpo.SavePretrained "
-                "--trainer.callbacks.dirpath=runs/distill_teacher")
+    expected = (
+        "lightning-grpo fit -c recipes/quickstart.yaml --seed_everything 2 --trainer.callbacks+=lightning_grpo.SavePretrained "
+        "--trainer.callbacks.dirpath=runs/distill_teacher"
+    )
     for recipe in ("distill_quickstart.yaml", "gkd_quickstart.yaml"):
         assert making_command("runs/distill_teacher", [ROOT / "recipes" / recipe]) == expected
     assert making_command("runs/other_teacher", [ROOT / "recipes" / "distill_quickstart.yaml"]) is None

@@ -30,23 +30,42 @@ def _rollout(trainer):
 
 def _logger_args(tmp_path: Path) -> list[str]:
     logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "logs")}}
-    return [f"--trainer.logger={yaml.safe_dump(logger, default_flow_style=True).strip()}",
-            f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"]
+    return [
+        f"--trainer.logger={yaml.safe_dump(logger, default_flow_style=True).strip()}",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.enable_progress_bar=false",
+    ]
 
 
 # ------------------------------------------------------------------------------ the section
 def test_rollout_sampling_n_changes_the_group_size(tmp_path):
     """``--rollout.sampling.n 16`` reaches the rollout callback (not the last guard): one step trains on
     8 prompts x 16 completions."""
-    args = ["-c", str(ROOT / "recipes" / "quickstart.yaml"), *HF, "--rollout.sampling.n", "16",
-            "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", *_logger_args(tmp_path)]
+    args = [
+        "-c",
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        *HF,
+        "--rollout.sampling.n",
+        "16",
+        "--trainer.max_steps",
+        "1",
+        "--trainer.limit_val_batches",
+        "0",
+        *_logger_args(tmp_path),
+    ]
     built = cli(args, run=False)
     callback = _rollout(built.trainer)
     assert callback.engine_name == "hf" and callback.sampling.n == 16 and callback.sampling.max_new_tokens == 2
     assert not [c for c in built.trainer.callbacks if type(c).__name__.endswith("Guard")]  # the recipe names none
     built.trainer.fit(built.model, datamodule=built.datamodule)
     assert [type(c).__name__ for c in built.trainer.callbacks if type(c).__name__.endswith("Guard")] == [
-        "NonFiniteGuard", "LogProbGuard", "EntropyGuard", "IdenticalSamplesGuard", "MismatchGuard", "ZeroStdGuard"]
+        "NonFiniteGuard",
+        "LogProbGuard",
+        "EntropyGuard",
+        "IdenticalSamplesGuard",
+        "MismatchGuard",
+        "ZeroStdGuard",
+    ]
     assert built.trainer.callbacks.index(callback) == 0, "the rollout callback runs before the module's guards"
     batch = built.model.rollout_batch
     assert batch.group_size == 16 and len(batch) == 8 * 16
@@ -55,16 +74,33 @@ def test_rollout_sampling_n_changes_the_group_size(tmp_path):
 def test_rollout_section_takes_another_class(tmp_path):
     from lightning_grpo import AgentRolloutCallback
 
-    built = cli(["-c", str(ROOT / "recipes" / "tool_quickstart.yaml"), "--rollout.max_turns", "3",
-                 "--rollout.sampling.n", "4", *_logger_args(tmp_path)], run=False)
+    built = cli(
+        [
+            "-c",
+            str(ROOT / "recipes" / "tool_quickstart.yaml"),
+            "--rollout.max_turns",
+            "3",
+            "--rollout.sampling.n",
+            "4",
+            *_logger_args(tmp_path),
+        ],
+        run=False,
+    )
     callback = _rollout(built.trainer)
     assert isinstance(callback, AgentRolloutCallback)
-    assert callback.limits.max_turns == 3 and callback.sampling.n == 4 and callback.environment_args["tools_enabled"] is True
+    assert (
+        callback.limits.max_turns == 3
+        and callback.sampling.n == 4
+        and callback.environment_args["tools_enabled"] is True
+    )
 
 
 def test_rollout_callback_left_in_trainer_callbacks_is_refused(tmp_path):
     path = write_config(tmp_path, **{"trainer.callbacks": [{"class_path": "lightning_grpo.RolloutCallback"}]})
-    with pytest.raises(ValueError, match=r"2 rollout callbacks \(RolloutCallback, RolloutCallback\): .*move it from trainer.callbacks to 'rollout:'"):
+    with pytest.raises(
+        ValueError,
+        match=r"2 rollout callbacks \(RolloutCallback, RolloutCallback\): .*move it from trainer.callbacks to 'rollout:'",
+    ):
         cli(["-c", str(path)], run=False)
 
 
@@ -75,8 +111,15 @@ def test_help_lists_the_rollout_options_not_every_torch_module(capsys):
         main(["fit", "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    for option in ("--rollout.engine", "--rollout.sampling.n N", "--rollout.rewards", "--rollout.vllm.max_model_len MAX_MODEL_LEN",
-                   "--rollout.vllm.gpu_memory_utilization GPU_MEMORY_UTILIZATION", "--rollout.server.urls", "--model.model MODEL"):
+    for option in (
+        "--rollout.engine",
+        "--rollout.sampling.n N",
+        "--rollout.rewards",
+        "--rollout.vllm.max_model_len MAX_MODEL_LEN",
+        "--rollout.vllm.gpu_memory_utilization GPU_MEMORY_UTILIZATION",
+        "--rollout.server.urls",
+        "--model.model MODEL",
+    ):
         assert option in out, option
     assert "torch.nn.Linear" not in out and "--model.model.help" not in out
     # --model.model listed about 450 torch.nn classes (some 500 lines more); every option is one to a few lines
@@ -138,23 +181,52 @@ def test_a_reward_module_next_to_the_recipe_is_importable(tmp_path, monkeypatch)
 
 # ------------------------------------------------------------------------------ errors
 BAD = [
-    (["--rollout.sampling.temprature=0.5"], "rollout.sampling.temprature: not an option of lightning_grpo.RolloutCallback "
-     "(did you mean 'sampling.temperature'?)"),
+    (
+        ["--rollout.sampling.temprature=0.5"],
+        "rollout.sampling.temprature: not an option of lightning_grpo.RolloutCallback "
+        "(did you mean 'sampling.temperature'?)",
+    ),
     (["--rollout.sampling.n=-4"], "rollout: SamplingConfig.n must be an integer >= 1 (completions per prompt), got -4"),
     (["--model.loss.init_args.policy_loss=ppoo"], "model.loss: unknown policy loss 'ppoo'; valid names: "),
-    (["--rollout.rewards=[{name: nope.fn}]"], "rollout: reward function 'nope.fn' could not be imported: No module named 'nope'"),
-    (["--model.loss.init_args.policy_loss_args={eps_high: -0.1}"],
-     "model.loss.init_args.policy_loss_args: eps_low and eps_high must be >= 0, got 0.2, -0.1"),
+    (
+        ["--rollout.rewards=[{name: nope.fn}]"],
+        "rollout: reward function 'nope.fn' could not be imported: No module named 'nope'",
+    ),
+    (
+        ["--model.loss.init_args.policy_loss_args={eps_high: -0.1}"],
+        "model.loss.init_args.policy_loss_args: eps_low and eps_high must be >= 0, got 0.2, -0.1",
+    ),
     (["--model.policy.lora={r: 0}"], "model.policy.lora.r must be an integer >= 1 (the adapter's rank), got 0"),
-    (["--model.policy.lora={r: 4, target_modules: [q_projx]}"], "model.policy.lora.target_modules ['q_projx'] (or extra): Target modules {'q_projx'} not found in the base model"),
-    (["--model.loss.init_args.aggregation_args={max_len: 3}"],
-     "model.loss.init_args.aggregation_args: token_mean() got an unexpected keyword argument 'max_len'"),
-    (["--rollout.sampling.n=1"], "rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo'"),
+    (
+        ["--model.policy.lora={r: 4, target_modules: [q_projx]}"],
+        "model.policy.lora.target_modules ['q_projx'] (or extra): Target modules {'q_projx'} not found in the base model",
+    ),
+    (
+        ["--model.loss.init_args.aggregation_args={max_len: 3}"],
+        "model.loss.init_args.aggregation_args: token_mean() got an unexpected keyword argument 'max_len'",
+    ),
+    (
+        ["--rollout.sampling.n=1"],
+        "rollout.sampling.n=1 leaves 1 completion per prompt, but model.algorithm.advantage='grpo'",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), BAD, ids=["nested_key", "sampling_n", "loss_name", "reward_path", "eps_high",
-                                                        "lora_rank", "lora_targets", "aggregation_args", "group_of_one"])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    BAD,
+    ids=[
+        "nested_key",
+        "sampling_n",
+        "loss_name",
+        "reward_path",
+        "eps_high",
+        "lora_rank",
+        "lora_targets",
+        "aggregation_args",
+        "group_of_one",
+    ],
+)
 def test_bad_input_ends_with_its_one_line_message_and_writes_nothing(tmp_path, capsys, args, message):
     from lightning_grpo.cli import main
 
@@ -189,8 +261,10 @@ def test_condense_keeps_the_key_the_innermost_error_and_the_class():
     assert condense(message) == (
         "rollout.sampling.tempreature: not an option of lightning_grpo.SamplingConfig (did you mean 'temperature'?)"
     )
-    typed = 'Parser key "model.algorithm.advantage_args":\n  Subtypes: [dict]\n  Errors:\n    - Expected a <class \'dict\'>\n' \
-            "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: 3"
+    typed = (
+        "Parser key \"model.algorithm.advantage_args\":\n  Subtypes: [dict]\n  Errors:\n    - Expected a <class 'dict'>\n"
+        "    - Expected a <class 'NoneType'>\n  Given value type: <class 'str'>\n  Given value: 3"
+    )
     assert condense(typed) == "model.algorithm.advantage_args: expected a dict, got 3"
 
 
@@ -216,7 +290,9 @@ def test_the_command_line_silences_expected_library_messages_and_keeps_the_rest(
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             quiet_expected_messages()
-            warnings.warn("Your `IterableDataset` has `__len__` defined. In combination with ...", UserWarning, stacklevel=2)
+            warnings.warn(
+                "Your `IterableDataset` has `__len__` defined. In combination with ...", UserWarning, stacklevel=2
+            )
             warnings.warn("`torch.distributed.reduce_op` is deprecated, please use ...", FutureWarning, stacklevel=2)
             warnings.warn("a warning of the user's own", UserWarning, stacklevel=2)
         assert [str(w.message) for w in seen] == ["a warning of the user's own"]
@@ -229,8 +305,10 @@ def test_the_command_line_silences_expected_library_messages_and_keeps_the_rest(
         worker.warning("libtcmalloc is not found in LD_PRELOAD. For best performance, ...")
         tips.warning("💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]")
         tips.warning("--ckpt_path last: resuming from last.ckpt")
-        assert seen_logs == ["libtcmalloc is not found in LD_PRELOAD. For best performance, ...",
-                             "--ckpt_path last: resuming from last.ckpt"]
+        assert seen_logs == [
+            "libtcmalloc is not found in LD_PRELOAD. For best performance, ...",
+            "--ckpt_path last: resuming from last.ckpt",
+        ]
     finally:
         for name in [*KNOWN_HARMLESS, *EXPECTED_LOGS]:
             log = logging.getLogger(name)

@@ -14,6 +14,7 @@ from tests.helpers.bad_input import cli, write_config
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 
+
 def main_error(args: list[str], capsys) -> list[str]:
     """The stderr lines of ``lightning-grpo ARGS`` that exits with status 2 (a configuration error)."""
     from lightning_grpo.cli import main
@@ -39,8 +40,10 @@ def test_non_utf8_data_file_names_the_file_and_line(tmp_path, name, content, lin
     path = tmp_path / name
     path.write_bytes(content)
     dm = PromptDataModule(train_files=str(path), batch_size=1)
-    message = (rf"^data.train_files: {path} is not UTF-8 text: byte 0xe9 at offset {offset} \(line {line}\); "
-               r"re-save it as UTF-8")
+    message = (
+        rf"^data.train_files: {path} is not UTF-8 text: byte 0xe9 at offset {offset} \(line {line}\); "
+        r"re-save it as UTF-8"
+    )
     with pytest.raises(ValueError, match=message):
         dm.setup("fit")
 
@@ -76,5 +79,8 @@ def test_non_utf8_file_in_a_dataset_folder_names_the_file(tmp_path):
     folder.mkdir()
     (folder / "train.jsonl").write_bytes(b'{"prompt": "12=", "answer": "3"}\n' + _BAD_LINE)
     dm = PromptDataModule(source=HubDataset(str(folder)), batch_size=1)
-    with pytest.raises(ValueError, match=rf"^data.source.path: {folder / 'train.jsonl'} is not UTF-8 text: byte 0xe9 at offset 48 \(line 2\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^data.source.path: {folder / 'train.jsonl'} is not UTF-8 text: byte 0xe9 at offset 48 \(line 2\)",
+    ):
         dm.setup("fit")

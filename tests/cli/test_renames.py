@@ -14,14 +14,36 @@ QUICKSTART = str(Path(__file__).resolve().parents[2] / "recipes" / "quickstart.y
 @pytest.mark.parametrize(
     "recipe, args, line",
     [
-        ("model:\n  model: tiny:chars\n  dtype: float32\n", [], "model.dtype was renamed in lightning-grpo 0.1.0: use model.policy.dtype"),
-        ("model:\n  model: tiny:chars\n  loss:\n    class_path: lightning_grpo.GRPOLoss\n    init_args: {beta: 0.04}\n", [],
-         "model.loss.beta was renamed in lightning-grpo 0.1.0: use model.loss.init_args.kl.beta"),
-        ("model:\n  model: tiny:chars\ndata:\n  task_rule: last_digit\n", [],
-         "data.task_rule was renamed in lightning-grpo 0.1.0: use data.source"),
-        ("rollout:\n  val_samples: 4\n", [], "rollout.val_samples was renamed in lightning-grpo 0.1.0: use rollout.evaluation.samples"),
-        (None, ["--model.num_iterations", "2"], "model.num_iterations was renamed in lightning-grpo 0.1.0: use model.algorithm.num_iterations"),
-        (None, ["--rollout.vllm_args.dtype", "float32"], "rollout.vllm_args was renamed in lightning-grpo 0.1.0: use rollout.vllm"),
+        (
+            "model:\n  model: tiny:chars\n  dtype: float32\n",
+            [],
+            "model.dtype was renamed in lightning-grpo 0.1.0: use model.policy.dtype",
+        ),
+        (
+            "model:\n  model: tiny:chars\n  loss:\n    class_path: lightning_grpo.GRPOLoss\n    init_args: {beta: 0.04}\n",
+            [],
+            "model.loss.beta was renamed in lightning-grpo 0.1.0: use model.loss.init_args.kl.beta",
+        ),
+        (
+            "model:\n  model: tiny:chars\ndata:\n  task_rule: last_digit\n",
+            [],
+            "data.task_rule was renamed in lightning-grpo 0.1.0: use data.source",
+        ),
+        (
+            "rollout:\n  val_samples: 4\n",
+            [],
+            "rollout.val_samples was renamed in lightning-grpo 0.1.0: use rollout.evaluation.samples",
+        ),
+        (
+            None,
+            ["--model.num_iterations", "2"],
+            "model.num_iterations was renamed in lightning-grpo 0.1.0: use model.algorithm.num_iterations",
+        ),
+        (
+            None,
+            ["--rollout.vllm_args.dtype", "float32"],
+            "rollout.vllm_args was renamed in lightning-grpo 0.1.0: use rollout.vllm",
+        ),
     ],
     ids=["model.dtype", "loss.beta", "data.task_rule", "rollout.val_samples", "command line", "under a renamed parent"],
 )
@@ -55,5 +77,7 @@ def test_every_old_key_is_gone_from_the_recipes():
 
     plain = {".".join(p for p in old.split(".") if p != "init_args") for old in RENAMED}
     for recipe in sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml")):
-        found = {".".join(p for p in k.split(".") if p != "init_args") for k in keys(yaml.safe_load(recipe.read_text()))}
+        found = {
+            ".".join(p for p in k.split(".") if p != "init_args") for k in keys(yaml.safe_load(recipe.read_text()))
+        }
         assert not found & plain, f"{recipe.name}: {sorted(found & plain)}"

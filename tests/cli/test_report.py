@@ -18,10 +18,25 @@ from lightning_grpo.cli import report
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 20
 COLUMNS = [
-    "epoch", "step", "train/reward_mean", "train/reward_std", "train/entropy", "train/mismatch_k3",
-    "train/mismatch_max_abs", "train/frac_reward_zero_std", "train/frac_identical_groups", "train/skipped_steps",
-    "train/grad_norm", "train/clip_frac_low", "train/completion_length_mean", "train/completion_length_min",
-    "train/completion_length_max", "alarm/zero_reward_std", "alarm/entropy", "val/greedy_accuracy", "val/reward_mean",
+    "epoch",
+    "step",
+    "train/reward_mean",
+    "train/reward_std",
+    "train/entropy",
+    "train/mismatch_k3",
+    "train/mismatch_max_abs",
+    "train/frac_reward_zero_std",
+    "train/frac_identical_groups",
+    "train/skipped_steps",
+    "train/grad_norm",
+    "train/clip_frac_low",
+    "train/completion_length_mean",
+    "train/completion_length_min",
+    "train/completion_length_max",
+    "alarm/zero_reward_std",
+    "alarm/entropy",
+    "val/greedy_accuracy",
+    "val/reward_mean",
 ]
 ZERO_STD_FIRED = (3, 4, 12)
 ENTROPY_FIRED = (15,)
@@ -65,7 +80,9 @@ def write_run(directory: Path, alarms_jsonl: bool = True) -> Path:
         with open(directory / "alarms.jsonl", "w") as f:
             for step in ZERO_STD_FIRED:
                 message = f"zero std at step {step}"
-                f.write(json.dumps({"step": step, "guard": "zero_reward_std", "action": "warn", "message": message}) + "\n")
+                f.write(
+                    json.dumps({"step": step, "guard": "zero_reward_std", "action": "warn", "message": message}) + "\n"
+                )
     return directory
 
 

@@ -16,7 +16,9 @@ from tests.helpers.runs import ROOT
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 
 
-def _version(folder: Path, steps: range, reward: float, resumed_from: Path | None = None, alarms: list[int] = ()) -> Path:
+def _version(
+    folder: Path, steps: range, reward: float, resumed_from: Path | None = None, alarms: list[int] = ()
+) -> Path:
     folder.mkdir(parents=True)
     with open(folder / "metrics.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["epoch", "step", "train/reward_mean"])
@@ -24,7 +26,11 @@ def _version(folder: Path, steps: range, reward: float, resumed_from: Path | Non
         writer.writerows({"epoch": 0, "step": s, "train/reward_mean": reward} for s in steps)
     ckpt = f"'{resumed_from / 'checkpoints' / 'last.ckpt'}'" if resumed_from is not None else "null"
     (folder / "config.yaml").write_text(f"seed_everything: 0\nckpt_path: {ckpt}\n")
-    (folder / "alarms.jsonl").write_text("".join(json.dumps({"step": s, "guard": "entropy", "action": "warn", "message": f"at {s}"}) + "\n" for s in alarms))
+    (folder / "alarms.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "guard": "entropy", "action": "warn", "message": f"at {s}"}) + "\n" for s in alarms
+        )
+    )
     return folder
 
 
@@ -37,12 +43,18 @@ def test_report_stitches_the_versions_of_a_resumed_run_by_step(tmp_path):
     _version(run / "version_2", range(8, 10), 0.9, resumed_from=v1)
     loaded = report.load_run(run / "version_2")
     assert [p.name for p in loaded.versions] == ["version_0", "version_1", "version_2"]
-    assert loaded.series["train/reward_mean"] == [(s, 0.1) for s in range(4)] + [(s, 0.5) for s in range(4, 8)] + [(8, 0.9), (9, 0.9)]
+    assert loaded.series["train/reward_mean"] == [(s, 0.1) for s in range(4)] + [(s, 0.5) for s in range(4, 8)] + [
+        (8, 0.9),
+        (9, 0.9),
+    ]
     assert [a["step"] for a in loaded.alarms["entropy"]] == [1, 6]  # version_0's step-5 alarm was re-run by version_1
     _version(run / "version_3", range(3), 0.0)
     text, _ = report.write_report(run, png=False)  # the latest version is another run: it alone is read
     assert "steps: 3 optimizer steps (last logged step 2)" in text
-    assert "read version_3 only; other runs there: version_0, version_1, version_2 (pass one as RUN_DIR to read it)" in text
+    assert (
+        "read version_3 only; other runs there: version_0, version_1, version_2 (pass one as RUN_DIR to read it)"
+        in text
+    )
     text, _ = report.write_report(run / "version_2", png=False)
     assert "steps: 10 optimizer steps (last logged step 9)" in text
     assert "versions: version_0 -> version_1 -> version_2 (a resumed run, stitched by step" in text
@@ -53,9 +65,21 @@ def test_ckpt_path_last_resumes_the_newest_checkpoint_and_the_report_stitches(tm
     """``fit --ckpt_path last`` after a 3-step run continues at step 3 in version_1 (its config.yaml names
     version_0's last.ckpt), and ``lightning-grpo report runs/run`` covers steps 0-4; the progress bar
     counts steps of max_steps."""
-    logger = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "runs"), "name": "run"}})
-    base = ["fit", "-c", str(ROOT / "recipes" / "quickstart.yaml"), *HF_ENGINE,
-            "--trainer.log_every_n_steps=1", "--trainer.limit_val_batches=0", f"--trainer.logger={logger}"]
+    logger = json.dumps(
+        {
+            "class_path": "lightning.pytorch.loggers.CSVLogger",
+            "init_args": {"save_dir": str(tmp_path / "runs"), "name": "run"},
+        }
+    )
+    base = [
+        "fit",
+        "-c",
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        *HF_ENGINE,
+        "--trainer.log_every_n_steps=1",
+        "--trainer.limit_val_batches=0",
+        f"--trainer.logger={logger}",
+    ]
     first = cli([*base, "--trainer.max_steps=3", "--trainer.enable_progress_bar=false"])
     assert first.trainer.global_step == 3
     second = cli([*base, "--trainer.max_steps=5", "--ckpt_path=last"])

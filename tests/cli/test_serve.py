@@ -56,7 +56,10 @@ def test_serve_on_gpu_keeps_vllms_defaults(exported, capsys, monkeypatch):
     monkeypatch.setattr("lightning_grpo.rollout.prefill.is_cpu_platform", lambda: False)
     assert main(["serve", str(exported), "--print-only"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line == f"{sys.executable} -m vllm.entrypoints.launchers.api_server.entry --model {exported} --host 127.0.0.1 --port 8000"
+    assert (
+        line
+        == f"{sys.executable} -m vllm.entrypoints.launchers.api_server.entry --model {exported} --host 127.0.0.1 --port 8000"
+    )
 
 
 def test_serve_refuses_what_it_cannot_serve(tmp_path, capsys):
@@ -106,8 +109,12 @@ def test_serve_answers_an_http_completion_and_stops_cleanly(exported, tmp_path):
 
     port = free_port()
     with open(tmp_path / "serve.log", "wb") as log:  # the server writes to its own copy of the file descriptor
-        server = subprocess.Popen([sys.executable, "-m", "lightning_grpo", "serve", str(exported), "--port", str(port)],
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "lightning_grpo", "serve", str(exported), "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -117,8 +124,11 @@ def test_serve_answers_an_http_completion_and_stops_cleanly(exported, tmp_path):
                 break
             except OSError:
                 time.sleep(1)
-        answer = _get(f"http://127.0.0.1:{port}/v1/completions",
-                      {"model": str(exported), "prompt": "4821=", "max_tokens": 2, "temperature": 0}, timeout=60)
+        answer = _get(
+            f"http://127.0.0.1:{port}/v1/completions",
+            {"model": str(exported), "prompt": "4821=", "max_tokens": 2, "temperature": 0},
+            timeout=60,
+        )
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -133,7 +143,9 @@ def test_serve_answers_an_http_completion_and_stops_cleanly(exported, tmp_path):
     assert not leftover, "processes of the server were left running after SIGTERM"
     model, tokenizer = AutoModelForCausalLM.from_pretrained(exported), AutoTokenizer.from_pretrained(exported)
     ids = tokenizer("4821=", return_tensors="pt")["input_ids"]
-    expected = tokenizer.decode(model.generate(ids, max_new_tokens=2, do_sample=False)[0, ids.shape[1]:], skip_special_tokens=True)
+    expected = tokenizer.decode(
+        model.generate(ids, max_new_tokens=2, do_sample=False)[0, ids.shape[1] :], skip_special_tokens=True
+    )
     assert answer["choices"][0]["text"] == expected, (answer, expected)
     printed = (tmp_path / "serve.log").read_text()
     assert "-m vllm.entrypoints.launchers.api_server.entry --model" in printed

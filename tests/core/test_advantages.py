@@ -288,7 +288,9 @@ def test_group_of_one_is_zero(name):
 
 @pytest.mark.parametrize("name,params", [("grpo", {}), ("qae", {"scale_by_std": True})])
 def test_group_of_one_with_std_raises(name, params):
-    with pytest.raises(ValueError, match=rf"advantage '{name}' divides by the std .* needs group_size >= 2 .* got group_size=1"):
+    with pytest.raises(
+        ValueError, match=rf"advantage '{name}' divides by the std .* needs group_size >= 2 .* got group_size=1"
+    ):
         ADVANTAGES.get(name)(t([0.3, 1.0, -2.0]), 1, **params)
     assert ADVANTAGES.get(name)(torch.zeros(0), 1, **params).shape == (0,)  # nothing to normalise
 

@@ -40,26 +40,26 @@ def test_hand_worked_defaults(example):
     loss, mask = example
     assert_close(token_mean(loss, mask), torch.tensor((1.0 + 2.0 + 3.0 + 4.0 + 5.0) / 5.0), atol=1e-6, rtol=0)
     assert_close(
-        seq_mean_token_mean(loss, mask), torch.tensor(((1.0 + 2.0 + 3.0) / 3.0 + (4.0 + 5.0) / 2.0 + 0.0) / 3.0),
-        atol=1e-6, rtol=0,
+        seq_mean_token_mean(loss, mask),
+        torch.tensor(((1.0 + 2.0 + 3.0) / 3.0 + (4.0 + 5.0) / 2.0 + 0.0) / 3.0),
+        atol=1e-6,
+        rtol=0,
     )
     assert_close(seq_mean_token_sum(loss, mask), torch.tensor((6.0 + 9.0 + 0.0) / 3.0), atol=1e-6, rtol=0)
-    assert_close(
-        seq_mean_token_sum_norm(loss, mask, max_length=4), torch.tensor(15.0 / (3.0 * 4.0)), atol=1e-6, rtol=0
-    )
+    assert_close(seq_mean_token_sum_norm(loss, mask, max_length=4), torch.tensor(15.0 / (3.0 * 4.0)), atol=1e-6, rtol=0)
 
 
 def test_hand_worked_global_counts(example):
     loss, mask = example
     assert_close(token_mean(loss, mask, num_tokens=10), torch.tensor(15.0 / 10.0), atol=1e-6, rtol=0)
     assert_close(token_mean(loss, mask, num_tokens=torch.tensor(6.0)), torch.tensor(2.5), atol=1e-6, rtol=0)
-    assert_close(
-        seq_mean_token_mean(loss, mask, num_sequences=5), torch.tensor((2.0 + 4.5) / 5.0), atol=1e-6, rtol=0
-    )
+    assert_close(seq_mean_token_mean(loss, mask, num_sequences=5), torch.tensor((2.0 + 4.5) / 5.0), atol=1e-6, rtol=0)
     assert_close(seq_mean_token_sum(loss, mask, num_sequences=2), torch.tensor(15.0 / 2.0), atol=1e-6, rtol=0)
     assert_close(
-        seq_mean_token_sum_norm(loss, mask, num_sequences=6, max_length=5), torch.tensor(15.0 / 30.0),
-        atol=1e-6, rtol=0,
+        seq_mean_token_sum_norm(loss, mask, num_sequences=6, max_length=5),
+        torch.tensor(15.0 / 30.0),
+        atol=1e-6,
+        rtol=0,
     )
 
 

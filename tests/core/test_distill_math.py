@@ -23,8 +23,10 @@ def test_opd_advantages_by_hand():
     close(opd_advantages(student, teacher, mask), [[0.4, -1.0, 0.0], [-2.0, 0.0, -5.0]])
     close(opd_advantages(student, teacher, mask, coef=0.5), [[0.2, -0.5, 0.0], [-1.0, 0.0, -2.5]])
     # mixed: the reward advantage [B] broadcast over tokens, then minus coef k
-    close(opd_advantages(student, teacher, mask, reward_advantages=torch.tensor([1.0, -1.0])),
-          [[1.4, 0.0, 0.0], [-3.0, -1.0, -6.0]])
+    close(
+        opd_advantages(student, teacher, mask, reward_advantages=torch.tensor([1.0, -1.0])),
+        [[1.4, 0.0, 0.0], [-3.0, -1.0, -6.0]],
+    )
 
 
 def test_opd_advantages_are_detached_and_check_shapes():
@@ -37,6 +39,7 @@ def test_opd_advantages_are_detached_and_check_shapes():
 
 def _jsd_loop(s_logits, t_logits, beta, temperature=1.0):
     """TRL's generalised JSD for one position, from its definition, in plain Python."""
+
     def log_softmax(z):
         z = [v / temperature for v in z]
         m = max(z)
@@ -65,7 +68,9 @@ def test_generalized_jsd_by_hand():
     assert generalized_jsd(s, t, beta=0.0).item() == pytest.approx(fwd, abs=1e-7)
     assert generalized_jsd(s, t, beta=1.0).item() == pytest.approx(rev, abs=1e-7)
     # the mixture m = 0.5 p + 0.5 q = (0.65, 0.35)
-    jsd = 0.5 * (0.8 * math.log(0.8 / 0.65) + 0.2 * math.log(0.2 / 0.35)) + 0.5 * (0.5 * math.log(0.5 / 0.65) + 0.5 * math.log(0.5 / 0.35))
+    jsd = 0.5 * (0.8 * math.log(0.8 / 0.65) + 0.2 * math.log(0.2 / 0.35)) + 0.5 * (
+        0.5 * math.log(0.5 / 0.65) + 0.5 * math.log(0.5 / 0.35)
+    )
     assert generalized_jsd(s, t, beta=0.5).item() == pytest.approx(jsd, abs=1e-7)  # 0.049041
     assert generalized_jsd(s, s, beta=0.5).item() == pytest.approx(0.0, abs=1e-7)
 

@@ -106,13 +106,15 @@ def _loop_reference(name, logp, ref, old):
         for lp, r, o in zip(lp_row, r_row, o_row):
             d = min(max(r - lp, -20.0), 20.0)
             k3 = math.exp(d) - d - 1.0
-            row.append({
-                "k1": lp - r,
-                "k2": 0.5 * d**2,
-                "k3": k3,
-                "low_var_kl": min(max(k3, -10.0), 10.0),
-                "k3_unbiased": math.exp(min(max(lp - o, -20.0), 20.0)) * k3,
-            }[name])
+            row.append(
+                {
+                    "k1": lp - r,
+                    "k2": 0.5 * d**2,
+                    "k3": k3,
+                    "low_var_kl": min(max(k3, -10.0), 10.0),
+                    "k3_unbiased": math.exp(min(max(lp - o, -20.0), 20.0)) * k3,
+                }[name]
+            )
         out.append(row)
     return torch.tensor(out)
 

@@ -12,7 +12,12 @@ from lightning_grpo.core import GRPOLoss, LossTerms
 def test_knobs_are_entropy_coef_and_the_policy_loss_numeric_arguments():
     assert GRPOLoss().knobs() == ("entropy_coef", "eps_low", "eps_high")
     assert GRPOLoss(policy_loss="clip_cov").knobs() == (
-        "entropy_coef", "eps_low", "eps_high", "clip_ratio", "clip_cov_lb", "clip_cov_ub"
+        "entropy_coef",
+        "eps_low",
+        "eps_high",
+        "clip_ratio",
+        "clip_cov_lb",
+        "clip_cov_ub",
     )
     assert GRPOLoss(policy_loss="kl_cov").knobs() == ("entropy_coef", "kl_cov_ratio", "ppo_kl_coef")
 
@@ -41,7 +46,11 @@ def test_set_knob_changes_the_next_loss_value():
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("clip_ratio", 0.1, r"GRPOLoss has no knob 'clip_ratio' with this policy loss; available: entropy_coef, eps_low, eps_high"),
+        (
+            "clip_ratio",
+            0.1,
+            r"GRPOLoss has no knob 'clip_ratio' with this policy loss; available: entropy_coef, eps_low, eps_high",
+        ),
         ("eps_high", -0.1, r"GRPOLoss knob eps_high must be finite and >= 0, got -0.1"),
         ("entropy_coef", float("nan"), r"GRPOLoss knob entropy_coef must be finite and >= 0, got nan"),
     ],

@@ -37,9 +37,7 @@ def _hand_inputs():
     return logits, ids
 
 
-@pytest.mark.parametrize(
-    "temperature, logp, entropy", [(1.0, LOGP_Y, ENTROPY), (2.0, LOGP_Y_T2, ENTROPY_T2)]
-)
+@pytest.mark.parametrize("temperature, logp, entropy", [(1.0, LOGP_Y, ENTROPY), (2.0, LOGP_Y_T2, ENTROPY_T2)])
 def test_hand_values_both_paths(temperature, logp, entropy):
     logits, ids = _hand_inputs()
     expected_logp = torch.tensor([[logp]])
@@ -49,13 +47,13 @@ def test_hand_values_both_paths(temperature, logp, entropy):
     assert_close(out.logp, expected_logp, atol=1e-6, rtol=0)
     assert_close(out.entropy, expected_ent, atol=1e-6, rtol=0)
     # hidden path: weight = identity so hidden == logits
-    out = logprobs_from_hidden(logits, torch.eye(3), ids, temperature=temperature,
-                               compute_entropy=True)
+    out = logprobs_from_hidden(logits, torch.eye(3), ids, temperature=temperature, compute_entropy=True)
     assert_close(out.logp, expected_logp, atol=1e-6, rtol=0)
     assert_close(out.entropy, expected_ent, atol=1e-6, rtol=0)
     # bias path: hidden = 0, bias = logits
-    out = logprobs_from_hidden(torch.zeros(1, 1, 2), torch.ones(3, 2), ids, bias=logits[0, 0],
-                               temperature=temperature, compute_entropy=True)
+    out = logprobs_from_hidden(
+        torch.zeros(1, 1, 2), torch.ones(3, 2), ids, bias=logits[0, 0], temperature=temperature, compute_entropy=True
+    )
     assert_close(out.logp, expected_logp, atol=1e-6, rtol=0)
     assert_close(out.entropy, expected_ent, atol=1e-6, rtol=0)
 
@@ -127,8 +125,7 @@ def test_entropy_only_loss():
     """Loss on the entropy alone: the logp output gets no upstream gradient."""
     hidden, weight, bias, ids, _, c_ent = _random_case()
     params = [hidden.requires_grad_(), weight.requires_grad_(), bias.requires_grad_()]
-    out = logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True,
-                               chunk_size=4)
+    out = logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=4)
     ref = logprobs_from_logits(hidden @ weight.T + bias, ids, compute_entropy=True)
     grads = torch.autograd.grad((c_ent * out.entropy).sum(), params)
     ref_grads = torch.autograd.grad((c_ent * ref.entropy).sum(), params)
@@ -167,7 +164,9 @@ def test_saves_no_full_logits():
     """Forward keeps only the inputs and two floats per row, never a [B*T, V] tensor."""
     hidden, weight, bias, ids, _, _ = _random_case(B=4, T=6, H=3, V=50)
     hidden.requires_grad_()
-    saved = _saved_sizes(lambda: logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=5))
+    saved = _saved_sizes(
+        lambda: logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=5)
+    )
     n = 4 * 6
     assert sorted(saved) == sorted([hidden.numel(), weight.numel(), bias.numel(), n, n, n, 0])  # 0: no saved softmax
     assert max(saved) < n * 50
@@ -179,7 +178,11 @@ def test_save_probs_keeps_the_softmax_only_when_a_gradient_is_taken(monkeypatch)
     from lightning_grpo.core import logprobs as module
 
     built = []
-    monkeypatch.setattr(module, "_softmax_into", lambda z, out, ent, real=module._softmax_into: built.append(out.shape) or real(z, out, ent))
+    monkeypatch.setattr(
+        module,
+        "_softmax_into",
+        lambda z, out, ent, real=module._softmax_into: built.append(out.shape) or real(z, out, ent),
+    )
     hidden, weight, bias, ids, _, _ = _random_case(B=4, T=6, H=3, V=50)
 
     def call():
@@ -200,8 +203,10 @@ def test_save_probs_keeps_the_softmax_only_when_a_gradient_is_taken(monkeypatch)
 def test_save_probs_with_extreme_and_masked_logits_stays_finite():
     """Saved softmax entries that underflow to 0 (logit -1000, or -inf through the bias) add nothing to the
     entropy or its gradient."""
-    for hidden, weight, bias, y in [(torch.tensor([[1000.0, -1000.0, 0.0]]), torch.eye(3), None, 1),
-                                    (torch.zeros(1, 1), torch.zeros(3, 1), torch.tensor([0.0, float("-inf"), 1.0]), 2)]:
+    for hidden, weight, bias, y in [
+        (torch.tensor([[1000.0, -1000.0, 0.0]]), torch.eye(3), None, 1),
+        (torch.zeros(1, 1), torch.zeros(3, 1), torch.tensor([0.0, float("-inf"), 1.0]), 2),
+    ]:
         leaf = hidden if bias is None else bias
         leaf.requires_grad_()
         ids = torch.tensor([y])
@@ -228,8 +233,9 @@ def test_gradcheck_float64(save_probs):
     ids = torch.randint(0, 5, (2, 3), generator=g)
 
     def fn(h, w, b):
-        out = logprobs_from_hidden(h, w, ids, bias=b, temperature=0.7, compute_entropy=True,
-                                   chunk_size=4, save_probs=save_probs)
+        out = logprobs_from_hidden(
+            h, w, ids, bias=b, temperature=0.7, compute_entropy=True, chunk_size=4, save_probs=save_probs
+        )
         return out.logp, out.entropy
 
     assert torch.autograd.gradcheck(fn, (hidden, weight, bias), eps=1e-6, atol=1e-7)
@@ -241,8 +247,7 @@ def test_bf16_inputs():
     the float32 gradients up to bf16 rounding (rtol 2**-7, atol 1e-3)."""
     hidden, weight, bias, ids, c_logp, c_ent = _random_case(dtype=torch.bfloat16)
     params = [t.requires_grad_() for t in (hidden, weight, bias)]
-    out = logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True,
-                               chunk_size=4)
+    out = logprobs_from_hidden(hidden, weight, ids, bias=bias, compute_entropy=True, chunk_size=4)
     assert out.logp.dtype == torch.float32 and out.entropy.dtype == torch.float32
     params32 = [t.detach().float().requires_grad_() for t in params]
     h32, w32, b32 = params32
@@ -263,8 +268,7 @@ def test_bf16_inputs():
 
 
 def test_extreme_and_masked_logits_finite():
-    logits = torch.tensor([[[1000.0, -1000.0, 0.0], [0.0, float("-inf"), 1.0]]],
-                          requires_grad=True)  # [1, 2, 3]
+    logits = torch.tensor([[[1000.0, -1000.0, 0.0], [0.0, float("-inf"), 1.0]]], requires_grad=True)  # [1, 2, 3]
     ids = torch.tensor([[1, 2]])
     out = logprobs_from_logits(logits, ids, compute_entropy=True)
     assert torch.isfinite(out.logp).all() and torch.isfinite(out.entropy).all()
@@ -304,8 +308,7 @@ def test_masked_sum_mean_hand_values():
     assert_close(masked_sum(X, M, dim=1), torch.tensor([3.0, 26.0, 0.0]), atol=1e-6, rtol=0)
     assert_close(masked_mean(X, M), torch.tensor(29.0 / 6.0), atol=1e-6, rtol=0)
     assert_close(masked_mean(X, M, dim=1), torch.tensor([1.5, 6.5, 0.0]), atol=1e-6, rtol=0)
-    assert_close(masked_mean(X, M.float(), dim=1, keepdim=True),
-                 torch.tensor([[1.5], [6.5], [0.0]]), atol=1e-6, rtol=0)
+    assert_close(masked_mean(X, M.float(), dim=1, keepdim=True), torch.tensor([[1.5], [6.5], [0.0]]), atol=1e-6, rtol=0)
     assert_close(masked_mean(X, M, dim=0), torch.tensor([3.0, 4.0, 7.0, 8.0]), atol=1e-6, rtol=0)
 
 
@@ -313,8 +316,7 @@ def test_masked_var_hand_values():
     # row 0: {1, 2}: mean 1.5, sum sq 0.5 -> unbiased 0.5, biased 0.25
     # row 1: {5, 6, 7, 8}: mean 6.5, sum sq 5.0 -> unbiased 5/3, biased 1.25; row 2 empty -> 0
     assert_close(masked_var(X, M, dim=1), torch.tensor([0.5, 5.0 / 3.0, 0.0]), atol=1e-6, rtol=0)
-    assert_close(masked_var(X, M, dim=1, unbiased=False), torch.tensor([0.25, 1.25, 0.0]),
-                 atol=1e-6, rtol=0)
+    assert_close(masked_var(X, M, dim=1, unbiased=False), torch.tensor([0.25, 1.25, 0.0]), atol=1e-6, rtol=0)
     one = torch.tensor([[1, 0, 0, 0]] * 3, dtype=torch.bool)
     assert_close(masked_var(X, one, dim=1), torch.zeros(3), atol=0, rtol=0)
 

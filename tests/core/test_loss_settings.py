@@ -18,7 +18,12 @@ def test_constructor_groups_and_exports():
     assert lightning_grpo.KLSettings is KLSettings and lightning_grpo.OffPolicySettings is OffPolicySettings
     assert lightning_grpo.LossTerms is LossTerms
     assert {f.name for f in dataclasses.fields(OffPolicySettings)} == {
-        "correction", "correction_args", "is_batch_normalize", "rejection", "bypass", "sequence_mask_delta"
+        "correction",
+        "correction_args",
+        "is_batch_normalize",
+        "rejection",
+        "bypass",
+        "sequence_mask_delta",
     }
 
 
@@ -35,7 +40,10 @@ def test_every_field_has_a_docstring():
             for i, stmt in enumerate(body):
                 if isinstance(stmt, ast.AnnAssign):
                     follow = body[i + 1] if i + 1 < len(body) else None
-                    assert isinstance(follow, ast.Expr) and isinstance(follow.value, ast.Constant), (node.name, stmt.target.id)
+                    assert isinstance(follow, ast.Expr) and isinstance(follow.value, ast.Constant), (
+                        node.name,
+                        stmt.target.id,
+                    )
 
 
 def test_capabilities_follow_the_settings():
@@ -48,7 +56,11 @@ def test_capabilities_follow_the_settings():
     rejecting = GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k1": 2.0}))
     assert rejecting.masks_before_training and rejecting.needs_old_before_training and rejecting.needs_rollout_logprobs
     normalising = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token", is_batch_normalize=True))
-    assert normalising.correction == "tis_token" and normalising.normalizes_is_weights and normalising.needs_old_before_training
+    assert (
+        normalising.correction == "tis_token"
+        and normalising.normalizes_is_weights
+        and normalising.needs_old_before_training
+    )
     assert not GRPOLoss(off_policy=OffPolicySettings(is_batch_normalize=True)).normalizes_is_weights  # no correction
     bypass = GRPOLoss(off_policy=OffPolicySettings(bypass=True))
     assert bypass.bypass and bypass.needs_rollout_logprobs and not bypass.needs_old_before_training
@@ -85,15 +97,34 @@ def test_knobs_move_the_loss_not_the_settings_object():
         (lambda: KLSettings(beta=-0.1), r"kl.beta must be a finite number >= 0 \(0 = no KL term\), got -0.1"),
         (lambda: KLSettings(beta=float("nan")), r"kl.beta must be a finite number >= 0"),
         (lambda: LossTerms(top_entropy_quantile=1.0), r"terms.top_entropy_quantile must be in \[0, 1\) .* got 1.0"),
-        (lambda: OffPolicySettings(bypass=True, correction="mis_seq"), r"off_policy.correction must be None, got 'mis_seq'"),
+        (
+            lambda: OffPolicySettings(bypass=True, correction="mis_seq"),
+            r"off_policy.correction must be None, got 'mis_seq'",
+        ),
         (lambda: GRPOLoss(kl=KLSettings(estimator="k9")), r"^kl.estimator: unknown KL estimator 'k9'; valid names: k1"),
-        (lambda: GRPOLoss(off_policy=OffPolicySettings(correction="tis")), r"^off_policy.correction: unknown rollout correction 'tis'"),
-        (lambda: GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k9": 1.0})),
-         r"^off_policy.rejection: unknown rollout rejection criterion 'token_k9'"),
-        (lambda: GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k1": -1.0})),
-         r"^off_policy.rejection: rejection 'token_k1': a threshold must be a number > 0, got -1.0"),
+        (
+            lambda: GRPOLoss(off_policy=OffPolicySettings(correction="tis")),
+            r"^off_policy.correction: unknown rollout correction 'tis'",
+        ),
+        (
+            lambda: GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k9": 1.0})),
+            r"^off_policy.rejection: unknown rollout rejection criterion 'token_k9'",
+        ),
+        (
+            lambda: GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k1": -1.0})),
+            r"^off_policy.rejection: rejection 'token_k1': a threshold must be a number > 0, got -1.0",
+        ),
     ],
-    ids=["beta", "beta_nan", "top_entropy_quantile", "bypass_correction", "estimator", "correction", "rejection", "threshold"],
+    ids=[
+        "beta",
+        "beta_nan",
+        "top_entropy_quantile",
+        "bypass_correction",
+        "estimator",
+        "correction",
+        "rejection",
+        "threshold",
+    ],
 )
 def test_bad_settings_name_the_field(build, message):
     with pytest.raises(ValueError, match=message):

@@ -72,16 +72,22 @@ def test_tis_weight_and_mis_zero_weight_stay_in_the_normaliser():
     logp, mask, adv = _batch()
     roll = logp.detach().clone()
     roll[0, 0] -= math.log(4.0)  # exp(old - roll) = 4 on one token
-    out = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 2.0}))(logp, mask, adv, rollout_logp=roll)
+    out = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 2.0}))(
+        logp, mask, adv, rollout_logp=roll
+    )
     assert_close(out.loss, torch.tensor((-2.0 - 1.0 - 1.0 + 1.0 + 1.0) / 5.0), **ATOL)
-    out = GRPOLoss(off_policy=OffPolicySettings(correction="mis_token", correction_args={"low": 0.5, "high": 2.0}))(logp, mask, adv, rollout_logp=roll)
+    out = GRPOLoss(off_policy=OffPolicySettings(correction="mis_token", correction_args={"low": 0.5, "high": 2.0}))(
+        logp, mask, adv, rollout_logp=roll
+    )
     # the token with ratio 4 gets weight 0 and still counts (verl IcePop): (0 - 1 - 1 + 1 + 1) / 5 = 0
     assert_close(out.loss, torch.tensor(0.0), **ATOL)
     assert_close(out.metrics["masked_frac"], torch.tensor(0.0), **ATOL)
     assert_close(out.metrics["is_frac_masked"], torch.tensor(0.2), **ATOL)
     assert out.metrics["mismatch_max_abs"] == pytest.approx(math.log(4.0), abs=1e-6)
     roll[0, 0] += math.log(4.0) - math.log(2.0)  # ratio 2, inside: weight 2 -> (-2 - 1 - 1 + 1 + 1) / 5
-    out = GRPOLoss(off_policy=OffPolicySettings(correction="mis_token", correction_args={"low": 0.5, "high": 2.0}))(logp, mask, adv, rollout_logp=roll)
+    out = GRPOLoss(off_policy=OffPolicySettings(correction="mis_token", correction_args={"low": 0.5, "high": 2.0}))(
+        logp, mask, adv, rollout_logp=roll
+    )
     assert_close(out.loss, torch.tensor(-0.4), **ATOL)
 
 
@@ -119,8 +125,12 @@ def test_every_policy_loss_and_aggregation_composes(name, aggregation):
     mask = torch.ones(4, 6)
     mask[1, 4:] = 0
     adv = torch.tensor([1.0, -0.5, 0.25, -1.0])
-    kwargs = dict(policy_loss=name, policy_loss_args={"beta": 0.1} if name == "dro" else None, aggregation=aggregation,
-                  aggregation_args={"max_length": 6} if aggregation.endswith("norm") else None)
+    kwargs = dict(
+        policy_loss=name,
+        policy_loss_args={"beta": 0.1} if name == "dro" else None,
+        aggregation=aggregation,
+        aggregation_args={"max_length": 6} if aggregation.endswith("norm") else None,
+    )
     required = getattr(REGISTRIES["policy_loss"].get(name), "required_aggregation", None)
     if required not in (None, aggregation):  # geo_mean aggregates per sequence itself
         with pytest.raises(ValueError, match=f"needs aggregation '{required}'"):

@@ -130,8 +130,8 @@ def test_delta_clip_equals_dual_clip_when_delta_is_c():
     a = dual_clip_loss(logp, old, adv, mask, clip_ratio_c=3.0)
     b = delta_clip_loss(logp, old, adv, mask, delta=3.0)
     close(a.loss, b.loss)
-    ga, = torch.autograd.grad(a.loss.sum(), logp)
-    gb, = torch.autograd.grad(b.loss.sum(), logp)
+    (ga,) = torch.autograd.grad(a.loss.sum(), logp)
+    (gb,) = torch.autograd.grad(b.loss.sum(), logp)
     close(ga, gb)
 
 
@@ -208,7 +208,6 @@ def test_cispo_hand_worked_and_stop_gradient_weight():
     # with a low clip (eps_low = 0.2) the 0.5 weights become 0.8
     out = cispo_loss(logp.detach(), old, adv, torch.ones(2, 3), eps_low=0.2)
     close(out.loss[0, 0], -0.8 * 1.0 * lp[0][0])
-
 
 
 def clip_cov_inputs():
@@ -408,8 +407,9 @@ def test_bf16_inputs(name):
     old16, adv16 = old.bfloat16(), adv.bfloat16()
     out = POLICY_LOSSES.get(name)(lp16, old16, adv16, mask, generator=torch.Generator().manual_seed(0))
     assert out.loss.dtype == torch.float32
-    ref = POLICY_LOSSES.get(name)(lp16.float(), old16.float(), adv16.float(), mask,
-                                  generator=torch.Generator().manual_seed(0))
+    ref = POLICY_LOSSES.get(name)(
+        lp16.float(), old16.float(), adv16.float(), mask, generator=torch.Generator().manual_seed(0)
+    )
     close(out.loss, ref.loss)  # computed in float32 from the bf16 values
     out.loss.sum().backward()
     assert lp16.grad.dtype == torch.bfloat16 and torch.isfinite(lp16.grad.float()).all()

@@ -89,9 +89,17 @@ def _loop_keep(name, d, mask, threshold):
         valid = [v for v in vals if v is not None]
         if level == "token":
             # k1 bounds rho = pi_old / pi_roll = exp(-k1)
-            ok = [v is not None and (math.log(threshold[0]) <= -v <= math.log(threshold[1]) if stat == "k1" else v <= threshold) for v in vals]
+            ok = [
+                v is not None
+                and (math.log(threshold[0]) <= -v <= math.log(threshold[1]) if stat == "k1" else v <= threshold)
+                for v in vals
+            ]
         else:
-            agg = {"seq_sum": sum, "seq_mean": lambda v: sum(v) / max(len(v), 1), "seq_max": lambda v: max(v) if v else 0.0}[level](valid)
+            agg = {
+                "seq_sum": sum,
+                "seq_mean": lambda v: sum(v) / max(len(v), 1),
+                "seq_max": lambda v: max(v) if v else 0.0,
+            }[level](valid)
             row_ok = math.log(threshold[0]) <= -agg <= math.log(threshold[1]) if stat == "k1" else agg <= threshold
             ok = [row_ok and v is not None for v in vals]
         out.append(ok)
@@ -165,8 +173,9 @@ def test_is_batch_normalisation_token_and_sequence_level():
     old = torch.zeros(2, 3)
     roll = torch.tensor([[-math.log(2.0)] * 3, [0.0] * 3])
     logp = torch.zeros(2, 3, requires_grad=True)
-    res = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 3.0}, is_batch_normalize=True))(
-        logp, torch.ones(2, 3), torch.tensor([1.0, 1.0]), old_logp=old, rollout_logp=roll)
+    res = GRPOLoss(
+        off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 3.0}, is_batch_normalize=True)
+    )(logp, torch.ones(2, 3), torch.tensor([1.0, 1.0]), old_logp=old, rollout_logp=roll)
     close(res.metrics["is_batch_norm_factor"], 1.5)
     close(res.loss, -1.0)  # weights 4/3 and 2/3 average 1; PPO loss -A r = -1 on every token
 
@@ -183,20 +192,29 @@ def test_bypass_uses_the_engine_logprobs_as_old():
     close(bypass.loss, plain.loss, atol=0)
     assert "mismatch_k3" not in bypass.metrics  # no trainer-side old log-probs: nothing to compare with the engine
     # REINFORCE form: -min(pi / pi_roll, 2) A logp, token mean
-    out = GRPOLoss(policy_loss="reinforce", off_policy=OffPolicySettings(bypass=True))(logp, mask, adv, rollout_logp=roll)
+    out = GRPOLoss(policy_loss="reinforce", off_policy=OffPolicySettings(bypass=True))(
+        logp, mask, adv, rollout_logp=roll
+    )
     w = torch.exp(logp.detach() - roll).clamp(max=2.0)
     close(out.loss, (-(w * adv[:, None] * logp.detach()) * mask).sum() / mask.sum())
     # rejection in bypass compares the current policy (no gradient) with the engine
-    rej = GRPOLoss(off_policy=OffPolicySettings(bypass=True, rejection={"token_k1": [0.9, 1.1]}))(logp, mask, adv, rollout_logp=roll)
+    rej = GRPOLoss(off_policy=OffPolicySettings(bypass=True, rejection={"token_k1": [0.9, 1.1]}))(
+        logp, mask, adv, rollout_logp=roll
+    )
     inside = ((roll - logp.detach()).exp() >= 0.9) & ((roll - logp.detach()).exp() <= 1.1)
     close(rej.metrics["rejection_masked_frac"], ((~inside) & (mask > 0)).sum() / mask.sum())
 
 
 def test_bypass_refuses_an_is_correction_and_needs_roll():
-    with pytest.raises(ValueError, match=r"off_policy.bypass=True uses the engine's log-probs as old.* off_policy.correction must be None, got 'tis_token'"):
+    with pytest.raises(
+        ValueError,
+        match=r"off_policy.bypass=True uses the engine's log-probs as old.* off_policy.correction must be None, got 'tis_token'",
+    ):
         OffPolicySettings(bypass=True, correction="tis_token")
     with pytest.raises(ValueError, match=r"bypass / sequence_mask_delta need rollout_logp"):
         GRPOLoss(off_policy=OffPolicySettings(bypass=True))(torch.zeros(1, 2), torch.ones(1, 2), torch.zeros(1))
     assert not GRPOLoss(off_policy=OffPolicySettings(bypass=True, rejection={"token_k2": 1.0})).masks_before_training
     with pytest.raises(ValueError, match=r"bypass=True: the ratio already is pi / pi_roll, no correction can be added"):
-        GRPOLoss(off_policy=OffPolicySettings(bypass=True)).set_correction("tis_token")  # what MismatchGuard's fix would do
+        GRPOLoss(off_policy=OffPolicySettings(bypass=True)).set_correction(
+            "tis_token"
+        )  # what MismatchGuard's fix would do

@@ -119,7 +119,14 @@ def test_gfpo_reward_per_token_ties():
     # k = G' keeps everything; k = 1 the single best
     assert gfpo_reward_per_token_selection(rewards, lengths, 4, 4).all()
     assert gfpo_reward_per_token_selection(rewards, lengths, 4, 1).tolist() == [
-        False, True, False, False, False, False, False, True,
+        False,
+        True,
+        False,
+        False,
+        False,
+        False,
+        False,
+        True,
     ]
 
 
@@ -188,8 +195,10 @@ def test_gfpo_advantages_loop_reference():
     # k = G' equals the plain estimator
     for name in ADVANTAGES.names():
         params = {"lengths": lengths.float()} if getattr(ADVANTAGES.get(name), "needs_lengths", False) else {}
-        close(gfpo_advantages(rewards, torch.ones(6 * g, dtype=torch.bool), g, name, **params),
-              ADVANTAGES.get(name)(rewards, g, **params))
+        close(
+            gfpo_advantages(rewards, torch.ones(6 * g, dtype=torch.bool), g, name, **params),
+            ADVANTAGES.get(name)(rewards, g, **params),
+        )
     # a per-row parameter is cut to the kept rows
     opo = gfpo_advantages(rewards, keep, g, "opo", lengths=lengths.float())
     close(opo[keep], ADVANTAGES.get("opo")(rewards[keep], k, lengths=lengths[keep].float()))

@@ -42,12 +42,14 @@ def test_entropy_bonus_bf16_bool_mask_and_nan_padding():
 # ---------------------------------------------------------------- LLDS
 def test_llds_hand_worked():
     old = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
-    d = torch.tensor([
-        [-0.5, 0.2, 0.1],  # sum -0.2 < 0: response fell; only token 0 fell
-        [-0.5, 0.7, -9.0],  # valid sum 0.2 >= 0 (the -9 is masked): untouched
-        [-0.3, -0.1, 0.0],  # sum -0.4: tokens 0 and 1 fell
-        [-5.0, -5.0, -5.0],  # all masked
-    ])
+    d = torch.tensor(
+        [
+            [-0.5, 0.2, 0.1],  # sum -0.2 < 0: response fell; only token 0 fell
+            [-0.5, 0.7, -9.0],  # valid sum 0.2 >= 0 (the -9 is masked): untouched
+            [-0.3, -0.1, 0.0],  # sum -0.4: tokens 0 and 1 fell
+            [-5.0, -5.0, -5.0],  # all masked
+        ]
+    )
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
     logp = (old + d).requires_grad_(True)
     out = llds(logp, old, mask, 0.1)

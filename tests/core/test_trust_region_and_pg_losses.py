@@ -25,7 +25,9 @@ def close(actual, expected, atol=1e-6):
 def one(logp, old, adv, fn, **kw):
     """A single-token batch: (loss value, d loss / d logp)."""
     lp = torch.tensor([[logp]], dtype=torch.float64, requires_grad=True)
-    out = fn(lp, torch.tensor([[old]], dtype=torch.float64), torch.tensor([adv], dtype=torch.float64), torch.ones(1, 1), **kw)
+    out = fn(
+        lp, torch.tensor([[old]], dtype=torch.float64), torch.tensor([adv], dtype=torch.float64), torch.ones(1, 1), **kw
+    )
     out.loss.sum().backward()
     return out.loss.item(), lp.grad.item(), out.metrics
 
@@ -115,7 +117,9 @@ def test_geo_mean_by_hand():
     assert loss.item() == pytest.approx((-s0 + s1) / 2, abs=1e-12)
     loss.backward()  # the clipped tokens (0.5 for A > 0, -0.6 for A < 0) get no gradient
     close(logp.grad, [[0.0, -s0 / 3 / 2, -s0 / 3 / 2], [0.0, s1 / 2 / 2, 0.0]], atol=1e-12)
-    assert out.metrics["clip_frac_high"].item() == pytest.approx(1 / 5) and out.metrics["clip_frac_low"].item() == pytest.approx(1 / 5)
+    assert out.metrics["clip_frac_high"].item() == pytest.approx(1 / 5) and out.metrics[
+        "clip_frac_low"
+    ].item() == pytest.approx(1 / 5)
 
 
 def test_gpg_and_reinforce_by_hand():
@@ -139,7 +143,10 @@ def _loop(fn_token, logp, old, adv, mask):
     """Per-token loss [B, T] of a plain-Python formula fn_token(lp, o, a) -> value."""
     B, T = logp.shape
     a = adv if adv.dim() == 2 else adv[:, None].expand(B, T)
-    rows = [[fn_token(float(logp[b, t]), float(old[b, t]), float(a[b, t])) if mask[b, t] else 0.0 for t in range(T)] for b in range(B)]
+    rows = [
+        [fn_token(float(logp[b, t]), float(old[b, t]), float(a[b, t])) if mask[b, t] else 0.0 for t in range(T)]
+        for b in range(B)
+    ]
     return torch.tensor(rows, dtype=torch.float64)
 
 
@@ -234,7 +241,7 @@ def test_sapo_default_aggregation_is_verls_seq_mean_token_mean():
     logp, old, adv, mask = random_batch(6)
     loss = GRPOLoss(policy_loss="sapo")(logp, mask, adv, old_logp=old).loss
     per_token = _loop(verl_sapo, logp, old, adv, mask)
-    rows = (per_token.sum(-1) / mask.sum(-1).clamp(min=1))
+    rows = per_token.sum(-1) / mask.sum(-1).clamp(min=1)
     assert loss.item() == pytest.approx(rows.mean().item(), abs=1e-12)
     assert GRPOLoss(policy_loss="sapo", aggregation="token_mean").aggregation == "token_mean"
 
@@ -279,7 +286,10 @@ def test_bad_parameters_fail_with_one_clear_error():
         dppo_tv_loss(logp, old, adv, mask, delta_high=-0.1)
     with pytest.raises(ValueError, match=r"reinforce cap must be >= 1"):
         reinforce_loss(logp, old, adv, mask, cap=0.5)
-    with pytest.raises(ValueError, match=r"policy_loss 'geo_mean' aggregates per sequence itself and needs aggregation 'seq_mean_token_mean'"):
+    with pytest.raises(
+        ValueError,
+        match=r"policy_loss 'geo_mean' aggregates per sequence itself and needs aggregation 'seq_mean_token_mean'",
+    ):
         GRPOLoss(policy_loss="geo_mean", aggregation="token_mean")
     with pytest.raises(ValueError, match=r"policy_loss_args \['tau'\] are not parameters of policy loss 'sapo'"):
         GRPOLoss(policy_loss="sapo", policy_loss_args={"tau": 1.0})

@@ -25,7 +25,9 @@ def test_geo_mean_scales_a_row_by_the_geometric_mean_of_its_is_weights():
     geometric mean 1, so L = -A s = -1.0 (the arithmetic mean 1.25 would give -1.25)."""
     zeros = torch.zeros(1, 2)
     roll = torch.tensor([[-L2, L2]])  # old - roll = [log 2, -log 2]: w = [2, 0.5]
-    loss = GRPOLoss(policy_loss="geo_mean", off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 10.0}))
+    loss = GRPOLoss(
+        policy_loss="geo_mean", off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 10.0})
+    )
     out = loss(zeros.clone().requires_grad_(), torch.ones(1, 2), torch.tensor([1.0]), old_logp=zeros, rollout_logp=roll)
     close(out.loss, -1.0)
     # two rows with padding: row 1 weights [4, 1] (geo mean 2, A = -0.5: L = +1.0); mean over rows (-1 + 1) / 2
@@ -39,7 +41,10 @@ def test_geo_mean_scales_a_row_by_the_geometric_mean_of_its_is_weights():
 # --------------------------------------------------------- MIS: zero weight, as verl's IcePop
 def _mis(correction, roll, adv, *, aggregation="token_mean", normalize=False, **args):
     zeros = torch.zeros_like(roll)
-    loss = GRPOLoss(aggregation=aggregation, off_policy=OffPolicySettings(correction=correction, correction_args=args, is_batch_normalize=normalize))
+    loss = GRPOLoss(
+        aggregation=aggregation,
+        off_policy=OffPolicySettings(correction=correction, correction_args=args, is_batch_normalize=normalize),
+    )
     return loss(zeros.clone().requires_grad_(), torch.ones_like(roll), adv, old_logp=zeros, rollout_logp=roll)
 
 
@@ -58,7 +63,15 @@ def test_mis_token_outside_the_band_is_a_zero_weight_counted_by_the_normalisers(
     # seq_mean_token_mean, two rows: rho [2, 10] and [1, 1]; weights [2, 0], [1, 1], mean over all four 1.0
     # row 0: (-2 + 0) / 2 = -1, row 1: (-1 - 1) / 2 = -1 -> -1.0 (the mean over kept tokens, 4/3, gave -1.125)
     roll = torch.tensor([[-L2, -L10], [0.0, 0.0]])
-    out = _mis("mis_token", roll, torch.tensor([1.0, 1.0]), aggregation="seq_mean_token_mean", normalize=True, low=0.5, high=5.0)
+    out = _mis(
+        "mis_token",
+        roll,
+        torch.tensor([1.0, 1.0]),
+        aggregation="seq_mean_token_mean",
+        normalize=True,
+        low=0.5,
+        high=5.0,
+    )
     close(out.loss, -1.0)
 
 
@@ -77,10 +90,18 @@ def test_a_given_global_is_weight_mean_replaces_the_local_one():
     """is_weight_mean (the statistic of the whole optimizer-step batch, computed once by the trainer)
     is what the weights are divided by: weights [2, 2] / 4 -> 0.5, token mean of -0.5 = -0.5."""
     zeros = torch.zeros(1, 2)
-    loss = GRPOLoss(off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 10.0}, is_batch_normalize=True))
+    loss = GRPOLoss(
+        off_policy=OffPolicySettings(correction="tis_token", correction_args={"cap": 10.0}, is_batch_normalize=True)
+    )
     roll = torch.tensor([[-L2, -L2]])
-    out = loss(zeros.clone().requires_grad_(), torch.ones(1, 2), torch.tensor([1.0]), old_logp=zeros, rollout_logp=roll,
-               is_weight_mean=torch.tensor(4.0))
+    out = loss(
+        zeros.clone().requires_grad_(),
+        torch.ones(1, 2),
+        torch.tensor([1.0]),
+        old_logp=zeros,
+        rollout_logp=roll,
+        is_weight_mean=torch.tensor(4.0),
+    )
     close(out.loss, -0.5)
     close(out.metrics["is_batch_norm_factor"], 4.0)
     # the statistic the trainer sums over micro-batches and ranks: (sum of weights, count)

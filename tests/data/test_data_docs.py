@@ -72,7 +72,9 @@ def assert_within(written, parsed, where: str = "") -> None:
     """Every value the snippet writes is in the parsed config, at the same place."""
     if isinstance(written, dict):
         if isinstance(parsed, dict) and "init_args" in parsed and "class_path" not in written:
-            parsed = parsed["init_args"]  # a section written as its options alone (rollout:) parses to class_path / init_args
+            parsed = parsed[
+                "init_args"
+            ]  # a section written as its options alone (rollout:) parses to class_path / init_args
         for key, value in written.items():
             assert isinstance(parsed, dict) and key in parsed, f"{where}.{key} missing from the parsed config"
             assert_within(value, parsed[key], f"{where}.{key}")

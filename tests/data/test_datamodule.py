@@ -106,7 +106,12 @@ def test_answer_column_is_copied_to_answer(make_dm):
     rows = [{"question": "12=", "solution": "3"}, {"question": "45=", "solution": "6"}]
     dm = make_dm(source=Rows(rows), format=PromptFormat(prompt_column="question", answer_column="solution"))
     assert dm.train_records[0] == {
-        "question": "12=", "solution": "3", "prompt": "12=", "prompt_ids": char_ids("12="), "raw_prompt": "12=", "answer": "3"
+        "question": "12=",
+        "solution": "3",
+        "prompt": "12=",
+        "prompt_ids": char_ids("12="),
+        "raw_prompt": "12=",
+        "answer": "3",
     }
     no_answer = make_dm(source=Rows([{"prompt": "1="}, {"prompt": "2="}]), format=PromptFormat(answer_column=None))
     assert "answer" not in no_answer.train_records[0]
@@ -125,7 +130,9 @@ def test_generation_prompts_cover_each_epoch_once_across_ranks(make_dm):
     again = make_dm(source=Rows(ROWS), batch_size=2, seed=0)
     assert [r["id"] for r in again.generation_prompts(3, 1, 2)] == seen[14:16]
     other = make_dm(source=Rows(ROWS), batch_size=2, seed=1)
-    assert [r["id"] for g in range(5) for r in other.generation_prompts(g)] != [r["id"] for g in range(5) for r in dm.generation_prompts(g)]
+    assert [r["id"] for g in range(5) for r in other.generation_prompts(g)] != [
+        r["id"] for g in range(5) for r in dm.generation_prompts(g)
+    ]
     unshuffled = make_dm(source=Rows(ROWS), batch_size=5, shuffle=False)
     assert [[r["id"] for r in unshuffled.generation_prompts(g)] for g in range(2)] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
 
@@ -143,22 +150,38 @@ def test_refill_rounds_draw_from_a_separate_sequence(make_dm):
 
 CHATML = "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n12=<|im_end|>\n<|im_start|>assistant\n"
 CHATML_IDS = (
-    [VOCAB["<|im_start|>"]] + char_ids("system\nbe brief") + [VOCAB["<|im_end|>"]] + char_ids("\n")
-    + [VOCAB["<|im_start|>"]] + char_ids("user\n12=") + [VOCAB["<|im_end|>"]] + char_ids("\n")
-    + [VOCAB["<|im_start|>"]] + char_ids("assistant\n")
+    [VOCAB["<|im_start|>"]]
+    + char_ids("system\nbe brief")
+    + [VOCAB["<|im_end|>"]]
+    + char_ids("\n")
+    + [VOCAB["<|im_start|>"]]
+    + char_ids("user\n12=")
+    + [VOCAB["<|im_end|>"]]
+    + char_ids("\n")
+    + [VOCAB["<|im_start|>"]]
+    + char_ids("assistant\n")
 )
 
 
 def test_chat_template_and_system_prompt_text(make_dm):
-    dm = make_dm(source=Rows([{"prompt": "12=", "answer": "3"}] * 2), format=PromptFormat(use_chat_template=True, system_prompt="be brief"))
+    dm = make_dm(
+        source=Rows([{"prompt": "12=", "answer": "3"}] * 2),
+        format=PromptFormat(use_chat_template=True, system_prompt="be brief"),
+    )
     assert dm.train_records[0]["prompt"] == CHATML
     messages = [{"role": "user", "content": "12="}]
-    chat = make_dm(source=Rows([{"prompt": messages, "answer": "3"}] * 2), format=PromptFormat(use_chat_template=True, system_prompt="be brief"))
+    chat = make_dm(
+        source=Rows([{"prompt": messages, "answer": "3"}] * 2),
+        format=PromptFormat(use_chat_template=True, system_prompt="be brief"),
+    )
     assert chat.train_records[0]["prompt"] == CHATML
 
 
 def test_chat_template_and_system_prompt_ids(make_dm):
-    dm = make_dm(source=Rows([{"prompt": "12=", "answer": "3"}] * 2), format=PromptFormat(use_chat_template=True, system_prompt="be brief"))
+    dm = make_dm(
+        source=Rows([{"prompt": "12=", "answer": "3"}] * 2),
+        format=PromptFormat(use_chat_template=True, system_prompt="be brief"),
+    )
     assert dm.train_records[0]["prompt_ids"] == CHATML_IDS
 
 
@@ -169,8 +192,12 @@ def test_tokenizer_without_chat_template(tiny_model_path, tmp_path):
     config = json.loads((plain / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (plain / "tokenizer_config.json").write_text(json.dumps(config))
-    dm = PromptDataModule(source=Rows(ROWS), tokenizer_path=str(plain), format=PromptFormat(use_chat_template=True), batch_size=2)
-    with pytest.raises(ValueError, match=rf"data.format.use_chat_template is true but the tokenizer at {plain} has no chat template"):
+    dm = PromptDataModule(
+        source=Rows(ROWS), tokenizer_path=str(plain), format=PromptFormat(use_chat_template=True), batch_size=2
+    )
+    with pytest.raises(
+        ValueError, match=rf"data.format.use_chat_template is true but the tokenizer at {plain} has no chat template"
+    ):
         dm.setup("fit")
 
 
@@ -179,7 +206,9 @@ def test_tokenizer_without_chat_template(tiny_model_path, tmp_path):
 
 def test_truncate_keeps_the_last_tokens_and_warns_once(make_dm):
     rows = [{"prompt": "4821=", "answer": "2"}, {"prompt": "12=", "answer": "3"}, {"prompt": "98765=", "answer": "6"}]
-    with pytest.warns(UserWarning, match=r"truncated 2 of 3 prompts of data.source.train to their last 3 tokens") as record:
+    with pytest.warns(
+        UserWarning, match=r"truncated 2 of 3 prompts of data.source.train to their last 3 tokens"
+    ) as record:
         dm = make_dm(source=Rows(rows, val=rows), format=PromptFormat(max_prompt_length=3, on_long_prompt="truncate"))
     assert len([w for w in record if "truncated" in str(w.message)]) == 1  # not again for the validation split
     assert [r["prompt_ids"] for r in dm.train_records] == [char_ids("21="), char_ids("12="), char_ids("65=")]
@@ -188,7 +217,10 @@ def test_truncate_keeps_the_last_tokens_and_warns_once(make_dm):
 
 def test_long_prompt_error(make_dm):
     rows = [{"prompt": "12=", "answer": "3"}, {"prompt": "4821=", "answer": "2"}]
-    with pytest.raises(ValueError, match=r"prompt 1 of data.source.train has 5 tokens, more than data.format.max_prompt_length=4 \(set data.format.on_long_prompt: truncate"):
+    with pytest.raises(
+        ValueError,
+        match=r"prompt 1 of data.source.train has 5 tokens, more than data.format.max_prompt_length=4 \(set data.format.on_long_prompt: truncate",
+    ):
         make_dm(source=Rows(rows), format=PromptFormat(max_prompt_length=4))
 
 
@@ -199,22 +231,35 @@ def test_file_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match=rf"data.train_files: file not found: {tmp_path}/missing.jsonl"):
         PromptDataModule(train_files=str(tmp_path / "missing.jsonl"))
     (tmp_path / "data.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"data.train_files: unsupported file type '.txt' for .*data.txt; supported: \['.csv', '.json', '.jsonl', '.parquet'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.train_files: unsupported file type '.txt' for .*data.txt; supported: \['.csv', '.json', '.jsonl', '.parquet'\]",
+    ):
         PromptDataModule(train_files=str(tmp_path / "data.txt"))
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match=r"data.val_files: .*empty.jsonl is empty \(holds no rows\)"):
-        PromptDataModule(train_files=write(ROWS, tmp_path / "train.jsonl", "jsonl"), val_files=str(tmp_path / "empty.jsonl"))
+        PromptDataModule(
+            train_files=write(ROWS, tmp_path / "train.jsonl", "jsonl"), val_files=str(tmp_path / "empty.jsonl")
+        )
     a = write(ROWS, tmp_path / "a.jsonl", "jsonl")
     b = write(ROWS, tmp_path / "b.csv", "csv")
-    with pytest.raises(ValueError, match=r"data.train_files mixes file types \['csv', 'json'\]; use one type per split"):
+    with pytest.raises(
+        ValueError, match=r"data.train_files mixes file types \['csv', 'json'\]; use one type per split"
+    ):
         PromptDataModule(train_files=[a, b])
 
 
 def test_missing_columns_list_the_columns_present(make_dm, tmp_path):
     path = write([{"q": "1=", "a": "2"}], tmp_path / "train.jsonl", "jsonl")
-    with pytest.raises(ValueError, match=rf"data.format.prompt_column 'prompt' not found in data.train_files {path}; columns present: \['q', 'a'\]"):
+    with pytest.raises(
+        ValueError,
+        match=rf"data.format.prompt_column 'prompt' not found in data.train_files {path}; columns present: \['q', 'a'\]",
+    ):
         make_dm(train_files=path)
-    with pytest.raises(ValueError, match=r"data.format.answer_column 'answer' not found in data.train_files .*; columns present: \['q', 'a'\] \(set data.format.answer_column: null"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.format.answer_column 'answer' not found in data.train_files .*; columns present: \['q', 'a'\] \(set data.format.answer_column: null",
+    ):
         make_dm(train_files=path, format=PromptFormat(prompt_column="q"))
 
 
@@ -236,7 +281,10 @@ def test_val_fraction_out_of_range(fraction):
 def test_option_conflicts(make_dm, tmp_path):
     with pytest.raises(ValueError, match=r"^data.format.system_prompt needs data.format.use_chat_template: true$"):
         PromptFormat(system_prompt="be brief")
-    with pytest.raises(ValueError, match=r"data.val_fraction splits the training rows, but data.source.train comes with a validation split"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.val_fraction splits the training rows, but data.source.train comes with a validation split",
+    ):
         make_dm(source=Rows(ROWS, val=ROWS), val_fraction=0.5)
     with pytest.raises(ValueError, match=r"^data.val_files needs data.train_files$"):
         PromptDataModule(val_files="x.jsonl")
@@ -244,9 +292,14 @@ def test_option_conflicts(make_dm, tmp_path):
         PromptDataModule(test_files="x.jsonl")
     with pytest.raises(ValueError, match=r"data.source reads the rows, so data.test_files cannot be given too"):
         PromptDataModule(source=Rows(ROWS, test=ROWS), test_files="x.jsonl")
-    with pytest.raises(ValueError, match=r"data.val_fraction splits the training rows and cannot be combined with data.val_files"):
+    with pytest.raises(
+        ValueError, match=r"data.val_fraction splits the training rows and cannot be combined with data.val_files"
+    ):
         PromptDataModule(train_files=write(ROWS, tmp_path / "t.jsonl", "jsonl"), val_files="x.jsonl", val_fraction=0.5)
-    with pytest.raises(ValueError, match=r"^data.source.rule must be one of count_to_last, first_digit, last_digit, last_plus_one, got 'sum'$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^data.source.rule must be one of count_to_last, first_digit, last_digit, last_plus_one, got 'sum'$",
+    ):
         DigitTask(rule="sum")
     with pytest.raises(ValueError, match=r"^data.source.num_train must be an integer >= 1, got 0$"):
         DigitTask(num_train=0)
@@ -261,8 +314,11 @@ def test_option_conflicts(make_dm, tmp_path):
 
 
 def test_no_data_is_one_error_naming_the_keys():
-    with pytest.raises(ValueError, match=r"^no data: set data.source \(e.g. \{class_path: lightning_grpo.DigitTask\} for the built-in "
-                       r"digit task, or lightning_grpo.data.sources.HubDataset, Files, Rows\) or data.train_files$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^no data: set data.source \(e.g. \{class_path: lightning_grpo.DigitTask\} for the built-in "
+        r"digit task, or lightning_grpo.data.sources.HubDataset, Files, Rows\) or data.train_files$",
+    ):
         PromptDataModule(batch_size=4)
 
 
@@ -283,8 +339,19 @@ def test_grouped_signature_and_exports():
     import lightning_grpo.data
 
     params = list(inspect.signature(PromptDataModule).parameters)
-    assert params == ["source", "train_files", "val_files", "test_files", "tokenizer_path", "format", "batch_size",
-                      "val_batch_size", "val_fraction", "shuffle", "seed"]
+    assert params == [
+        "source",
+        "train_files",
+        "val_files",
+        "test_files",
+        "tokenizer_path",
+        "format",
+        "batch_size",
+        "val_batch_size",
+        "val_fraction",
+        "shuffle",
+        "seed",
+    ]
     for name in ("PromptDataModule", "SFTDataModule", "PromptFormat", "DigitTask", "Files", "Rows", "HubDataset"):
         assert getattr(lightning_grpo, name) is getattr(lightning_grpo.data, name)
     sft = inspect.signature(lightning_grpo.SFTDataModule).parameters.values()

@@ -32,7 +32,9 @@ def stubs():
 
 
 def judge_set(base_url: str, **kwargs) -> RewardSet:
-    return RewardSet([RewardSpec("llm_judge", kwargs={"base_url": base_url, "model": "judge", "backoff_s": 0.0, **kwargs})])
+    return RewardSet(
+        [RewardSpec("llm_judge", kwargs={"base_url": base_url, "model": "judge", "backoff_s": 0.0, **kwargs})]
+    )
 
 
 def length_reply(body):
@@ -44,10 +46,16 @@ def length_reply(body):
 def test_requests_carry_the_filled_template_and_scores_are_parsed(stubs):
     stub = stubs(length_reply)
     rewards = judge_set(
-        stub.base_url, template="Q:{prompt} A:{answer} R:{completion}", system="You grade.", seed=7, max_tokens=32,
+        stub.base_url,
+        template="Q:{prompt} A:{answer} R:{completion}",
+        system="You grade.",
+        seed=7,
+        max_tokens=32,
         extra_body={"structured_outputs": {"regex": "[0-9]+"}},
     )
-    out = rewards.score(["7", "seven", ""], {"prompt": ["3+4=", [{"role": "user", "content": "3+4?"}], "x"], "answer": ["7", "7", "0"]})
+    out = rewards.score(
+        ["7", "seven", ""], {"prompt": ["3+4=", [{"role": "user", "content": "3+4?"}], "x"], "answer": ["7", "7", "0"]}
+    )
     assert out.rewards[:, 0].tolist() == [1.0, 5.0, 0.0]
     sent = sorted(stub.requests, key=lambda r: r["messages"][-1]["content"])
     assert [r["messages"] for r in sent] == [
@@ -55,7 +63,9 @@ def test_requests_carry_the_filled_template_and_scores_are_parsed(stubs):
         for text in ["Q:3+4= A:7 R:7", "Q:user: 3+4? A:7 R:seven", "Q:x A:0 R:"]
     ]
     assert {r["path"] for r in sent} == {"/v1/chat/completions"}
-    assert all(r["model"] == "judge" and r["temperature"] == 0.0 and r["max_tokens"] == 32 and r["seed"] == 7 for r in sent)
+    assert all(
+        r["model"] == "judge" and r["temperature"] == 0.0 and r["max_tokens"] == 32 and r["seed"] == 7 for r in sent
+    )
     assert all(r["structured_outputs"] == {"regex": "[0-9]+"} for r in sent)
     assert rewards.totals() == {"reward/llm_judge/judge_failures": 0.0, "reward/llm_judge/judge_retries": 0.0}
 
@@ -63,20 +73,32 @@ def test_requests_carry_the_filled_template_and_scores_are_parsed(stubs):
 def test_prompt_is_the_data_prompt_before_the_policy_template(stubs):
     stub = stubs(length_reply)
     rewards = judge_set(stub.base_url, template="Q:{prompt} R:{completion}")
-    rewards.score(["7"], {"prompt": ["<|im_start|>user\n3+4=<|im_end|>\n"], "raw_prompt": [[{"role": "user", "content": "3+4="}]]})
+    rewards.score(
+        ["7"], {"prompt": ["<|im_start|>user\n3+4=<|im_end|>\n"], "raw_prompt": [[{"role": "user", "content": "3+4="}]]}
+    )
     assert user_text(stub.requests[0]) == "Q:user: 3+4= R:7"
 
 
 def test_score_pattern_clamp_and_normalize(stubs):
     stub = stubs(lambda body: (200, {"choices": [{"text": f"<score>{user_text(body)}</score> out of 10"}]}))
-    tagged = judge_set(stub.base_url, endpoint="completions", template="{completion}", score_pattern=r"<score>(.*?)</score>")
+    tagged = judge_set(
+        stub.base_url, endpoint="completions", template="{completion}", score_pattern=r"<score>(.*?)</score>"
+    )
     assert tagged.score(["3", "-2.5", "12"]).rewards[:, 0].tolist() == [3.0, -2.5, 12.0]
     assert stub.requests[0]["path"] == "/v1/completions" and "prompt" in stub.requests[0]
     last_number = judge_set(stub.base_url, endpoint="completions", template="{completion}")
     assert last_number.score(["3"]).rewards[:, 0].tolist() == [10.0]  # the default reads "out of 10": use a tag
-    scaled = judge_set(stub.base_url, endpoint="completions", template="{completion}", score_pattern=r"<score>(.*?)</score>",
-                       clamp=[0, 10], normalize=True)
-    assert scaled.score(["3", "-2.5", "12"]).rewards[:, 0].tolist() == pytest.approx([0.3, 0.0, 1.0], abs=1e-7)  # float32
+    scaled = judge_set(
+        stub.base_url,
+        endpoint="completions",
+        template="{completion}",
+        score_pattern=r"<score>(.*?)</score>",
+        clamp=[0, 10],
+        normalize=True,
+    )
+    assert scaled.score(["3", "-2.5", "12"]).rewards[:, 0].tolist() == pytest.approx(
+        [0.3, 0.0, 1.0], abs=1e-7
+    )  # float32
 
 
 def test_requests_run_concurrently_up_to_max_concurrency(stubs):
@@ -118,7 +140,9 @@ def slow_stub(stubs):
 
 
 def test_a_slow_judge_times_out_after_its_retries(slow_stub):
-    with pytest.raises(RewardError, match=r"failed on sample 0 \(completion 'a'\) after 3 attempts: no answer within timeout_s=0.2"):
+    with pytest.raises(
+        RewardError, match=r"failed on sample 0 \(completion 'a'\) after 3 attempts: no answer within timeout_s=0.2"
+    ):
         judge_set(slow_stub.base_url, template="{completion}", timeout_s=0.2, retries=2).score(["a"])
     assert len(slow_stub.requests) == 3  # the first attempt and two retries
 
@@ -132,8 +156,10 @@ def test_a_slow_judge_counts_retries_and_failures(slow_stub):
 
 def test_a_reply_without_a_score(stubs):
     stub = stubs(lambda body: (200, "I cannot judge this response."))
-    message = ("failed on sample 0 (completion 'a') after 2 attempts: no score matching score_pattern '-?\\d+(?:\\.\\d+)?' in the reply "
-               "'I cannot judge this response.'")
+    message = (
+        "failed on sample 0 (completion 'a') after 2 attempts: no score matching score_pattern '-?\\d+(?:\\.\\d+)?' in the reply "
+        "'I cannot judge this response.'"
+    )
     with pytest.raises(RewardError, match=re.escape(message)):
         judge_set(stub.base_url, template="{completion}", retries=1, temperature=0.7).score(["a"])
     assert len(stub.requests) == 2
@@ -173,15 +199,22 @@ def test_template_fields_must_be_columns(stubs):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"base_url": "localhost:8000"},
-         r"kwargs.base_url must be an http\(s\) URL such as 'http://127.0.0.1:8000/v1', got 'localhost:8000'"),
+        (
+            {"base_url": "localhost:8000"},
+            r"kwargs.base_url must be an http\(s\) URL such as 'http://127.0.0.1:8000/v1', got 'localhost:8000'",
+        ),
         ({"model": ""}, r"kwargs.model must be the served model name \(a non-empty string\), got ''"),
         ({"template": "Rate {prompt}"}, r"kwargs.template must contain \{completion\}"),
-        ({"template": "{completion} {0}"}, r"kwargs.template fields must be plain column names like \{prompt\}, got \['0'\]"),
+        (
+            {"template": "{completion} {0}"},
+            r"kwargs.template fields must be plain column names like \{prompt\}, got \['0'\]",
+        ),
         ({"template": "{completion"}, r"kwargs.template is not a valid format string"),
         ({"endpoint": "responses"}, r"kwargs.endpoint must be one of 'chat', 'completions', got 'responses'"),
-        ({"endpoint": "completions", "system": "hi"},
-         r"kwargs.system must be a string \(with endpoint .chat.: a completions request has no messages\) or null, got .hi."),
+        (
+            {"endpoint": "completions", "system": "hi"},
+            r"kwargs.system must be a string \(with endpoint .chat.: a completions request has no messages\) or null, got .hi.",
+        ),
         ({"score_pattern": "(("}, r"kwargs.score_pattern '\(\(' is not a valid regex"),
         ({"score_pattern": "(a)(b)"}, r"kwargs.score_pattern must be a regex with at most one group"),
         ({"clamp": [1, 0]}, r"kwargs.clamp must be \[low, high\] with finite low < high, got \[1, 0\]"),
@@ -189,10 +222,16 @@ def test_template_fields_must_be_columns(stubs):
         ({"max_concurrency": 0}, r"kwargs.max_concurrency must be an integer >= 1, got 0"),
         ({"timeout_s": 0}, r"kwargs.timeout_s must be a number > 0 \(seconds\), got 0"),
         ({"retries": -1}, r"kwargs.retries must be an integer >= 0, got -1"),
-        ({"on_failure": "zero"}, r"kwargs.on_failure must be 'raise' or a finite number \(the reward of a failed row\), got 'zero'"),
+        (
+            {"on_failure": "zero"},
+            r"kwargs.on_failure must be 'raise' or a finite number \(the reward of a failed row\), got 'zero'",
+        ),
         ({"max_tokens": 0}, r"kwargs.max_tokens must be an integer >= 1, got 0"),
         ({"extra_body": "x"}, r"kwargs.extra_body must be a mapping of extra request fields, got 'x'"),
-        ({"api_key_env": "LIGHTNING_GRPO_NO_SUCH_KEY"}, r"kwargs.api_key_env must be the name of a set environment variable"),
+        (
+            {"api_key_env": "LIGHTNING_GRPO_NO_SUCH_KEY"},
+            r"kwargs.api_key_env must be the name of a set environment variable",
+        ),
         ({"timeout": 3}, r"unknown kwargs \['timeout'\]; its options are \[.*'timeout_s'"),
     ],
 )
@@ -237,9 +276,16 @@ def test_scores_equal_a_direct_call_to_a_vllm_server(vllm_server, tiny_model_pat
     one; greedy decoding makes the answer reproducible. Ending the raw-text template with the
     completion makes the answers differ between completions (the chat template's fixed suffix
     hides that from a random 2-layer model)."""
-    kwargs = {"base_url": f"{vllm_server}/v1", "model": str(tiny_model_path), "endpoint": endpoint,
-              "template": "{prompt} {answer} {completion}", "max_tokens": 4, "seed": 0, "max_concurrency": 4,
-              "extra_body": {"structured_outputs": {"regex": "[0-9]{1,2}"}}}
+    kwargs = {
+        "base_url": f"{vllm_server}/v1",
+        "model": str(tiny_model_path),
+        "endpoint": endpoint,
+        "template": "{prompt} {answer} {completion}",
+        "max_tokens": 4,
+        "seed": 0,
+        "max_concurrency": 4,
+        "extra_body": {"structured_outputs": {"regex": "[0-9]{1,2}"}},
+    }
     judge = LLMJudge(**kwargs)
     completions = ["12", "3 abc", "", "9", "0", "5 5", "77", "a"]
     columns = {"prompt": ["1234=", "5678=", "x", "0=", "a", "b", "c", "d"], "answer": list("12345678")}

@@ -22,7 +22,9 @@ def chatml(*turns: tuple[str, str]) -> str:
 
 def prepared(tok, rows, **fields) -> list[dict]:
     """Records of ``rows`` with the chat template on; ``fields``: more :class:`PromptFormat` fields."""
-    dm = PromptDataModule(source=Rows(rows), format=PromptFormat(use_chat_template=True, answer_column=None, **fields), batch_size=1)
+    dm = PromptDataModule(
+        source=Rows(rows), format=PromptFormat(use_chat_template=True, answer_column=None, **fields), batch_size=1
+    )
     dm.tokenizer = tok
     dm.setup()
     return dm.train_records
@@ -30,8 +32,12 @@ def prepared(tok, rows, **fields) -> list[dict]:
 
 def test_text_prompt_with_system_prompt_exact_text_and_ids(qwen_tokenizer):
     """Loaded from the package's directory like a user's ``tokenizer_path``: ids written out by hand."""
-    dm = PromptDataModule(source=Rows([{"prompt": "What is 2+3?", "answer": "5"}]), tokenizer_path=qwen_tokenizer.name_or_path,
-                          format=PromptFormat(use_chat_template=True, system_prompt="You are terse."), batch_size=1)
+    dm = PromptDataModule(
+        source=Rows([{"prompt": "What is 2+3?", "answer": "5"}]),
+        tokenizer_path=qwen_tokenizer.name_or_path,
+        format=PromptFormat(use_chat_template=True, system_prompt="You are terse."),
+        batch_size=1,
+    )
     dm.setup()
     record = dm.train_records[0]
     assert record["prompt"] == chatml(("system", "You are terse."), ("user", "What is 2+3?"))
@@ -49,7 +55,13 @@ def test_message_list_prompts_and_the_system_prompt(qwen_tokenizer):
     rows = [
         {"prompt": [{"role": "user", "content": "Hi"}]},
         {"prompt": [{"role": "system", "content": "Row system."}, {"role": "user", "content": "Hi"}]},
-        {"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "2+3?"}]},
+        {
+            "prompt": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "2+3?"},
+            ]
+        },
     ]
     records = prepared(qwen_tokenizer, rows, system_prompt="You are terse.")
     assert [r["prompt"] for r in records] == [
@@ -75,8 +87,11 @@ def test_message_lists_from_a_jsonl_file(qwen_tokenizer, tmp_path):
     ]
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    dm = PromptDataModule(Files(str(path), cache_dir=str(tmp_path / "cache")),
-                          format=PromptFormat(use_chat_template=True, system_prompt="You are terse."), batch_size=2)
+    dm = PromptDataModule(
+        Files(str(path), cache_dir=str(tmp_path / "cache")),
+        format=PromptFormat(use_chat_template=True, system_prompt="You are terse."),
+        batch_size=2,
+    )
     dm.tokenizer = qwen_tokenizer
     dm.setup()
     assert [r["prompt"] for r in dm.train_records] == [
@@ -88,7 +103,9 @@ def test_message_lists_from_a_jsonl_file(qwen_tokenizer, tmp_path):
 
 def test_truncation_keeps_the_last_real_tokens(qwen_tokenizer):
     """``on_long_prompt="truncate"`` keeps the last ``max_prompt_length`` ids of the template's ids."""
-    full = qwen_tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], tokenize=True, add_generation_prompt=True)
+    full = qwen_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2+3?"}], tokenize=True, add_generation_prompt=True
+    )
     with pytest.warns(UserWarning, match="truncated 1 of 1 prompts"):
         records = prepared(qwen_tokenizer, [{"prompt": "What is 2+3?"}], max_prompt_length=8, on_long_prompt="truncate")
     assert records[0]["prompt_ids"] == list(full["input_ids"])[-8:] == [10, 18, 30, IM_END, NL, IM_START, ASSISTANT, NL]

@@ -32,19 +32,33 @@ def test_weights_split_the_rows_and_rows_are_reasoning_gyms_entries():
     assert collections.Counter(r["task"] for r in train) == {"spell_backward": 2, "chain_sum": 6}  # 8 x 1/4, 3/4
     assert collections.Counter(r["task"] for r in source.val_rows()) == {"spell_backward": 1, "chain_sum": 3}
     # each task's rows are reasoning-gym's own entries, drawn with the seed derived for (seed, split, task, level)
-    spell = rg.create_dataset("spell_backward", seed=_derive_seed(0, "train", "spell_backward", None), size=2, min_word_len=3, max_word_len=3)
+    spell = rg.create_dataset(
+        "spell_backward", seed=_derive_seed(0, "train", "spell_backward", None), size=2, min_word_len=3, max_word_len=3
+    )
     expected = [spell[i] for i in range(2)]
     got = [r for r in train if r["task"] == "spell_backward"]
-    assert [(r["question"], r["answer"], r["metadata"]) for r in got] == [(e["question"], e["answer"], e["metadata"]) for e in expected]
+    assert [(r["question"], r["answer"], r["metadata"]) for r in got] == [
+        (e["question"], e["answer"], e["metadata"]) for e in expected
+    ]
     assert all(r["prompt"] == r["question"] and r["level"] == -1 for r in got)
     chain = [r for r in train if r["task"] == "chain_sum"]
     # level 0 of chain_sum's curriculum: two terms of one digit
-    assert all(r["task_config"]["max_terms"] == 2 and r["task_config"]["max_digits"] == 1 and r["level"] == 0 for r in chain)
+    assert all(
+        r["task_config"]["max_terms"] == 2 and r["task_config"]["max_digits"] == 1 and r["level"] == 0 for r in chain
+    )
 
 
 def test_largest_remainders_give_every_row():
-    source = mix(tasks=[SPELL3, {"name": "chain_sum", "weight": 1.0}, {"name": "basic_arithmetic", "weight": 1.0}], size=10, val_size=0)
-    assert collections.Counter(r["task"] for r in source.train_rows()) == {"spell_backward": 4, "chain_sum": 3, "basic_arithmetic": 3}
+    source = mix(
+        tasks=[SPELL3, {"name": "chain_sum", "weight": 1.0}, {"name": "basic_arithmetic", "weight": 1.0}],
+        size=10,
+        val_size=0,
+    )
+    assert collections.Counter(r["task"] for r in source.train_rows()) == {
+        "spell_backward": 4,
+        "chain_sum": 3,
+        "basic_arithmetic": 3,
+    }
     assert source.val_rows() is None
 
 
@@ -60,13 +74,17 @@ def test_held_out_rows_use_another_seed_and_never_a_training_question():
     train, val = source.train_rows(), source.val_rows()
     assert len(val) == 30 and len({r["question"] for r in val}) == 30
     assert not {r["question"] for r in val} & {r["question"] for r in train}
-    drawn = rg.create_dataset("chain_sum", seed=_derive_seed(1, "val", "chain_sum", 0), size=600, **train[0]["task_config"])
+    drawn = rg.create_dataset(
+        "chain_sum", seed=_derive_seed(1, "val", "chain_sum", 0), size=600, **train[0]["task_config"]
+    )
     assert {r["question"] for r in val} <= {e["question"] for e in drawn}
 
 
 def test_held_out_split_too_small_for_the_question_space():
     source = ReasoningGymSource(tasks=[{"name": "count_bits", "config": {"min_n": 1, "max_n": 3}}], size=40, val_size=2)
-    with pytest.raises(ValueError, match=r"task 'count_bits' gave only 0 distinct held-out questions .* \(lower val_size"):
+    with pytest.raises(
+        ValueError, match=r"task 'count_bits' gave only 0 distinct held-out questions .* \(lower val_size"
+    ):
         source.val_rows()
 
 
@@ -98,15 +116,30 @@ def test_levels_change_the_draw():
 @pytest.mark.parametrize(
     "tasks, match",
     [
-        ([{"name": "spell_backwards"}], r"tasks\[0\]\.name: unknown reasoning-gym task 'spell_backwards'; close names: \['spell_backward'"),
+        (
+            [{"name": "spell_backwards"}],
+            r"tasks\[0\]\.name: unknown reasoning-gym task 'spell_backwards'; close names: \['spell_backward'",
+        ),
         ([{"name": "chainsum"}], r"close names: \['chain_sum'"),
-        ([SPELL3, {"name": "chain_sum", "weight": 0}], r"tasks\[1\]\.weight \(chain_sum\): must be a finite number > 0, got 0"),
+        (
+            [SPELL3, {"name": "chain_sum", "weight": 0}],
+            r"tasks\[1\]\.weight \(chain_sum\): must be a finite number > 0, got 0",
+        ),
         ([{"name": "chain_sum", "weight": float("nan")}], r"weight \(chain_sum\): must be a finite number > 0"),
         ([{"name": "chain_sum", "weight": "1"}], r"weight \(chain_sum\): must be a finite number > 0, got '1'"),
-        ([{"name": "chain_sum", "config": {"min_terms": 2, "nope": 1}}], r"tasks\[0\]\.config \(chain_sum\): TypeError: .*nope"),
-        ([{"name": "chain_sum", "config": {"min_terms": 5, "max_terms": 2}}], r"tasks\[0\]\.config \(chain_sum\): AssertionError"),
+        (
+            [{"name": "chain_sum", "config": {"min_terms": 2, "nope": 1}}],
+            r"tasks\[0\]\.config \(chain_sum\): TypeError: .*nope",
+        ),
+        (
+            [{"name": "chain_sum", "config": {"min_terms": 5, "max_terms": 2}}],
+            r"tasks\[0\]\.config \(chain_sum\): AssertionError",
+        ),
         ([{"name": "chain_sum", "config": {"seed": 1}}], r"\['seed'\] are set by the source"),
-        ([{"name": "chain_sum", "level": 99}], r"tasks\[0\]\.level \(chain_sum\): must be an integer in \[0, \d+\], got 99"),
+        (
+            [{"name": "chain_sum", "level": 99}],
+            r"tasks\[0\]\.level \(chain_sum\): must be an integer in \[0, \d+\], got 99",
+        ),
         ([{"name": "acre", "level": 0}], r"tasks\[0\]\.level \(acre\): this task has no reasoning-gym curriculum"),
         ([SPELL3, SPELL3], r"names a task twice"),
         ([], r"tasks must be a non-empty list"),
@@ -131,7 +164,9 @@ def test_bad_sizes_and_seeds(kwargs, match):
 
 
 def test_tasks_as_dataclasses():
-    source = ReasoningGymSource(tasks=[ReasoningGymTask("spell_backward", config={"min_word_len": 3, "max_word_len": 3})], size=3, val_size=1)
+    source = ReasoningGymSource(
+        tasks=[ReasoningGymTask("spell_backward", config={"min_word_len": 3, "max_word_len": 3})], size=3, val_size=1
+    )
     assert [r["task"] for r in source.train_rows()] == ["spell_backward"] * 3
     assert source.describe("val") == "ReasoningGymSource [spell_backward] split 'val' (seed 1)"
 
@@ -148,7 +183,11 @@ def direct(rows, completions, n, extract):
     for i, c in enumerate(completions):
         row = rows[i // n]
         dataset = rg.create_dataset(row["task"], seed=0, size=1, **row["task_config"])
-        out.append(dataset.score_answer(extract(c), {"question": row["question"], "answer": row["answer"], "metadata": row["metadata"]}))
+        out.append(
+            dataset.score_answer(
+                extract(c), {"question": row["question"], "answer": row["answer"], "metadata": row["metadata"]}
+            )
+        )
     return out
 
 
@@ -177,14 +216,23 @@ def test_reward_with_answer_tags_threshold_and_json_columns():
     assert tagged == direct(rows, completions, 2, rg.utils.extract_answer)
     assert tagged[:3] == [1.0, 0.0, pytest.approx(2 / 3)]  # no tags: None, scored 0
     assert reasoning_gym_score(completions, **cols, answer_format="answer_tags", threshold=1.0) == [1.0, 0.0, 0.0, 0.0]
-    as_json = {**cols, "metadata": [json.dumps(m) for m in cols["metadata"]], "task_config": [json.dumps(c) for c in cols["task_config"]]}
+    as_json = {
+        **cols,
+        "metadata": [json.dumps(m) for m in cols["metadata"]],
+        "task_config": [json.dumps(c) for c in cols["task_config"]],
+    }
     assert reasoning_gym_score(completions, **as_json, answer_format="answer_tags") == tagged
 
 
 def test_reward_in_a_reward_set_and_its_bad_kwargs():
     rows = mix(size=4).train_rows()[:2]
     records = [{**r, "prompt_ids": [0]} for r in rows]
-    reward_set = RewardSet([RewardSpec("reasoning_gym", alias="solved", weight=0.0, kwargs={"threshold": 1.0}), RewardSpec("reasoning_gym")])
+    reward_set = RewardSet(
+        [
+            RewardSpec("reasoning_gym", alias="solved", weight=0.0, kwargs={"threshold": 1.0}),
+            RewardSpec("reasoning_gym"),
+        ]
+    )
     cols = {k: [r[k] for r in records] for k in records[0]}
     scores = reward_set.score([rows[0]["answer"], "nope"], cols)
     assert scores.rewards.tolist() == [[1.0, 1.0], [0.0, pytest.approx(direct(rows[1:], ["nope"], 1, str.strip)[0])]]

@@ -18,7 +18,7 @@ from lightning_grpo.rollout.base import Rollout
 
 ROWS = [{"question": f"{10 + i}", "solution": str(i), "topic": "add" if i % 2 else "sub"} for i in range(4)]
 
-MAPS = '''
+MAPS = """
 def to_prompt(row):
     return {"prompt": row.pop("question") + "=", "answer": row.pop("solution"), "hint": row["topic"][0], **row}
 
@@ -29,7 +29,7 @@ def fails_on_row_two(row):
     if row["question"] == "12":
         raise KeyError("no_such_column")
     return row
-'''
+"""
 
 
 @pytest.fixture
@@ -45,7 +45,10 @@ def write_jsonl(path, rows):
     return str(path)
 
 
-EXPECTED = [{"prompt": f"{10 + i}=", "answer": str(i), "hint": "as"[i % 2 == 0], "topic": ("add" if i % 2 else "sub")} for i in range(4)]
+EXPECTED = [
+    {"prompt": f"{10 + i}=", "answer": str(i), "hint": "as"[i % 2 == 0], "topic": ("add" if i % 2 else "sub")}
+    for i in range(4)
+]
 
 
 @pytest.mark.parametrize("form", ["{m}.to_prompt", "{m}:to_prompt"])
@@ -55,9 +58,15 @@ def test_import_path_forms_on_files_datasets_and_sources(make_dm, maps, tmp_path
     for options in (
         {"train_files": train, "val_files": val},
         {"source": Rows(ROWS, val=ROWS[:2])},
-        {"source": HubDataset("json", data_files={"train": train, "val": val}, val_split="val", cache_dir=str(tmp_path / "c"))},
+        {
+            "source": HubDataset(
+                "json", data_files={"train": train, "val": val}, val_split="val", cache_dir=str(tmp_path / "c")
+            )
+        },
     ):
-        dm = make_dm(format=PromptFormat(record_map=path), **options)  # prompt_column 'prompt' exists only after the map
+        dm = make_dm(
+            format=PromptFormat(record_map=path), **options
+        )  # prompt_column 'prompt' exists only after the map
         got = [{k: r[k] for k in ("prompt", "answer", "hint", "topic")} for r in dm.train_records]
         assert got == EXPECTED
         assert [r["prompt"] for r in dm.val_records] == ["10=", "11="]
@@ -65,18 +74,33 @@ def test_import_path_forms_on_files_datasets_and_sources(make_dm, maps, tmp_path
 
 
 def test_a_function_from_python(make_dm):
-    dm = make_dm(source=Rows(ROWS), format=PromptFormat(prompt_column="question", answer_column=None, record_map=lambda row: {**row, "n": int(row["question"])}))
+    dm = make_dm(
+        source=Rows(ROWS),
+        format=PromptFormat(
+            prompt_column="question", answer_column=None, record_map=lambda row: {**row, "n": int(row["question"])}
+        ),
+    )
     assert [r["n"] for r in dm.train_records] == [10, 11, 12, 13]
 
 
 def test_record_map_errors(make_dm, maps):
-    with pytest.raises(ValueError, match=r"data.format.record_map 'nowhere.fn' could not be imported: No module named 'nowhere'"):
+    with pytest.raises(
+        ValueError, match=r"data.format.record_map 'nowhere.fn' could not be imported: No module named 'nowhere'"
+    ):
         PromptFormat(record_map="nowhere.fn")
-    with pytest.raises(ValueError, match=r"data.format.record_map 'to_prompt' is not an import path; give one like my_module.map_row"):
+    with pytest.raises(
+        ValueError, match=r"data.format.record_map 'to_prompt' is not an import path; give one like my_module.map_row"
+    ):
         PromptFormat(record_map="to_prompt")
-    with pytest.raises(TypeError, match=rf"data.format.record_map {maps}.not_a_dict returned a list for row 0 of data.source.train; expected a dict"):
+    with pytest.raises(
+        TypeError,
+        match=rf"data.format.record_map {maps}.not_a_dict returned a list for row 0 of data.source.train; expected a dict",
+    ):
         make_dm(source=Rows(ROWS), format=PromptFormat(record_map=f"{maps}.not_a_dict"))
-    with pytest.raises(ValueError, match=rf"data.format.record_map {maps}.fails_on_row_two raised KeyError: 'no_such_column' on row 2 of data.source.train"):
+    with pytest.raises(
+        ValueError,
+        match=rf"data.format.record_map {maps}.fails_on_row_two raised KeyError: 'no_such_column' on row 2 of data.source.train",
+    ):
         make_dm(source=Rows(ROWS), format=PromptFormat(prompt_column="question", record_map=f"{maps}.fails_on_row_two"))
 
 
@@ -97,14 +121,19 @@ def test_every_column_reaches_the_reward_functions_by_name(make_dm, maps, tiny_m
     rollout = Rollout(
         prompt_ids=[r["prompt_ids"] for r in records],
         completion_ids=[ids("0")["input_ids"], ids("7")["input_ids"], ids("1")["input_ids"], ids("1")["input_ids"]],
-        logprobs=[[0.0]] * 4, finished=[True] * 4, group_size=2,
+        logprobs=[[0.0]] * 4,
+        finished=[True] * 4,
+        group_size=2,
     )
     rewards = RewardSet([RewardSpec(sees_columns)])
     scores = score_rollout(rollout, rewards, dm.tokenizer, records)
     assert scores.rewards[:, 0].tolist() == [1.0, 0.0, 1.0, 1.0]
     assert SEEN == {
-        "hint": ["s", "s", "a", "a"], "topic": ["sub", "sub", "add", "add"], "raw_prompt": ["10=", "10=", "11=", "11="],
-        "answer": ["0", "0", "1", "1"], "completion_lengths": [1, 1, 1, 1],
+        "hint": ["s", "s", "a", "a"],
+        "topic": ["sub", "sub", "add", "add"],
+        "raw_prompt": ["10=", "10=", "11=", "11="],
+        "answer": ["0", "0", "1", "1"],
+        "completion_lengths": [1, 1, 1, 1],
     }
 
 
@@ -134,14 +163,14 @@ data:
   batch_size: 2
 """
 
-REWARDS = '''
+REWARDS = """
 import json
 
 def uses_hint(completions, hint, topic, **columns):
     with open("seen.jsonl", "a") as f:
         f.write(json.dumps({"hint": hint, "topic": topic, "prompt": columns["prompt"], "completions": completions}) + "\\n")
     return [float(c.startswith(h)) for c, h in zip(completions, hint)]
-'''
+"""
 
 
 def test_the_console_script_imports_modules_from_the_current_directory(tmp_path, tiny_model_path):
@@ -153,8 +182,14 @@ def test_the_console_script_imports_modules_from_the_current_directory(tmp_path,
     write_jsonl(tmp_path / "qa.jsonl", ROWS)
     script = "import sys; sys.path.pop(0); from lightning_grpo.cli import main; sys.argv[0] = 'lightning-grpo'; main()"
     env = {**os.environ, "LIGHTNING_GRPO_CACHE": str(tiny_model_path.parent)}
-    done = subprocess.run([sys.executable, "-c", script, "fit", "-c", "recipe.yaml"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", script, "fit", "-c", "recipe.yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = [json.loads(line) for line in (tmp_path / "seen.jsonl").read_text().splitlines()]
     probe = [call for call in seen if "a stand-in completion" in call["completions"]]  # data/reward_probe.py

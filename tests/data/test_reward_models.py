@@ -60,7 +60,9 @@ def test_scores_equal_a_direct_forward(rm_dirs, side, batch_size):
 def test_rows_are_scored_independently_as_on_two_ranks(rm_dirs):
     """Under DDP every rank scores its own rows: half a batch scores as it does in the whole batch."""
     whole = _score(rm_dirs["right"], batch_size=4)
-    halves = torch.cat([_score(rm_dirs["right"], COMPLETIONS[:2], PROMPTS[:2]), _score(rm_dirs["right"], COMPLETIONS[2:], PROMPTS[2:])])
+    halves = torch.cat(
+        [_score(rm_dirs["right"], COMPLETIONS[:2], PROMPTS[:2]), _score(rm_dirs["right"], COMPLETIONS[2:], PROMPTS[2:])]
+    )
     torch.testing.assert_close(halves, whole, rtol=0, atol=1e-5)
 
 
@@ -96,7 +98,9 @@ def test_weights_load_once_and_not_before_the_first_batch(rm_dirs, monkeypatch):
     assert rm.model.training is False and not any(p.requires_grad for p in rm.model.parameters())
     assert next(rm.model.parameters()).dtype == torch.float32  # dtype auto on CPU
     clone = pickle.loads(pickle.dumps(rm))  # ddp_spawn: the weights are not pickled, they reload
-    assert clone._model is None and clone(["1"], prompt=["1234="]) == pytest.approx(rm(["1"], prompt=["1234="]), abs=1e-6)
+    assert clone._model is None and clone(["1"], prompt=["1234="]) == pytest.approx(
+        rm(["1"], prompt=["1234="]), abs=1e-6
+    )
 
 
 def test_the_prompt_before_the_policy_template_is_preferred(rm_dirs):
@@ -114,7 +118,9 @@ def test_the_prompt_before_the_policy_template_is_preferred(rm_dirs):
 def test_plain_text_and_truncation_keep_the_scored_end(rm_dirs):
     texts = [p + c for p, c in zip(PROMPTS[:2], COMPLETIONS[:2])]
     scores = _score(rm_dirs["right"], COMPLETIONS[:2], PROMPTS[:2], chat_template=False)
-    torch.testing.assert_close(scores, direct(rm_dirs["right"], texts, add_special_tokens=True)[:, 0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        scores, direct(rm_dirs["right"], texts, add_special_tokens=True)[:, 0], rtol=0, atol=1e-5
+    )
     long = [chatml(p, c) for p, c in zip(PROMPTS, COMPLETIONS)]
     cut = _score(rm_dirs["left"], max_length=20)
     torch.testing.assert_close(cut, direct(rm_dirs["right"], long, keep=20)[:, 0], rtol=0, atol=1e-5)
@@ -124,12 +130,16 @@ def test_a_classifier_scores_one_label_after_the_activation(tmp_path):
     path = str(save_tiny_reward_model(tmp_path / "rm3", num_labels=3, seed=1))
     logits = direct(path, [chatml(p, c) for p, c in zip(PROMPTS, COMPLETIONS)])  # [B, 3]
     torch.testing.assert_close(_score(path, label=2), logits[:, 2], rtol=0, atol=1e-5)
-    torch.testing.assert_close(_score(path, label="LABEL_1", activation="softmax"), logits.softmax(-1)[:, 1], rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        _score(path, label="LABEL_1", activation="softmax"), logits.softmax(-1)[:, 1], rtol=0, atol=1e-6
+    )
     torch.testing.assert_close(_score(path, label=0, activation="sigmoid"), logits[:, 0].sigmoid(), rtol=0, atol=1e-6)
 
 
 def test_logged_under_its_name_with_its_weight(rm_dirs):
-    rewards = RewardSet([RewardSpec("reward_model", weight=0.5, kwargs={"model": rm_dirs["right"]}), RewardSpec("exact_match")])
+    rewards = RewardSet(
+        [RewardSpec("reward_model", weight=0.5, kwargs={"model": rm_dirs["right"]}), RewardSpec("exact_match")]
+    )
     out = rewards.score(COMPLETIONS, {"prompt": PROMPTS, "answer": ["1", "2", "", "9"]})
     assert out.names == ["reward_model", "exact_match"] and out.weights.tolist() == [0.5, 1.0]
     assert out.metrics()["reward/reward_model/mean"] == pytest.approx(out.rewards[:, 0].mean().item())
@@ -141,7 +151,10 @@ def test_logged_under_its_name_with_its_weight(rm_dirs):
     [
         ({}, r"reward 'reward_model' needs kwargs \['model'\]"),
         ({"batchsize": 4}, r"reward 'reward_model': unknown kwargs \['batchsize'\]; its options are \[.*'batch_size'"),
-        ({"model": "/no/such/dir"}, r"reward 'reward_model': kwargs.model '/no/such/dir' is not a model directory with a config.json"),
+        (
+            {"model": "/no/such/dir"},
+            r"reward 'reward_model': kwargs.model '/no/such/dir' is not a model directory with a config.json",
+        ),
         ({"batch_size": 0}, r"reward 'reward_model': kwargs.batch_size must be an integer >= 1, got 0"),
         ({"dtype": "fp8"}, r"kwargs.dtype must be one of 'auto', 'float32', 'bfloat16', 'float16', got 'fp8'"),
         ({"device": "tpu:x"}, r"kwargs.device must be 'auto', 'cpu', 'cuda' or 'cuda:<index>', got 'tpu:x'"),
@@ -162,7 +175,9 @@ def test_bad_options_name_the_option(rm_dirs, kwargs, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_cuda_asked_for_where_there_is_none(rm_dirs):
-    with pytest.raises(ValueError, match=r"kwargs.device is 'cuda:0' but CUDA is not available here \(use 'auto' or 'cpu'\)"):
+    with pytest.raises(
+        ValueError, match=r"kwargs.device is 'cuda:0' but CUDA is not available here \(use 'auto' or 'cpu'\)"
+    ):
         RewardSet([RewardSpec("reward_model", kwargs={"model": rm_dirs["right"], "device": "cuda:0"})])
 
 
@@ -183,9 +198,14 @@ def test_a_tokenizer_without_chat_template_needs_plain_text(rm_dirs, tmp_path):
     tokenizer.chat_template = None
     tokenizer.save_pretrained(tmp_path / "plain")
     with pytest.raises(ValueError, match=r"tokenizer '.*plain' has no chat template; set kwargs.chat_template: false"):
-        RewardSet([RewardSpec("reward_model", kwargs={"model": rm_dirs["right"], "tokenizer": str(tmp_path / "plain")})])
+        RewardSet(
+            [RewardSpec("reward_model", kwargs={"model": rm_dirs["right"], "tokenizer": str(tmp_path / "plain")})]
+        )
     plain = {"model": rm_dirs["right"], "tokenizer": str(tmp_path / "plain"), "chat_template": False}
-    assert RewardSet([RewardSpec("reward_model", kwargs=plain)]).score(["1"], {"prompt": ["1="]}).rewards.shape == (1, 1)
+    assert RewardSet([RewardSpec("reward_model", kwargs=plain)]).score(["1"], {"prompt": ["1="]}).rewards.shape == (
+        1,
+        1,
+    )
 
 
 def test_missing_or_wrong_prompts_at_scoring_time(rm_dirs):
@@ -212,10 +232,14 @@ class CallCounter:
 
 
 def test_a_reward_class_is_built_once_with_its_kwargs():
-    rewards = RewardSet([RewardSpec(f"{__name__}:CallCounter", kwargs={"bonus": 0.5}), RewardSpec(CallCounter, alias="plain")])
+    rewards = RewardSet(
+        [RewardSpec(f"{__name__}:CallCounter", kwargs={"bonus": 0.5}), RewardSpec(CallCounter, alias="plain")]
+    )
     assert rewards.names == ["CallCounter", "plain"]
     assert [rewards.score(["a"]).rewards[0].tolist() for _ in range(3)] == [[1.5, 1.0], [2.5, 2.0], [3.5, 3.0]]
-    with pytest.raises(ValueError, match=r"reward 'CallCounter': unknown kwargs \['bonsu'\]; its options are \['bonus'\]"):
+    with pytest.raises(
+        ValueError, match=r"reward 'CallCounter': unknown kwargs \['bonsu'\]; its options are \['bonus'\]"
+    ):
         RewardSet([RewardSpec(f"{__name__}:CallCounter", kwargs={"bonsu": 1})])
     with pytest.raises(ValueError, match=r"reward 'CallCounter': kwargs.bonus must be >= 0, got -1"):
         RewardSet([RewardSpec(f"{__name__}:CallCounter", kwargs={"bonus": -1})])

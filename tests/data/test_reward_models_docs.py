@@ -24,7 +24,10 @@ def test_the_python_examples_run(capsys):
     exec(compile(reward_model, str(DOC), "exec"), {"__name__": "reward_model_example"})
     stub = StubJudge(lambda body: (200, "Score: 8"))
     try:
-        exec(compile(judge.replace("http://127.0.0.1:8000/v1", stub.base_url), str(DOC), "exec"), {"__name__": "judge_example"})
+        exec(
+            compile(judge.replace("http://127.0.0.1:8000/v1", stub.base_url), str(DOC), "exec"),
+            {"__name__": "judge_example"},
+        )
     finally:
         stub.close()
     printed = capsys.readouterr().out.splitlines()

@@ -60,7 +60,10 @@ def none_at_3(completions, **_):
         ("raises", "reward function 'raises' raised KeyError: 'solution' on sample 0 (completion '2')"),
         ("wrong_length", "reward function 'wrong_length' returned the wrong number of scores: expected 4, got 1"),
         ("a_string", "reward function 'a_string' returned a str; expected a list of 4 numbers"),
-        ("no_arguments", "reward function 'no_arguments' raised TypeError: no_arguments() takes 0 positional arguments but 1 was given"),
+        (
+            "no_arguments",
+            "reward function 'no_arguments' raised TypeError: no_arguments() takes 0 positional arguments but 1 was given",
+        ),
     ],
     ids=["raises", "wrong_length", "a_string", "arity"],
 )
@@ -68,8 +71,11 @@ def test_a_bad_reward_fails_before_the_engine_starts(tmp_path, capsys, fn, messa
     from lightning_grpo.cli import main
 
     path = write_config(tmp_path, **{"rollout.rewards": [{"name": f"tests.data.test_reward_preflight.{fn}"}]})
-    with mock.patch.object(sys, "argv", ["lightning-grpo"]), mock.patch("lightning_grpo.rollout.factory.build_engine") as build, \
-            pytest.raises(SystemExit) as exit_:
+    with (
+        mock.patch.object(sys, "argv", ["lightning-grpo"]),
+        mock.patch("lightning_grpo.rollout.factory.build_engine") as build,
+        pytest.raises(SystemExit) as exit_,
+    ):
         main(["fit", "-c", str(path)])
     assert exit_.value.code == 2 and not build.called
     lines = capsys.readouterr().err.rstrip("\n").splitlines()
@@ -93,12 +99,16 @@ def test_none_is_left_out_of_its_mean_and_of_the_weighted_sum():
 
 def test_a_sample_no_function_scores_gets_zero_and_a_warning():
     rewards = RewardSet([RewardSpec(half_applicable), RewardSpec(none_at_3, weight=0.5)])
-    with pytest.warns(UserWarning, match=r"every reward function returned None for sample 3 \(completion 'd'\): it scores 0"):
+    with pytest.warns(
+        UserWarning, match=r"every reward function returned None for sample 3 \(completion 'd'\): it scores 0"
+    ):
         scores = rewards.score(["a", "b", "c", "d"])
     assert torch.allclose(scores.rewards @ scores.weights, torch.tensor([2.0, 1.0, 1.5, 0.0]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        RewardSet([RewardSpec(half_applicable), RewardSpec(ones)]).score(["a", "b", "c", "d"])  # every sample scored: quiet
+        RewardSet([RewardSpec(half_applicable), RewardSpec(ones)]).score(
+            ["a", "b", "c", "d"]
+        )  # every sample scored: quiet
 
 
 # ------------------------------------------------------------------- the convention from the data
@@ -118,7 +128,10 @@ def test_text_data_and_the_override_keep_plain_completions():
         return [float(c == "4") for c in completions]
 
     chat = [[{"role": "user", "content": "2+2?"}]] * 2
-    assert RewardSet([RewardSpec(text_only)]).score(["4", "5"], _columns(["2+2?", "2+2?"])).rewards[:, 0].tolist() == [1.0, 0.0]
+    assert RewardSet([RewardSpec(text_only)]).score(["4", "5"], _columns(["2+2?", "2+2?"])).rewards[:, 0].tolist() == [
+        1.0,
+        0.0,
+    ]
     overridden = RewardSet([RewardSpec(text_only, convention="columns")])
     assert overridden.score(["4", "5"], _columns(chat)).rewards[:, 0].tolist() == [1.0, 0.0]
     builtin = RewardSet([RewardSpec("exact_match")])  # the package's own rewards read text, whatever the data

@@ -102,7 +102,9 @@ def test_soft_overlong():
 def test_soft_overlong_kwargs_are_checked():
     with pytest.raises(ValueError, match=r"needs integer kwargs max_length and cache_length"):
         RewardSet([RewardSpec("soft_overlong", kwargs={"max_length": 10})])
-    with pytest.raises(ValueError, match=r"needs 0 <= cache_length <= max_length and max_length > 0, got cache_length=12"):
+    with pytest.raises(
+        ValueError, match=r"needs 0 <= cache_length <= max_length and max_length > 0, got cache_length=12"
+    ):
         RewardSet([RewardSpec("soft_overlong", kwargs={"max_length": 10, "cache_length": 12})])
 
 
@@ -117,7 +119,16 @@ def test_length():
 
 
 def test_registry_has_the_built_ins_and_rejects_duplicates():
-    assert {"exact_match", "prefix_match", "math_accuracy", "regex_format", "soft_overlong", "length", "reward_model", "llm_judge"} <= set(REWARDS)
+    assert {
+        "exact_match",
+        "prefix_match",
+        "math_accuracy",
+        "regex_format",
+        "soft_overlong",
+        "length",
+        "reward_model",
+        "llm_judge",
+    } <= set(REWARDS)
     with pytest.raises(ValueError, match=r"reward function 'exact_match' is already registered"):
         REWARDS.register("exact_match")(lambda completions, **_: [])
 
@@ -132,9 +143,14 @@ def test_resolve_by_name_and_by_import_path():
 
 
 def test_resolve_errors_name_the_string():
-    with pytest.raises(ValueError, match=r"unknown reward function 'exact'; registered: env_reward, exact_match, length, llm_judge, math_accuracy"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown reward function 'exact'; registered: env_reward, exact_match, length, llm_judge, math_accuracy",
+    ):
         resolve_reward("exact")
-    with pytest.raises(ValueError, match=r"reward function 'no_such_pkg.fn' could not be imported: No module named 'no_such_pkg'"):
+    with pytest.raises(
+        ValueError, match=r"reward function 'no_such_pkg.fn' could not be imported: No module named 'no_such_pkg'"
+    ):
         resolve_reward("no_such_pkg.fn")
     with pytest.raises(ValueError, match=r"reward function 'os.path:no_such_fn' could not be imported"):
         resolve_reward("os.path:no_such_fn")
@@ -187,7 +203,12 @@ def strict_signature(completions, answer, bonus=0.0):
 
 def test_a_function_without_columns_kwargs_gets_only_its_named_columns():
     rewards = RewardSet([RewardSpec(f"{__name__}:strict_signature", kwargs={"bonus": 0.5})])
-    columns = {"answer": ["1", "2"], "completion_ids": [[6], [8]], "completion_lengths": [1, 1], "truncated": [False, True]}
+    columns = {
+        "answer": ["1", "2"],
+        "completion_ids": [[6], [8]],
+        "completion_lengths": [1, 1],
+        "truncated": [False, True],
+    }
     assert rewards.score(["1", "3"], columns).rewards.tolist() == [[1.5], [0.5]]
 
 
@@ -199,12 +220,22 @@ def test_empty_batch():
 def test_set_construction_errors():
     with pytest.raises(ValueError, match=r"RewardSet needs at least one reward function"):
         RewardSet([])
-    with pytest.raises(ValueError, match=r"reward 'regex_format': unknown kwargs \['patern'\]; its named parameters are \['match', 'pattern'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"reward 'regex_format': unknown kwargs \['patern'\]; its named parameters are \['match', 'pattern'\]",
+    ):
         RewardSet([RewardSpec("regex_format", kwargs={"patern": "a"})])
-    with pytest.raises(ValueError, match=r"reward names must be unique; give an alias to the repeated \['regex_format'\]"):
-        RewardSet([RewardSpec("regex_format", kwargs={"pattern": "a"}), RewardSpec("regex_format", kwargs={"pattern": "b"})])
+    with pytest.raises(
+        ValueError, match=r"reward names must be unique; give an alias to the repeated \['regex_format'\]"
+    ):
+        RewardSet(
+            [RewardSpec("regex_format", kwargs={"pattern": "a"}), RewardSpec("regex_format", kwargs={"pattern": "b"})]
+        )
     two = RewardSet(
-        [RewardSpec("regex_format", kwargs={"pattern": "a"}), RewardSpec("regex_format", kwargs={"pattern": "b"}, alias="has_b")]
+        [
+            RewardSpec("regex_format", kwargs={"pattern": "a"}),
+            RewardSpec("regex_format", kwargs={"pattern": "b"}, alias="has_b"),
+        ]
     )
     assert two.score(["a", "b"]).rewards.tolist() == [[1.0, 0.0], [0.0, 1.0]]
 
@@ -222,12 +253,19 @@ def test_column_errors_before_any_call():
     calls: list[int] = []
     rewards = RewardSet([RewardSpec(__name__ + ":recording"), RewardSpec("exact_match")])
     recording.calls = calls
-    with pytest.raises(ValueError, match=r"reward 'exact_match' needs \['answer'\], found neither in its kwargs nor in the columns \['truncated'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"reward 'exact_match' needs \['answer'\], found neither in its kwargs nor in the columns \['truncated'\]",
+    ):
         rewards.score(["1", "2"], {"truncated": [False, True]})
-    with pytest.raises(ValueError, match=r"column 'answer' has 1 entries for 2 completions; expected one per completion"):
+    with pytest.raises(
+        ValueError, match=r"column 'answer' has 1 entries for 2 completions; expected one per completion"
+    ):
         rewards.score(["1", "2"], {"answer": ["1"]})
     shadow = RewardSet([RewardSpec("length", kwargs={"max_length": 3})])
-    with pytest.raises(ValueError, match=r"reward 'length': kwargs \['max_length'\] shadow data columns of the same name"):
+    with pytest.raises(
+        ValueError, match=r"reward 'length': kwargs \['max_length'\] shadow data columns of the same name"
+    ):
         shadow.score(["1"], {"completion_lengths": [1], "max_length": [3]})
     assert calls == []  # nothing ran
 
@@ -270,8 +308,14 @@ def a_dict(completions, **_columns):
 @pytest.mark.parametrize(
     ("fn", "message"),
     [
-        ("picky", r"reward function 'picky' raised ZeroDivisionError: float division by zero on sample 1 \(completion 'bad'\)"),
-        ("batch_only", r"reward function 'batch_only' raised RuntimeError: needs one at a time on a batch of 2 completions \(no single completion reproduces it\)"),
+        (
+            "picky",
+            r"reward function 'picky' raised ZeroDivisionError: float division by zero on sample 1 \(completion 'bad'\)",
+        ),
+        (
+            "batch_only",
+            r"reward function 'batch_only' raised RuntimeError: needs one at a time on a batch of 2 completions \(no single completion reproduces it\)",
+        ),
         ("short", r"reward function 'short' returned the wrong number of scores: expected 2, got 1"),
         ("wordy", r"reward function 'wordy' returned a non-number 'yes' \(str\) at index 0 \(completion 'ok'\)"),
         ("nan_at_1", r"reward function 'nan_at_1' returned nan at index 1 \(completion 'bad'\); scores must be finite"),
@@ -317,12 +361,17 @@ def release_hung_threads():
 
 def test_timeout_raises(release_hung_threads):
     rewards = RewardSet([RewardSpec(f"{__name__}:hang", timeout_s=0.2)])
-    with pytest.raises(RewardTimeoutError, match=r"reward function 'hang' did not finish within timeout_s=0.2 on a batch of 2 completions"):
+    with pytest.raises(
+        RewardTimeoutError,
+        match=r"reward function 'hang' did not finish within timeout_s=0.2 on a batch of 2 completions",
+    ):
         rewards.score(["a", "b"])
 
 
 def test_timeout_scores_zero_and_counts(release_hung_threads):
-    rewards = RewardSet([RewardSpec(f"{__name__}:hang", timeout_s=0.2, on_timeout="zero"), RewardSpec(f"{__name__}:half")])
+    rewards = RewardSet(
+        [RewardSpec(f"{__name__}:hang", timeout_s=0.2, on_timeout="zero"), RewardSpec(f"{__name__}:half")]
+    )
     out = rewards.score(["a", "b"])
     assert out.rewards.tolist() == [[0.0, 0.5], [0.0, 0.5]]
     assert out.timed_out == [True, False]

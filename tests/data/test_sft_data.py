@@ -13,12 +13,28 @@ from lightning_grpo.data.sft_format import SFTFormat, _turn_end, assistant_mask
 from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.tasks import DigitTask
 
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 TRANSCRIPT = [
     {"role": "system", "content": "You are a careful calculator."},
     {"role": "user", "content": "What is 2 + 3?"},
-    {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}],
+    },
     {"role": "tool", "content": "5"},
     {"role": "assistant", "content": "2 + 3 = 5."},
 ]
@@ -34,8 +50,12 @@ def test_qwen3_transcript_masks_exactly_the_assistant_turns(qwen_tokenizer):
     """System, user, an assistant tool call, the tool's result, the final answer: the masked tokens are the
     two assistant turns (tool-call text and closing <|im_end|> included; no generation prompt, no newline)."""
     ids, mask = assistant_mask(TRANSCRIPT, qwen_tokenizer, "row 0", TOOLS)
-    assert ids == qwen_tokenizer(qwen_tokenizer.apply_chat_template(TRANSCRIPT, tools=TOOLS, tokenize=False),
-                                 add_special_tokens=False)["input_ids"]
+    assert (
+        ids
+        == qwen_tokenizer(
+            qwen_tokenizer.apply_chat_template(TRANSCRIPT, tools=TOOLS, tokenize=False), add_special_tokens=False
+        )["input_ids"]
+    )
     assert _spans(qwen_tokenizer, ids, mask) == [
         '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>',
         "<think>\n\n</think>\n\n2 + 3 = 5.<|im_end|>",  # Qwen3 writes an empty think block into the last turn
@@ -52,9 +72,13 @@ def test_last_turn_weight_weighs_the_final_answer_only(qwen_tokenizer):
     same, weights = assistant_mask(TRANSCRIPT, qwen_tokenizer, "row 0", TOOLS, None, 4.0)
     assert same == ids and [w > 0 for w in weights] == [bool(m) for m in plain]
     runs = [(w, qwen_tokenizer.decode(run)) for w, run in _runs(ids, weights)]
-    assert runs == [(1, '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'),
-                    (4.0, "<think>\n\n</think>\n\n2 + 3 = 5.<|im_end|>")]
-    (example,) = SFTFormat(use_chat_template=True, last_turn_weight=4.0).build([{"messages": TRANSCRIPT, "tools": TOOLS}], "d", qwen_tokenizer)
+    assert runs == [
+        (1, '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>'),
+        (4.0, "<think>\n\n</think>\n\n2 + 3 = 5.<|im_end|>"),
+    ]
+    (example,) = SFTFormat(use_chat_template=True, last_turn_weight=4.0).build(
+        [{"messages": TRANSCRIPT, "tools": TOOLS}], "d", qwen_tokenizer
+    )
     assert example["loss_mask"] == weights
     assert collate([example], pad_id=0)["loss_mask"][0].tolist() == weights
 
@@ -75,7 +99,9 @@ def test_prompt_answer_through_the_chat_template(qwen_tokenizer):
     fmt = SFTFormat(use_chat_template=True, system_prompt="Be brief.")
     (example,) = fmt.build([{"prompt": "2 + 3?", "answer": "5"}], "data.source.train", qwen_tokenizer)
     assert _spans(qwen_tokenizer, example["input_ids"], example["loss_mask"]) == ["<think>\n\n</think>\n\n5<|im_end|>"]
-    assert qwen_tokenizer.decode(example["input_ids"]).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2 + 3?")
+    assert qwen_tokenizer.decode(example["input_ids"]).startswith(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2 + 3?"
+    )
 
 
 def test_digit_task_rows_are_grpo_prompts_then_the_answer(tiny_model_path):
@@ -105,14 +131,22 @@ def test_turn_end_skips_what_only_the_last_turn_gets():
 # ------------------------------------------------------------------------------ bad input
 def test_row_without_an_assistant_turn_is_named(qwen_tokenizer):
     rows = [{"messages": TRANSCRIPT}, {"messages": TRANSCRIPT[:2]}]
-    with pytest.raises(ValueError, match=r"row 1 of data.source.train has no assistant turn to train on \(roles: \['system', 'user'\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"row 1 of data.source.train has no assistant turn to train on \(roles: \['system', 'user'\]\)",
+    ):
         SFTFormat(use_chat_template=True).build(rows, "data.source.train", qwen_tokenizer)
 
 
 def test_missing_columns_are_named(tiny_model_path):
-    data = SFTDataModule(source=Rows([{"question": "1=", "solution": "2"}] * 8), tokenizer_path=str(tiny_model_path), batch_size=2)
-    with pytest.raises(ValueError, match=r"data.source.train has neither a data.messages_column 'messages'.*prompt_column 'prompt' and "
-                                         r"data.format.answer_column 'answer' \(missing \['prompt', 'answer'\]\); columns present: \['question', 'solution'\]"):
+    data = SFTDataModule(
+        source=Rows([{"question": "1=", "solution": "2"}] * 8), tokenizer_path=str(tiny_model_path), batch_size=2
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"data.source.train has neither a data.messages_column 'messages'.*prompt_column 'prompt' and "
+        r"data.format.answer_column 'answer' \(missing \['prompt', 'answer'\]\); columns present: \['question', 'solution'\]",
+    ):
         data.setup()
 
 
@@ -123,7 +157,9 @@ def test_bad_answers_and_long_rows_are_named(tiny_model_path):
     with pytest.raises(ValueError, match=r"column 'answer' of row 1 of data must hold a string, got int"):
         SFTFormat().build([{"prompt": "1=", "answer": "2"}, {"prompt": "2=", "answer": 3}], "data", tokenizer)
     with pytest.raises(ValueError, match=r"row 1 of data has 11 tokens, more than data.max_length=8"):
-        SFTFormat(max_length=8).build([{"prompt": "1=", "answer": "2"}, {"prompt": "12345678=", "answer": "2"}], "data", tokenizer)
+        SFTFormat(max_length=8).build(
+            [{"prompt": "1=", "answer": "2"}, {"prompt": "12345678=", "answer": "2"}], "data", tokenizer
+        )
     with pytest.raises(ValueError, match=r"transcripts; set data.format.use_chat_template: true"):
         SFTFormat().build([{"messages": TRANSCRIPT}], "data", tokenizer)
 
@@ -131,9 +167,14 @@ def test_bad_answers_and_long_rows_are_named(tiny_model_path):
 def test_sft_data_module_takes_keywords_and_refuses_prompt_limits():
     with pytest.raises(TypeError, match=r"takes 1 positional argument"):
         SFTDataModule(DigitTask())
-    with pytest.raises(ValueError, match=r"^data.format.max_prompt_length limits RL prompts; an SFT example is limited by data.max_length$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^data.format.max_prompt_length limits RL prompts; an SFT example is limited by data.max_length$",
+    ):
         SFTDataModule(source=DigitTask(), format=PromptFormat(max_prompt_length=8))
-    with pytest.raises(ValueError, match=r"^data.format.answer_column names the answer SFT teaches; it cannot be null$"):
+    with pytest.raises(
+        ValueError, match=r"^data.format.answer_column names the answer SFT teaches; it cannot be null$"
+    ):
         SFTDataModule(source=DigitTask(), format=PromptFormat(answer_column=None))
     with pytest.raises(ValueError, match=r"^data.max_length must be a positive integer or null, got 0$"):
         SFTDataModule(source=DigitTask(), max_length=0)
@@ -145,7 +186,12 @@ def test_template_that_rewrites_earlier_turns_is_an_error_naming_the_row(qwen_to
     import copy
 
     tokenizer = copy.copy(qwen_tokenizer)
-    tokenizer.chat_template = ("{{ messages | length }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    with pytest.raises(ValueError, match=r"row 0 of data: the chat template renders the conversation before it.*message 2, an assistant turn"):
+    tokenizer.chat_template = (
+        "{{ messages | length }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"row 0 of data: the chat template renders the conversation before it.*message 2, an assistant turn",
+    ):
         assistant_mask(TRANSCRIPT[:1] + TRANSCRIPT[1:2] + TRANSCRIPT[4:], tokenizer, "row 0 of data")

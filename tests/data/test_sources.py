@@ -58,7 +58,9 @@ def test_a_folder_under_the_home_directory(make_dm, folder, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("single", [False, True], ids=["DatasetDict", "Dataset"])
 def test_a_save_to_disk_folder(make_dm, tmp_path, single):
-    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(TRAIN), "test": datasets.Dataset.from_list(TEST)})
+    splits = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(TRAIN), "test": datasets.Dataset.from_list(TEST)}
+    )
     saved = tmp_path / "saved"
     (splits["train"] if single else splits).save_to_disk(str(saved))
     dm = make_dm(source=HubDataset(str(saved), val_split=None if single else "test"))
@@ -77,7 +79,9 @@ def test_config_names_and_data_files(make_dm, tmp_path):
     )
     hard = make_dm(source=hub(root, tmp_path, name="hard"))
     assert [r["prompt"] for r in hard.train_records] == [r["prompt"] for r in TRAIN[2:]]
-    with pytest.raises(ValueError, match=r"data.source.name: could not load .*, name='medium' split 'train'.*'medium' not found"):
+    with pytest.raises(
+        ValueError, match=r"data.source.name: could not load .*, name='medium' split 'train'.*'medium' not found"
+    ):
         make_dm(source=hub(root, tmp_path, name="medium"))
     # a builder name with data_files per split
     files = {"train": str(root / "hard" / "train.jsonl"), "test": str(root / "easy" / "train.jsonl")}
@@ -93,18 +97,32 @@ def test_revision_and_data_files_reach_load_dataset(monkeypatch, make_dm):
         return datasets.Dataset.from_list(TRAIN)
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    make_dm(source=HubDataset("org/data", name="main", revision="v1.0", data_files={"train": "a.parquet"}, val_split="dev"))
-    expected = {"path": "org/data", "name": "main", "revision": "v1.0", "data_files": {"train": "a.parquet"}, "cache_dir": None}
+    make_dm(
+        source=HubDataset("org/data", name="main", revision="v1.0", data_files={"train": "a.parquet"}, val_split="dev")
+    )
+    expected = {
+        "path": "org/data",
+        "name": "main",
+        "revision": "v1.0",
+        "data_files": {"train": "a.parquet"},
+        "cache_dir": None,
+    }
     assert calls == [{**expected, "split": "train"}, {**expected, "split": "dev"}]
 
 
 def test_chat_message_prompts_from_a_parquet_folder(make_dm, tmp_path):
-    rows = [{"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"{i}2="}], "answer": "3"} for i in range(2)]
+    rows = [
+        {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"{i}2="}], "answer": "3"}
+        for i in range(2)
+    ]
     root = tmp_path / "chat"
     root.mkdir()
     datasets.Dataset.from_list(rows).to_parquet(str(root / "train.parquet"))
     dm = make_dm(source=hub(root, tmp_path), format=PromptFormat(use_chat_template=True))
-    assert dm.train_records[0]["prompt"] == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n02=<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        dm.train_records[0]["prompt"]
+        == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n02=<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert dm.train_records[1]["raw_prompt"] == rows[1]["prompt"]  # the messages, before the template
 
 
@@ -112,14 +130,24 @@ def test_chat_message_prompts_from_a_parquet_folder(make_dm, tmp_path):
 def test_hub_dataset_errors(make_dm, folder, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"data.source.path: no such folder or file: ./nowhere"):
         HubDataset("./nowhere")
-    with pytest.raises(ValueError, match=r"data.source.val_split 'validation' not found in .*my_data; its splits: \['train', 'test'\]"):
+    with pytest.raises(
+        ValueError, match=r"data.source.val_split 'validation' not found in .*my_data; its splits: \['train', 'test'\]"
+    ):
         make_dm(source=hub(folder, tmp_path, val_split="validation"))
     datasets.DatasetDict({"train": datasets.Dataset.from_list(TRAIN)}).save_to_disk(str(tmp_path / "saved"))
-    with pytest.raises(ValueError, match=r"data.source.train_split 'training' not found in .*saved; its splits: \['train'\]"):
+    with pytest.raises(
+        ValueError, match=r"data.source.train_split 'training' not found in .*saved; its splits: \['train'\]"
+    ):
         make_dm(source=HubDataset(str(tmp_path / "saved"), train_split="training"))
-    with pytest.raises(ValueError, match=r"data.source.revision is for datasets.load_dataset, but .*saved is a folder written by save_to_disk"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.source.revision is for datasets.load_dataset, but .*saved is a folder written by save_to_disk",
+    ):
         HubDataset(str(tmp_path / "saved"), revision="main")
-    with pytest.raises(ValueError, match=r"data.format.prompt_column 'question' not found in HubDataset .*my_data split 'train'; columns present: \['prompt', 'answer', 'level'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"data.format.prompt_column 'question' not found in HubDataset .*my_data split 'train'; columns present: \['prompt', 'answer', 'level'\]",
+    ):
         make_dm(source=hub(folder, tmp_path), format=PromptFormat(prompt_column="question"))
 
 
@@ -136,7 +164,10 @@ def test_val_fraction_with_a_source(make_dm, folder, tmp_path):
     dm = make_dm(source=hub(folder, tmp_path), val_fraction=0.5, seed=1)
     assert sorted(r["prompt"] for r in dm.train_records + dm.val_records) == sorted(r["prompt"] for r in TRAIN)
     assert len(dm.val_records) == 3
-    with pytest.raises(ValueError, match=r"val_fraction splits the training rows, but HubDataset .*my_data split 'train' comes with a validation split \(HubDataset .*my_data split 'test'\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"val_fraction splits the training rows, but HubDataset .*my_data split 'train' comes with a validation split \(HubDataset .*my_data split 'test'\)",
+    ):
         make_dm(source=hub(folder, tmp_path, val_split="test"), val_fraction=0.5)
 
 
@@ -183,9 +214,19 @@ def test_refresh_train_rereads_maps_and_retokenizes(make_dm):
 # ------------------------------------------------------------------------------------- CLI
 def test_a_source_in_a_recipe_through_the_cli(folder, tmp_path, tiny_cache):
     """The recipe form of the docs parses, instantiates and trains 2 steps on the folder's rows."""
-    source = {"class_path": "lightning_grpo.data.sources.HubDataset",
-              "init_args": {"path": str(folder), "train_split": "train", "val_split": "test", "cache_dir": str(tmp_path / "c")}}
-    path = write_config(tmp_path, **{"data.source": source, "data.batch_size": 2, "trainer.max_steps": 2, "trainer.log_every_n_steps": 1})
+    source = {
+        "class_path": "lightning_grpo.data.sources.HubDataset",
+        "init_args": {
+            "path": str(folder),
+            "train_split": "train",
+            "val_split": "test",
+            "cache_dir": str(tmp_path / "c"),
+        },
+    }
+    path = write_config(
+        tmp_path,
+        **{"data.source": source, "data.batch_size": 2, "trainer.max_steps": 2, "trainer.log_every_n_steps": 1},
+    )
     parsed = cli(["-c", str(path)], run=False)
     assert isinstance(parsed.datamodule.source, HubDataset)
     assert (parsed.datamodule.source.path, parsed.datamodule.source.val_split) == (str(folder), "test")

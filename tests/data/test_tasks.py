@@ -78,7 +78,10 @@ def test_uneven_sizes_are_balanced_to_within_one():
 
 
 def test_unknown_rule_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown digit task rule 'sum'; valid names: count_to_last, first_digit, last_digit, last_plus_one"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown digit task rule 'sum'; valid names: count_to_last, first_digit, last_digit, last_plus_one",
+    ):
         digit_task(rule="sum")
 
 
@@ -87,5 +90,7 @@ def test_bad_sizes():
         digit_task(num_train=0)
     with pytest.raises(ValueError, match=r"num_val must be an integer >= 0, got -1"):
         digit_task(num_val=-1)
-    with pytest.raises(ValueError, match=r"rule 'first_digit' has only 1000 distinct prompts with answer \d, but .* need 1001"):
+    with pytest.raises(
+        ValueError, match=r"rule 'first_digit' has only 1000 distinct prompts with answer \d, but .* need 1001"
+    ):
         digit_task(num_train=9990, num_val=20, rule="first_digit")

@@ -50,7 +50,7 @@ def _greedy_accuracy(model_dir, rows) -> float:
     ids = torch.tensor([tok(r["prompt"]).input_ids for r in rows])  # [N, 5] (every prompt is 5 characters)
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=False)
-    texts = tok.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+    texts = tok.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
     return sum(t.lstrip().startswith(r["answer"]) for t, r in zip(texts, rows)) / len(rows)
 
 
@@ -68,13 +68,27 @@ def test_test_stage_reports_the_test_split_of_a_checkpoint(tmp_path, tiny_model_
     from transformers import AutoModelForCausalLM
 
     weights = AutoModelForCausalLM.from_pretrained(teacher).state_dict()
-    checkpoint["state_dict"].update({k: weights[k.removeprefix("policy.")].clone() for k in checkpoint["state_dict"] if k.startswith("policy.")})
+    checkpoint["state_dict"].update(
+        {k: weights[k.removeprefix("policy.")].clone() for k in checkpoint["state_dict"] if k.startswith("policy.")}
+    )
     torch.save(checkpoint, tmp_path / "teacher.ckpt")
 
-    logger = '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "test"}}' % (tmp_path / "runs")
-    args = ["test", "-c", str(ROOT / "recipes" / "quickstart.yaml"), "--ckpt_path", str(tmp_path / "teacher.ckpt"),
-            *HF_ENGINE, "--rollout.evaluation.samples=0", "--data.val_batch_size=20",
-            "--trainer.enable_progress_bar=false", f"--trainer.logger={logger}"]
+    logger = (
+        '{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "%s", "name": "test"}}'
+        % (tmp_path / "runs")
+    )
+    args = [
+        "test",
+        "-c",
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        "--ckpt_path",
+        str(tmp_path / "teacher.ckpt"),
+        *HF_ENGINE,
+        "--rollout.evaluation.samples=0",
+        "--data.val_batch_size=20",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger={logger}",
+    ]
     metrics = {k: float(v) for k, v in cli(args).trainer.callback_metrics.items()}
     _, dev, test = digit_splits(0, 300, 50, 50)
     expected, on_dev = _greedy_accuracy(teacher, test), _greedy_accuracy(teacher, dev)
@@ -130,7 +144,9 @@ def test_test_episodes_are_none_of_the_training_or_dev_episodes(run_seed):
     train = set().union(*(_reset_seeds(derive_seed(run_seed, 0, g * rounds), 64) for g in range(2000)))
     dev = set().union(*(_reset_seeds(callback.episode_seed(module(step), "val"), 50) for step in range(0, 2001, 100)))
     test = _reset_seeds(callback.episode_seed(module(2000), "test"), 50)
-    assert len(train) > 2000 * 64 - 20 and len(dev) == 21 * 50 and len(test) == 50  # 31-bit seeds: a few training repeats
+    assert (
+        len(train) > 2000 * 64 - 20 and len(dev) == 21 * 50 and len(test) == 50
+    )  # 31-bit seeds: a few training repeats
     assert test & train == set() and test & dev == set()
     assert _reset_seeds(callback.episode_seed(module(7), "test"), 50) == test  # the checkpoint's step has no say
 
@@ -149,15 +165,20 @@ def test_data_module_test_split_from_files_and_rows(tmp_path, tiny_model_path):
     train_path.write_text("".join(json.dumps(r) + "\n" for r in train))
     val_path.write_text("".join(json.dumps(r) + "\n" for r in val))
     files = {"train_files": str(train_path), "val_files": str(val_path), "test_files": str(path)}
-    for dm in (PromptDataModule(tokenizer_path=str(tiny_model_path), batch_size=4, **files),
-               PromptDataModule(Rows(train, val=val, test=test), tokenizer_path=str(tiny_model_path), batch_size=4)):
+    for dm in (
+        PromptDataModule(tokenizer_path=str(tiny_model_path), batch_size=4, **files),
+        PromptDataModule(Rows(train, val=val, test=test), tokenizer_path=str(tiny_model_path), batch_size=4),
+    ):
         dm.setup()
         assert [r["prompt"] for r in dm.test_records] == [r["prompt"] for r in test]
         assert [r["prompt"] for r in dm.val_records] == [r["prompt"] for r in val]
         assert [r["prompt"] for batch in dm.test_dataloader() for r in batch] == [r["prompt"] for r in test]
     dm = PromptDataModule(source=Rows(train), tokenizer_path=str(tiny_model_path), batch_size=4)
     dm.setup()
-    with pytest.raises(ValueError, match=r"lightning-grpo test needs a test split, and \(no test split\) has none: give data.test_files"):
+    with pytest.raises(
+        ValueError,
+        match=r"lightning-grpo test needs a test split, and \(no test split\) has none: give data.test_files",
+    ):
         dm.test_dataloader()
     digits = PromptDataModule(DigitTask(num_test=0), tokenizer_path=str(tiny_model_path))
     digits.setup()

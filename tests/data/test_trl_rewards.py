@@ -42,9 +42,18 @@ def reward_len(prompts, completions, completion_ids, **kwargs):
 
 CHAT = [
     {"prompt": [{"role": "user", "content": "1+1="}], "ground_truth": "2", "level": 1},
-    {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2="}], "ground_truth": "4", "level": 2},
+    {
+        "prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2="}],
+        "ground_truth": "4",
+        "level": 2,
+    },
 ]
-COMPLETIONS = ["<think>a</think><answer>\\boxed{2}</answer>", "\\boxed{3}", "<think>b</think><answer>\\boxed{4}</answer>", "4"]
+COMPLETIONS = [
+    "<think>a</think><answer>\\boxed{2}</answer>",
+    "\\boxed{3}",
+    "<think>b</think><answer>\\boxed{4}</answer>",
+    "4",
+]
 
 
 def columns_of(records: list[dict], group: int, completion_ids: list[list[int]]) -> dict[str, list]:
@@ -56,7 +65,12 @@ def columns_of(records: list[dict], group: int, completion_ids: list[list[int]])
 
 @pytest.fixture
 def chat_records(tiny_model_path) -> list[dict]:
-    dm = PromptDataModule(source=Rows(CHAT), tokenizer_path=str(tiny_model_path), format=PromptFormat(answer_column=None, use_chat_template=True), batch_size=2)
+    dm = PromptDataModule(
+        source=Rows(CHAT),
+        tokenizer_path=str(tiny_model_path),
+        format=PromptFormat(answer_column=None, use_chat_template=True),
+        batch_size=2,
+    )
     dm.setup("fit")
     return dm.train_records
 
@@ -78,8 +92,11 @@ def test_conversational_functions_receive_messages(chat_records):
 
 
 def test_plain_text_functions_receive_strings(tiny_model_path):
-    dm = PromptDataModule(source=Rows([{"prompt": "12=", "answer": "3"}, {"prompt": "45=", "answer": "6"}]),
-                          tokenizer_path=str(tiny_model_path), batch_size=2)
+    dm = PromptDataModule(
+        source=Rows([{"prompt": "12=", "answer": "3"}, {"prompt": "45=", "answer": "6"}]),
+        tokenizer_path=str(tiny_model_path),
+        batch_size=2,
+    )
     dm.setup("fit")
     ids = [[1, 2, 3], [4]]
     out = RewardSet([RewardSpec(reward_len)]).score(["abc", "d"], columns_of(dm.train_records, 1, ids))
@@ -141,12 +158,21 @@ def release():
 
 def test_failures_are_located_and_timeouts_kept(chat_records, release):
     columns = columns_of(chat_records, 1, [[1], [2]])
-    with pytest.raises(RewardError, match=r"reward function 'fails_on_second' raised ZeroDivisionError: float division by zero on sample 1 \(completion 'x'\)"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward function 'fails_on_second' raised ZeroDivisionError: float division by zero on sample 1 \(completion 'x'\)",
+    ):
         RewardSet([RewardSpec(fails_on_second)]).score(["ok", "x"], columns)
     zero = RewardSet([RewardSpec(hangs, timeout_s=0.2, on_timeout="zero")])
     out = zero.score(["a", "b"], columns)
     assert out.rewards.tolist() == [[0.0], [0.0]] and out.timed_out == [True]
-    with pytest.raises(ValueError, match=r"reward 'reward_len' is called TRL's way \(prompts, completions, \.\.\.\), but the columns \['completion_ids'\] hold no prompt"):
+    with pytest.raises(
+        ValueError,
+        match=r"reward 'reward_len' is called TRL's way \(prompts, completions, \.\.\.\), but the columns \['completion_ids'\] hold no prompt",
+    ):
         RewardSet([RewardSpec(reward_len)]).score(["a"], {"completion_ids": [[1]]})
-    with pytest.raises(ValueError, match=r"reward 'reward_func' needs \['ground_truth'\], found neither in its kwargs nor in the columns"):
+    with pytest.raises(
+        ValueError,
+        match=r"reward 'reward_func' needs \['ground_truth'\], found neither in its kwargs nor in the columns",
+    ):
         RewardSet([RewardSpec(reward_func)]).score(["a"], {"raw_prompt": ["x"]})

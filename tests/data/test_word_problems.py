@@ -33,10 +33,16 @@ def test_answers_follow_the_story_and_splits_share_no_prompt():
             assert row["answer"] == _solve(row["prompt"]) == row["demonstration"]
             assert (row["change"] == "up") == (int(row["answer"]) > int(re.findall(r"\d", row["prompt"])[0]))
     prompts = {name: {r["prompt"] for r in rows} for name, rows in splits.items()}
-    assert len(prompts["train"]) == 3000 and not prompts["train"] & prompts["val"] and not prompts["train"] & prompts["test"]
+    assert (
+        len(prompts["train"]) == 3000
+        and not prompts["train"] & prompts["val"]
+        and not prompts["train"] & prompts["test"]
+    )
     assert not prompts["val"] & prompts["test"]
     assert Counter(r["answer"] for r in splits["train"]).keys() == set("0123456789")
-    assert CountingWordProblems(num_train=3000, num_val=200, num_test=200, seed=3).train_rows() == splits["train"]  # every rank
+    assert (
+        CountingWordProblems(num_train=3000, num_val=200, num_test=200, seed=3).train_rows() == splits["train"]
+    )  # every rank
 
 
 def test_the_weak_demonstrator_slips_on_its_digits_only():
@@ -50,8 +56,12 @@ def test_the_weak_demonstrator_slips_on_its_digits_only():
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"num_val": 0}, "CountingWordProblems.num_val"), ({"num_train": 9000}, "at most 6000"),
-     ({"weak_digits": "4a"}, "CountingWordProblems.weak_digits"), ({"slip": 1.5}, "CountingWordProblems.slip")],
+    [
+        ({"num_val": 0}, "CountingWordProblems.num_val"),
+        ({"num_train": 9000}, "at most 6000"),
+        ({"weak_digits": "4a"}, "CountingWordProblems.weak_digits"),
+        ({"slip": 1.5}, "CountingWordProblems.slip"),
+    ],
 )
 def test_bad_options_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -59,7 +69,10 @@ def test_bad_options_are_named(kwargs, match):
 
 
 def test_enable_thinking_false_puts_the_empty_think_block_in_the_prompt(qwen_tokenizer):
-    row = {"prompt": "Maya keeps shells in a box. The tally reads 4. One is removed. What does it read now?", "answer": "3"}
+    row = {
+        "prompt": "Maya keeps shells in a box. The tally reads 4. One is removed. What does it read now?",
+        "answer": "3",
+    }
     thinking = PromptFormat(use_chat_template=True).render(row["prompt"], qwen_tokenizer, "rows", 0)
     plain = PromptFormat(use_chat_template=True, chat_template_kwargs={"enable_thinking": False}).render(
         row["prompt"], qwen_tokenizer, "rows", 0
@@ -76,9 +89,16 @@ def test_enable_thinking_false_puts_the_empty_think_block_in_the_prompt(qwen_tok
 
 @pytest.mark.parametrize(
     "options, match",
-    [({"chat_template_kwargs": {"enable_thinking": False}},
-      "data.format.chat_template_kwargs needs data.format.use_chat_template: true"),
-     ({"use_chat_template": True, "chat_template_kwargs": ["enable_thinking"]}, "data.format.chat_template_kwargs must be a mapping")],
+    [
+        (
+            {"chat_template_kwargs": {"enable_thinking": False}},
+            "data.format.chat_template_kwargs needs data.format.use_chat_template: true",
+        ),
+        (
+            {"use_chat_template": True, "chat_template_kwargs": ["enable_thinking"]},
+            "data.format.chat_template_kwargs must be a mapping",
+        ),
+    ],
 )
 def test_bad_chat_template_kwargs_are_named(options, match):
     with pytest.raises(ValueError, match=match):

@@ -1,7 +1,3 @@
 """Fixtures of the end-to-end runs."""
 
 from __future__ import annotations
-
-
-
-

@@ -21,19 +21,32 @@ from tests.helpers.runs import communicate_or_kill
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "distributed_worker.py"
 #: Variables that would make Lightning believe it runs under an external launcher / cluster.
-_LAUNCH_VARS = ("LOCAL_RANK", "RANK", "GLOBAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCH_VARS = (
+    "LOCAL_RANK",
+    "RANK",
+    "GLOBAL_RANK",
+    "WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 _LAUNCH_PREFIXES = ("SLURM_", "TORCHELASTIC_", "LSB_", "JSM_", "OMPI_", "PMI_", "PL_")
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
 
-def _run_worker(mode: str, model_dir: Path, out: Path, timeout: float = 300, *extra: str, worker: Path = WORKER) -> None:
+def _run_worker(
+    mode: str, model_dir: Path, out: Path, timeout: float = 300, *extra: str, worker: Path = WORKER
+) -> None:
     """Run the worker script (rank 0; Lightning starts rank 1) and fail with its output on error."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith(_LAUNCH_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER.parents[2]), env.get("PYTHONPATH")]))
     cmd = [sys.executable, str(worker), mode, "--model", str(model_dir), "--out", str(out), *extra]
     # own session: on a timeout the whole group (rank 0 and the rank Lightning started) is killed
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     output = communicate_or_kill(proc, timeout, f"the {mode} worker")
     assert proc.returncode == 0, f"{mode} worker failed (rc {proc.returncode}):\n{output[-6000:]}"
 
@@ -78,7 +91,11 @@ def test_two_rank_update_equals_one_rank_update_on_the_concatenated_batch(ddp_up
             state = result["states"][(aggregation, accumulate)]
             for name in reference:
                 torch.testing.assert_close(
-                    state[name], reference[name], atol=1e-6, rtol=0, msg=f"{name} (rank {rank}, accumulate {accumulate})"
+                    state[name],
+                    reference[name],
+                    atol=1e-6,
+                    rtol=0,
+                    msg=f"{name} (rank {rank}, accumulate {accumulate})",
                 )
 
 
@@ -113,7 +130,9 @@ def test_two_rank_step_metrics_equal_the_one_rank_metrics(ddp_update, tiny_model
             logged = result["metrics"][(aggregation, accumulate)]
             assert logged.keys() == reference.keys()
             for name, value in reference.items():
-                assert logged[name] == pytest.approx(value, abs=2e-6, rel=1e-5), f"{name} (rank {rank}, accumulate {accumulate})"
+                assert logged[name] == pytest.approx(value, abs=2e-6, rel=1e-5), (
+                    f"{name} (rank {rank}, accumulate {accumulate})"
+                )
 
 
 def test_a_skip_asked_by_one_rank_is_taken_by_all(ddp_update, tiny_model_path):
@@ -207,7 +226,9 @@ def test_vllm_server_shared_by_ddp_ranks_rank0_pushes(vllm_server, tiny_model_pa
     it for this run's first push (it did when versions restarted at 0 on a reused server)."""
     _push_other_weights(vllm_server, tiny_model_path, version=50)
     steps = 3
-    _run_worker("e2e", tiny_model_path, tmp_path, 400, "--steps", str(steps), "--engine", "vllm_server", "--url", vllm_server)
+    _run_worker(
+        "e2e", tiny_model_path, tmp_path, 400, "--steps", str(steps), "--engine", "vllm_server", "--url", vllm_server
+    )
     ranks = _load(tmp_path, "e2e-vllm_server")
     _check_e2e(ranks, steps)
     assert ranks[0]["pushes"] == [True] * steps and ranks[1]["pushes"] == [False] * steps
@@ -226,7 +247,9 @@ def _push_other_weights(url: str, model_dir: Path, version: int) -> None:
     gen = torch.Generator().manual_seed(0)
     engine = ServerEngine([ServerClient(url)])
     try:
-        engine.load_weights(((n, p.detach() + 0.5 * torch.randn(p.shape, generator=gen)) for n, p in model.named_parameters()), version)
+        engine.load_weights(
+            ((n, p.detach() + 0.5 * torch.randn(p.shape, generator=gen)) for n, p in model.named_parameters()), version
+        )
         assert ServerClient(url).weight_version() == str(version)
     finally:
         engine.close()

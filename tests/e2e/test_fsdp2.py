@@ -43,7 +43,9 @@ def test_fsdp2_update_equals_one_process_update(tiny_model_path, tmp_path):
         assert (result["rank"], result["world"], result["step"]) == (rank, 2, 1)
         _check_sharded(result)
         for name in reference:  # embeddings and LM head (root unit) included: their gradients were reduced
-            torch.testing.assert_close(result["state"][name], reference[name], atol=1e-6, rtol=0, msg=f"{name} rank {rank}")
+            torch.testing.assert_close(
+                result["state"][name], reference[name], atol=1e-6, rtol=0, msg=f"{name} rank {rank}"
+            )
     _check_export_of_the_sharded_checkpoint(tmp_path, ranks[0]["state"])
 
 

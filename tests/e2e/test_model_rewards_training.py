@@ -39,20 +39,40 @@ def test_a_judge_reward_trains_and_both_model_rewards_are_logged(tiny_model_path
     rm_path = str(save_tiny_reward_model(tmp_path / "rm"))
     try:
         rewards = [
-            RewardSpec("llm_judge", kwargs={"base_url": stub.base_url, "model": "judge", "template": "Q:{prompt} R:{completion}",
-                                            "clamp": [0, 8], "normalize": True, "max_concurrency": 8}),
+            RewardSpec(
+                "llm_judge",
+                kwargs={
+                    "base_url": stub.base_url,
+                    "model": "judge",
+                    "template": "Q:{prompt} R:{completion}",
+                    "clamp": [0, 8],
+                    "normalize": True,
+                    "max_concurrency": 8,
+                },
+            ),
             RewardSpec("reward_model", weight=0.0, kwargs={"model": rm_path, "batch_size": 16}),
         ]
-        rollout = RolloutCallback(engine="hf", sampling=SamplingConfig(n=8, temperature=1.0, max_new_tokens=8), rewards=rewards, seed=0)
+        rollout = RolloutCallback(
+            engine="hf", sampling=SamplingConfig(n=8, temperature=1.0, max_new_tokens=8), rewards=rewards, seed=0
+        )
         probe, recorder = RewardModelProbe(rm_path, steps=(0, 5)), Recorder()
         from transformers import AutoModelForCausalLM
 
-        module = GRPOModule(model=AutoModelForCausalLM.from_pretrained(tiny_model_path),
-                            optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.0))
+        module = GRPOModule(
+            model=AutoModelForCausalLM.from_pretrained(tiny_model_path),
+            optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.0),
+        )
         L.seed_everything(0)
-        trainer = L.Trainer(max_steps=6, callbacks=[rollout, probe, recorder], accelerator="cpu", logger=False,
-                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                            limit_val_batches=0)
+        trainer = L.Trainer(
+            max_steps=6,
+            callbacks=[rollout, probe, recorder],
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+        )
         trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=8))
     finally:
         stub.close()

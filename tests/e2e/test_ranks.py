@@ -28,16 +28,29 @@ pytestmark = [
 
 
 def _command(tmp_path: Path, steps: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(ROOT / "recipes" / "quickstart.yaml"),
-            "--trainer.devices=2", "--trainer.strategy=ddp", f"--trainer.max_steps={steps}",
-            "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-            *HF_ENGINE, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "lightning_grpo",
+        "fit",
+        "-c",
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+        f"--trainer.max_steps={steps}",
+        "--trainer.limit_val_batches=0",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        *HF_ENGINE,
+        *extra,
+    ]
 
 
 def _fault(tmp_path: Path, kind: str, step: int = 1, rank: int = 1) -> str:
     init = {"marker_dir": str(tmp_path / "markers"), "rank": rank, "step": step, "kind": kind}
-    return "--trainer.callbacks+=" + json.dumps({"class_path": "tests.helpers.rank_faults.RankFault", "init_args": init})
+    return "--trainer.callbacks+=" + json.dumps(
+        {"class_path": "tests.helpers.rank_faults.RankFault", "init_args": init}
+    )
 
 
 _STARTED: list[int] = []
@@ -56,8 +69,9 @@ def _start(command: list[str], tiny_model_path: Path, cwd: Path) -> subprocess.P
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and not k.startswith(_LAUNCH_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["LIGHTNING_GRPO_CACHE"] = str(Path(tiny_model_path).parent)  # the session's tiny model, built once
-    proc = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     _STARTED.append(proc.pid)
     return proc
 
@@ -72,8 +86,11 @@ def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, float]:
 def test_ddp_quickstart_writes_the_completion_log(tiny_model_path, tmp_path):
     """Rank 0 writes completions.jsonl while rank 1 trains on (the log directory was read by rank 0
     alone: a broadcast that met rank 1's all-reduce, and both waited forever)."""
-    proc = _start(_command(tmp_path, 3, "--rollout.log_completions.every_n_steps=1", "--rollout.log_completions.groups=1"),
-                  tiny_model_path, tmp_path)
+    proc = _start(
+        _command(tmp_path, 3, "--rollout.log_completions.every_n_steps=1", "--rollout.log_completions.groups=1"),
+        tiny_model_path,
+        tmp_path,
+    )
     rc, output, _ = _finish(proc, 240)
     assert rc == 0, output[-5000:]
     rows = [json.loads(line) for line in (tmp_path / "runs" / "quickstart" / "version_0" / "completions.jsonl").open()]
@@ -84,14 +101,24 @@ def test_a_guard_firing_on_rank_0_alone_writes_its_alarm_and_completions(tiny_mo
     """alarms.jsonl and the step's completions are written by rank 0 while rank 1 trains on (both
     read the log directory with a broadcast, which rank 1 never joined)."""
     guard = json.dumps({"class_path": "tests.helpers.rank_faults.RankZeroGuard", "init_args": {"step": 1}})
-    proc = _start(_command(tmp_path, 3, f"--trainer.callbacks+={guard}", "--rollout.log_completions.every_n_steps=0"),
-                  tiny_model_path, tmp_path)
+    proc = _start(
+        _command(tmp_path, 3, f"--trainer.callbacks+={guard}", "--rollout.log_completions.every_n_steps=0"),
+        tiny_model_path,
+        tmp_path,
+    )
     rc, output, _ = _finish(proc, 240)
     assert rc == 0, output[-5000:]
     run = tmp_path / "runs" / "quickstart" / "version_0"
     alarms = [json.loads(line) for line in (run / "alarms.jsonl").open()]
-    assert alarms == [{"step": 1, "guard": "rank_zero_only", "action": "warn", "message": "fired on rank 0 alone",
-                       "completions": "completions.jsonl step 1"}]
+    assert alarms == [
+        {
+            "step": 1,
+            "guard": "rank_zero_only",
+            "action": "warn",
+            "message": "fired on rank 0 alone",
+            "completions": "completions.jsonl step 1",
+        }
+    ]
     assert {json.loads(line)["step"] for line in (run / "completions.jsonl").open()} == {1}
 
 
@@ -126,8 +153,11 @@ def test_a_rank_that_dies_ends_the_run_naming_it(tiny_model_path, tmp_path, kind
 def test_a_rank_whose_launcher_dies_exits(tiny_model_path, tmp_path):
     """Rank 0 (the launcher) crashes while rank 1 is busy outside any collective (it sleeps): rank 1
     notices that its launcher is gone and exits within seconds instead of running on forever."""
-    proc = _start(_command(tmp_path, 50, _fault(tmp_path, "hang", rank=1), _fault(tmp_path, "exit", rank=0)),
-                  tiny_model_path, tmp_path)
+    proc = _start(
+        _command(tmp_path, 50, _fault(tmp_path, "hang", rank=1), _fault(tmp_path, "exit", rank=0)),
+        tiny_model_path,
+        tmp_path,
+    )
     rc, _, _ = _finish(proc, 240)
     assert rc == 3
     rank1 = int((tmp_path / "markers" / "rank1.pid").read_text())
@@ -145,7 +175,9 @@ def test_a_rank_that_hangs_ends_the_run_within_the_collective_timeout(tiny_model
     rc, output, _ = _finish(proc, 300)
     hung_for = time.time() - (tmp_path / "markers" / "rank1.pid").stat().st_mtime
     assert rc != 0
-    assert "lightning-grpo: rank 1 stopped answering: a collective of rank 0 at step 1 waited 60 s" in output, output[-5000:]
+    assert "lightning-grpo: rank 1 stopped answering: a collective of rank 0 at step 1 waited 60 s" in output, output[
+        -5000:
+    ]
     assert 60 < hung_for < 60 + 30  # the timeout, then at most the grace period and the exit
     pids = [int((tmp_path / "markers" / f"rank{r}.pid").read_text()) for r in range(2)]
     assert _gone(pids)

@@ -22,13 +22,27 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_reasoning_gym_quickstart_learns_to_spell_backward(tmp_path):
     recipe = yaml.safe_load((ROOT / "recipes" / "reasoning_gym_quickstart.yaml").read_text())
-    curriculum = {"class_path": "lightning_grpo.CurriculumCallback", "init_args": {"threshold": 1.0, "check_every_n_steps": 250}}
+    curriculum = {
+        "class_path": "lightning_grpo.CurriculumCallback",
+        "init_args": {"threshold": 1.0, "check_every_n_steps": 250},
+    }
     recipe["trainer"]["callbacks"].append(curriculum)
     config = tmp_path / "recipe.yaml"
     config.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(config),
-           "--trainer.max_steps", "1000", "--trainer.enable_progress_bar", "false",
-           "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lightning_grpo",
+        "fit",
+        "-c",
+        str(config),
+        "--trainer.max_steps",
+        "1000",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(next(tmp_path.glob("**/metrics.csv")).open()))
@@ -43,8 +57,11 @@ def test_reasoning_gym_quickstart_learns_to_spell_backward(tmp_path):
     # The bars leave room for another machine's numerics: the copy is being learned
     assert held_out[-1] >= 0.2
     assert sum(partial[-10:]) / 10 >= 0.5  # logged every 10 steps: the last 100 steps
-    checks = [(float(r["curriculum/spell_backward/accuracy"]), float(r["curriculum/spell_backward/level"]))
-              for r in rows if r.get("curriculum/spell_backward/accuracy")]
+    checks = [
+        (float(r["curriculum/spell_backward/accuracy"]), float(r["curriculum/spell_backward/level"]))
+        for r in rows
+        if r.get("curriculum/spell_backward/accuracy")
+    ]
     # seed 0, measured before the shared-prefix forward: 0.00 -> 0.44
     assert len(checks) == 4 and checks[-1][0] >= 0.2 and checks[-1][0] > checks[0][0]
     assert {level for _, level in checks} == {0.0}  # accuracy 1.0 not reached: level 0 throughout

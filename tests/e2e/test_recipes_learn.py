@@ -14,8 +14,19 @@ from tests.package.test_recipes import RECIPES, _cli, _prepared, _run_args, _tea
 #: steps with one update per generation, 400 (100 generations) with 4 mini-batches per generation.
 #: distill_quickstart: its own 400 steps; from the test's supervised teacher (sharper than the recipe's
 #: GRPO-trained one) the training reward is still about 0.06 at step 150 and 0.97 at step 400 (3 seeds).
-LEARNING_STEPS = {"gpg": 150, "opo": 150, "passk": 150, "max_rl": 150, "distill_quickstart": 400, "gkd_quickstart": 150,
-                  "sapo": 400, "dppo": 400, "dro": 400, "gmpo": 400, "bypass": 400}
+LEARNING_STEPS = {
+    "gpg": 150,
+    "opo": 150,
+    "passk": 150,
+    "max_rl": 150,
+    "distill_quickstart": 400,
+    "gkd_quickstart": 150,
+    "sapo": 400,
+    "dppo": 400,
+    "dro": 400,
+    "gmpo": 400,
+    "bypass": 400,
+}
 
 
 def _reward_curve(tmp_path: Path) -> list[float]:

@@ -66,10 +66,19 @@ ASYNC_LOSS = {"off_policy": OffPolicySettings(correction="tis_token")}
 
 def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None, loss=None):
     L.seed_everything(0)
-    module = GRPOModule(model=str(model_path), loss=GRPOLoss(**(loss or {})), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    module = GRPOModule(
+        model=str(model_path), loss=GRPOLoss(**(loss or {})), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2)
+    )
     trainer = L.Trainer(
-        max_steps=steps, callbacks=callbacks, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=root,
+        max_steps=steps,
+        callbacks=callbacks,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        default_root_dir=root,
     )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=batch_size), ckpt_path=ckpt_path)
     return trainer, module
@@ -77,8 +86,13 @@ def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None, 
 
 def _server_callback(url, transfer="shm", weight_sync=True, **kwargs):
     return RolloutCallback(
-        engine="vllm_server", server=ServerSettings(urls=[url], transfer=transfer), sampling=SamplingConfig(n=4, max_new_tokens=3),
-        rewards=[RewardSpec("prefix_match")], seed=3, weight_sync=WeightSyncSettings(enabled=weight_sync), **kwargs,
+        engine="vllm_server",
+        server=ServerSettings(urls=[url], transfer=transfer),
+        sampling=SamplingConfig(n=4, max_new_tokens=3),
+        rewards=[RewardSpec("prefix_match")],
+        seed=3,
+        weight_sync=WeightSyncSettings(enabled=weight_sync),
+        **kwargs,
     )
 
 
@@ -151,12 +165,20 @@ def test_identical_samples_guard_fires_on_a_deliberately_shared_seed(vllm_server
 def test_resume_restarts_the_pipeline_with_the_restored_weights(vllm_server, tiny_model_path, tmp_path):
     from tests.training.test_training import Recorder
 
-    trainer, _ = _fit([_server_callback(vllm_server, max_staleness=1)], tiny_model_path, steps=2, root=tmp_path, loss=ASYNC_LOSS)
+    trainer, _ = _fit(
+        [_server_callback(vllm_server, max_staleness=1)], tiny_model_path, steps=2, root=tmp_path, loss=ASYNC_LOSS
+    )
     path = str(tmp_path / "two.ckpt")
     trainer.save_checkpoint(path)
     recorder = Recorder()
-    _fit([_server_callback(vllm_server, max_staleness=1), recorder], tiny_model_path, steps=4, root=tmp_path, ckpt_path=path,
-         loss=ASYNC_LOSS)
+    _fit(
+        [_server_callback(vllm_server, max_staleness=1), recorder],
+        tiny_model_path,
+        steps=4,
+        root=tmp_path,
+        ckpt_path=path,
+        loss=ASYNC_LOSS,
+    )
     # the first resumed step trains a batch sampled by the restored weights (version 2), not one
     # left over from before the checkpoint; the next is one step stale again
     assert [s["train/weight_version_min"] for s in recorder.steps] == [2.0, 2.0]

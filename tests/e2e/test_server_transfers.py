@@ -40,7 +40,10 @@ def isolated_server(tiny_model_path, tmp_path_factory):
     from lightning_grpo.rollout.server_process import ServerProcess, free_port
 
     server = ServerProcess(
-        str(tiny_model_path), free_port(), tmp_path_factory.mktemp("vllm-tcp-server"), transfer_backend="lightning_grpo_tcp"
+        str(tiny_model_path),
+        free_port(),
+        tmp_path_factory.mktemp("vllm-tcp-server"),
+        transfer_backend="lightning_grpo_tcp",
     )
     server.command = [*PRIVATE_SHM, *server.command]
     server.start()
@@ -67,7 +70,9 @@ def test_the_server_shares_no_memory_with_the_trainer(isolated_server):
 
 
 @pytest.mark.parametrize("weight_sync", [True, False])
-def test_tcp_push_keeps_the_isolated_server_equal_to_the_trainer(isolated_server, tiny_model_path, tmp_path, weight_sync):
+def test_tcp_push_keeps_the_isolated_server_equal_to_the_trainer(
+    isolated_server, tiny_model_path, tmp_path, weight_sync
+):
     url = isolated_server.url
     rollout = _server_callback(url, transfer="tcp", weight_sync=weight_sync)
     probe = PushProbe(rollout, url)
@@ -88,8 +93,13 @@ def test_nccl_push_keeps_a_gpu_server_equal_to_the_trainer(tiny_model_path, tmp_
     from lightning_grpo.rollout.server_process import ServerProcess, free_port
 
     server = ServerProcess(
-        str(tiny_model_path), free_port(), tmp_path / "server", transfer_backend="nccl", kv_cache_bytes=256 * 1024**2,
-        extra_args=["--gpu-memory-utilization", "0.3"], env={"CUDA_VISIBLE_DEVICES": "1"},
+        str(tiny_model_path),
+        free_port(),
+        tmp_path / "server",
+        transfer_backend="nccl",
+        kv_cache_bytes=256 * 1024**2,
+        extra_args=["--gpu-memory-utilization", "0.3"],
+        env={"CUDA_VISIBLE_DEVICES": "1"},
     ).start()
     try:
         server.wait_healthy(300, ServerClient(server.url).healthy)

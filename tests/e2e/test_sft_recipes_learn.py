@@ -15,8 +15,18 @@ def test_sft_quickstart_learns(tmp_path, tiny_cache):
     (greedy answers) reaches 0.9."""
     from lightning_grpo.cli import main
 
-    main(["sft", "fit", "-c", str(ROOT / "recipes/sft_quickstart.yaml"), "--trainer.logger.init_args.save_dir", str(tmp_path),
-          "--trainer.enable_progress_bar", "false"])
+    main(
+        [
+            "sft",
+            "fit",
+            "-c",
+            str(ROOT / "recipes/sft_quickstart.yaml"),
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
+    )
     with open(tmp_path / "sft_quickstart/version_0/metrics.csv") as handle:
         rows = [r for r in csv.DictReader(handle) if r.get("val/loss")]
     losses, accuracy = [float(r["val/loss"]) for r in rows], [float(r["val/accuracy"]) for r in rows]

@@ -15,9 +15,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_tool_quickstart_learns_to_call_and_copy(tmp_path):
-    cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(ROOT / "recipes" / "tool_quickstart.yaml"),
-           "--trainer.max_steps", "600", "--trainer.enable_progress_bar", "false",
-           "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lightning_grpo",
+        "fit",
+        "-c",
+        str(ROOT / "recipes" / "tool_quickstart.yaml"),
+        "--trainer.max_steps",
+        "600",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(next(tmp_path.glob("**/metrics.csv")).open()))

@@ -59,9 +59,16 @@ def caller_model_dir(tmp_path_factory) -> str:
 
     src = tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tmp_path_factory.mktemp("tools-cache"))
     tok, model = AutoTokenizer.from_pretrained(src), AutoModelForCausalLM.from_pretrained(src)
-    schema = {"type": "function", "function": {"name": "secret_digit", "description": "x", "parameters": {"type": "object", "properties": {}}}}
-    prompts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], tools=[schema], tokenize=False,
-                                       add_generation_prompt=True) for r in digit_task(num_train=16)[0]]
+    schema = {
+        "type": "function",
+        "function": {"name": "secret_digit", "description": "x", "parameters": {"type": "object", "properties": {}}},
+    }
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": r["prompt"]}], tools=[schema], tokenize=False, add_generation_prompt=True
+        )
+        for r in digit_task(num_train=16)[0]
+    ]
     ids = torch.tensor([ids_of(tok, p) + ids_of(tok, CALL_TEXT) for p in prompts])  # [16, L]
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     torch.manual_seed(0)

@@ -24,7 +24,10 @@ from lightning_grpo.data.tasks import DigitTask
 ROWS = [{"prompt": "12=", "answer": "3"}, {"prompt": "4821=", "answer": "2"}]
 #: Command-line options that switch a recipe to engine hf: its rollout.vllm section back to the defaults
 #: (engine hf refuses a set one).
-HF_ENGINE = ["--rollout.engine=hf", '--rollout.vllm={"kv_cache_memory_bytes": null, "max_model_len": null, "max_num_batched_tokens": null}']
+HF_ENGINE = [
+    "--rollout.engine=hf",
+    '--rollout.vllm={"kv_cache_memory_bytes": null, "max_model_len": null, "max_num_batched_tokens": null}',
+]
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -69,8 +72,15 @@ def fit_error(error: type[Exception], match: str, *, module=None, callback=None,
     sentinel = Sentinel()
     loaded = module.policy is not None
     trainer = L.Trainer(
-        max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, callbacks=[callback, sentinel], **trainer_kwargs,
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[callback, sentinel],
+        **trainer_kwargs,
     )
     with pytest.raises(error, match=match):
         trainer.fit(module, datamodule=dm if dm is not None else PromptDataModule(DigitTask(), batch_size=4))
@@ -90,10 +100,16 @@ def write_config(tmp_path: Path, **overrides) -> Path:
     cfg = {
         "seed_everything": 0,
         "trainer": {
-            "accelerator": "cpu", "max_steps": 1, "enable_progress_bar": False, "enable_model_summary": False,
-            "limit_val_batches": 0, "default_root_dir": str(tmp_path / "root"),
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger",
-                       "init_args": {"save_dir": str(tmp_path / "logs"), "name": "run"}},
+            "accelerator": "cpu",
+            "max_steps": 1,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "limit_val_batches": 0,
+            "default_root_dir": str(tmp_path / "root"),
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(tmp_path / "logs"), "name": "run"},
+            },
         },
         "rollout": {"engine": "hf", "sampling": {"n": 4, "max_new_tokens": 3}},
         "model": {"model": "tiny:chars", "algorithm": {"advantage": "grpo"}},

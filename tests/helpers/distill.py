@@ -17,7 +17,9 @@ def train_digit_teacher(src: str | Path, out: str | Path, steps: int = 300, lr: 
 
     tok, model = AutoTokenizer.from_pretrained(src), AutoModelForCausalLM.from_pretrained(src).train()
     train, _ = digit_task(seed=0, num_train=300, num_val=50)
-    ids = torch.tensor([tok(r["prompt"]).input_ids + tok(r["answer"]).input_ids + [tok.eos_token_id] for r in train])  # [N, 7]
+    ids = torch.tensor(
+        [tok(r["prompt"]).input_ids + tok(r["answer"]).input_ids + [tok.eos_token_id] for r in train]
+    )  # [N, 7]
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):

@@ -145,12 +145,17 @@ def run_update(model_dir: str, out: Path) -> None:
     for aggregation in AGGREGATIONS:
         for accumulate in ACCUMULATE:
             module = _module(model_dir, aggregation)
-            rank = int(os.environ.get("LOCAL_RANK", 0))  # rank 1 starts with LOCAL_RANK=1; rank 0 has none before its first fit
+            rank = int(
+                os.environ.get("LOCAL_RANK", 0)
+            )  # rank 1 starts with LOCAL_RANK=1; rank 0 has none before its first fit
             half = rollout_half(rank, module.policy.config.vocab_size)
             metrics[(aggregation, accumulate)] = {}
             state = _fit(module, half, devices=WORLD, accumulate=accumulate, metrics=metrics[(aggregation, accumulate)])
             assert module.trainer.global_rank == rank and module.trainer.world_size == WORLD
-            if (aggregation, accumulate) == ("token_mean", 1):  # a DDP checkpoint (rank 0 writes it): the test exports it
+            if (aggregation, accumulate) == (
+                "token_mean",
+                1,
+            ):  # a DDP checkpoint (rank 0 writes it): the test exports it
                 module.trainer.save_checkpoint(out / "ddp.ckpt")
             results[(aggregation, accumulate)] = state
     # A guard on rank 1 alone asks to skip the step: every rank must skip it (weights stay in sync).
@@ -171,7 +176,9 @@ def run_update(model_dir: str, out: Path) -> None:
     module = _module(model_dir, "token_mean")
     module._global_sum = lambda value: value.to(module.device, torch.float32)
     rank = int(os.environ["LOCAL_RANK"])
-    results[("token_mean_local_counts", 1)] = _fit(module, rollout_half(rank, module.policy.config.vocab_size), WORLD, 1)
+    results[("token_mean_local_counts", 1)] = _fit(
+        module, rollout_half(rank, module.policy.config.vocab_size), WORLD, 1
+    )
     info = {
         "rank": rank,
         "backend": torch.distributed.get_backend(),
@@ -231,8 +238,13 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
             def generation_prompts(generation, rank=0, world_size=1, round_=0, max_rounds=1):
                 records = original(generation, rank, world_size, round_, max_rounds)
                 prompts.append(
-                    {"generation": generation, "rank": rank, "world_size": world_size, "round": round_,
-                     "prompts": [r["prompt"] for r in records]}
+                    {
+                        "generation": generation,
+                        "rank": rank,
+                        "world_size": world_size,
+                        "round": round_,
+                        "prompts": [r["prompt"] for r in records],
+                    }
                 )
                 return records
 
@@ -264,7 +276,8 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
         seed=7,
         vllm=VLLMArgs(kv_cache_memory_bytes=32 * 1024**2) if engine == "vllm" else VLLMArgs(),
         server=ServerSettings(urls=[url] if url else None, kv_cache_memory_bytes=None if url else 64 * 1024**2)
-        if engine == "vllm_server" else ServerSettings(),
+        if engine == "vllm_server"
+        else ServerSettings(),
     )
     trainer = L.Trainer(
         accelerator="cpu",

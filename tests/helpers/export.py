@@ -25,7 +25,9 @@ def greedy_accuracy(engine, built) -> float:
 
     (callback,) = [c for c in built.trainer.callbacks if isinstance(c, RolloutCallback)]
     dm = built.datamodule
-    return evaluate_prompts(engine, callback.reward_set, dm.tokenizer, dm.val_records, callback.sampling, 0, 0)["val/greedy_accuracy"]
+    return evaluate_prompts(engine, callback.reward_set, dm.tokenizer, dm.val_records, callback.sampling, 0, 0)[
+        "val/greedy_accuracy"
+    ]
 
 
 def last_greedy_accuracy(run_dir: Path) -> float:
@@ -55,7 +57,10 @@ def vllm_serves_the_policy(engine, folder: Path | None, built, run_dir: Path, mi
     if folder is not None:
         engine.load_weights(list(load_file(folder / "model.safetensors").items()))
     accuracy = greedy_accuracy(engine, built)
-    assert accuracy == last_greedy_accuracy(run_dir) and accuracy >= min_accuracy, (accuracy, last_greedy_accuracy(run_dir))
+    assert accuracy == last_greedy_accuracy(run_dir) and accuracy >= min_accuracy, (
+        accuracy,
+        last_greedy_accuracy(run_dir),
+    )
     prompts = [r["prompt_ids"] for r in built.datamodule.val_records[:16]]
     sampled = engine.generate(prompts, SamplingConfig(n=4, temperature=1.0, max_new_tokens=2), seed=0)
     gap = max_logprob_gap(built.model.policy.eval(), sampled, 1.0)

@@ -38,14 +38,23 @@ from tests.helpers.distributed_worker import WORLD, _module, digit_fraction, rol
 
 def _trainer(steps: int, callbacks: list) -> L.Trainer:
     return L.Trainer(
-        accelerator="cpu", devices=WORLD, strategy=ModelParallelStrategy(data_parallel_size=WORLD, tensor_parallel_size=1),
-        max_steps=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        accelerator="cpu",
+        devices=WORLD,
+        strategy=ModelParallelStrategy(data_parallel_size=WORLD, tensor_parallel_size=1),
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
     )
 
 
 def _full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()}
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in model.state_dict().items()
+    }
 
 
 def _sharding(module) -> dict:
@@ -64,9 +73,16 @@ def run_update(model_dir: str, out: Path) -> None:
     module.use_rollout(rollout_half(rank, module.policy.config.vocab_size))
     trainer = _trainer(1, [])
     trainer.fit(module, train_dataloaders=DataLoader(GenerationTicks(1, 1), batch_size=None))
-    result = {"rank": trainer.global_rank, "world": trainer.world_size, "step": trainer.global_step, **_sharding(module)}
+    result = {
+        "rank": trainer.global_rank,
+        "world": trainer.world_size,
+        "step": trainer.global_step,
+        **_sharding(module),
+    }
     result["state"] = _full_state(module.policy)
-    trainer.save_checkpoint(out / "update.ckpt")  # every rank: a distributed checkpoint folder (lightning-grpo export reads it)
+    trainer.save_checkpoint(
+        out / "update.ckpt"
+    )  # every rank: a distributed checkpoint folder (lightning-grpo export reads it)
     torch.save(result, out / f"update-rank{trainer.global_rank}.pt")
 
 
@@ -79,7 +95,12 @@ def run_prefix(model_dir: str, out: Path) -> None:
     rank, result = int(os.environ.get("LOCAL_RANK", 0)), {}
     for sharing in ("off", "on"):
         policy = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").train()
-        module = GRPOModule(model=policy, loss=GRPOLoss(), forward=ForwardSettings(prefix_sharing=sharing), optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
+        module = GRPOModule(
+            model=policy,
+            loss=GRPOLoss(),
+            forward=ForwardSettings(prefix_sharing=sharing),
+            optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
+        )
         batch = rollout_half(rank, policy.config.vocab_size)
         batch.input_ids[:, : batch.prompt_length] = batch.input_ids[0, : batch.prompt_length]  # [B, Lp] one prompt
         module.use_rollout(batch)
@@ -116,10 +137,15 @@ def run_e2e(model_dir: str, out: Path, steps: int) -> None:
 
     L.seed_everything(0, workers=True)
     dm = PromptDataModule(DigitTask(num_train=64, num_val=8), tokenizer_path=model_dir, batch_size=4)
-    module = GRPOModule(model=model_dir, loss=GRPOLoss(kl=KLSettings(beta=0.04)), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    module = GRPOModule(
+        model=model_dir, loss=GRPOLoss(kl=KLSettings(beta=0.04)), optimizer=lambda p: torch.optim.SGD(p, lr=0.1)
+    )
     rollout = RolloutCallback(
-        engine="vllm", sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=6),
-        rewards=[RewardSpec(digit_fraction)], seed=7, vllm=VLLMArgs(kv_cache_memory_bytes=32 * 1024**2),
+        engine="vllm",
+        sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=6),
+        rewards=[RewardSpec(digit_fraction)],
+        seed=7,
+        vllm=VLLMArgs(kv_cache_memory_bytes=32 * 1024**2),
     )
     trainer = _trainer(steps, [rollout, Record()])
     trainer.fit(module, datamodule=dm)

@@ -29,7 +29,13 @@ def drive(guard: Any, batches: list[dict[str, float]], group_size: int = 8, firs
 
 
 #: logged metrics a measured run (tests/fixtures/*.json) gives each guard hook: rollout-level, step-level
-ROLLOUT_METRICS = ("reward_mean", "frac_reward_zero_std", "frac_groups_all_lowest", "reward_levels", "completion_length_mean")
+ROLLOUT_METRICS = (
+    "reward_mean",
+    "frac_reward_zero_std",
+    "frac_groups_all_lowest",
+    "reward_levels",
+    "completion_length_mean",
+)
 STEP_METRICS = ("entropy", "mismatch_k3")
 
 
@@ -39,8 +45,16 @@ def replay(guard: Any, run: dict[str, Any]) -> list[int]:
     run's validations after step 0, which the rollout callback logs without one); the steps it fired at."""
     module = FakeModule()
     module.step_metrics = SimpleNamespace(compute=lambda: step_metrics)
-    trainer = SimpleNamespace(global_step=0, global_rank=0, world_size=1, callbacks=[], loggers=[], log_dir=None,
-                              sanity_checking=False, callback_metrics={})
+    trainer = SimpleNamespace(
+        global_step=0,
+        global_rank=0,
+        world_size=1,
+        callbacks=[],
+        loggers=[],
+        log_dir=None,
+        sanity_checking=False,
+        callback_metrics={},
+    )
     module.trainer = trainer
     validations = {step: value for step, value in run.get("val_reward_mean", []) if step > 0}
     batch = SimpleNamespace(group_size=8)

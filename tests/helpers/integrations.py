@@ -78,9 +78,17 @@ def fit(callback: Any, steps: int, model: str | None = None, datamodule: Any = N
     checkpoints / validation); the logger and what the reward set scored."""
     recorder, logger = Recorder(), MemoryLogger()
     recorder.attach(callback)
-    trainer = L.Trainer(max_steps=steps, callbacks=[callback], accelerator="cpu", logger=logger, log_every_n_steps=1,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[callback],
+        accelerator="cpu",
+        logger=logger,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     module = GRPOModule(model=model) if model else GRPOModule(model="tiny:chars")
     trainer.fit(module, datamodule=datamodule or PromptDataModule(DigitTask(), tokenizer_path=model, batch_size=2))
     assert trainer.global_step == steps
@@ -96,6 +104,10 @@ def turn_texts(tokenizer: Any, episode: Any) -> list[str]:
 def openenv_callback(max_turns: int = 3, **environment_args: Any) -> AgentRolloutCallback:
     """The in-process OpenEnv adapter on the HF engine: 4 episodes per record, 3 tokens a turn."""
     return AgentRolloutCallback(
-        environment="lightning_grpo.integrations.openenv.OpenEnvEnvironment", environment_args=environment_args,
-        engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=3), max_turns=max_turns, seed=0,
+        environment="lightning_grpo.integrations.openenv.OpenEnvEnvironment",
+        environment_args=environment_args,
+        engine="hf",
+        sampling=SamplingConfig(n=4, max_new_tokens=3),
+        max_turns=max_turns,
+        seed=0,
     )

@@ -14,7 +14,10 @@ Reply = Callable[[dict[str, Any]], tuple[int, Any]]
 
 def chat_answer(content: str) -> dict[str, Any]:
     """A ``/chat/completions`` response body with one choice."""
-    return {"object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}
+    return {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+    }
 
 
 class StubJudge:

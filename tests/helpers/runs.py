@@ -20,10 +20,22 @@ def train_recipe(tmp_path: Path, recipe: str, steps: int, engine=None, extra: li
     returns (the CLI, the version folder)."""
     from lightning_grpo import RolloutCallback
 
-    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path / "runs"), "name": "run"}}
-    args = ["-c", str(ROOT / "recipes" / recipe), f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={steps}",
-            "--trainer.log_every_n_steps=1", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
-            f"--trainer.logger={json.dumps(logger)}", "--data.val_batch_size=50", *extra]
+    logger = {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": str(tmp_path / "runs"), "name": "run"},
+    }
+    args = [
+        "-c",
+        str(ROOT / "recipes" / recipe),
+        f"--trainer.max_steps={steps}",
+        f"--trainer.val_check_interval={steps}",
+        "--trainer.log_every_n_steps=1",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.logger={json.dumps(logger)}",
+        "--data.val_batch_size=50",
+        *extra,
+    ]
     if engine is None:
         args += HF_ENGINE
     built = cli(args, run=False)

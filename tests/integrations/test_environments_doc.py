@@ -27,4 +27,6 @@ def test_example_runs(name):
 
 @pytest.mark.verifiers
 def test_verifiers_example_runs():
-    exec(compile(examples()["verifiers"], "docs/environments.md (verifiers)", "exec"), {"__name__": "verifiers_example"})
+    exec(
+        compile(examples()["verifiers"], "docs/environments.md (verifiers)", "exec"), {"__name__": "verifiers_example"}
+    )

@@ -71,7 +71,9 @@ def test_in_process_environment_trains_with_its_own_rewards():
     check_rewards_equal_direct(logger, recorder)
     episode = recorder.rollouts[-1].episodes[0]
     assert episode.messages[0] == {"role": "user", "content": episode.messages[0]["content"]}
-    assert episode.messages[0]["content"].endswith("=\n\nguess a digit")  # the record's prompt, then the reset observation
+    assert episode.messages[0]["content"].endswith(
+        "=\n\nguess a digit"
+    )  # the record's prompt, then the reset observation
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +85,25 @@ def server_url(tmp_path_factory):
     log_path = tmp_path_factory.mktemp("openenv-server") / "server.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     with open(log_path, "w") as log:  # the server writes to its own copy of the file descriptor
-        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory", f"{ENVS}:make_app", "--host", "127.0.0.1",
-                                 "--port", str(port), "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--factory",
+                f"{ENVS}:make_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -108,7 +127,10 @@ def test_served_environment_trains_through_openenv_client(server_url):
     callback = AgentRolloutCallback(
         environment="lightning_grpo.integrations.openenv.OpenEnvClientEnvironment",
         environment_args={"base_url": server_url, "action_field": "guess", "prompt_key": "prompt"},
-        engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=3), max_turns=3, seed=0,
+        engine="hf",
+        sampling=SamplingConfig(n=4, max_new_tokens=3),
+        max_turns=3,
+        seed=0,
     )
     logger, recorder = fit(callback, steps=20)
     check_rewards_equal_direct(logger, recorder)
@@ -128,7 +150,9 @@ def test_typed_client_and_session_capacity(server_url):
             return action.model_dump()
 
         def _parse_result(self, payload):
-            obs = GuessObservation(**payload["observation"], reward=payload.get("reward"), done=payload.get("done", False))
+            obs = GuessObservation(
+                **payload["observation"], reward=payload.get("reward"), done=payload.get("done", False)
+            )
             return StepResult(observation=obs, reward=payload.get("reward"), done=payload.get("done", False))
 
         def _parse_state(self, payload):
@@ -158,7 +182,8 @@ def test_opening_uses_the_prompt_before_the_chat_template():
     assert env.reset(rendered, seed=0) == [{"role": "user", "content": '12=\n\n{"value": 0, "note": "start"}'}]
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "12="}]
     assert env.reset({**rendered, "raw_prompt": messages}, seed=0) == messages + [
-        {"role": "user", "content": '{"value": 0, "note": "start"}'}]
+        {"role": "user", "content": '{"value": 0, "note": "start"}'}
+    ]
 
 
 # ------------------------------------------------------------------------------ bad input
@@ -167,7 +192,9 @@ def test_action_that_does_not_parse():
     counted), or stops the run with invalid_action="raise"."""
     env = OpenEnvEnvironment(f"{ENVS}.NumberEnv", reset_columns=["level"], reset_kwargs={"mode": "x"})
     assert env.action_field == "number"
-    assert env.reset({"level": 2, "prompt": "p"}, seed=1) == [{"role": "user", "content": '{"value": 0, "note": "start"}'}]
+    assert env.reset({"level": 2, "prompt": "p"}, seed=1) == [
+        {"role": "user", "content": '{"value": 0, "note": "start"}'}
+    ]
     assert env.env.kwargs == {"mode": "x", "level": 2}
     step = env.step(Turn(ids=[], text="abc", index=0, finished=True))
     assert step.reward == 0.0 and not step.done
@@ -177,19 +204,38 @@ def test_action_that_does_not_parse():
     assert (step.reward, step.done) == (7.0, True)
     strict = OpenEnvEnvironment(NumberEnv, invalid_action="raise")
     strict.reset({}, seed=0)
-    with pytest.raises(ValueError, match=r"OpenEnvEnvironment: the model's turn 'abc' is not a valid action: 1 validation error for NumberAction"):
+    with pytest.raises(
+        ValueError,
+        match=r"OpenEnvEnvironment: the model's turn 'abc' is not a valid action: 1 validation error for NumberAction",
+    ):
         strict.step(Turn(ids=[], text="abc", index=0, finished=True))
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"env": "tests.integrations.openenv_envs.Nope"}, ValueError, r"OpenEnvEnvironment\.env 'tests\.integrations\.openenv_envs\.Nope' could not be imported"),
+        (
+            {"env": "tests.integrations.openenv_envs.Nope"},
+            ValueError,
+            r"OpenEnvEnvironment\.env 'tests\.integrations\.openenv_envs\.Nope' could not be imported",
+        ),
         ({"env": "DigitGuessEnv"}, ValueError, r"OpenEnvEnvironment\.env 'DigitGuessEnv' is not an import path"),
         ({"env": dict}, TypeError, r"OpenEnvEnvironment\.env built a dict, not an openenv Environment"),
-        ({"env": DigitGuessEnv, "action_field": "word"}, ValueError, r"action_field 'word' is not a field of GuessAction; fields: \['guess', 'metadata'\]"),
-        ({"env": DigitGuessEnv, "invalid_action": "ignore"}, ValueError, r"invalid_action must be 'message' or 'raise', got 'ignore'"),
-        ({"env": DigitGuessEnv, "action_from_text": "tests.integrations.openenv_envs.missing"}, ValueError, r"action_from_text .* could not be imported"),
+        (
+            {"env": DigitGuessEnv, "action_field": "word"},
+            ValueError,
+            r"action_field 'word' is not a field of GuessAction; fields: \['guess', 'metadata'\]",
+        ),
+        (
+            {"env": DigitGuessEnv, "invalid_action": "ignore"},
+            ValueError,
+            r"invalid_action must be 'message' or 'raise', got 'ignore'",
+        ),
+        (
+            {"env": DigitGuessEnv, "action_from_text": "tests.integrations.openenv_envs.missing"},
+            ValueError,
+            r"action_from_text .* could not be imported",
+        ),
     ],
 )
 def test_bad_in_process_arguments(kwargs, error, match):
@@ -198,11 +244,18 @@ def test_bad_in_process_arguments(kwargs, error, match):
 
 
 def test_bad_client_arguments_and_records():
-    with pytest.raises(ValueError, match=r"base_url must be an http\(s\):// or ws\(s\):// URL, got '127\.0\.0\.1:8000'"):
+    with pytest.raises(
+        ValueError, match=r"base_url must be an http\(s\):// or ws\(s\):// URL, got '127\.0\.0\.1:8000'"
+    ):
         OpenEnvClientEnvironment("127.0.0.1:8000", action_field="guess")
     with pytest.raises(TypeError, match=r"client must be an openenv EnvClient subclass"):
-        OpenEnvClientEnvironment("http://127.0.0.1:1", client="tests.integrations.openenv_envs.DigitGuessEnv", action_field="guess")
-    with pytest.raises(ValueError, match=r"the action class is unknown; set action \(its import path\), action_field, or action_from_text"):
+        OpenEnvClientEnvironment(
+            "http://127.0.0.1:1", client="tests.integrations.openenv_envs.DigitGuessEnv", action_field="guess"
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"the action class is unknown; set action \(its import path\), action_field, or action_from_text",
+    ):
         OpenEnvClientEnvironment("http://127.0.0.1:1")
     env = OpenEnvEnvironment(DigitGuessEnv, prompt_key="question")
     with pytest.raises(KeyError, match=r"the record has no column 'question'; its columns: \['answer', 'prompt'\]"):

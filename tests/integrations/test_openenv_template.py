@@ -44,7 +44,9 @@ def test_the_openenv_init_template_trains_unchanged():
     rewards = []
     for rollout, scored in zip(recorder.rollouts, recorder.scored):
         for i, ep in enumerate(rollout.episodes):
-            assert ep.messages[0]["content"].endswith('\n\n{"echoed_message": "Echo Env environment ready!", "message_length": 0}')
+            assert ep.messages[0]["content"].endswith(
+                '\n\n{"echoed_message": "Echo Env environment ready!", "message_length": 0}'
+            )
             expected = sum(0.1 * len(text) for text in turn_texts(tok, ep))  # the template's step, replayed
             assert scored.rewards.rewards[i, 0].item() == pytest.approx(expected, abs=1e-6)
             rewards.append(expected)
@@ -56,10 +58,15 @@ def test_reset_gets_only_the_arguments_it_accepts():
     reset_kwargs / reset_columns entry it cannot take is refused when the adapter is built."""
     env = OpenEnvEnvironment(EchoEnvironment, prompt_key="prompt")
     assert env.reset({"prompt": "12="}, seed=5)[0]["content"].startswith("12=\n\n")
-    with pytest.raises(ValueError, match=r"OpenEnvEnvironment\.reset_kwargs: EchoEnvironment\.reset\(\) takes no argument "
-                                         r"'level' \(it takes: nothing\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"OpenEnvEnvironment\.reset_kwargs: EchoEnvironment\.reset\(\) takes no argument "
+        r"'level' \(it takes: nothing\)",
+    ):
         OpenEnvEnvironment(EchoEnvironment, reset_kwargs={"level": 2})
-    with pytest.raises(ValueError, match=r"OpenEnvEnvironment\.reset_columns: EchoEnvironment\.reset\(\) takes no argument 'answer'"):
+    with pytest.raises(
+        ValueError, match=r"OpenEnvEnvironment\.reset_columns: EchoEnvironment\.reset\(\) takes no argument 'answer'"
+    ):
         OpenEnvEnvironment(EchoEnvironment, reset_columns=["answer"])
 
 
@@ -89,9 +96,20 @@ class Annotated(UnknownAction):
 def test_a_misconfigured_environment_fails_before_the_engine_starts():
     assert OpenEnvEnvironment(Annotated).action_cls is Answer
     callback = _callback(env="tests.integrations.test_openenv_template.UnknownAction")
-    trainer = L.Trainer(max_steps=1, callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
-    with pytest.raises(ValueError, match=r"OpenEnvEnvironment: the action class of UnknownAction is unknown \(no "
-                                         r"Environment\[Action, \.\.\.\] parameters, no annotation on step's 'action'\)"):
+    trainer = L.Trainer(
+        max_steps=1,
+        callbacks=[callback],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"OpenEnvEnvironment: the action class of UnknownAction is unknown \(no "
+        r"Environment\[Action, \.\.\.\] parameters, no annotation on step's 'action'\)",
+    ):
         trainer.fit(GRPOModule(model="tiny:chars"), datamodule=PromptDataModule(DigitTask(), batch_size=2))
     assert callback.engine is None  # nothing was sampled

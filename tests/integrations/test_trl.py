@@ -72,15 +72,22 @@ def test_environment_factory_class_trains_with_its_own_rewards(caller_dir):
         environment="lightning_grpo.integrations.trl.TRLEnvironment",
         environment_args={"factory": "tests.integrations.test_trl.SecretEnv"},
         rewards=[RewardSpec("env_reward"), RewardSpec("tests.integrations.test_trl.answered_secret")],
-        engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), max_turns=3, seed=1,
+        engine="hf",
+        sampling=SamplingConfig(n=4, max_new_tokens=2),
+        max_turns=3,
+        seed=1,
     )
     logger, recorder = fit(callback, steps=20, model=caller_dir)
     assert len(recorder.rollouts) == len(recorder.scored) == 20
     logged = [logger.series(f"train/reward/{name}/mean") for name in ("env_reward", "answered_secret")]
     calls, env_rewards = 0, []
     for step, (rollout, scored) in enumerate(zip(recorder.rollouts, recorder.scored)):
-        direct = torch.tensor([replay({k: scored.columns[k][i] for k in ("prompt", "answer", "prompt_ids")}, ep.messages)
-                               for i, ep in enumerate(rollout.episodes)])  # [B, 2]
+        direct = torch.tensor(
+            [
+                replay({k: scored.columns[k][i] for k in ("prompt", "answer", "prompt_ids")}, ep.messages)
+                for i, ep in enumerate(rollout.episodes)
+            ]
+        )  # [B, 2]
         assert torch.equal(scored.rewards.rewards, direct.float())
         assert [logged[0][step], logged[1][step]] == pytest.approx(direct.mean(0).tolist(), abs=1e-6)
         calls += sum(ep.env.env.looked for ep in rollout.episodes)
@@ -124,7 +131,10 @@ def test_reset_observation_is_appended_and_methods_are_tools():
     assert [t.__name__ for t in env.tools] == ["later", "secret_digit"]
     assert env.tools[0](n=3) == 3  # the coroutine ran to completion
     record = {"prompt": "12=", "prompt_ids": [1], "answer": "3"}
-    assert env.reset(record, seed=0) == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "12= go"}]
+    assert env.reset(record, seed=0) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "12= go"},
+    ]
     chat = [{"role": "user", "content": "hi"}]
     assert env.reset({**record, "prompt": chat}, seed=0)[-1] == {"role": "user", "content": "hi go"}
     assert chat == [{"role": "user", "content": "hi"}]  # the record is left untouched
@@ -139,12 +149,24 @@ def test_scripted_episode_calls_the_method_and_scores_get_reward():
             return ids_of(tok, CALL_TEXT)
         return ids_of(tok, re.findall(r"<tool_response>\n(\d)", tok.decode(prompt))[-1] + "<|im_end|>")
 
-    callback = AgentRolloutCallback(environment=TRLEnvironment, environment_args={"factory": SecretEnv}, engine="hf",
-                                    rewards=[RewardSpec("env_reward"), RewardSpec(answered_secret)])
+    callback = AgentRolloutCallback(
+        environment=TRLEnvironment,
+        environment_args={"factory": SecretEnv},
+        engine="hf",
+        rewards=[RewardSpec("env_reward"), RewardSpec(answered_secret)],
+    )
     stops = [tok.convert_tokens_to_ids("<|im_end|>"), *ids_of(tok, CALL_TEXT)]
     records = [{"prompt": "4821=", "prompt_ids": [9]}]
-    out = run_episodes(ScriptedEngine(script), callback.make_env, tok, ChatRenderer(tok, callback.make_env().tools), records,
-                       SamplingConfig(n=2, max_new_tokens=60, stop_token_ids=stops), seed=0, limits=EpisodeLimits(max_turns=3))
+    out = run_episodes(
+        ScriptedEngine(script),
+        callback.make_env,
+        tok,
+        ChatRenderer(tok, callback.make_env().tools),
+        records,
+        SamplingConfig(n=2, max_new_tokens=60, stop_token_ids=stops),
+        seed=0,
+        limits=EpisodeLimits(max_turns=3),
+    )
     for ep in out.episodes:
         assert ep.env.env.looked == 1 and ep.last_text == "5" and ep.reward == 0.6  # 4+8+2+1 = 15; 1 look x 6 / 10
         assert [m["role"] for m in ep.messages] == ["user", "assistant", "tool", "assistant"]
@@ -183,16 +205,23 @@ class BadReward:
 def test_bad_environment_classes():
     with pytest.raises(TypeError, match=r"TRLEnvironment: NoReset has no reset\(\*\*kwargs\) method"):
         TRLEnvironment(NoReset)
-    with pytest.raises(ValueError, match=r"TRLEnvironment: Undocumented\.move is public, so it is a tool, but tool 'move': cannot build its JSON schema"):
+    with pytest.raises(
+        ValueError,
+        match=r"TRLEnvironment: Undocumented\.move is public, so it is a tool, but tool 'move': cannot build its JSON schema",
+    ):
         TRLEnvironment(Undocumented)
-    with pytest.raises(ValueError, match=r"TRLEnvironment\.factory 'tests\.integrations\.test_trl\.Missing' could not be imported"):
+    with pytest.raises(
+        ValueError, match=r"TRLEnvironment\.factory 'tests\.integrations\.test_trl\.Missing' could not be imported"
+    ):
         TRLEnvironment("tests.integrations.test_trl.Missing")
     env = TRLEnvironment(BadReward)
     with pytest.raises(TypeError, match=r"BadReward\.reset returned 3 \(int\); expected a string or None"):
         env.reset({"prompt": "1="}, seed=0)
     with pytest.raises(TypeError, match=r"BadReward\.get_reward returned = 'high'; expected a finite float"):
         env.finish()
-    with pytest.raises(KeyError, match=r"the record has no column 'question' \(prompt_key\); its columns: \['prompt'\]"):
+    with pytest.raises(
+        KeyError, match=r"the record has no column 'question' \(prompt_key\); its columns: \['prompt'\]"
+    ):
         TRLEnvironment(SecretEnv, prompt_key="question").reset({"prompt": "1="}, seed=0)
 
 
@@ -210,7 +239,9 @@ def test_records_through_the_data_module_keep_their_columns():
     TRLEnvironment(Env).reset(data.train_records[0], seed=0)
     assert seen == {"prompt": "12=", "answer": "3", "level": 2}
     # With our chat template on, TRL's reset still sees the dataset's prompt and the opening is templated once.
-    data = PromptDataModule(source=Rows([{"prompt": "12=", "answer": "3"}] * 2), batch_size=2, format=PromptFormat(use_chat_template=True))
+    data = PromptDataModule(
+        source=Rows([{"prompt": "12=", "answer": "3"}] * 2), batch_size=2, format=PromptFormat(use_chat_template=True)
+    )
     data.setup()
     assert data.train_records[0]["prompt"] != "12="  # the record holds the rendered text
     opening = TRLEnvironment(Env).reset(data.train_records[0], seed=0)

@@ -31,10 +31,16 @@ def scored_by_verifiers(task, completion: str):
 
     data = task.data
     chain = ([vf.SystemMessage(content=data.system_prompt)] if data.system_prompt else []) + [
-        vf.UserMessage(content=data.prompt), vf.AssistantMessage(content=completion)]
+        vf.UserMessage(content=data.prompt),
+        vf.AssistantMessage(content=completion),
+    ]
     trace = vf.Trace(
-        task=vf.TraceTask(type=type(task).__name__, data=data), agent=vf.AgentInfo(config=vf.AgentConfig()),
-        nodes=[MessageNode(message=m, parent=k - 1 if k else None, sampled=m.role == "assistant") for k, m in enumerate(chain)],
+        task=vf.TraceTask(type=type(task).__name__, data=data),
+        agent=vf.AgentInfo(config=vf.AgentConfig()),
+        nodes=[
+            MessageNode(message=m, parent=k - 1 if k else None, sampled=m.role == "assistant")
+            for k, m in enumerate(chain)
+        ],
     )
     asyncio.run(task.score(trace))
     return [trace.rewards["correct"].score, trace.rewards["digit"].score, trace.reward]
@@ -45,25 +51,37 @@ def test_taskset_trains_with_its_own_rewards():
     from lightning_grpo.integrations.verifiers import TasksetDataModule, taskset_reward_specs, verifiers_reward
 
     specs = taskset_reward_specs(f"{TASKS}.DigitTaskset")
-    assert [(s.alias, s.weight, s.kwargs) for s in specs] == [("correct", 1.0, {"reward": "correct"}), ("digit", 0.5, {"reward": "digit"})]
+    assert [(s.alias, s.weight, s.kwargs) for s in specs] == [
+        ("correct", 1.0, {"reward": "correct"}),
+        ("digit", 0.5, {"reward": "digit"}),
+    ]
     total = RewardSpec(verifiers_reward, weight=0.0, alias="vf_total")  # trace.reward, logged only
-    callback = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), rewards=[*specs, total], seed=0)
+    callback = RolloutCallback(
+        engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), rewards=[*specs, total], seed=0
+    )
     data = TasksetDataModule(f"{TASKS}.DigitTaskset", {"num_tasks": 16}, batch_size=4)
     logger, recorder = fit(callback, steps=20, datamodule=data)
     tok = data.tokenizer
     assert len(recorder.scored) == 20
-    logged = torch.tensor([logger.series(f"train/reward/{name}/mean") for name in ("correct", "digit", "vf_total")]).T  # [20, 3]
+    logged = torch.tensor(
+        [logger.series(f"train/reward/{name}/mean") for name in ("correct", "digit", "vf_total")]
+    ).T  # [20, 3]
     seen = []
     for step, scored in enumerate(recorder.scored):
         assert scored.completions == tok.batch_decode(scored.columns["completion_ids"], skip_special_tokens=True)
-        direct = torch.tensor([scored_by_verifiers(task, text) for task, text in zip(scored.columns["vf_task"], scored.completions)])  # [16, 3]
+        direct = torch.tensor(
+            [scored_by_verifiers(task, text) for task, text in zip(scored.columns["vf_task"], scored.completions)]
+        )  # [16, 3]
         assert torch.equal(scored.rewards.rewards, direct.float())  # what the trainer turned into advantages
         assert logged[step].tolist() == pytest.approx(direct.mean(0).tolist(), abs=1e-6)  # what it logged
         seen += direct[:, 2].tolist()
     assert {0.0, 0.5} <= set(seen)  # replies with and without a leading digit: the comparison is not vacuous
     first = data.train_records[0]  # the system prompt, then the task's prompt, through the chat template
     prompt = first["vf_task"].data.prompt
-    assert first["prompt"] == f"<|im_start|>system\nanswer with one digit<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        first["prompt"]
+        == f"<|im_start|>system\nanswer with one digit<|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 @verifiers
@@ -72,7 +90,10 @@ def test_records_from_chat_prompts_limits_and_instances():
 
     from .verifiers_tasks import ChatTaskset, DigitConfig, Infinite
 
-    assert taskset_records(ChatTaskset)[0]["prompt"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "12="}]
+    assert taskset_records(ChatTaskset)[0]["prompt"] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "12="},
+    ]
     records = taskset_records(Infinite(DigitConfig()), limit=3)
     assert [r["prompt"] for r in records] == [[{"role": "user", "content": f"{i}="}] for i in range(3)]
     assert [r["vf_task"].data.idx for r in records] == [0, 1, 2]
@@ -85,7 +106,10 @@ def test_bad_tasksets_and_rewards():
 
     from .verifiers_tasks import DigitConfig, DigitTaskset
 
-    with pytest.raises(TypeError, match=r"taskset 'tests\.integrations\.verifiers_tasks\.DigitTask' is not a verifiers\.v1\.Taskset subclass"):
+    with pytest.raises(
+        TypeError,
+        match=r"taskset 'tests\.integrations\.verifiers_tasks\.DigitTask' is not a verifiers\.v1\.Taskset subclass",
+    ):
         load_taskset(f"{TASKS}.DigitTask")
     with pytest.raises(ValueError, match=r"taskset_args configure a taskset class; this taskset is already built"):
         load_taskset(DigitTaskset(DigitConfig()), {"num_tasks": 2})
@@ -94,13 +118,21 @@ def test_bad_tasksets_and_rewards():
     with pytest.raises(ValueError, match=r"task 0 \(DigitTask\) has no prompt"):
         taskset_records(f"{TASKS}.NoPrompt")
     tasks = [r["vf_task"] for r in taskset_records(DigitTaskset, {"num_tasks": 2})]
-    with pytest.raises(ValueError, match=r"the task has no reward 'nope' \(or it did not run\); its rewards: \['correct', 'digit'\]"):
+    with pytest.raises(
+        ValueError, match=r"the task has no reward 'nope' \(or it did not run\); its rewards: \['correct', 'digit'\]"
+    ):
         verifiers_reward(["1", "2"], tasks, reward="nope")
-    with pytest.raises(TypeError, match=r"column 'vf_task' must hold verifiers\.v1\.Task objects \(taskset_records\) or task references \(write_taskset\), got 'not a task'"):
+    with pytest.raises(
+        TypeError,
+        match=r"column 'vf_task' must hold verifiers\.v1\.Task objects \(taskset_records\) or task references \(write_taskset\), got 'not a task'",
+    ):
         verifiers_reward(["1"], ["not a task"])
     broken = RewardSet([RewardSpec(verifiers_reward, alias="vf")])
     records = taskset_records(f"{TASKS}.Broken")
-    with pytest.raises(Exception, match=r"reward function 'vf' raised TaskError: task BrokenTask scoring: ZeroDivisionError: no on sample 0"):
+    with pytest.raises(
+        Exception,
+        match=r"reward function 'vf' raised TaskError: task BrokenTask scoring: ZeroDivisionError: no on sample 0",
+    ):
         broken.score(["1"], {"vf_task": [records[0]["vf_task"]]})
 
 

@@ -34,7 +34,10 @@ class DigitTaskset(vf.Taskset[DigitTask, DigitConfig]):
     def load(self):
         for i in range(self.config.num_tasks):
             prompt = f"{(7 * i + 3) % 10}{(3 * i + 1) % 10}{i % 10}="
-            yield DigitTask(DigitData(prompt=prompt, system_prompt="answer with one digit", answer=str((i + 1) % 10)), self.config.task)
+            yield DigitTask(
+                DigitData(prompt=prompt, system_prompt="answer with one digit", answer=str((i + 1) % 10)),
+                self.config.task,
+            )
 
 
 class ChatTaskset(vf.Taskset[DigitTask, DigitConfig]):

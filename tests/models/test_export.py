@@ -52,15 +52,26 @@ def test_quickstart_checkpoint_round_trip(tmp_path, vllm_engine, digit_teacher_p
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    built, run_dir = _train(tmp_path, "quickstart.yaml", 8, engine=vllm_engine, extra=[f"--model.model={digit_teacher_path}"])
+    built, run_dir = _train(
+        tmp_path, "quickstart.yaml", 8, engine=vllm_engine, extra=[f"--model.model={digit_teacher_path}"]
+    )
     out = export(tmp_path / "runs" / "run", tmp_path / "model")  # the run folder: its latest version, last.ckpt
     assert sorted(p.name for p in out.iterdir()) == [
-        "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     trained = _sequence_logprobs(built.model.policy, built.datamodule.tokenizer)
     torch.testing.assert_close(_sequence_logprobs(loaded, built.datamodule.tokenizer), trained, atol=1e-5, rtol=0)
     _check_tokenizer(out, built.datamodule.tokenizer)
-    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == built.datamodule.tokenizer.eos_token_id
+    assert (
+        json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+        == built.datamodule.tokenizer.eos_token_id
+    )
     _vllm_reads(out)
     vllm_serves_the_policy(vllm_engine, out, built, run_dir, min_accuracy=TRAINED)
     # bfloat16: the config says so and every tensor is bfloat16
@@ -85,12 +96,16 @@ def test_lora_checkpoint_round_trip_merged_and_adapter(tmp_path, vllm_engine, di
     from transformers import AutoModelForCausalLM
 
     extra, steps = LORA_RUNS[variant]
-    built, run_dir = _train(tmp_path, "grpo_lora.yaml", steps, engine=vllm_engine, extra=[*extra, f"--model.model={digit_teacher_path}"])
+    built, run_dir = _train(
+        tmp_path, "grpo_lora.yaml", steps, engine=vllm_engine, extra=[*extra, f"--model.model={digit_teacher_path}"]
+    )
     tokenizer = built.datamodule.tokenizer
     trained = _sequence_logprobs(built.model.policy, tokenizer)
     merged = export(run_dir, tmp_path / "merged")
     assert not any("lora" in name for name in load_file(merged / "model.safetensors"))
-    torch.testing.assert_close(_sequence_logprobs(AutoModelForCausalLM.from_pretrained(merged), tokenizer), trained, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        _sequence_logprobs(AutoModelForCausalLM.from_pretrained(merged), tokenizer), trained, atol=1e-5, rtol=0
+    )
     vllm_serves_the_policy(vllm_engine, merged, built, run_dir, min_accuracy=TRAINED)
 
     adapter = export(run_dir, tmp_path / "adapter", adapter=True)
@@ -101,9 +116,13 @@ def test_lora_checkpoint_round_trip_merged_and_adapter(tmp_path, vllm_engine, di
     peft_model = PeftModel.from_pretrained(base, adapter)
     torch.testing.assert_close(_sequence_logprobs(peft_model, tokenizer), trained, atol=1e-5, rtol=0)
     _check_tokenizer(adapter, tokenizer)
-    if config["modules_to_save"]:  # vLLM refuses such an adapter ("Unsupported modules_to_save"): the merged folder above
+    if config[
+        "modules_to_save"
+    ]:  # vLLM refuses such an adapter ("Unsupported modules_to_save"): the merged folder above
         return
-    vllm_engine.load_weights(list(load_file(Path(digit_teacher_path) / "model.safetensors").items()))  # the base, as trained
+    vllm_engine.load_weights(
+        list(load_file(Path(digit_teacher_path) / "model.safetensors").items())
+    )  # the base, as trained
     vllm_engine.load_lora_adapter(str(adapter))
     try:
         vllm_serves_the_policy(vllm_engine, None, built, run_dir, min_accuracy=TRAINED)
@@ -128,15 +147,20 @@ def test_exported_folder_loads_in_vllm_llm(tmp_path):
         "print('RESULT ' + json.dumps([o.outputs[0].text for o in outs]))\n"
     )
     env_note = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCHDYNAMO_DISABLE": "1"}
-    done = subprocess.run([sys.executable, "-c", script, str(out), json.dumps(prompts)], capture_output=True, text=True,
-                          timeout=900, env={**__import__("os").environ, **env_note})
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(out), json.dumps(prompts)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**__import__("os").environ, **env_note},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     texts = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
     model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
     expected = []
     for prompt in prompts:
         ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-        new = model.generate(ids, max_new_tokens=2, do_sample=False)[0, ids.shape[1]:]
+        new = model.generate(ids, max_new_tokens=2, do_sample=False)[0, ids.shape[1] :]
         expected.append(tokenizer.decode(new, skip_special_tokens=True))
     assert texts == expected
 
@@ -206,7 +230,10 @@ def test_save_pretrained_every_n_steps_keeps_the_last_k(tmp_path):
     from lightning_grpo.callbacks.save_pretrained import STEP_FILE
 
     out = tmp_path / "model"
-    save = {"class_path": "lightning_grpo.SavePretrained", "init_args": {"dirpath": str(out), "every_n_steps": 2, "keep_last": 2}}
+    save = {
+        "class_path": "lightning_grpo.SavePretrained",
+        "init_args": {"dirpath": str(out), "every_n_steps": 2, "keep_last": 2},
+    }
     built, _ = _train(tmp_path, "quickstart.yaml", 5, extra=[f"--trainer.callbacks+={json.dumps(save)}"])
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == ["model", "model-step4"]
     assert json.loads((out / STEP_FILE).read_text()) == {"global_step": 5}

@@ -28,20 +28,25 @@ def test_qlora_run_exports_a_dense_folder_that_serves_the_runs_accuracy(tmp_path
     from lightning_grpo.rollout.factory import _save_for_engine
 
     # the QLoRA quickstart on the digit teacher (a policy that knows the task, quantised to nf4)
-    built, run_dir = train_recipe(tmp_path, "qlora_quickstart.yaml", 4, engine=vllm_engine,
-                                  extra=[f"--model.model={digit_teacher_path}"])
+    built, run_dir = train_recipe(
+        tmp_path, "qlora_quickstart.yaml", 4, engine=vllm_engine, extra=[f"--model.model={digit_teacher_path}"]
+    )
     policy, tokenizer = built.model.policy, built.datamodule.tokenizer
     assert type(policy.base_model.model.model.layers[0].mlp.up_proj.base_layer).__name__ == "Linear4bit"
     out = export(run_dir, tmp_path / "model")
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and config["dtype"] == "float32"
     tensors = load_file(out / "model.safetensors")
-    assert all(t.dtype == torch.float32 for t in tensors.values()) and not any("lora" in k or "absmax" in k for k in tensors)
+    assert all(t.dtype == torch.float32 for t in tensors.values()) and not any(
+        "lora" in k or "absmax" in k for k in tensors
+    )
     assert tensors["model.layers.0.mlp.up_proj.weight"].shape == (128, 64)
     # transformers: the dense folder computes what the 4-bit policy computes (the same dequantised
     # float32 weights; W + s*B@A merged instead of x@W + s*(x@A)@B: float32 rounding only)
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    torch.testing.assert_close(sequence_logprobs(loaded, tokenizer), sequence_logprobs(policy, tokenizer), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        sequence_logprobs(loaded, tokenizer), sequence_logprobs(policy, tokenizer), atol=1e-5, rtol=0
+    )
     vllm_reads(out)
     accuracy = vllm_serves_the_policy(vllm_engine, out, built, run_dir, min_accuracy=0.8)
     print(f"\nQLoRA export served by vLLM: held-out greedy accuracy {accuracy:.2f} (the run's last evaluation)")
@@ -73,11 +78,21 @@ def test_a_qlora_checkpoints_policy_is_rebuilt_4bit_and_exported_dense(tiny_mode
         for name, param in policy.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(name)))
-    module = SimpleNamespace(policy=policy, lora=lora, quantization=quantization, model_source=None, policy_settings=SimpleNamespace(dtype="float32"))
+    module = SimpleNamespace(
+        policy=policy,
+        lora=lora,
+        quantization=quantization,
+        model_source=None,
+        policy_settings=SimpleNamespace(dtype="float32"),
+    )
     info = export_info(module, None)
     assert info["quantization"] == vars(quantization) and "quantization_config" not in info["config"]
     if written_by == "an_older_version":
-        info = {**info, "quantization": None, "config": {**info["config"], "quantization_config": base.config.quantization_config.to_dict()}}
+        info = {
+            **info,
+            "quantization": None,
+            "config": {**info["config"], "quantization_config": base.config.quantization_config.to_dict()},
+        }
     rebuilt = build_policy({k: v.clone() for k, v in policy.state_dict().items()}, info)
     assert type(rebuilt.base_model.model.model.layers[1].self_attn.o_proj.base_layer).__name__ == "Linear4bit"
     assert rebuilt.state_dict().keys() == policy.state_dict().keys()
@@ -86,4 +101,6 @@ def test_a_qlora_checkpoints_policy_is_rebuilt_4bit_and_exported_dense(tiny_mode
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     dense = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    torch.testing.assert_close(sequence_logprobs(dense, tokenizer), sequence_logprobs(policy, tokenizer), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        sequence_logprobs(dense, tokenizer), sequence_logprobs(policy, tokenizer), atol=1e-5, rtol=0
+    )

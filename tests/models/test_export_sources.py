@@ -70,7 +70,9 @@ def test_a_checkpoint_written_through_the_python_api_loads_safely(quickstart_run
     from lightning_grpo import LoraSettings, QuantizationSettings
 
     checkpoint = torch.load(quickstart_run / "checkpoints" / "last.ckpt", weights_only=False)
-    checkpoint["hyper_parameters"].update(lora=LoraSettings(r=4), quantization=QuantizationSettings(), where=PurePosixPath("x"))
+    checkpoint["hyper_parameters"].update(
+        lora=LoraSettings(r=4), quantization=QuantizationSettings(), where=PurePosixPath("x")
+    )
     torch.save(checkpoint, tmp_path / "api.ckpt")
     out = export(tmp_path / "api.ckpt", tmp_path / "out")
     assert (out / "model.safetensors").is_file()

@@ -14,7 +14,10 @@ from lightning_grpo.models.hub import is_local_path
         ("Qwen/Qwen2.5-0.5B-Instruct", False),  # org/name: a hub id
         ("gpt2", False),  # name: a hub id
         ("openai/gsm8k", False),
-        ("./model", True), ("../model", True), ("~/model", True), ("/abs/model", True),  # written as paths
+        ("./model", True),
+        ("../model", True),
+        ("~/model", True),
+        ("/abs/model", True),  # written as paths
         ("runs/a/b", True),  # more than one "/": no hub id has that shape
     ],
 )

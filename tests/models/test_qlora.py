@@ -62,8 +62,12 @@ def test_pushed_weights_compute_what_the_4bit_policy_computes(tiny_model_path, q
             base = _dense(tiny_model_path, policy_weights_for_engine(policy))
             base_gap = (base(ids).logits - policy(ids).logits).abs().max().item()
         adapter_effect = (merged(ids).logits - base(ids).logits).abs().max().item()
-    quantisation_error = (base.model.layers[0].mlp.up_proj.weight - original.model.layers[0].mlp.up_proj.weight).abs().max()
-    print(f"\n{quant_type}: |dense - 4bit| logits {gap:.1e}, adapter off {base_gap:.1e}; adapter effect {adapter_effect:.2f}")
+    quantisation_error = (
+        (base.model.layers[0].mlp.up_proj.weight - original.model.layers[0].mlp.up_proj.weight).abs().max()
+    )
+    print(
+        f"\n{quant_type}: |dense - 4bit| logits {gap:.1e}, adapter off {base_gap:.1e}; adapter effect {adapter_effect:.2f}"
+    )
     assert gap < 1e-5 and base_gap < 1e-5
     assert adapter_effect > 0.1 and quantisation_error > 1e-3  # both the adapter and the 4 bits are real
 
@@ -115,7 +119,10 @@ def test_quantization_needs_a_model_path(tiny_model_path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path))
-    with pytest.raises(ValueError, match=r"model.policy.quantization loads a model path in 4 bits, but model is an nn.Module \(Qwen2ForCausalLM\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.policy.quantization loads a model path in 4 bits, but model is an nn.Module \(Qwen2ForCausalLM\)",
+    ):
         GRPOModule(model=model, policy=PolicySettings(lora=LoraSettings(r=4), quantization=QuantizationSettings()))
 
 
@@ -124,20 +131,31 @@ def test_quantization_without_bitsandbytes(monkeypatch):
 
     monkeypatch.setattr(quantization, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match=r"needs bitsandbytes: pip install 'lightning-grpo\[qlora\]'"):
-        GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4), quantization={"quant_type": "nf4"}))
+        GRPOModule(
+            model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4), quantization={"quant_type": "nf4"})
+        )
 
 
 def test_quantization_does_not_shard_with_fsdp2(tiny_model_path):
-    module = GRPOModule(model=str(tiny_model_path), policy=PolicySettings(lora=LoraSettings(r=4), quantization=QuantizationSettings()))
+    module = GRPOModule(
+        model=str(tiny_model_path), policy=PolicySettings(lora=LoraSettings(r=4), quantization=QuantizationSettings())
+    )
     module._device_mesh = object()  # what ModelParallelStrategy sets before configure_model
     with pytest.raises(NotImplementedError, match=r"model.policy.quantization \(QLoRA\) does not shard with FSDP2"):
         module.configure_model()
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("quant_type", "int4", r"quantization.quant_type must be 'nf4' or 'fp4', got 'int4'"),
-    ("compute_dtype", "float64", r"quantization.compute_dtype must be float32, bfloat16, float16 or null, got 'float64'"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("quant_type", "int4", r"quantization.quant_type must be 'nf4' or 'fp4', got 'int4'"),
+        (
+            "compute_dtype",
+            "float64",
+            r"quantization.compute_dtype must be float32, bfloat16, float16 or null, got 'float64'",
+        ),
+    ],
+)
 def test_bad_quantization_settings(field, value, message):
     with pytest.raises(ValueError, match=message):
         QuantizationSettings(**{field: value})
@@ -178,10 +196,19 @@ def test_qlora_training_keeps_engine_and_policy_together(vllm_engine, tiny_model
     every step the engine's log-probs of the sampled tokens equal the policy's (mismatch <= 1e-4)."""
     from tests.training.test_training import _fit
 
-    module = GRPOModule(model=str(tiny_model_path), loss=GRPOLoss(kl=KLSettings(beta=0.04)), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings()), optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2))
+    module = GRPOModule(
+        model=str(tiny_model_path),
+        loss=GRPOLoss(kl=KLSettings(beta=0.04)),
+        policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings()),
+        optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2),
+    )
     callback = RolloutCallback(
-        engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3), rewards=[RewardSpec("prefix_match")], seed=3,
-        weight_sync=WeightSyncSettings(lora=lora_sync), vllm=VLLMArgs(enable_lora=True),
+        engine="vllm",
+        sampling=SamplingConfig(n=4, max_new_tokens=3),
+        rewards=[RewardSpec("prefix_match")],
+        seed=3,
+        weight_sync=WeightSyncSettings(lora=lora_sync),
+        vllm=VLLMArgs(enable_lora=True),
     )
     callback.use_engine(vllm_engine)
     _, recorder = _fit(module, callback, steps=3)

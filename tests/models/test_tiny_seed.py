@@ -69,7 +69,9 @@ def test_a_pinned_initialisation_ignores_the_run_seed_and_a_bad_name_is_one_erro
     assert builtin_model_path("tiny:tools") == pinned
     assert PromptDataModule(DigitTask(), tokenizer_path="tiny:tools@3").tokenizer_path.endswith(SEED0_KEYS["tools"])
     for bad in ("tiny:chars@x", "tiny:chars@-1", "tiny:words", "tiny:"):
-        with pytest.raises(ValueError, match=rf"^model.model: '{bad}' is not a built-in tiny model; expected 'tiny:<variant>'"):
+        with pytest.raises(
+            ValueError, match=rf"^model.model: '{bad}' is not a built-in tiny model; expected 'tiny:<variant>'"
+        ):
             GRPOModule(model=bad)
     with pytest.raises(ValueError, match=r"^data.tokenizer_path: 'tiny:tools@' is not a built-in tiny model"):
         PromptDataModule(DigitTask(), tokenizer_path="tiny:tools@")
@@ -80,6 +82,8 @@ def test_the_model_is_required_and_the_tiny_model_is_named():
     from lightning_grpo import SFTModule
 
     for cls in (GRPOModule, SFTModule):
-        with pytest.raises(ValueError, match=r"^model.model is required: .*built-in tiny model by name \(tiny:chars, tiny:tools, "):
+        with pytest.raises(
+            ValueError, match=r"^model.model is required: .*built-in tiny model by name \(tiny:chars, tiny:tools, "
+        ):
             cls(model=None)
     assert GRPOModule(model="tiny:chars").model_source == builtin_model_path("tiny:chars")

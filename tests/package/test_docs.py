@@ -40,5 +40,3 @@ def test_agents_custom_environment_example_runs(tmp_path, monkeypatch):
     blocks = python_blocks(DOCS / "agents.md")
     assert blocks, "docs/agents.md has no python example"
     exec(compile(blocks[0], "docs/agents.md", "exec"), {"__name__": "agents_example"})
-
-

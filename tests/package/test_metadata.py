@@ -65,4 +65,6 @@ def test_the_vllm_plugin_entry_point_imports_nothing_heavy_unless_switched_on():
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
-    assert PROJECT["project"]["entry-points"]["vllm.general_plugins"] == {"lightning_grpo": "lightning_grpo.vllm_entry:register"}
+    assert PROJECT["project"]["entry-points"]["vllm.general_plugins"] == {
+        "lightning_grpo": "lightning_grpo.vllm_entry:register"
+    }

@@ -28,16 +28,26 @@ def test_the_stages_name_each_other_and_pose_the_same_task(track):
     sft, grpo = (yaml.safe_load(p.read_text()) for p in paths)
     assert grpo["model"]["model"] == f"runs/{sft['trainer']['logger']['init_args']['name']}"
     assert sft["data"]["tokenizer_path"] == grpo["data"]["tokenizer_path"] == "tiny:qwen3"
-    assert sft["model"]["model"] == {"tool": "tiny:qwen3-untied-8h", "text": "tiny:qwen3"}[track]  # docs/recipes.md says why
+    assert (
+        sft["model"]["model"] == {"tool": "tiny:qwen3-untied-8h", "text": "tiny:qwen3"}[track]
+    )  # docs/recipes.md says why
     assert f"lightning-grpo sft fit -c recipes/qwen3_{track}_sft.yaml" in paths[1].read_text()
     task = dict(sft["data"]["source"]["init_args"])
     if track == "tool":
         assert task["question"] == grpo["rollout"]["init_args"]["environment_args"]["question"]
     else:  # the same rows; only SFT's demonstrator is weak, and GRPO is rewarded on the right answer
         assert sft["data"]["source"]["class_path"] == grpo["data"]["source"]["class_path"]
-        assert {k: v for k, v in task.items() if k not in ("weak_digits", "slip")} == grpo["data"]["source"]["init_args"]
-        assert sft["data"]["format"]["answer_column"] == "demonstration" and "answer_column" not in grpo["data"]["format"]
-        assert sft["data"]["format"]["chat_template_kwargs"] == grpo["data"]["format"]["chat_template_kwargs"] == {"enable_thinking": False}
+        assert {k: v for k, v in task.items() if k not in ("weak_digits", "slip")} == grpo["data"]["source"][
+            "init_args"
+        ]
+        assert (
+            sft["data"]["format"]["answer_column"] == "demonstration" and "answer_column" not in grpo["data"]["format"]
+        )
+        assert (
+            sft["data"]["format"]["chat_template_kwargs"]
+            == grpo["data"]["format"]["chat_template_kwargs"]
+            == {"enable_thinking": False}
+        )
 
     for stage in (sft, grpo):  # a schedule that spans a number of steps spans the stage's steps
         schedule = (stage["model"].get("lr_scheduler") or {}).get("init_args", {})
@@ -47,11 +57,31 @@ def test_the_stages_name_each_other_and_pose_the_same_task(track):
 
 #: per track: SFT options for a small run, GRPO options for the HF engine and a small step
 SMALL = {
-    "tool": (["--data.source.init_args.num_train", "16", "--data.source.init_args.num_val", "4"],
-             [*HF_ENGINE, "--rollout.init_args.sampling.n", "4"]),
-    "text": (["--data.source.init_args.num_train", "16", "--data.source.init_args.num_val", "4", "--data.source.init_args.num_test", "4"],
-             [*HF_ENGINE, "--rollout.sampling.n", "4",
-              "--data.source.init_args.num_train", "16", "--data.source.init_args.num_val", "4", "--data.source.init_args.num_test", "4"]),
+    "tool": (
+        ["--data.source.init_args.num_train", "16", "--data.source.init_args.num_val", "4"],
+        [*HF_ENGINE, "--rollout.init_args.sampling.n", "4"],
+    ),
+    "text": (
+        [
+            "--data.source.init_args.num_train",
+            "16",
+            "--data.source.init_args.num_val",
+            "4",
+            "--data.source.init_args.num_test",
+            "4",
+        ],
+        [
+            *HF_ENGINE,
+            "--rollout.sampling.n",
+            "4",
+            "--data.source.init_args.num_train",
+            "16",
+            "--data.source.init_args.num_val",
+            "4",
+            "--data.source.init_args.num_test",
+            "4",
+        ],
+    ),
 }
 
 
@@ -65,7 +95,9 @@ def test_sft_then_grpo_from_its_run_folder(track, tmp_path, monkeypatch, qwen_to
     quiet = ["--trainer.enable_progress_bar", "false", "--trainer.max_steps", "2"]
     main(["sft", "fit", "-c", str(sft), *quiet, *SMALL[track][0], "--data.batch_size", "4"])
     assert (tmp_path / f"runs/qwen3_{track}_sft/version_0/checkpoints/last.ckpt").is_file()
-    main(["fit", "-c", str(grpo), *quiet, *SMALL[track][1], "--data.batch_size", "1", "--trainer.log_every_n_steps", "1"])
+    main(
+        ["fit", "-c", str(grpo), *quiet, *SMALL[track][1], "--data.batch_size", "1", "--trainer.log_every_n_steps", "1"]
+    )
     exported = tmp_path / f"runs/qwen3_{track}_sft/version_0/checkpoints/last_model/config.json"  # exported once
     assert json.loads(exported.read_text())["tie_word_embeddings"] == (track == "text")  # the tool track's own LM head
     with open(tmp_path / f"runs/qwen3_{track}_grpo/version_0/metrics.csv") as handle:

@@ -24,7 +24,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The GRPO recipes (``lightning-grpo fit``); the SFT ones (``sft_*.yaml``, ``lightning-grpo sft fit``): tests/package/test_sft_recipes.py.
-RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if not (p.stem.startswith("sft_") or p.stem.endswith("_sft")))
+RECIPES = sorted(
+    p for p in (ROOT / "recipes").glob("*.yaml") if not (p.stem.startswith("sft_") or p.stem.endswith("_sft"))
+)
 IDS = [p.stem for p in RECIPES]
 #: GRPO stages of two-stage recipes on the real Qwen3 tokenizer (``tiny:qwen3``): stage 2 starts from stage 1's run
 #: folder, so the pair builds and trains in tests/package/test_qwen3_recipes.py; here their conventions and parsing.
@@ -32,12 +34,30 @@ TWO_STAGE = [p for p in RECIPES if p.stem.startswith("qwen3_")]
 RUN_RECIPES = [p for p in RECIPES if p not in TWO_STAGE]
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 #: Policy losses that report ratio and clip fractions (``ppo``-style).
-CLIPPED_LOSSES = {"ppo", "dual_clip", "delta_clip", "gspo", "gspo_token", "cispo", "clip_cov", "dppo_tv", "dppo_kl", "geo_mean", "reinforce"}
+CLIPPED_LOSSES = {
+    "ppo",
+    "dual_clip",
+    "delta_clip",
+    "gspo",
+    "gspo_token",
+    "cispo",
+    "clip_cov",
+    "dppo_tv",
+    "dppo_kl",
+    "geo_mean",
+    "reinforce",
+}
 
 ROLLOUT_CALLBACKS = {"lightning_grpo.RolloutCallback", "lightning_grpo.AgentRolloutCallback"}
 #: The default guard set (lightning_grpo/callbacks/guard_set.py) with its non-default settings, in order.
-DEFAULT_GUARDS = [("NonFiniteGuard", {}), ("LogProbGuard", {}), ("EntropyGuard", {"floor": 0.05, "max_reward": 0.9}),
-                  ("IdenticalSamplesGuard", {}), ("MismatchGuard", {}), ("ZeroStdGuard", {"max_reward": 0.9})]
+DEFAULT_GUARDS = [
+    ("NonFiniteGuard", {}),
+    ("LogProbGuard", {}),
+    ("EntropyGuard", {"floor": 0.05, "max_reward": 0.9}),
+    ("IdenticalSamplesGuard", {}),
+    ("MismatchGuard", {}),
+    ("ZeroStdGuard", {"max_reward": 0.9}),
+]
 
 
 class _Attached(Exception):
@@ -77,7 +97,10 @@ def test_the_module_attaches_the_default_guards_unless_the_recipe_names_one(tmp_
     for guard, (name, settings) in zip(guards, DEFAULT_GUARDS):  # the state key holds the action and every setting
         assert guard.state_key == getattr(lightning_grpo, name)(**settings).state_key, name
     assert guards[2].floor == 0.05 and guards[2].max_reward == guards[5].max_reward == 0.9
-    assert sum(isinstance(c, ModelCheckpoint) for c in attached) == 1 and sum(isinstance(c, RolloutCallback) for c in attached) == 1
+    assert (
+        sum(isinstance(c, ModelCheckpoint) for c in attached) == 1
+        and sum(isinstance(c, RolloutCallback) for c in attached) == 1
+    )
 
     own = copy.deepcopy(cfg)
     own["trainer"]["callbacks"].append({"class_path": "lightning_grpo.RewardDropGuard"})
@@ -161,7 +184,9 @@ def _teacher_for(path: Path, request) -> str | None:
     return str(request.getfixturevalue("digit_teacher_path"))
 
 
-def _prepared(path: Path, tmp_path: Path, train: bool = False, teacher: str | None = None) -> tuple[dict[str, Any], Path]:
+def _prepared(
+    path: Path, tmp_path: Path, train: bool = False, teacher: str | None = None
+) -> tuple[dict[str, Any], Path]:
     """(config, file to pass to -c): the recipe itself, or a substituted copy in tmp_path.
     Training always moves real-model recipes onto the tiny model (a 3-step smoke test); ``teacher``
     replaces a distillation recipe's teacher."""
@@ -186,7 +211,10 @@ def _prepared(path: Path, tmp_path: Path, train: bool = False, teacher: str | No
 
 
 def _run_args(tmp_path: Path, max_steps: int) -> list[str]:
-    logger = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(tmp_path), "name": "run"}}
+    logger = {
+        "class_path": "lightning.pytorch.loggers.CSVLogger",
+        "init_args": {"save_dir": str(tmp_path), "name": "run"},
+    }
     return [
         f"--trainer.max_steps={max_steps}",
         "--trainer.log_every_n_steps=1",
@@ -254,7 +282,9 @@ def test_cpu_recipes_size_the_kv_cache(path):
     if cfg["trainer"].get("accelerator") != "cpu" or rollout.get("engine", "vllm") == "hf":
         return
     section = "server" if rollout.get("engine") == "vllm_server" else "vllm"
-    assert isinstance((rollout.get(section) or {}).get("kv_cache_memory_bytes"), int), f"rollout.{section}.kv_cache_memory_bytes"
+    assert isinstance((rollout.get(section) or {}).get("kv_cache_memory_bytes"), int), (
+        f"rollout.{section}.kv_cache_memory_bytes"
+    )
 
 
 @pytest.mark.parametrize("path", [p for p in RUN_RECIPES if _is_real_model(_load(p))], ids=lambda p: p.stem)

@@ -10,9 +10,23 @@ import pytest
 import lightning_grpo as lg
 
 CONSTRUCTORS = ["GRPOModule", "GRPOLoss", "RolloutCallback", "PromptDataModule"]
-SETTINGS = ["KLSettings", "OffPolicySettings", "LossTerms", "AlgorithmSettings", "KLInRewardSettings", "PolicySettings",
-            "ForwardSettings", "VLLMArgs", "ServerSettings", "SelectionSettings", "EvaluationSettings",
-            "WeightSyncSettings", "PromptFormat", "SamplingConfig", "LoraSettings"]
+SETTINGS = [
+    "KLSettings",
+    "OffPolicySettings",
+    "LossTerms",
+    "AlgorithmSettings",
+    "KLInRewardSettings",
+    "PolicySettings",
+    "ForwardSettings",
+    "VLLMArgs",
+    "ServerSettings",
+    "SelectionSettings",
+    "EvaluationSettings",
+    "WeightSyncSettings",
+    "PromptFormat",
+    "SamplingConfig",
+    "LoraSettings",
+]
 
 
 @pytest.mark.parametrize("name", CONSTRUCTORS)

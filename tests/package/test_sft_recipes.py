@@ -28,13 +28,27 @@ def test_sft_recipe_parses_and_builds(path, tmp_path, tiny_cache):
 def test_bad_sft_option_is_one_line_and_writes_nothing(tmp_path, capsys, tiny_cache):
     from lightning_grpo.cli import main
 
-    args = ["sft", "fit", "-c", str(ROOT / "recipes/sft_quickstart.yaml"), "--trainer.logger.init_args.save_dir", str(tmp_path / "runs"),
-            "--data.source=lightning_grpo.Rows", "--data.source.train=[{question: '1=', answer: '2'}]", "--data.batch_size", "1"]
+    args = [
+        "sft",
+        "fit",
+        "-c",
+        str(ROOT / "recipes/sft_quickstart.yaml"),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path / "runs"),
+        "--data.source=lightning_grpo.Rows",
+        "--data.source.train=[{question: '1=', answer: '2'}]",
+        "--data.batch_size",
+        "1",
+    ]
     with mock.patch.object(sys, "argv", ["lightning-grpo"]), pytest.raises(SystemExit) as exit_:
         main(args)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.rstrip("\n").splitlines()[-1].startswith(
-        "lightning-grpo: error: data.source.train has neither a data.messages_column 'messages' (chat transcripts) nor the data.format.prompt_column 'prompt'"
+    assert (
+        err.rstrip("\n")
+        .splitlines()[-1]
+        .startswith(
+            "lightning-grpo: error: data.source.train has neither a data.messages_column 'messages' (chat transcripts) nor the data.format.prompt_column 'prompt'"
+        )
     ), err[-800:]
     assert "Traceback" not in err and not (tmp_path / "runs").exists()

@@ -13,7 +13,9 @@ from lightning_grpo.rollout.server_process import plugin_path
 
 def test_generated_dist_info_declares_the_plugin_entry_point(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(plugin_path(tmp_path)))
-    found = [ep for ep in entry_points(group="vllm.general_plugins") if ep.value == "lightning_grpo.vllm_entry:register"]
+    found = [
+        ep for ep in entry_points(group="vllm.general_plugins") if ep.value == "lightning_grpo.vllm_entry:register"
+    ]
     assert found and found[0].load().__module__ == "lightning_grpo.vllm_entry"
 
 

@@ -59,8 +59,13 @@ def test_rollout_rejects_inconsistent_rows():
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"n": 0}, "n"), ({"temperature": -0.5}, "temperature"), ({"top_p": 1.5}, "top_p"),
-     ({"top_k": -1}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens")],
+    [
+        ({"n": 0}, "n"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+    ],
 )
 def test_sampling_config_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=f"SamplingConfig.{field} must be"):
@@ -99,14 +104,25 @@ def test_vllm_engine_from_a_hub_id_that_cannot_be_fetched_names_it(monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     module = SimpleNamespace(model_source="lightning-grpo-test/no-such-model", policy=None)
-    with pytest.raises(FileNotFoundError, match=r"model.model 'lightning-grpo-test/no-such-model' is not a local directory and could not be fetched"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"model.model 'lightning-grpo-test/no-such-model' is not a local directory and could not be fetched",
+    ):
         build_engine("vllm", module, tokenizer=None, seed=0)
 
 
 def test_check_fits_names_the_lengths_the_engine_and_the_setting():
-    check_fits([[1, 2, 3], [4] * 10], max_new_tokens=6, max_model_len=16, whose="engine's", remedy="X")  # 10 + 6 = 16 fits
+    check_fits(
+        [[1, 2, 3], [4] * 10], max_new_tokens=6, max_model_len=16, whose="engine's", remedy="X"
+    )  # 10 + 6 = 16 fits
     with pytest.raises(ValueError) as err:
-        check_fits([[1, 2, 3], [4] * 10], max_new_tokens=7, max_model_len=16, whose="servers'", remedy="rollout.server.max_model_len")
+        check_fits(
+            [[1, 2, 3], [4] * 10],
+            max_new_tokens=7,
+            max_model_len=16,
+            whose="servers'",
+            remedy="rollout.server.max_model_len",
+        )
     assert str(err.value) == (
         "longest prompt (10 tokens) + max_new_tokens (7) exceeds the servers' max_model_len (16); "
         "raise rollout.server.max_model_len"

@@ -105,17 +105,29 @@ def test_multi_turn_contexts_grow_past_the_chunk_size(fresh_weights, tiny_model_
 def test_grpo_trains_three_steps_on_long_prompts(fresh_weights, tiny_model_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(tiny_model_path.parent))  # GRPOModule() loads the session's tiny model
-    rows = [{"prompt": "".join(random.Random(i).choice("0123456789") for _ in range(504)) + "=", "answer": str(i % 10)}
-            for i in range(8)]
-    callback = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=8, max_new_tokens=7),
-                               rewards=[RewardSpec("prefix_match")], seed=0)
+    monkeypatch.setenv(
+        "LIGHTNING_GRPO_CACHE", str(tiny_model_path.parent)
+    )  # GRPOModule() loads the session's tiny model
+    rows = [
+        {"prompt": "".join(random.Random(i).choice("0123456789") for _ in range(504)) + "=", "answer": str(i % 10)}
+        for i in range(8)
+    ]
+    callback = RolloutCallback(
+        engine="vllm", sampling=SamplingConfig(n=8, max_new_tokens=7), rewards=[RewardSpec("prefix_match")], seed=0
+    )
     callback.use_engine(fresh_weights)  # built with VLLMEngine's defaults, like engine: vllm builds it
     module = GRPOModule(model="tiny:chars")
     L.seed_everything(0)
-    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                        callbacks=[callback])
+    trainer = L.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[callback],
+    )
     trainer.fit(module, datamodule=PromptDataModule(source=Rows(rows), batch_size=4))
     assert trainer.global_step == 3
     assert module.rollout_batch.input_ids.shape == (32, 505 + 7)  # 4 prompts x 8 samples per step

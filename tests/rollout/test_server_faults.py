@@ -48,7 +48,9 @@ def test_wrong_model_path(tmp_path):
     broken.mkdir()
     (broken / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
     server = ServerProcess(str(broken), free_port(), tmp_path / "logs").start()
-    with pytest.raises(ServerStartError, match="exited with code .* before becoming healthy; see its log .*vllm-server-"):
+    with pytest.raises(
+        ServerStartError, match="exited with code .* before becoming healthy; see its log .*vllm-server-"
+    ):
         server.wait_healthy(120, ServerClient(server.url).healthy)
 
 

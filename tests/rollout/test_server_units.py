@@ -63,7 +63,11 @@ class _Log:
     def sample(self, generation):
         with self.lock:
             self.events.append(("gen", generation))
-            return {"generation": generation, "weight_version_min": float(self.server_version), "weight_version_mean": float(self.server_version)}
+            return {
+                "generation": generation,
+                "weight_version_min": float(self.server_version),
+                "weight_version_mean": float(self.server_version),
+            }
 
 
 @pytest.mark.parametrize("k, per_gen", [(1, 1), (2, 1), (1, 2)])
@@ -90,7 +94,8 @@ def test_async_pipeline_never_exceeds_the_staleness_bound(k, per_gen):
 
 def test_staleness_check_raises_on_a_batch_older_than_the_bound():
     assert staleness_metrics({"weight_version_min": 3.0, "weight_version_mean": 3.5}, 4, 1) == {
-        "staleness_max": 1.0, "staleness_mean": 0.5,
+        "staleness_max": 1.0,
+        "staleness_mean": 0.5,
     }
     with pytest.raises(RuntimeError, match="staleness 2 > max_staleness 1"):
         staleness_metrics({"weight_version_min": 2.0, "weight_version_mean": 2.0}, 4, 1)
@@ -112,8 +117,14 @@ def test_version_recorder_collects_versions_of_every_call():
 
     class Engine(RolloutEngine):
         def generate(self, prompts, sampling, seed):
-            return Rollout([list(p) for p in prompts], [[1]] * len(prompts), [[0.0]] * len(prompts), [True] * len(prompts),
-                           group_size=1, versions=[seed] * len(prompts))
+            return Rollout(
+                [list(p) for p in prompts],
+                [[1]] * len(prompts),
+                [[0.0]] * len(prompts),
+                [True] * len(prompts),
+                group_size=1,
+                versions=[seed] * len(prompts),
+            )
 
         def load_weights(self, weights, version=None):
             pass

@@ -86,8 +86,13 @@ def test_sleep_level_2_without_weight_sync_is_refused():
     from lightning_grpo import WeightSyncSettings
     from tests.helpers.bad_input import cpu_vllm, fit_error, hf_callback
 
-    fit_error(ValueError, r"rollout.vllm.sleep_level=2 discards the engine's weights .* needs rollout.weight_sync.enabled: true",
-              callback=hf_callback(engine="vllm", weight_sync=WeightSyncSettings(enabled=False), vllm=cpu_vllm(sleep_level=2)))
+    fit_error(
+        ValueError,
+        r"rollout.vllm.sleep_level=2 discards the engine's weights .* needs rollout.weight_sync.enabled: true",
+        callback=hf_callback(
+            engine="vllm", weight_sync=WeightSyncSettings(enabled=False), vllm=cpu_vllm(sleep_level=2)
+        ),
+    )
 
 
 # ------------------------------------------------------------------ the real engine, in training
@@ -145,13 +150,26 @@ def tiny_cache_env(tiny_model_path, monkeypatch):
 
 def _train(engine, steps: int, evaluate_first: bool) -> None:
     L.seed_everything(0)
-    callback = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3), rewards=[RewardSpec("prefix_match")],
-                               seed=3, evaluation=EvaluationSettings(samples=2))
+    callback = RolloutCallback(
+        engine="vllm",
+        sampling=SamplingConfig(n=4, max_new_tokens=3),
+        rewards=[RewardSpec("prefix_match")],
+        seed=3,
+        evaluation=EvaluationSettings(samples=2),
+    )
     callback.use_engine(engine)
     trainer = L.Trainer(
-        max_steps=steps, callbacks=[callback], accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1 if evaluate_first else 0,
-        val_check_interval=1000, check_val_every_n_epoch=None, num_sanity_val_steps=0,
+        max_steps=steps,
+        callbacks=[callback],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=1 if evaluate_first else 0,
+        val_check_interval=1000,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
     )
     module = GRPOModule(model="tiny:chars", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(num_val=4), batch_size=4))
@@ -186,8 +204,10 @@ def test_sleep_frees_gpu_memory(tiny_model_path, level):
     from lightning_grpo.rollout.vllm import VLLMEngine
 
     kv_bytes = 256 * 1024**2
-    engine = VLLMEngine(str(tiny_model_path), VLLMArgs(max_model_len=512, sleep_level=level, kv_cache_memory_bytes=kv_bytes,
-                                                       gpu_memory_utilization=0.2))
+    engine = VLLMEngine(
+        str(tiny_model_path),
+        VLLMArgs(max_model_len=512, sleep_level=level, kv_cache_memory_bytes=kv_bytes, gpu_memory_utilization=0.2),
+    )
     try:
         weights = list(AutoModelForCausalLM.from_pretrained(str(tiny_model_path)).state_dict().items())
         sampling = SamplingConfig(n=4, max_new_tokens=8)

@@ -31,7 +31,9 @@ class TcpWorkerClient:
 
     def init_transfer(self, info: dict) -> None:
         self.calls.append("init")
-        self.sockets = [connect_to_trainer(info["host"], info["port"], info["token"], r, self.world, 5.0) for r in range(self.world)]
+        self.sockets = [
+            connect_to_trainer(info["host"], info["port"], info["token"], r, self.world, 5.0) for r in range(self.world)
+        ]
 
     def update_weights(self, info: dict) -> None:
         self.calls.append(f"update {info['update_id']}")
@@ -56,7 +58,9 @@ class TcpWorkerClient:
 
 def _weights() -> list[tuple[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(0)
-    return [(f"layer.{i}.weight", torch.randn(64 + i, 48, generator=gen)) for i in range(6)] + [("norm.weight", torch.ones(7))]
+    return [(f"layer.{i}.weight", torch.randn(64 + i, 48, generator=gen)) for i in range(6)] + [
+        ("norm.weight", torch.ones(7))
+    ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -89,7 +93,9 @@ def test_tcp_stream_out_of_step_is_detected():
     from lightning_grpo.rollout.tcp_transfer import HEADER, MAGIC
 
     trainer.sendall(HEADER.pack(MAGIC, 7, 128))
-    with pytest.raises(ConnectionError, match=r"out of step: expected bucket 3 \(128 bytes\), the trainer sent 7 \(128 bytes\)"):
+    with pytest.raises(
+        ConnectionError, match=r"out of step: expected bucket 3 \(128 bytes\), the trainer sent 7 \(128 bytes\)"
+    ):
         receive_bucket(worker, 3, 128)
     for s in (worker, trainer, listener):
         s.close()
@@ -102,16 +108,25 @@ def test_tcp_connect_reports_missing_workers():
 
     transport = TcpTransport("127.0.0.1", 0, timeout=0.5)
     try:
-        with pytest.raises(ConnectionError, match=r"0 of 2 workers connected to 127.0.0.1:\d+ within 0 s \(can the server reach this address\? rollout.server.transfer_host\)"):
+        with pytest.raises(
+            ConnectionError,
+            match=r"0 of 2 workers connected to 127.0.0.1:\d+ within 0 s \(can the server reach this address\? rollout.server.transfer_host\)",
+        ):
             transport.push(Silent(world=2), transport.prepare(_weights(), torch.float32, 1 << 20), 0)
     finally:
         transport.close()
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"transfer": "rdma"}, r"rollout.server.transfer must be one of shm, tcp, nccl, got 'rdma'"),
-    ({"transfer": "tcp", "transfer_port": 70000}, r"rollout.server.transfer_port must be a TCP port \(0 = any free one\), got 70000"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"transfer": "rdma"}, r"rollout.server.transfer must be one of shm, tcp, nccl, got 'rdma'"),
+        (
+            {"transfer": "tcp", "transfer_port": 70000},
+            r"rollout.server.transfer_port must be a TCP port \(0 = any free one\), got 70000",
+        ),
+    ],
+)
 def test_bad_transfer_settings(args, message):
     with pytest.raises(ValueError, match=message):
         ServerSettings(urls=["http://10.0.0.2:8000"], **args)
@@ -202,5 +217,7 @@ def test_nccl_transport_drives_vllms_trainer_engine(monkeypatch):
 def test_nccl_needs_cuda_in_the_trainer():
     from lightning_grpo.rollout.nccl_transfer import NcclTransport
 
-    with pytest.raises(RuntimeError, match=r"rollout.server.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp"):
+    with pytest.raises(
+        RuntimeError, match=r"rollout.server.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp"
+    ):
         NcclTransport().prepare([("w", torch.zeros(2))], torch.bfloat16, 1 << 20)

@@ -50,7 +50,11 @@ def test_construction_passes_the_engine_settings_and_keeps_the_global_rng(fake_v
     np.random.seed(1234)
     states = (torch.random.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
     extra = {"max_num_seqs": 64, "enable_prefix_caching": False}  # extra_llm_kwargs may override our settings
-    VLLMEngine(str(tiny_model_path), VLLMArgs(kv_cache_memory_bytes=64 * 1024**2, block_size=32, extra_llm_kwargs=extra), seed=7)
+    VLLMEngine(
+        str(tiny_model_path),
+        VLLMArgs(kv_cache_memory_bytes=64 * 1024**2, block_size=32, extra_llm_kwargs=extra),
+        seed=7,
+    )
     assert torch.equal(torch.random.get_rng_state(), states[0])
     assert random.getstate() == states[1]
     assert np.array_equal(np.random.get_state()[1], states[2])

@@ -97,5 +97,7 @@ def test_fsdp2_sharded_peft_model_yields_the_hf_names(tiny_model_path):
     model = _lora(tiny_model_path, target_modules=TARGETS)
     expected = [name for name, _ in policy_weights_for_engine(model)]
     cls = type(model)
-    model.__class__ = type(f"FSDP{cls.__name__}", (FSDPModule, cls), {"__module__": "torch.distributed.fsdp._fully_shard._fsdp_init"})
+    model.__class__ = type(
+        f"FSDP{cls.__name__}", (FSDPModule, cls), {"__module__": "torch.distributed.fsdp._fully_shard._fsdp_init"}
+    )
     assert [name for name, _ in policy_weights_for_engine(model)] == expected

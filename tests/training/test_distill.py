@@ -50,13 +50,20 @@ def _perturbed(policy, seed=1, scale=0.5):
 
 def _direct_logp(model, batch):
     with torch.no_grad():
-        return padded_token_logprobs(model, batch, score=logprobs_from_logits, compute_entropy=False, chunk_size=1024).logp
+        return padded_token_logprobs(
+            model, batch, score=logprobs_from_logits, compute_entropy=False, chunk_size=1024
+        ).logp
 
 
 def _module(path, distillation, packing="auto", policy=None):
     forward = ForwardSettings(packing=packing, rows_per_pass=3)  # no-grad passes of 3 rows: a group split across passes
-    module = GRPOModule(model=_policy(path), policy=policy or PolicySettings(), forward=forward, distillation=distillation,
-                        optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
+    module = GRPOModule(
+        model=_policy(path),
+        policy=policy or PolicySettings(),
+        forward=forward,
+        distillation=distillation,
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
+    )
     module.configure_model()
     module.distiller.build(_tokenizer(path))
     return module
@@ -101,8 +108,14 @@ def test_teacher_forward_is_packed_like_the_reference_and_gets_no_gradient(tiny_
     torch.testing.assert_close(packed * mask, padded * mask, atol=2e-5, rtol=0)
     module = _module(tiny_model_path, DistillSettings(teacher=teacher))
     _prepared(module)
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     trainer.fit(module, train_dataloaders=_ticks(1))
     assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
@@ -129,11 +142,16 @@ def test_several_teachers_chosen_per_record(tiny_model_path):
     batch = _prepared(module, records=[{"task": "code"}, {"task": "math"}])  # group 0 -> b, group 1 -> a
     expected = torch.cat([_direct_logp(b, batch)[:4], _direct_logp(a, batch)[4:]]) * batch.completion_mask
     torch.testing.assert_close(batch.teacher_logp * batch.completion_mask, expected, atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match=r"model.distillation.teacher_key 'task': a record has 'poetry'; the teachers are \['math', 'code'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"model.distillation.teacher_key 'task': a record has 'poetry'; the teachers are \['math', 'code'\]",
+    ):
         _prepared(module, records=[{"task": "poetry"}, {"task": "math"}])
     with pytest.raises(ValueError, match=r"several teachers need the batch's records"):
         _prepared(module, records=None)
-    with pytest.raises(ValueError, match=r"teacher_key 'task': a record has None"):  # the training records, before training
+    with pytest.raises(
+        ValueError, match=r"teacher_key 'task': a record has None"
+    ):  # the training records, before training
         module.distiller.build(None, records=[{"task": "math"}, {"prompt": "no task column"}])
 
 
@@ -149,11 +167,20 @@ def test_lora_teacher_is_the_base_or_another_adapter(tiny_model_path, tmp_path):
     batch = _prepared(base)
     with base.policy.disable_adapter():
         expected = _direct_logp(base.policy, batch)
-    torch.testing.assert_close(batch.teacher_logp * batch.completion_mask, expected * batch.completion_mask, atol=1e-5, rtol=0)
-    module = _module(tiny_model_path, DistillSettings(teacher=f"adapter:{tmp_path / 'adapter'}"), policy=PolicySettings(lora=lora))
+    torch.testing.assert_close(
+        batch.teacher_logp * batch.completion_mask, expected * batch.completion_mask, atol=1e-5, rtol=0
+    )
+    module = _module(
+        tiny_model_path, DistillSettings(teacher=f"adapter:{tmp_path / 'adapter'}"), policy=PolicySettings(lora=lora)
+    )
     trainable = {n for n, p in module.policy.named_parameters() if p.requires_grad}
     batch = _prepared(module)
-    torch.testing.assert_close(batch.teacher_logp * batch.completion_mask, _direct_logp(other, batch) * batch.completion_mask, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        batch.teacher_logp * batch.completion_mask,
+        _direct_logp(other, batch) * batch.completion_mask,
+        atol=1e-5,
+        rtol=0,
+    )
     assert module.policy.active_adapter == "default"  # the student's adapter is back, and only it trains
     assert {n for n, p in module.policy.named_parameters() if p.requires_grad} == trainable
     assert not any("teacher" in n for n in trainable)
@@ -174,14 +201,28 @@ def test_gkd_term_is_the_token_mean_of_the_generalised_jsd(tiny_model_path):
             self.loss = outputs["loss"].detach()
 
     capture = Capture()
-    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, callbacks=[capture],
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[capture],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     with torch.no_grad():
-        jsd = generalized_jsd(padded_completion_logits(module.policy, batch), padded_completion_logits(teacher, batch), 0.3, batch.temperature)
+        jsd = generalized_jsd(
+            padded_completion_logits(module.policy, batch),
+            padded_completion_logits(teacher, batch),
+            0.3,
+            batch.temperature,
+        )
     expected = 2.0 * (jsd * batch.completion_mask).sum() / batch.completion_mask.sum()
     trainer.fit(module, train_dataloaders=_ticks(1))
     assert capture.loss.item() == pytest.approx(expected.item(), abs=1e-5)  # the policy loss is 0 with A = 0
-    assert float(trainer.callback_metrics["train/gkd_jsd"]) == pytest.approx((jsd * batch.completion_mask).sum().item() / batch.completion_mask.sum().item(), abs=1e-5)
+    assert float(trainer.callback_metrics["train/gkd_jsd"]) == pytest.approx(
+        (jsd * batch.completion_mask).sum().item() / batch.completion_mask.sum().item(), abs=1e-5
+    )
 
 
 def test_gkd_off_policy_batches_use_the_reference_answers(tiny_model_path):
@@ -219,20 +260,23 @@ def test_teacher_with_another_tokenizer_fails_before_training(tiny_model_path):
     tools = str(tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tiny_model_path.parent))
     module = GRPOModule(model=_policy(tiny_model_path), distillation=DistillSettings(teacher=tools))
     module.configure_model()
-    with pytest.raises(ValueError, match=r"model.distillation.teacher .* has another tokenizer than the student's \(\d+ tokens differ"):
+    with pytest.raises(
+        ValueError, match=r"model.distillation.teacher .* has another tokenizer than the student's \(\d+ tokens differ"
+    ):
         module.distiller.build(_tokenizer(tiny_model_path))
     small = _policy(tiny_model_path)
     small.resize_token_embeddings(10)
     module = GRPOModule(model=_policy(tiny_model_path), distillation=DistillSettings(teacher=small))
     module.configure_model()
-    with pytest.raises(ValueError, match=r"model.distillation.teacher: its LM head has 10 rows but the tokenizer has \d+ tokens"):
+    with pytest.raises(
+        ValueError, match=r"model.distillation.teacher: its LM head has 10 rows but the tokenizer has \d+ tokens"
+    ):
         module.distiller.build(_tokenizer(tiny_model_path))
     missing = str(tiny_model_path.parent / "no_such_teacher")
     with pytest.raises(ValueError, match=r"teacher\['default'\] '.*no_such_teacher': no model directory there"):
         GRPOModule(model=_policy(tiny_model_path), distillation=DistillSettings(teacher=missing)).configure_model()
     with pytest.raises(ValueError, match=r"teacher\['default'\] = 'base' needs a LoRA policy"):
         GRPOModule(model=_policy(tiny_model_path), distillation=DistillSettings(teacher="base")).configure_model()
-
 
 
 def test_multi_turn_episodes_distil_on_model_tokens_only(tiny_model_path):
@@ -246,8 +290,16 @@ def test_multi_turn_episodes_distil_on_model_tokens_only(tiny_model_path):
     catcher = BatchCatcher()
     callback = AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), max_turns=3, seed=1)
     module = GRPOModule(model=path, distillation=DistillSettings(teacher=teacher))
-    trainer = L.Trainer(max_steps=2, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=2,
+        callbacks=[callback, catcher],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), tokenizer_path=path, batch_size=2))
     batch = catcher.batches[0]
     assert trainer.global_step == 2 and batch.turn_ids is not None
@@ -264,13 +316,29 @@ def test_distillation_under_the_asynchronous_pipeline(tiny_model_path, digit_tea
     from lightning_grpo.rollout.server_engine import ServerEngine
 
     catcher = BatchCatcher()
-    callback = RolloutCallback(engine="vllm_server", max_staleness=1, sampling=SamplingConfig(n=4, max_new_tokens=2),
-                               rewards=[RewardSpec("prefix_match")], seed=0)
+    callback = RolloutCallback(
+        engine="vllm_server",
+        max_staleness=1,
+        sampling=SamplingConfig(n=4, max_new_tokens=2),
+        rewards=[RewardSpec("prefix_match")],
+        seed=0,
+    )
     callback.use_engine(ServerEngine([ServerClient(vllm_server)]))
-    module = GRPOModule(model=str(tiny_model_path), loss=GRPOLoss(off_policy=OffPolicySettings(correction="tis_token")),  # max_staleness needs a correction
-                        distillation=DistillSettings(teacher=str(digit_teacher_path)))
-    trainer = L.Trainer(max_steps=3, callbacks=[callback, catcher], accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    module = GRPOModule(
+        model=str(tiny_model_path),
+        loss=GRPOLoss(off_policy=OffPolicySettings(correction="tis_token")),  # max_staleness needs a correction
+        distillation=DistillSettings(teacher=str(digit_teacher_path)),
+    )
+    trainer = L.Trainer(
+        max_steps=3,
+        callbacks=[callback, catcher],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=2))
     assert trainer.global_step == 3 and len(catcher.batches) == 3
     for batch in catcher.batches:
@@ -285,10 +353,20 @@ def test_save_pretrained_writes_a_model_directory_a_teacher_can_load(tiny_model_
     from lightning_grpo import SavePretrained
 
     out = tmp_path / "teacher"
-    callback = RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), rewards=[RewardSpec("prefix_match")], seed=0)
+    callback = RolloutCallback(
+        engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), rewards=[RewardSpec("prefix_match")], seed=0
+    )
     module = GRPOModule(model=str(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
-    trainer = L.Trainer(max_steps=2, callbacks=[callback, SavePretrained(str(out))], accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=2,
+        callbacks=[callback, SavePretrained(str(out))],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=2))
     saved = AutoModelForCausalLM.from_pretrained(out)
     for name, value in module.policy.state_dict().items():
@@ -298,8 +376,15 @@ def test_save_pretrained_writes_a_model_directory_a_teacher_can_load(tiny_model_
     # a directory that is not a saved model (a logger's, say) is refused before training
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "metrics.csv").write_text("step\n")
-    trainer = L.Trainer(max_steps=1, callbacks=[callback, SavePretrained(str(tmp_path / "logs"))], accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=1,
+        callbacks=[callback, SavePretrained(str(tmp_path / "logs"))],
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     with pytest.raises(ValueError, match=r"SavePretrained.dirpath '.*logs' exists and is not a saved model directory"):
         trainer.fit(module, datamodule=PromptDataModule(DigitTask(), batch_size=2))
     assert (tmp_path / "logs" / "metrics.csv").exists()

@@ -16,8 +16,13 @@ def _prepared(path, loss: GRPOLoss, **module_args):
     """A module with its policy and a rollout batch whose engine log-probs disagree with the trainer's
     on a few tokens (ratio e^{+-2}) and a whole row (e^{0.9} on every token)."""
     policy = _policy(path)
-    module = GRPOModule(model=policy, loss=loss, forward=ForwardSettings(rows_per_pass=8), optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
-                        **module_args)
+    module = GRPOModule(
+        model=policy,
+        loss=loss,
+        forward=ForwardSettings(rows_per_pass=8),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.5),
+        **module_args,
+    )
     module.configure_model()
     batch = _rollout_batch(policy.config.vocab_size)
     old = module._logprobs_no_grad(batch, reference=False)  # [B, Lc]
@@ -30,8 +35,15 @@ def _prepared(path, loss: GRPOLoss, **module_args):
 
 
 def _fit_once(module, accumulate: int) -> dict[str, torch.Tensor]:
-    trainer = L.Trainer(max_steps=1, accumulate_grad_batches=accumulate, accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=1,
+        accumulate_grad_batches=accumulate,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, train_dataloaders=_ticks(accumulate))
     return {k: v.detach().clone() for k, v in module.policy.state_dict().items()}
 
@@ -56,14 +68,21 @@ def test_rejected_tokens_leave_the_global_normaliser(tiny_model_path):
         torch.testing.assert_close(one[name], ref_after[name], atol=2e-6, rtol=0, msg=name)
     assert max((one[n] - before[n]).abs().max().item() for n in one) > 1e-3
     for k in (2, 4):  # gradient accumulation: every micro-batch normalises by the kept tokens of the mini-batch
-        split_module, _, _ = _prepared(tiny_model_path, GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k1": 2.0, "seq_mean_k1": [0.5, 2.0]})))
+        split_module, _, _ = _prepared(
+            tiny_model_path,
+            GRPOLoss(off_policy=OffPolicySettings(rejection={"token_k1": 2.0, "seq_mean_k1": [0.5, 2.0]})),
+        )
         split = _fit_once(split_module, k)
         for name in one:
             torch.testing.assert_close(split[name], one[name], atol=2e-6, rtol=0, msg=f"{name} (k={k})")
 
 
 def test_bypass_mode_skips_the_old_logprob_pass(tiny_model_path, monkeypatch):
-    module, batch, _ = _prepared(tiny_model_path, GRPOLoss(off_policy=OffPolicySettings(bypass=True)), algorithm=AlgorithmSettings(steps_per_generation=2))
+    module, batch, _ = _prepared(
+        tiny_model_path,
+        GRPOLoss(off_policy=OffPolicySettings(bypass=True)),
+        algorithm=AlgorithmSettings(steps_per_generation=2),
+    )
     assert batch.old_logp is None and batch.keep_mask is None
     calls = []
     monkeypatch.setattr(module, "_logprobs_no_grad", lambda *a, **k: calls.append(a))
@@ -82,7 +101,9 @@ def test_opo_gets_the_completion_lengths(tiny_model_path):
 
 @pytest.mark.parametrize("name", ["sapo", "dppo_tv", "dppo_kl", "geo_mean", "gpg", "reinforce"])
 def test_new_policy_losses_train_through_the_module(tiny_model_path, name):
-    module, _, _ = _prepared(tiny_model_path, GRPOLoss(policy_loss=name), algorithm=AlgorithmSettings(steps_per_generation=2))
+    module, _, _ = _prepared(
+        tiny_model_path, GRPOLoss(policy_loss=name), algorithm=AlgorithmSettings(steps_per_generation=2)
+    )
     before = {k: v.clone() for k, v in module.policy.state_dict().items()}
     after = _fit_once(module, 1)
     assert max((after[n] - before[n]).abs().max().item() for n in after) > 0
@@ -96,7 +117,9 @@ def test_is_batch_normalisation_does_not_depend_on_the_micro_batch_size(tiny_mod
     args = {"cap": 10.0} if correction.startswith("tis") else {"low": 0.1, "high": 5.0}  # in-band weights 0.14, 0.41
 
     def make():
-        return GRPOLoss(off_policy=OffPolicySettings(correction=correction, correction_args=args, is_batch_normalize=True))
+        return GRPOLoss(
+            off_policy=OffPolicySettings(correction=correction, correction_args=args, is_batch_normalize=True)
+        )
 
     module, batch, _ = _prepared(tiny_model_path, make())
     assert batch.old_logp is not None  # computed once, so the statistic needs no extra forward

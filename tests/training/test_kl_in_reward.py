@@ -3,9 +3,9 @@
 verl (``ray_trainer.apply_kl_penalty``, ``core_algos.AdaptiveKLController``), per generation batch::
 
     beta = kl_ctrl.value
-    token_level_rewards = scores - beta * kld                       # kld = k1(old_log_prob, ref_log_prob) * mask
+    token_level_rewards = scores - beta * kld  # kld = k1(old_log_prob, ref_log_prob) * mask
     current_kl = mean_over_rows(masked_mean(kld, mask, axis=-1))
-    kl_ctrl.update(current_kl, n_steps=batch_size)                  # value *= 1 + clip(kl / target - 1, -.2, .2) * n / horizon
+    kl_ctrl.update(current_kl, n_steps=batch_size)  # value *= 1 + clip(kl / target - 1, -.2, .2) * n / horizon
 """
 
 from __future__ import annotations
@@ -87,11 +87,22 @@ def test_fixed_kl_in_reward_keeps_its_coefficient(tiny_model_path):
 
 @pytest.mark.parametrize(
     ("settings", "message"),
-    [(dict(coef=-0.1), r"^model.algorithm.kl_in_reward.coef must be >= 0, got -0.1$"),
-     (dict(coef=0.0, controller="adaptive"), r"^model.algorithm.kl_in_reward.controller 'adaptive' scales the coefficient"),
-     (dict(coef=0.1, controller="pid"), r"unknown KL controller 'pid'; valid names: adaptive, fixed"),
-     (dict(coef=0.1, controller="adaptive", target=0.0), r"^model.algorithm.kl_in_reward.target must be > 0, got 0.0$"),
-     (dict(coef=0.1, controller="adaptive", horizon=0), r"^model.algorithm.kl_in_reward.horizon must be an integer > 0, got 0$")],
+    [
+        (dict(coef=-0.1), r"^model.algorithm.kl_in_reward.coef must be >= 0, got -0.1$"),
+        (
+            dict(coef=0.0, controller="adaptive"),
+            r"^model.algorithm.kl_in_reward.controller 'adaptive' scales the coefficient",
+        ),
+        (dict(coef=0.1, controller="pid"), r"unknown KL controller 'pid'; valid names: adaptive, fixed"),
+        (
+            dict(coef=0.1, controller="adaptive", target=0.0),
+            r"^model.algorithm.kl_in_reward.target must be > 0, got 0.0$",
+        ),
+        (
+            dict(coef=0.1, controller="adaptive", horizon=0),
+            r"^model.algorithm.kl_in_reward.horizon must be an integer > 0, got 0$",
+        ),
+    ],
 )
 def test_bad_kl_in_reward_settings_are_one_error(settings, message):
     with pytest.raises(ValueError, match=message):

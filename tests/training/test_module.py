@@ -84,8 +84,17 @@ def test_logged_step_metrics_do_not_depend_on_accumulation(tiny_model_path):
     mismatch max) and the gradient norm are the same whether the step is one batch or k micro-batches."""
     one: dict[str, float] = {}
     _one_update(tiny_model_path, 1, "token_mean", one)
-    for name in ("train/entropy", "train/loss", "train/ratio_min", "train/ratio_max", "train/clip_frac_low",
-                 "train/mismatch_k3", "train/mismatch_max_abs", "train/grad_norm", "train/skipped_steps"):
+    for name in (
+        "train/entropy",
+        "train/loss",
+        "train/ratio_min",
+        "train/ratio_max",
+        "train/clip_frac_low",
+        "train/mismatch_k3",
+        "train/mismatch_max_abs",
+        "train/grad_norm",
+        "train/skipped_steps",
+    ):
         assert name in one, name
     assert one["train/grad_norm"] > 0 and one["train/skipped_steps"] == 0
     for k in (2, 4):
@@ -122,7 +131,9 @@ def test_micro_step_schedule():
 
 
 def test_unknown_advantage_and_bad_iteration_counts_fail_early():
-    with pytest.raises(ValueError, match=r"unknown advantage estimator 'gpro'; valid names: batch_std, dr_grpo, gpg, grpo"):
+    with pytest.raises(
+        ValueError, match=r"unknown advantage estimator 'gpro'; valid names: batch_std, dr_grpo, gpg, grpo"
+    ):
         GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(advantage="gpro"))
     with pytest.raises(ValueError, match=r"^model.algorithm.num_iterations must be an integer >= 1, got 0$"):
         GRPOModule(model="tiny:chars", algorithm=AlgorithmSettings(num_iterations=0))
@@ -132,7 +143,9 @@ def test_unknown_advantage_and_bad_iteration_counts_fail_early():
 
 def test_training_step_without_rollouts_explains_the_fix(tiny_model_path):
     module = GRPOModule(model=_policy(tiny_model_path))
-    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
     with pytest.raises(RuntimeError, match="add lightning_grpo.RolloutCallback"):
         trainer.fit(module, train_dataloaders=_ticks(1))
 
@@ -141,6 +154,8 @@ def test_logits_path_equals_chunked_path(tiny_model_path):
     policy = _policy(tiny_model_path)
     batch = _rollout_batch(policy.config.vocab_size)
     chunked = GRPOModule(model=policy).token_logprobs(policy, batch, compute_entropy=True)
-    forward = GRPOModule(model=policy, forward=ForwardSettings(logprob_path="logits")).token_logprobs(policy, batch, compute_entropy=True)
+    forward = GRPOModule(model=policy, forward=ForwardSettings(logprob_path="logits")).token_logprobs(
+        policy, batch, compute_entropy=True
+    )
     torch.testing.assert_close(forward.logp, chunked.logp, atol=1e-5, rtol=0)
     torch.testing.assert_close(forward.entropy, chunked.entropy, atol=1e-5, rtol=0)

@@ -27,12 +27,14 @@ def test_plan_places_sequences_first_fit_decreasing_with_restarting_positions():
     plan = PackPlan.from_mask(mask, prompt_length=3)
     assert (plan.rows, plan.width, plan.tokens) == (3, 6, 15)
     assert plan.share == pytest.approx(18 / 28)
-    expected_index = torch.tensor([
-        [-1, 0, 1, 2, 3, 4, 5],
-        [-1, 12, 13, 14, -1, -1, -1],
-        [-1, -1, 10, 11, -1, -1, -1],
-        [6, 7, 8, 9, -1, -1, -1],
-    ])
+    expected_index = torch.tensor(
+        [
+            [-1, 0, 1, 2, 3, 4, 5],
+            [-1, 12, 13, 14, -1, -1, -1],
+            [-1, -1, 10, 11, -1, -1, -1],
+            [6, 7, 8, 9, -1, -1, -1],
+        ]
+    )
     assert torch.equal(plan.index, expected_index)
     expected_positions = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 0, 1], [0, 1, 2, 0, 0, 0]])
     assert torch.equal(plan.position_ids(), expected_positions)
@@ -70,9 +72,14 @@ def _ragged_batch(vocab: int, seed: int = 0) -> RolloutBatch:
     cmask = attn[:, Lp:].float()
     cmask[2, 3] = 0  # a real token outside the loss (e.g. an overlong filter) stays in the forward
     return RolloutBatch(
-        input_ids=ids, attention_mask=attn, completion_mask=cmask,
-        advantages=torch.randn(len(ids), generator=gen), rollout_logp=torch.zeros(cmask.shape),
-        prompt_length=Lp, group_size=4, temperature=0.7,
+        input_ids=ids,
+        attention_mask=attn,
+        completion_mask=cmask,
+        advantages=torch.randn(len(ids), generator=gen),
+        rollout_logp=torch.zeros(cmask.shape),
+        prompt_length=Lp,
+        group_size=4,
+        temperature=0.7,
     )
 
 
@@ -83,7 +90,9 @@ def _policy(path, attn: str):
 
 
 def _logprobs_and_grads(policy, batch, packing: str, path: str, save_probs: bool = False):
-    module = GRPOModule(model=policy, forward=ForwardSettings(packing=packing, logprob_path=path, save_probs=save_probs))
+    module = GRPOModule(
+        model=policy, forward=ForwardSettings(packing=packing, logprob_path=path, save_probs=save_probs)
+    )
     policy.zero_grad()
     out = module.token_logprobs(policy, batch, compute_entropy=True)
     real = batch.attention_mask[:, batch.prompt_length :].float()
@@ -133,7 +142,12 @@ def test_reference_and_old_logprobs_equal_padded(tiny_model_path):
     out = {}
     for packing in ("off", "on"):
         policy = _policy(tiny_model_path, "sdpa")
-        module = GRPOModule(model=policy, loss=GRPOLoss(kl=KLSettings(beta=0.04)), algorithm=AlgorithmSettings(num_iterations=2), forward=ForwardSettings(packing=packing, rows_per_pass=3))
+        module = GRPOModule(
+            model=policy,
+            loss=GRPOLoss(kl=KLSettings(beta=0.04)),
+            algorithm=AlgorithmSettings(num_iterations=2),
+            forward=ForwardSettings(packing=packing, rows_per_pass=3),
+        )
         module.configure_model()
         batch = _ragged_batch(policy.config.vocab_size)
         rewards = torch.arange(8.0)[:, None]
@@ -182,15 +196,23 @@ def test_environment_tokens_skip_the_lm_head(tiny_model_path, monkeypatch, packi
     batch = _ragged_batch(policy.config.vocab_size)
     real = batch.attention_mask[:, batch.prompt_length :] > 0  # [B, Lc]
     batch.turn_ids = torch.where(real, 0, -1)
-    full = GRPOModule(model=policy, forward=ForwardSettings(packing="off", logprob_path="logits")).token_logprobs(policy, batch).logp
+    full = (
+        GRPOModule(model=policy, forward=ForwardSettings(packing="off", logprob_path="logits"))
+        .token_logprobs(policy, batch)
+        .logp
+    )
     batch.turn_ids[0, 2:6] = -1  # a tool response inside row 0's completion
     batch.turn_ids[4, 1] = -1
     rows, paths = [], Registry("log-prob path")  # the LOGPROBS entries, the chunked one counting the rows it scores
-    counting = paths.register("chunked_hidden")(lambda hidden, *a, **k: rows.append(len(hidden)) or logprobs_from_hidden(hidden, *a, **k))
+    counting = paths.register("chunked_hidden")(
+        lambda hidden, *a, **k: rows.append(len(hidden)) or logprobs_from_hidden(hidden, *a, **k)
+    )
     counting.reads = "hidden"
     paths.register("logits")(logprobs_from_logits)
     monkeypatch.setattr(forward_module, "LOGPROBS", paths)
-    out = GRPOModule(model=policy, forward=ForwardSettings(packing=packing, logprob_path=path)).token_logprobs(policy, batch, compute_entropy=True)
+    out = GRPOModule(model=policy, forward=ForwardSettings(packing=packing, logprob_path=path)).token_logprobs(
+        policy, batch, compute_entropy=True
+    )
     sampled = batch.turn_ids >= 0
     assert (out.logp[~sampled] == 0).all() and (out.entropy[~sampled] == 0).all()
     torch.testing.assert_close(out.logp[sampled], full[sampled], atol=1e-5, rtol=0)

@@ -26,9 +26,15 @@ def _batch(prompts: list[list[int]], completions: list[list[int]], group_size: i
         ids[b, Lp : Lp + len(comp)], attn[b, Lp : Lp + len(comp)] = torch.tensor(comp, dtype=torch.long), 1
     gen = torch.Generator().manual_seed(1)
     return RolloutBatch(
-        input_ids=ids, attention_mask=attn, completion_mask=attn[:, Lp:].float(),
-        advantages=torch.randn(len(ids), generator=gen), rollout_logp=torch.zeros(len(ids), Lc),
-        prompt_length=Lp, group_size=group_size, temperature=0.7, **extra,
+        input_ids=ids,
+        attention_mask=attn,
+        completion_mask=attn[:, Lp:].float(),
+        advantages=torch.randn(len(ids), generator=gen),
+        rollout_logp=torch.zeros(len(ids), Lc),
+        prompt_length=Lp,
+        group_size=group_size,
+        temperature=0.7,
+        **extra,
     )
 
 
@@ -39,12 +45,14 @@ def test_plan_lays_each_prompt_once_before_its_completions():
     # segments: A 2 + 3 + 1 = 6 tokens, B 3 + 2 + 1 = 6: width 6, no room to share a row
     assert (plan.rows, plan.width, plan.tokens, plan.shared_tokens) == (2, 6, 17, 5)
     # unique() orders the prompt keys: A's key starts with the pad mark -1, so A is segment 0 (row 0)
-    expected_index = torch.tensor([
-        [-1, 0, 1, 2, 3, 4],
-        [-1, 0, 1, 5, -1, -1],
-        [6, 7, 8, 9, 10, -1],
-        [6, 7, 8, 11, -1, -1],
-    ])
+    expected_index = torch.tensor(
+        [
+            [-1, 0, 1, 2, 3, 4],
+            [-1, 0, 1, 5, -1, -1],
+            [6, 7, 8, 9, 10, -1],
+            [6, 7, 8, 11, -1, -1],
+        ]
+    )
     assert torch.equal(plan.index, expected_index)
     assert torch.equal(plan.pack(batch.input_ids), torch.tensor([[7, 8, 20, 21, 22, 23], [9, 10, 11, 24, 25, 26]]))
     # each completion continues from its prompt's length
@@ -53,14 +61,17 @@ def test_plan_lays_each_prompt_once_before_its_completions():
     # the first completion token of every row is predicted by its prompt's last slot
     assert plan.predictor_index().tolist() == [1, 2, 3, 1, 8, 9, 8]
     allowed = plan.attention_mask(_Config("sdpa"))[1, 0]  # [W, W] segment B
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 0, 0, 0],
-        [1, 1, 1, 1, 0, 0],  # row 2's completion: the prompt and itself
-        [1, 1, 1, 1, 1, 0],
-        [1, 1, 1, 0, 0, 1],  # row 3's completion: the prompt, not row 2's tokens
-    ], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],  # row 2's completion: the prompt and itself
+            [1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 0, 0, 1],  # row 3's completion: the prompt, not row 2's tokens
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(allowed, expected)
     additive = plan.attention_mask(_Config("eager"))[1, 0]
     assert torch.equal(additive == 0, expected) and additive.min() == torch.finfo(torch.float32).min
@@ -80,7 +91,15 @@ def test_plan_groups_rows_by_prompt_wherever_they_are_and_packs_segments():
     assert plan.segment[1, :6].tolist() == [0, 0, 0, 1, 1, 1] and plan.segment[1, 6] > 2
     assert plan.member[1].tolist() == [-1, 2, 3, -1, 4, 5, -1]
     mask = plan.attention_mask(_Config("sdpa"))[1, 0]  # [W, W]
-    assert mask[4].tolist() == [False, False, False, True, True, False, False]  # C's first completion: C's prompt, itself
+    assert mask[4].tolist() == [
+        False,
+        False,
+        False,
+        True,
+        True,
+        False,
+        False,
+    ]  # C's first completion: C's prompt, itself
     assert mask[6].tolist() == [False] * 6 + [True]  # the empty slot sees itself only
     unpacked = SharedPrefixPlan.from_batch(batch, pack=False)
     assert (unpacked.rows, unpacked.width) == (3, 7)
@@ -103,7 +122,9 @@ def _grouped_batch(vocab: int, seed: int = 0, turn_ids: bool = False) -> Rollout
     lengths = [9, 1, 4, 2, 6, 0, 3, 11, 2, 5, 1, 7]
     completions = [torch.randint(5, vocab, (n,), generator=gen).tolist() for n in lengths]
     batch = _batch(prompts, completions, group_size=4)
-    batch.completion_mask[3, 1] = 0  # a real token outside the loss (an overlong filter, an env token) stays in the forward
+    batch.completion_mask[3, 1] = (
+        0  # a real token outside the loss (an overlong filter, an env token) stays in the forward
+    )
     if turn_ids:  # multi-turn: the environment's reply (tokens 2-3 of row 0) is context, not loss
         batch.turn_ids = torch.where(batch.completion_mask.bool(), 0, -1)
         batch.turn_ids[0, 2:4], batch.turn_ids[0, 4:9] = -1, 1  # row 0 has 9 real tokens
@@ -118,7 +139,9 @@ def _policy(path, attn: str, **kwargs):
 
 
 def _logprobs_and_grads(policy, batch, path: str, packing: str, sharing: str):
-    module = GRPOModule(model=policy, forward=ForwardSettings(packing=packing, prefix_sharing=sharing, logprob_path=path, chunk_size=7))
+    module = GRPOModule(
+        model=policy, forward=ForwardSettings(packing=packing, prefix_sharing=sharing, logprob_path=path, chunk_size=7)
+    )
     plan = choose_layout(policy, batch, packing, sharing)
     assert isinstance(plan, SharedPrefixPlan) == (sharing == "on")
     policy.zero_grad()
@@ -191,7 +214,13 @@ def test_reference_old_and_teacher_logprobs_equal_padded(tiny_model_path):
     out = {}
     for sharing in ("off", "on"):
         policy = _policy(tiny_model_path, "sdpa")
-        module = GRPOModule(model=policy, loss=GRPOLoss(kl=KLSettings(beta=0.04)), algorithm=AlgorithmSettings(num_iterations=2), forward=ForwardSettings(prefix_sharing=sharing, rows_per_pass=6), distillation=DistillSettings(teacher=teacher, use_task_rewards=True))
+        module = GRPOModule(
+            model=policy,
+            loss=GRPOLoss(kl=KLSettings(beta=0.04)),
+            algorithm=AlgorithmSettings(num_iterations=2),
+            forward=ForwardSettings(prefix_sharing=sharing, rows_per_pass=6),
+            distillation=DistillSettings(teacher=teacher, use_task_rewards=True),
+        )
         module.configure_model()
         batch = _grouped_batch(policy.config.vocab_size)
         out[sharing] = module.prepare_rollout_batch(batch, torch.arange(12.0)[:, None], torch.ones(1))

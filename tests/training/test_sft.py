@@ -28,9 +28,11 @@ def _module(path, **forward) -> SFTModule:
 
 def _batch() -> dict[str, torch.Tensor]:
     """Three rows of 5, 9 and 4 tokens (the first and last padded; packed, they share one row)."""
-    rows = [{"input_ids": [5, 6, 7, 15, 8], "loss_mask": [0, 0, 0, 1, 1]},
-            {"input_ids": [9, 10, 15, 11, 12, 13, 1, 14, 6], "loss_mask": [0, 0, 0, 1, 1, 1, 1, 0, 1]},
-            {"input_ids": [7, 8, 15, 1], "loss_mask": [0, 0, 0, 1]}]
+    rows = [
+        {"input_ids": [5, 6, 7, 15, 8], "loss_mask": [0, 0, 0, 1, 1]},
+        {"input_ids": [9, 10, 15, 11, 12, 13, 1, 14, 6], "loss_mask": [0, 0, 0, 1, 1, 1, 1, 0, 1]},
+        {"input_ids": [7, 8, 15, 1], "loss_mask": [0, 0, 0, 1]},
+    ]
     return collate(rows, pad_id=0)
 
 
@@ -75,21 +77,27 @@ def test_lm_head_starts_at_the_first_assistant_token():
     assert rollout.completion_mask.sum() == 8 and (rollout.input_ids[:, :3] != 0).all()  # no padding in the context
 
 
-@pytest.mark.parametrize("logprob_path, save_probs", [("chunked_hidden", False), ("chunked_hidden", True), ("logits", False)])
+@pytest.mark.parametrize(
+    "logprob_path, save_probs", [("chunked_hidden", False), ("chunked_hidden", True), ("logits", False)]
+)
 def test_packing_equals_padded(tiny_model_path, logprob_path, save_probs):
     """One packed row (block-diagonal attention from restarting positions) gives the padded loss and gradients
     (packed with the saved softmax: the padded, recomputing path's)."""
     results = []
     for packing in ("off", "on"):
         torch.manual_seed(0)
-        module = _module(tiny_model_path, packing=packing, logprob_path=logprob_path, save_probs=save_probs and packing == "on")
+        module = _module(
+            tiny_model_path, packing=packing, logprob_path=logprob_path, save_probs=save_probs and packing == "on"
+        )
         plan = choose_plan(module.policy, module.as_rollout_batch(_batch()), packing)
         assert (plan.rows, plan.width) == (2, 9) if packing == "on" else plan is None
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t.shape) or t, lambda t: t):
             loss, _ = module.sft_loss(_batch())
         vocab = module.policy.config.vocab_size
-        if logprob_path == "chunked_hidden":  # the [N, V] softmax is kept only when asked (the logits path keeps logits)
+        if (
+            logprob_path == "chunked_hidden"
+        ):  # the [N, V] softmax is kept only when asked (the logits path keeps logits)
             assert any(len(shape) == 2 and shape[-1] == vocab for shape in saved) == (save_probs and packing == "on")
         loss.backward()
         results.append((loss.detach(), {n: p.grad.clone() for n, p in module.policy.named_parameters()}))
@@ -105,23 +113,36 @@ def test_validation_metrics_by_hand(tiny_model_path, logprob_path):
     is all right, a row whose answer is another token is wrong; the loss is the token mean by hand."""
     module = _module(tiny_model_path, logprob_path=logprob_path, chunk_size=2)
     with torch.no_grad():
-        greedy = module.policy.generate(torch.tensor([[5, 6, 7, 15]]), max_new_tokens=3, do_sample=False, pad_token_id=0)[0].tolist()
+        greedy = module.policy.generate(
+            torch.tensor([[5, 6, 7, 15]]), max_new_tokens=3, do_sample=False, pad_token_id=0
+        )[0].tolist()
     wrong = [t + 1 if t < 40 else 5 for t in greedy[4:]]
-    rows = [{"input_ids": greedy, "loss_mask": [0, 0, 0, 0, 1, 1, 1]},
-            {"input_ids": greedy[:4] + wrong[:1], "loss_mask": [0, 0, 0, 0, 1]}]
+    rows = [
+        {"input_ids": greedy, "loss_mask": [0, 0, 0, 0, 1, 1, 1]},
+        {"input_ids": greedy[:4] + wrong[:1], "loss_mask": [0, 0, 0, 0, 1]},
+    ]
     batch = collate(rows, pad_id=0)
     module.validation_step(batch, 0)
     loss, tokens, right, rows_right, count = module._val_sums.tolist()
     with torch.no_grad():
         logits = module.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    nll = [-torch.log_softmax(logits[r, t - 1], -1)[batch["input_ids"][r, t]] for r, t in [(0, 4), (0, 5), (0, 6), (1, 4)]]
+    nll = [
+        -torch.log_softmax(logits[r, t - 1], -1)[batch["input_ids"][r, t]] for r, t in [(0, 4), (0, 5), (0, 6), (1, 4)]
+    ]
     assert (tokens, right, rows_right, count) == (4, 3, 1, 2)
     assert loss == pytest.approx(float(sum(nll)), rel=1e-5)
 
 
 def _fit(module, data, steps: int = 2) -> None:
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, data)
 
 
@@ -131,7 +152,13 @@ def test_lora_trains_the_adapter_only(tiny_model_path, quantized):
 
     if quantized and importlib.util.find_spec("bitsandbytes") is None:
         pytest.skip("QLoRA needs bitsandbytes (the qlora extra, part of dev)")
-    module = SFTModule(model=str(tiny_model_path), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings() if quantized else None), optimizer=partial(torch.optim.AdamW, lr=1e-2))
+    module = SFTModule(
+        model=str(tiny_model_path),
+        policy=PolicySettings(
+            lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings() if quantized else None
+        ),
+        optimizer=partial(torch.optim.AdamW, lr=1e-2),
+    )
     module.configure_model()
     before = {n: p.detach().clone() for n, p in module.policy.named_parameters()}
     _fit(module, SFTDataModule(source=DigitTask(), tokenizer_path=str(tiny_model_path), batch_size=4))
@@ -158,8 +185,19 @@ def test_sft_then_export_then_grpo(tiny_model_path, tmp_path, monkeypatch):
     monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
     monkeypatch.chdir(tmp_path)
     run = ["--trainer.logger.init_args.save_dir", str(tmp_path / "runs"), "--trainer.enable_progress_bar", "false"]
-    _cli(["sft", "fit", "-c", str(ROOT / "recipes/sft_quickstart.yaml"), *run, "--trainer.max_steps", "6",
-          "--trainer.val_check_interval", "3"])
+    _cli(
+        [
+            "sft",
+            "fit",
+            "-c",
+            str(ROOT / "recipes/sft_quickstart.yaml"),
+            *run,
+            "--trainer.max_steps",
+            "6",
+            "--trainer.val_check_interval",
+            "3",
+        ]
+    )
     checkpoint = tmp_path / "runs/sft_quickstart/version_0/checkpoints/last.ckpt"
     assert checkpoint.is_file()
     sft_weights, info, hparams = load_checkpoint(checkpoint)
@@ -170,8 +208,19 @@ def test_sft_then_export_then_grpo(tiny_model_path, tmp_path, monkeypatch):
         torch.testing.assert_close(tensor, sft_weights[name], rtol=0, atol=0)
     from lightning_grpo.cli import build_cli
 
-    cli = build_cli(["-c", str(ROOT / "recipes/quickstart.yaml"), *run, "--model.model", str(tmp_path / "sft_model"),
-                     *HF_ENGINE, "--trainer.max_steps", "1"], run=False)
+    cli = build_cli(
+        [
+            "-c",
+            str(ROOT / "recipes/quickstart.yaml"),
+            *run,
+            "--model.model",
+            str(tmp_path / "sft_model"),
+            *HF_ENGINE,
+            "--trainer.max_steps",
+            "1",
+        ],
+        run=False,
+    )
     cli.trainer.fit(cli.model, cli.datamodule)
     assert cli.model.model_source == str(tmp_path / "sft_model") and cli.trainer.global_step == 1
 
@@ -186,8 +235,22 @@ def test_grpo_model_from_an_sft_checkpoint(tiny_model_path, tmp_path, monkeypatc
 
     monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(Path(tiny_model_path).parent))
     run = tmp_path / "runs"
-    _cli(["sft", "fit", "-c", str(ROOT / "recipes/sft_quickstart.yaml"), "--trainer.logger.init_args.save_dir", str(run),
-          "--trainer.enable_progress_bar", "false", "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0"])
+    _cli(
+        [
+            "sft",
+            "fit",
+            "-c",
+            str(ROOT / "recipes/sft_quickstart.yaml"),
+            "--trainer.logger.init_args.save_dir",
+            str(run),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.max_steps",
+            "3",
+            "--trainer.limit_val_batches",
+            "0",
+        ]
+    )
     checkpoint = run / "sft_quickstart/version_0/checkpoints/last.ckpt"
     module = GRPOModule(model=str(run / "sft_quickstart"))
     assert module.model_source == str(checkpoint.parent / "last_model")
@@ -208,9 +271,15 @@ def test_grpo_only_settings_are_refused_by_sft():
     """SFTModule shares the policy and forward sections; the fields only GRPO uses are one error each."""
     from lightning_grpo import PolicySettings
 
-    for kwargs, field in ((dict(policy=PolicySettings(reference="copy")), "model.policy.reference"),
-                          (dict(forward=ForwardSettings(prefix_sharing="on")), "model.forward.prefix_sharing"),
-                          (dict(forward=ForwardSettings(rows_per_pass=8)), "model.forward.rows_per_pass")):
-        with pytest.raises(ValueError, match=rf"^{field} does not apply to SFTModule \(GRPOModule only\): leave it unset$"):
+    for kwargs, field in (
+        (dict(policy=PolicySettings(reference="copy")), "model.policy.reference"),
+        (dict(forward=ForwardSettings(prefix_sharing="on")), "model.forward.prefix_sharing"),
+        (dict(forward=ForwardSettings(rows_per_pass=8)), "model.forward.rows_per_pass"),
+    ):
+        with pytest.raises(
+            ValueError, match=rf"^{field} does not apply to SFTModule \(GRPOModule only\): leave it unset$"
+        ):
             SFTModule(model="tiny:chars", **kwargs)
-    assert SFTModule(model="tiny:chars", forward=ForwardSettings(packing="off", save_probs=True)).forward_settings.save_probs
+    assert SFTModule(
+        model="tiny:chars", forward=ForwardSettings(packing="off", save_probs=True)
+    ).forward_settings.save_probs

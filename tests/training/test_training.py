@@ -55,7 +55,13 @@ def _fit(module, callback, steps, *, accumulate=1, ckpt_path=None, root=None, re
 
 
 def _hf_callback(**kwargs):
-    return RolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=3), rewards=[RewardSpec("prefix_match")], seed=3, **kwargs)
+    return RolloutCallback(
+        engine="hf",
+        sampling=SamplingConfig(n=4, max_new_tokens=3),
+        rewards=[RewardSpec("prefix_match")],
+        seed=3,
+        **kwargs,
+    )
 
 
 def _policy(path):
@@ -95,7 +101,12 @@ def test_one_forward_and_backward_per_micro_batch(tiny_model_path, accumulate):
 
 def test_old_and_reference_logprobs_only_when_needed(tiny_model_path):
     policy = _policy(tiny_model_path)
-    module = GRPOModule(model=policy, loss=GRPOLoss(kl=KLSettings(beta=0.04)), algorithm=AlgorithmSettings(num_iterations=2), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    module = GRPOModule(
+        model=policy,
+        loss=GRPOLoss(kl=KLSettings(beta=0.04)),
+        algorithm=AlgorithmSettings(num_iterations=2),
+        optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+    )
     _fit(module, _hf_callback(), steps=2)
     batch = module.rollout_batch
     assert batch.old_logp is not None and batch.ref_logp is not None
@@ -129,7 +140,9 @@ def test_resume_with_vllm_engine(tiny_model_path, vllm_engine, tmp_path):
     same prompts and seeds; vLLM samples the same tokens, so the metrics agree to float noise."""
 
     def make_callback():
-        callback = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3), rewards=[RewardSpec("prefix_match")], seed=3)
+        callback = RolloutCallback(
+            engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3), rewards=[RewardSpec("prefix_match")], seed=3
+        )
         callback.use_engine(vllm_engine)
         return callback
 
@@ -137,7 +150,12 @@ def test_resume_with_vllm_engine(tiny_model_path, vllm_engine, tmp_path):
 
 
 def test_lora_reference_is_the_adapter_free_model(tiny_model_path):
-    module = GRPOModule(model=str(tiny_model_path), loss=GRPOLoss(kl=KLSettings(beta=0.1)), policy=PolicySettings(lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])), optimizer=lambda p: torch.optim.AdamW(p, lr=5e-2))
+    module = GRPOModule(
+        model=str(tiny_model_path),
+        loss=GRPOLoss(kl=KLSettings(beta=0.1)),
+        policy=PolicySettings(lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])),
+        optimizer=lambda p: torch.optim.AdamW(p, lr=5e-2),
+    )
     _fit(module, _hf_callback(), steps=3)
     assert module.reference_mode == "adapter" and module.reference is None
     trainable = [n for n, p in module.policy.named_parameters() if p.requires_grad]
@@ -158,7 +176,9 @@ def test_callback_keeps_vllm_in_step_with_the_policy(tiny_model_path, vllm_engin
     reports equal the trainer's recomputation (mismatch ~ 1e-6); without the push they drift."""
     module = GRPOModule(model=str(tiny_model_path), optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2))
     callback = RolloutCallback(
-        engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=3, temperature=0.9), rewards=[RewardSpec("prefix_match")],
+        engine="vllm",
+        sampling=SamplingConfig(n=4, max_new_tokens=3, temperature=0.9),
+        rewards=[RewardSpec("prefix_match")],
         weight_sync=WeightSyncSettings(enabled=weight_sync),
     )
     callback.use_engine(vllm_engine)

@@ -63,16 +63,22 @@ def completion_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def check_completions(rows: list[dict[str, Any]], rollout: str, train_prompts: set[str], steps: int, per_step: int) -> None:
+def check_completions(
+    rows: list[dict[str, Any]], rollout: str, train_prompts: set[str], steps: int, per_step: int
+) -> None:
     """Every logged prompt is a sampled one (a training prompt, or the episode's real opening) and
     the logged reward is that prompt's reward for that completion under the task's rule."""
     by_step: dict[int, int] = {}
     for row in rows:
         by_step[row["step"]] = by_step.get(row["step"], 0) + 1
         expected = _single_reward(row, train_prompts) if rollout == "single" else _episode_reward(row)
-        assert row["reward"] == expected, f"logged reward {row['reward']} != {expected} recomputed from the logged prompt: {row}"
+        assert row["reward"] == expected, (
+            f"logged reward {row['reward']} != {expected} recomputed from the logged prompt: {row}"
+        )
     assert sorted(by_step) == list(range(steps)), f"completions logged at steps {sorted(by_step)}"
-    assert all(n == per_step for n in by_step.values()), f"rows per step {by_step}, expected {per_step} (rank 0's batch)"
+    assert all(n == per_step for n in by_step.values()), (
+        f"rows per step {by_step}, expected {per_step} (rank 0's batch)"
+    )
 
 
 def _single_reward(row: dict[str, Any], train_prompts: set[str]) -> float:
@@ -120,12 +126,16 @@ def check_resume(a_ckpt: Path, b_ckpt: Path, a_rows: list[dict], b_rows: list[di
     b_state, _, _ = load_checkpoint(b_ckpt)
     assert set(a_state) == set(b_state)
     for name, value in a_state.items():
-        torch.testing.assert_close(b_state[name], value, atol=1e-6, rtol=0, msg=lambda m, name=name: f"resumed {name}: {m}")
+        torch.testing.assert_close(
+            b_state[name], value, atol=1e-6, rtol=0, msg=lambda m, name=name: f"resumed {name}: {m}"
+        )
     last_a, last_b = a_rows[-1], b_rows[-1]
     assert last_a["step"] == last_b["step"], f"last logged step {last_a['step']} (a) vs {last_b['step']} (b)"
     for key in ("train/loss", "train/reward_mean", "train/grad_norm", "train/mismatch_max_abs"):
         if key in last_a:
-            assert last_b.get(key) == _approx(last_a[key]), f"{key}: resumed {last_b.get(key)} vs uninterrupted {last_a[key]}"
+            assert last_b.get(key) == _approx(last_a[key]), (
+                f"{key}: resumed {last_b.get(key)} vs uninterrupted {last_a[key]}"
+            )
 
 
 def _approx(value: float):

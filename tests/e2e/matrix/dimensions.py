@@ -17,19 +17,32 @@ from __future__ import annotations
 
 from typing import Any
 
-FSDP2 = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
-         "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1}}
+FSDP2 = {
+    "class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+    "init_args": {"data_parallel_size": 2, "tensor_parallel_size": 1},
+}
 LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "extra": {"modules_to_save": ["lm_head"]}}
 QUANTIZATION = {"quant_type": "nf4", "double_quant": True, "compute_dtype": "float32"}
 VLLM_ARGS = {"dtype": "float32", "max_model_len": 128, "kv_cache_memory_bytes": 64 * 1024**2}
-AGENT = {"max_turns": 2, "sampling": {"max_new_tokens": 1}, "rewards": [{"name": "env_reward"}],
-         # openings that differ per episode (the seams issue): each episode its own reset seed
-         "reset_seed": "episode", "allow_mixed_task_groups": True}
+AGENT = {
+    "max_turns": 2,
+    "sampling": {"max_new_tokens": 1},
+    "rewards": [{"name": "env_reward"}],
+    # openings that differ per episode (the seams issue): each episode its own reset seed
+    "reset_seed": "episode",
+    "allow_mixed_task_groups": True,
+}
 
 
 def _logger(class_path: str) -> dict[str, Any]:
-    return {"trainer": {"logger": {"class_path": class_path, "init_args": {"save_dir": "{run_root}", "name": "run",
-                                                                           "version": "{version}"}}}}
+    return {
+        "trainer": {
+            "logger": {
+                "class_path": class_path,
+                "init_args": {"save_dir": "{run_root}", "name": "run", "version": "{version}"},
+            }
+        }
+    }
 
 
 DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
@@ -41,8 +54,11 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
     "engine": {
         "hf": {"rollout": {"init_args": {"engine": "hf"}}},
         "vllm": {"rollout": {"init_args": {"engine": "vllm", "vllm": VLLM_ARGS}}},
-        "vllm_server": {"rollout": {"init_args": {"engine": "vllm_server",
-                                                  "server": {"urls": ["{server_url}"], "max_model_len": 128}}}},
+        "vllm_server": {
+            "rollout": {
+                "init_args": {"engine": "vllm_server", "server": {"urls": ["{server_url}"], "max_model_len": 128}}
+            }
+        },
     },
     "weights": {
         "full": {},
@@ -51,11 +67,22 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "rollout": {
         "single": {"rollout": {"class_path": "lightning_grpo.RolloutCallback"}},
-        "agent": {"rollout": {"class_path": "lightning_grpo.AgentRolloutCallback",
-                              "init_args": {**AGENT, "environment": "tests.e2e.matrix.envs.OpeningDigitsEnv"}}},
-        "openenv": {"rollout": {"class_path": "lightning_grpo.AgentRolloutCallback",
-                                "init_args": {**AGENT, "environment": "lightning_grpo.integrations.openenv.OpenEnvEnvironment",
-                                              "environment_args": {"env": "tests.e2e.matrix.openenv_env.OpeningDigitsOpenEnv"}}}},
+        "agent": {
+            "rollout": {
+                "class_path": "lightning_grpo.AgentRolloutCallback",
+                "init_args": {**AGENT, "environment": "tests.e2e.matrix.envs.OpeningDigitsEnv"},
+            }
+        },
+        "openenv": {
+            "rollout": {
+                "class_path": "lightning_grpo.AgentRolloutCallback",
+                "init_args": {
+                    **AGENT,
+                    "environment": "lightning_grpo.integrations.openenv.OpenEnvEnvironment",
+                    "environment_args": {"env": "tests.e2e.matrix.openenv_env.OpeningDigitsOpenEnv"},
+                },
+            }
+        },
     },
     "logging": {
         "csv": _logger("lightning.pytorch.loggers.CSVLogger"),
@@ -74,7 +101,14 @@ REFUSED: list[tuple[tuple[str, str], tuple[str, str], tuple[str, ...]]] = [
 ]
 
 #: The values a refused cell takes in the dimensions its pair does not set.
-DEFAULTS = {"layout": "one", "engine": "hf", "weights": "full", "rollout": "single", "logging": "csv", "lm_head": "recompute"}
+DEFAULTS = {
+    "layout": "one",
+    "engine": "hf",
+    "weights": "full",
+    "rollout": "single",
+    "logging": "csv",
+    "lm_head": "recompute",
+}
 
 
 #: The order the dimensions are given to allpairspy in (cell ids keep the table's order). With its filter

@@ -24,7 +24,9 @@ RECIPE = ROOT / "recipes" / "quickstart.yaml"
 _SCRIPT = Path(sys.executable).with_name("lightning-grpo")
 CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "lightning_grpo"]  # what users run
 STEPS = 2
-TIMEOUT_S = float(os.environ.get("LIGHTNING_GRPO_MATRIX_TIMEOUT", 240))  # seconds per fit: a hang fails the cell after this
+TIMEOUT_S = float(
+    os.environ.get("LIGHTNING_GRPO_MATRIX_TIMEOUT", 240)
+)  # seconds per fit: a hang fails the cell after this
 
 
 @dataclass
@@ -49,7 +51,9 @@ class Finished:
 
     def check(self, what: str) -> Finished:
         if self.returncode is None:
-            raise AssertionError(f"{what}: no exit after {TIMEOUT_S} s (killed: a hang); the stacks:\n{self.hang_stacks()}")
+            raise AssertionError(
+                f"{what}: no exit after {TIMEOUT_S} s (killed: a hang); the stacks:\n{self.hang_stacks()}"
+            )
         if self.returncode != 0:
             raise AssertionError(f"{what}: exit status {self.returncode}\n{self.tail()}")
         return self
@@ -58,8 +62,9 @@ class Finished:
 def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = TIMEOUT_S) -> Finished:
     """``args`` in a new process group; on timeout the whole group (DDP ranks, engines) is killed."""
     start = time.perf_counter()
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         code: int | None = proc.returncode
@@ -82,9 +87,13 @@ def _kill_group(pgid: int) -> None:
 
 def environment(model_cache: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])  # tests.e2e.matrix.* importable
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *filter(None, [env.get("PYTHONPATH")])]
+    )  # tests.e2e.matrix.* importable
     env["LIGHTNING_GRPO_CACHE"] = str(model_cache)
-    env["PYTHONFAULTHANDLER"] = "1"  # a killed hang shows its stacks  # the session's tiny model (the same one the vLLM server serves)
+    env["PYTHONFAULTHANDLER"] = (
+        "1"  # a killed hang shows its stacks  # the session's tiny model (the same one the vLLM server serves)
+    )
     for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "TORCHDYNAMO_DISABLE"):
         env.pop(name, None)  # what the CLI sets for itself, as for a user
     return env
@@ -120,25 +129,51 @@ def cell_config(cell: dict[str, str], folder: Path, version: str, server_url: st
     for dimension, value in cell.items():
         config = merge(config, DIMENSIONS[dimension][value])
     small = {
-        "trainer": {"max_steps": STEPS, "log_every_n_steps": 1, "limit_val_batches": 0, "enable_progress_bar": False,
-                    "enable_model_summary": False},
+        "trainer": {
+            "max_steps": STEPS,
+            "log_every_n_steps": 1,
+            "limit_val_batches": 0,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+        },
         "rollout": {"init_args": {"sampling": {"n": 4}, "log_completions": {"every_n_steps": 1, "groups": None}}},
         "data": {"batch_size": 2},
     }
     config = merge(config, small)
     callbacks = [c for c in config["trainer"]["callbacks"] if not c["class_path"].endswith("ModelCheckpoint")]
-    checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                  "init_args": {"dirpath": str(folder / f"checkpoints-{version}"), "filename": "{step}", "save_top_k": -1,
-                                "every_n_train_steps": 1, "save_last": True}}
-    probe = {"class_path": "tests.e2e.matrix.probe.LogitsProbe", "init_args": {"path": str(folder / f"probe-{version}.pt")}}
+    checkpoint = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {
+            "dirpath": str(folder / f"checkpoints-{version}"),
+            "filename": "{step}",
+            "save_top_k": -1,
+            "every_n_train_steps": 1,
+            "save_last": True,
+        },
+    }
+    probe = {
+        "class_path": "tests.e2e.matrix.probe.LogitsProbe",
+        "init_args": {"path": str(folder / f"probe-{version}.pt")},
+    }
     config["trainer"]["callbacks"] = [checkpoint, *callbacks, probe]
-    names = {"server_url": server_url or "http://server-missing:1", "run_root": str(folder / "runs"), "version": version,
-             "step": "{step}"}
+    names = {
+        "server_url": server_url or "http://server-missing:1",
+        "run_root": str(folder / "runs"),
+        "version": version,
+        "step": "{step}",
+    }
     return _fill(config, names)
 
 
-def fit(cell: dict[str, str], folder: Path, version: str, env: dict[str, str], server_url: str | None,
-        ckpt_path: Path | None = None, timeout: float = TIMEOUT_S) -> Finished:
+def fit(
+    cell: dict[str, str],
+    folder: Path,
+    version: str,
+    env: dict[str, str],
+    server_url: str | None,
+    ckpt_path: Path | None = None,
+    timeout: float = TIMEOUT_S,
+) -> Finished:
     """``lightning-grpo fit`` of the cell, writing under ``folder`` (run ``version`` "a", "b", ...)."""
     folder.mkdir(parents=True, exist_ok=True)
     config_file = folder / f"config-{version}.yaml"

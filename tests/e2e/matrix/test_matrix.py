@@ -57,7 +57,9 @@ class Failures(list):
 
 
 def _resume(cell, folder, env, server_url, a_rows):
-    b = runner.fit(cell, folder, "b", env, server_url, ckpt_path=runner.checkpoint_at(folder, "a", 1)).check("fit resumed from step 1")
+    b = runner.fit(cell, folder, "b", env, server_url, ckpt_path=runner.checkpoint_at(folder, "a", 1)).check(
+        "fit resumed from step 1"
+    )
     b_rows = checks.train_rows(runner.run_dir(folder, "b"), cell["logging"])
     checks.check_resume(runner.checkpoint_at(folder, "a", 2), runner.checkpoint_at(folder, "b", 2), a_rows, b_rows)
     return b
@@ -80,11 +82,15 @@ def test_cell(cell, tiny_model_path, server_url, prompts, tmp_path):
     gaps = failures.check("log-probs", checks.check_logprob_agreement, a_rows)
     completions = failures.check("completions log", checks.completion_rows, runner.run_dir(tmp_path, "a"))
     if completions is not None:
-        failures.check("completions log", checks.check_completions, completions, cell["rollout"], prompts, runner.STEPS, 2 * 4)
+        failures.check(
+            "completions log", checks.check_completions, completions, cell["rollout"], prompts, runner.STEPS, 2 * 4
+        )
     b = failures.check("resume", _resume, cell, tmp_path, env, server_url, a_rows)
     export_gap = failures.check("export", _export, tmp_path)
-    print(f"{cell_id(cell)}: fit {a.seconds:.1f} s, resume {b.seconds if b else float('nan'):.1f} s; max |engine - trainer| "
-          f"log-prob {max(gaps) if gaps else float('nan'):.2e}, export logit gap {export_gap if export_gap is not None else float('nan'):.2e}")
+    print(
+        f"{cell_id(cell)}: fit {a.seconds:.1f} s, resume {b.seconds if b else float('nan'):.1f} s; max |engine - trainer| "
+        f"log-prob {max(gaps) if gaps else float('nan'):.2e}, export logit gap {export_gap if export_gap is not None else float('nan'):.2e}"
+    )
     assert not failures, f"{cell_id(cell)}:\n" + "\n".join(failures)
 
 

@@ -15,11 +15,21 @@ def test_qlora_with_fsdp2_is_refused_by_the_fit_checks():
     from lightning_grpo.checks.validation import check_layout
 
     module = GRPOModule(model="unused-path", policy=PolicySettings(lora={"r": 4}, quantization={"quant_type": "nf4"}))
-    fsdp2 = L.Trainer(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
-                      logger=False, enable_checkpointing=False)
-    with pytest.raises(ValueError, match=r"^model\.policy\.quantization \(QLoRA\) does not shard with trainer\.strategy ModelParallelStrategy"):
+    fsdp2 = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        logger=False,
+        enable_checkpointing=False,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^model\.policy\.quantization \(QLoRA\) does not shard with trainer\.strategy ModelParallelStrategy",
+    ):
         check_layout(fsdp2, module)
-    check_layout(L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False), module)
+    check_layout(
+        L.Trainer(accelerator="cpu", devices=2, strategy="ddp", logger=False, enable_checkpointing=False), module
+    )
 
 
 def test_hf_engine_with_fsdp2_is_refused_by_the_fit_checks():
@@ -32,8 +42,16 @@ def test_hf_engine_with_fsdp2_is_refused_by_the_fit_checks():
     from lightning_grpo.checks.validation import check_layout
 
     module = GRPOModule(model="unused-path")
-    fsdp2 = L.Trainer(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
-                      logger=False, enable_checkpointing=False)
-    with pytest.raises(ValueError, match=r"^rollout\.engine 'hf' generates with the live policy, which trainer\.strategy ModelParallelStrategy"):
+    fsdp2 = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        logger=False,
+        enable_checkpointing=False,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^rollout\.engine 'hf' generates with the live policy, which trainer\.strategy ModelParallelStrategy",
+    ):
         check_layout(fsdp2, module, RolloutCallback(engine="hf"))
     check_layout(fsdp2, module, RolloutCallback(engine="vllm"))

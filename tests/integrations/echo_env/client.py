@@ -6,7 +6,6 @@
 
 """Echo Env Environment Client."""
 
-
 from openenv.core import EnvClient
 from openenv.core.client_types import StepResult
 from openenv.core.env_server.types import State
@@ -14,9 +13,7 @@ from openenv.core.env_server.types import State
 from .models import EchoAction, EchoObservation
 
 
-class EchoEnv(
-    EnvClient[EchoAction, EchoObservation, State]
-):
+class EchoEnv(EnvClient[EchoAction, EchoObservation, State]):
     """
     Client for the Echo Env Environment.
 
