@@ -12,7 +12,7 @@ tensor (packed into vLLM's double-buffered chunks), tags the version, drops the 
 resumes.
 
 Needs CUDA on the trainer and the ``vllm`` (GPU) package; not run on this project's CPU machine
-(the wiring is tested with a stand-in for vLLM's engine, tests/test_server_transfer.py).
+(the wiring is tested with a stand-in for vLLM's engine, tests/e2e/test_server_transfers.py).
 """
 
 from __future__ import annotations

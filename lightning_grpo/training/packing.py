@@ -8,7 +8,7 @@ each sequence. Called with ``attention_mask=None`` and these position ids (and n
 transformers detects the packed format (``masking_utils.find_packed_sequence_indices``) and gives
 each sequence a block-diagonal causal mask for its sdpa / eager / flash / flex attention: every
 sequence sees exactly the context and positions it has in the padded layout, so the log-probs
-and their gradients equal the padded ones (tests/test_packing.py).
+and their gradients equal the padded ones (tests/training/test_packing.py).
 
 The plan is generic over per-token tensors: :meth:`PackPlan.pack` moves any ``[B, L, *]`` tensor
 (ids, positions, a per-token turn index, ...) into the packed layout and :meth:`PackPlan.unpack`

@@ -11,7 +11,7 @@ completion. Position ids are those of the padded layout (each completion continu
 prompt's length). Every completion token therefore attends to exactly the keys and values it sees
 in the padded forward, and the log-probs, entropies and gradients are the per-sample ones (the
 prompt's gradient is the sum of what its G completions send back through its keys / values;
-tests/test_prefix.py). Segments are packed into rows first-fit decreasing (``packing`` not "off")
+tests/training/test_prefix.py). Segments are packed into rows first-fit decreasing (``packing`` not "off")
 or one per row.
 
 Rows share a segment when their prompt tokens are equal (real ids at the same padded columns), so
