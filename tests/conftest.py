@@ -11,6 +11,15 @@ import pytest
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist (-n N) the workers share the cores: one thread each, set before torch is imported
+# (N workers with a thread per core each would oversubscribe the machine). Runs a test starts inherit it.
+# A vLLM server a worker starts binds its OpenMP threads to that worker's own core, not to core 0 as vLLM's
+# automatic binding would for every server on the machine.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ...
+if _WORKER:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _CPUS = sorted(os.sched_getaffinity(0))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(_CPUS[int(_WORKER[2:]) % len(_CPUS)]))
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,11 +107,28 @@ def qwen_tokenizer():
         pytest.skip(str(err))
 
 
+#: Session fixtures that cost a process start or a training run: under pytest-xdist (``--dist loadgroup``)
+#: the tests that use one run on one worker, so it is built once per suite, not once per worker.
+SHARED_BY_GROUP = ("vllm_server", "digit_teacher_path")
+
+
+def _xdist_group(item) -> str | None:
+    names = set(getattr(item, "fixturenames", ()))
+    cell = getattr(getattr(item, "callspec", None), "params", {}).get("cell")
+    if isinstance(cell, dict) and cell.get("engine") == "vllm_server":  # the matrix asks for it by value
+        names.add("vllm_server")
+    return next((name for name in SHARED_BY_GROUP if name in names), None)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``verifiers`` need the verifiers extra, which cannot share a venv with openenv-core /
     vLLM-CPU: they run in a venv of their own (``scripts/test_verifiers.sh``, a step of ``.ci/run``).
     Every run whose ``-m`` expression does not name the marker deselects them (shown as deselected,
     never as skipped-and-passed)."""
+    for item in items:
+        group = _xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if "verifiers" in (config.getoption("markexpr") or ""):
         return
     chosen = [item for item in items if item.get_closest_marker("verifiers") is None]
