@@ -42,7 +42,7 @@ class AgentRolloutCallback(RolloutCallback):
             like); "episode": each episode gets its own seed (and is trained on its own opening).
         allow_mixed_task_groups: with ``reset_seed: episode`` and ``n > 1``, accept that a group's
             episodes may face different tasks, so its baseline is the mean reward over those tasks
-            (refused otherwise; docs/agents.md).
+            (refused otherwise; docs/guide/agents.md).
         **kwargs: the arguments of :class:`~lightning_grpo.RolloutCallback` (engine, sampling,
             vllm, server, sampling, rewards (default: ``env_reward``), selection, evaluation, seed, ...).
             The engine's ``max_model_len``, when not set, is the longest prompt + ``max_episode_tokens`` +
@@ -221,5 +221,5 @@ def check_reset_seed(reset_seed: Any, allow_mixed_task_groups: bool, group_size:
             f"rollout.reset_seed: episode gives the {group_size} episodes of a group different reset seeds, so they may "
             "face different tasks, and the group's advantage baseline would compare rewards of unlike tasks. Keep "
             "rollout.reset_seed: group (one task per group, the default), or set rollout.allow_mixed_task_groups: true "
-            "to train that way (each episode on its own opening; docs/agents.md)"
+            "to train that way (each episode on its own opening; docs/guide/agents.md)"
         )

@@ -1,7 +1,7 @@
 """Guards on the reward's course over many steps: reward hacking (the training reward rises, the
 held-out reward does not) and length blow-up (completions grow, the reward does not), which seed
 000 names in its introduction, and a learned behaviour lost (the reward falls back to where it
-began; docs/stability.md). See :mod:`lightning_grpo.callbacks.guards` for the actions and alarm
+began; docs/guide/stability.md). See :mod:`lightning_grpo.callbacks.guards` for the actions and alarm
 records; all three warn by default and have no automatic remedy.
 """
 
@@ -92,7 +92,7 @@ class RewardHackingGuard(Guard):
 
 
 class LengthGuard(Guard):
-    """Mean completion length grows while the reward does not: length blow-up (seed 000), from a
+    """Mean completion length grows while the reward does not: length blow-up, from a
     reward that pays for length or a loss that favours long wrong answers (Dr.GRPO's length bias
     of ``seq_mean_token_mean``).
 
@@ -162,7 +162,7 @@ class LengthGuard(Guard):
 
 class RewardDropGuard(Guard):
     """A learned behaviour lost: the training reward falls back most of the way to where it began
-    (docs/stability.md, "A learned behaviour lost in one step": a tool call learned for 300 steps
+    (docs/guide/stability.md, "A learned behaviour lost in one step": a tool call learned for 300 steps
     and gone after one ordinary optimizer step).
 
     The guard follows the mean reward of the last ``window`` generation batches. ``start`` is the

@@ -1,6 +1,6 @@
 """EntropyController: hold the policy's token entropy in a band by moving one loss knob.
 
-Seed 000 argues that entropy must be *held* between collapse and explosion, with Clip-Higher,
+Entropy must be *held* between collapse and explosion, with Clip-Higher,
 Clip-Cov / KL-Cov or an entropy bonus, and that these knobs interact. The controller moves one
 of them, chosen by name, after each optimizer step (for the next one):
 
@@ -67,8 +67,9 @@ class EntropyController(Callback):
         floor: raise the knob while the windowed entropy is below it.
         ceiling: lower the knob while the windowed entropy is above it (None: never lowered).
         window: steps whose entropy is averaged before deciding (1 = the last step only).
-        step, low, high: override the knob's move (:data:`KNOB_RANGES`); by default ``low`` is
-            the knob's configured value (never moved below it).
+        step: override the knob's move per window (:data:`KNOB_RANGES`).
+        low: the knob's lowest value; by default its configured value (never moved below it).
+        high: the knob's highest value (:data:`KNOB_RANGES`).
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Guards: a detector and an action for each way the source articles saw GRPO runs die.
+"""Guards: a detector and an action for each known way GRPO runs die.
 
 Each guard is a Lightning callback with an ``action``:
 
@@ -213,8 +213,8 @@ class NonFiniteGuard(Guard):
 
 
 class LogProbGuard(Guard):
-    """Non-finite rollout / old / reference log-probs on valid completion tokens (seed 003:
-    ``old_log_prob`` turned NaN and the model went on to emit "!!!!!!").
+    """Non-finite rollout / old / reference log-probs on valid completion tokens (a known
+    failure: ``old_log_prob`` turned NaN and the model went on to emit "!!!!!!").
 
     The affected rows are always taken out of the loss (their completion mask is zeroed and their
     values replaced by 0), so the step never trains on NaN; then the action applies: "stop"

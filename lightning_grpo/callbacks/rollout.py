@@ -54,7 +54,7 @@ class RolloutCallback(Callback):
     Args:
         engine: "vllm" (in-process vLLM, weights pushed after each optimizer step; settings in ``vllm``),
             "vllm_server" (vLLM servers, started here or given as ``server.urls``; weights pushed through
-            vLLM's RL API; settings in ``server``; docs/distributed.md) or "hf" (transformers ``generate``
+            vLLM's RL API; settings in ``server``; docs/guide/scaling.md) or "hf" (transformers ``generate``
             on the live policy; no settings).
         vllm: the in-process engine's settings (:class:`~lightning_grpo.VLLMArgs`: dtype, max_model_len,
             kv_cache_memory_bytes, gpu_memory_utilization, enable_lora, sleep_level, ...).

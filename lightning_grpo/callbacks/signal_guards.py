@@ -39,7 +39,7 @@ def improbable_identical_groups(batch: RolloutBatch, max_chance: float) -> Tenso
 
 
 class IdenticalSamplesGuard(Guard):
-    """A group's samples are token-identical at temperature > 0 (seed 004): reward std and the
+    """A group's samples are token-identical at temperature > 0 (a seeding bug): reward std and the
     loss are zero, nothing is learned. Fires when at least ``threshold`` of the groups are
     identical *and* improbable under the sampler's own log-probs (see
     :func:`improbable_identical_groups`); the likely cause is seeding."""
@@ -203,7 +203,8 @@ class MismatchGuard(Guard):
         max_abs: alarm when the largest per-token gap exceeds it (None = not checked).
         action: ``fix`` switches on the ``correction`` (token-level truncated importance
             sampling, cap 2) in the loss when it has none (:meth:`GRPOLoss.set_correction`); then warns.
-        correction, correction_args: the correction ``fix`` switches on.
+        correction: the correction ``fix`` switches on.
+        correction_args: its arguments.
     """
 
     name = "mismatch"

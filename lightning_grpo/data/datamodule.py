@@ -70,8 +70,8 @@ class PromptDataModule(L.LightningDataModule):
     or, as a shortcut, from ``train_files`` (with ``val_files``, ``test_files``). Without a validation
     split, ``val_fraction`` splits the training rows; otherwise there is none. The validation split is
     the dev split (checked during ``fit``, where settings are chosen); the test split is read by
-    ``lightning-grpo test`` only (docs/tuning.md). ``format`` says how rows become prompts. Guide:
-    docs/data.md.
+    ``lightning-grpo test`` only (docs/evidence/tuning.md). ``format`` says how rows become prompts. Guide:
+    docs/guide/data.md.
 
     Args:
         source: Where the rows come from (``class_path`` / ``init_args`` in a recipe, e.g.

@@ -23,7 +23,7 @@ from .sources import DataSource
 
 
 class SFTDataModule(PromptDataModule):
-    """Supervised examples, tokenized once with the policy's tokenizer (guide: docs/sft.md).
+    """Supervised examples, tokenized once with the policy's tokenizer (guide: docs/guide/sft.md).
 
     Keyword arguments only. ``source``, ``train_files`` / ``val_files`` / ``test_files``,
     ``tokenizer_path``, ``batch_size`` (examples per training step), ``val_batch_size``,

@@ -24,7 +24,7 @@ The contract for a new source (e.g. a procedural task generator):
 * :meth:`DataSource.train_rows` returns the training rows; :meth:`DataSource.val_rows` the
   validation (dev) rows or ``None`` (then ``data.val_fraction`` may split the training rows);
   :meth:`DataSource.test_rows` the test rows or ``None`` (read by ``lightning-grpo test`` only:
-  the split no setting is chosen on, docs/tuning.md). Test rows must be none of the training or
+  the split no setting is chosen on, docs/evidence/tuning.md). Test rows must be none of the training or
   validation rows.
   Both must return the **same rows on every rank** (seed any randomness, never read a clock):
   every rank prepares its own copy and the prompt schedule indexes into it.

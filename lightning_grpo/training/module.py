@@ -58,7 +58,8 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         distillation: on-policy distillation / GKD from teachers (:class:`~lightning_grpo.training.distill.DistillSettings`).
         default_guards: attach the default guard set (:mod:`lightning_grpo.callbacks.guard_set`, through ``configure_callbacks``)
             unless the Trainer's callbacks hold a guard already (naming one guard yourself turns them off).
-        optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
+        optimizer: a LightningCLI-style callable (``class_path`` + ``init_args``) taking the parameters.
+        lr_scheduler: a LightningCLI-style callable taking the optimizer, or None.
 
     Under Lightning's ``ModelParallelStrategy`` (``tensor_parallel_size=1``) the policy and the
     reference copy are sharded with FSDP2 in ``configure_model`` (``lightning_grpo.models.fsdp``); both

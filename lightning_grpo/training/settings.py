@@ -133,7 +133,7 @@ class PolicySettings:
 
 @dataclass
 class ForwardSettings:
-    """The layout of the policy, reference, old and teacher forwards (docs/performance.md): same numbers, other costs."""
+    """The layout of the policy, reference, old and teacher forwards (docs/evidence/performance.md): same numbers, other costs."""
 
     logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden"
     """``LOGPROBS`` entry: ``chunked_hidden`` (decoder, then the LM head in chunks: the full logits never exist; run as

@@ -1,4 +1,4 @@
-"""SFTModule: supervised fine-tuning of the policy, the warm start before GRPO (docs/sft.md).
+"""SFTModule: supervised fine-tuning of the policy, the warm start before GRPO (docs/guide/sft.md).
 
 The policy is built exactly as :class:`~lightning_grpo.training.module.GRPOModule` builds it
 (:class:`~lightning_grpo.training.policy.PolicyMixin`: model path / ``nn.Module`` / the built-in tiny
@@ -52,7 +52,8 @@ class SFTModule(PolicyMixin, L.LightningModule):
         forward: the log-prob path, its chunking and packing
             (:class:`~lightning_grpo.training.settings.ForwardSettings`; ``prefix_sharing`` and ``rows_per_pass``
             do not apply: SFT rows share no prompt and have no no-grad pass).
-        optimizer / lr_scheduler: LightningCLI-style callables.
+        optimizer: a LightningCLI-style callable taking the parameters.
+        lr_scheduler: a LightningCLI-style callable taking the optimizer, or None.
     """
 
     def __init__(
