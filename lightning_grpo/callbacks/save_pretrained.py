@@ -1,5 +1,5 @@
 """SavePretrained: write the trained policy and its tokenizer as a Hugging Face model folder during
-training, the same folder ``lightning-grpo export`` writes from a checkpoint (:mod:`lightning_grpo.models.export`).
+training, the same folder ``lightning-grpo export`` writes from a checkpoint (`lightning_grpo.models.export`).
 
 ``dirpath`` always holds the latest save (every ``every_n_steps`` optimizer steps, and at the end of
 ``fit``); with ``keep_last: K`` the K - 1 saves before it stay next to it as ``<dirpath>-step<N>``.

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 @dataclass
 class VLLMArgs:
-    """The in-process engine (``engine: vllm``): :class:`~lightning_grpo.rollout.vllm.VLLMEngine`'s settings.
+    """The in-process engine (``engine: vllm``): `VLLMEngine`'s settings.
 
     The defaults suit a GPU. On CPU set ``kv_cache_memory_bytes`` (vLLM would otherwise reserve about 90% of
     a NUMA node for the KV cache); the CPU recipes use 67108864 (64 MiB)."""

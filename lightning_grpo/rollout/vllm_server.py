@@ -1,6 +1,6 @@
 """``engine: vllm_server``: connect to vLLM servers the user runs, or start them as child processes.
 
-Settings come from ``rollout.server`` (:class:`ServerSettings`). With ``urls`` the
+Settings come from ``rollout.server`` (`ServerSettings`). With ``urls`` the
 servers are the user's (started as in docs/guide/scaling.md); otherwise ``num_servers`` servers
 are started here on free ports with the policy's model directory, their logs in the run
 directory, and stopped when the engine closes.
@@ -49,7 +49,7 @@ class ServerSettings:
     """KV cache of a started server in bytes; None = vLLM sizes it from its GPU memory share. Set it on CPU."""
     max_num_batched_tokens: int | None = None
     """Tokens one scheduler step of a started server may prefill. On CPU chunked prefill is off
-    (a split seeded prefill crashes vLLM-CPU: :mod:`~lightning_grpo.rollout.prefill`), so it must be
+    (a split seeded prefill crashes vLLM-CPU: `prefill`), so it must be
     at least ``max_model_len``; None = ``max(max_model_len, 4096)`` on CPU, vLLM's default on GPU."""
     request_timeout: float = 600.0
     """Seconds before an unanswered request marks a server dead."""

@@ -1,4 +1,4 @@
-"""The grouped settings of :class:`~lightning_grpo.GRPOModule` and :class:`~lightning_grpo.SFTModule`.
+"""The grouped settings of `GRPOModule` and `SFTModule`.
 
 A recipe writes them as sections of ``model:``::
 
