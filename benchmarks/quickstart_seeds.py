@@ -11,7 +11,7 @@ Writes a markdown table and a reward / dev accuracy curve (PNG).
     python benchmarks/quickstart_seeds.py --seeds 0 1 2 --write
     python benchmarks/quickstart_seeds.py --recipe recipes/quickstart_async.yaml --seeds 0 1 2 --write
 
-``--write`` puts the table into docs/evidence/learning.md (quickstart) or docs/evidence/benchmarks.md (another recipe),
+``--write`` puts the table into docs/evidence/learning.md,
 between ``<!-- <recipe>-results -->`` markers, under its machine line (``Machine:``: the processor's model
 name and the vector extensions that change the floating-point results, torch / vLLM versions, threads:
 a seed's trajectory differs between processors and thread counts), and the curve into
@@ -282,7 +282,7 @@ def package_version(*names: str) -> str:
 
 def machine_line(threads: str, info: tuple[str | None, set[str] | None] | None = None) -> str:
     """``Machine: <model name> (<arch>, <n> CPUs; <vector extensions present / absent>); torch ..., vllm ...;
-    <threads>`` for a learning table: the processor a seed's trajectory depends on (docs/evidence/benchmarks.md).
+    <threads>`` for a learning table: the processor a seed's trajectory depends on (docs/evidence/learning.md).
     Raises SystemExit when the model name or the CPU flags cannot be read (no table without its machine)."""
     import platform
 
@@ -352,10 +352,9 @@ def arguments(recipe: Path, description: str = __doc__) -> argparse.ArgumentPars
     return parser
 
 
-def run_and_report(args: argparse.Namespace, learning_recipes: tuple[str, ...] = ("quickstart",)) -> None:
+def run_and_report(args: argparse.Namespace) -> None:
     """Run the parsed ``args``' seeds and print the table; with ``--write`` put it between the recipe's
-    markers (docs/evidence/learning.md for ``learning_recipes``, else docs/evidence/benchmarks.md) and the curves
-    into docs/evidence/."""
+    markers in docs/evidence/learning.md and the curves into docs/evidence/."""
     recipe = args.recipe.resolve()
     out = args.out or ROOT / "runs" / f"{recipe.stem}-seeds"
     machine = machine_line(threads_note(args.jobs))  # before the runs: no table without its machine
@@ -365,7 +364,7 @@ def run_and_report(args: argparse.Namespace, learning_recipes: tuple[str, ...] =
     print(text)
     if args.write:
         plot(results, ROOT / "docs" / "evidence" / f"{recipe.stem}_curve.png")
-        target = ROOT / "docs" / "evidence" / ("learning.md" if recipe.stem in learning_recipes else "benchmarks.md")
+        target = ROOT / "docs" / "evidence" / "learning.md"
         write_learning_table(target, f"<!-- {recipe.stem}-results -->", text, machine)
 
 

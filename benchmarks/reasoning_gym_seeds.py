@@ -20,7 +20,7 @@ from quickstart_seeds import ROOT, arguments, run_and_report
 
 def main() -> None:
     args = arguments(ROOT / "recipes" / "reasoning_gym_quickstart.yaml", __doc__).parse_args()
-    run_and_report(args, learning_recipes=("reasoning_gym_quickstart",))
+    run_and_report(args)
 
 
 if __name__ == "__main__":

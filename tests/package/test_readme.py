@@ -78,3 +78,11 @@ def test_the_readme_shows_a_recipe_an_override_a_data_file_and_a_reward():
     assert any("--trainer.max_steps" in a for a in joined)
     assert any("--data.train_files" in a for a in joined)
     assert any("--rollout.rewards" in a for a in joined)
+
+
+def test_the_readme_links_point_at_files_there_are():
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text())
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert local, "the README links into the docs"
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, f"README links to missing files: {missing}"
