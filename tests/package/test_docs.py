@@ -1,6 +1,7 @@
-"""The docs' code examples run as written. A ```python block marked ``<!-- runnable -->`` on the line before it
-runs here, in a temporary folder, with any ``max_steps=N`` cut to 2 steps; every other block is run by its
-page's own test (``OWN_TESTS``). A new block that is neither fails ``test_every_python_block_runs_somewhere``."""
+"""The docs' code examples run as written. A ```python block marked ``<!-- runnable -->`` on the line before
+it runs here, in a temporary folder, with any ``max_steps=N`` cut to 2 steps (marked slow when it trains);
+every other block is run by its page's own test (``OWN_TESTS``). A new block that is neither fails
+``test_every_python_block_runs_somewhere``."""
 
 from __future__ import annotations
 
@@ -25,9 +26,15 @@ def python_blocks(path: Path) -> list[tuple[bool, str]]:
     return [(before.strip() == MARK, code) for before, code in found]
 
 
-def runnable() -> list[tuple[str, int, str]]:
+def runnable() -> list:
     return [
-        (str(page.relative_to(DOCS)), i, code)
+        pytest.param(
+            str(page.relative_to(DOCS)),
+            i,
+            code,
+            id=f"{page.relative_to(DOCS)}-{i}",
+            marks=[pytest.mark.slow] if ".fit(" in code else [],  # a block that trains is an end-to-end run
+        )
         for page in sorted(DOCS.rglob("*.md"))
         for i, (marked, code) in enumerate(python_blocks(page))
         if marked
@@ -42,10 +49,10 @@ def test_every_python_block_runs_somewhere():
         if not marked and str(page.relative_to(DOCS)) not in OWN_TESTS
     ]
     assert not unrun, f"mark these {MARK} (or run them in the page's own test): {unrun}"
-    assert {"guide/get-started.md", "guide/algorithms.md", "guide/agents.md"} <= {page for page, _, _ in runnable()}
+    assert {"guide/get-started.md", "guide/algorithms.md", "guide/agents.md"} <= {p.values[0] for p in runnable()}
 
 
-@pytest.mark.parametrize(("page", "index", "code"), runnable(), ids=lambda v: v if isinstance(v, str | int) else "")
+@pytest.mark.parametrize(("page", "index", "code"), runnable())
 def test_runnable_block(page, index, code, tmp_path, monkeypatch, tiny_cache):
     monkeypatch.chdir(tmp_path)
     short = re.sub(r"max_steps=\d+", "max_steps=2", code)
