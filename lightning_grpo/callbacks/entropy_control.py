@@ -70,6 +70,15 @@ class EntropyController(Callback):
         step: override the knob's move per window (`KNOB_RANGES`).
         low: the knob's lowest value; by default its configured value (never moved below it).
         high: the knob's highest value (`KNOB_RANGES`).
+
+    Example:
+        ```python
+        import lightning as L
+        from lightning_grpo import EntropyController
+
+        # hold train/entropy above 0.3 by moving the entropy bonus
+        trainer = L.Trainer(callbacks=[EntropyController(knob="entropy_coef", floor=0.3)])
+        ```
     """
 
     def __init__(

@@ -37,6 +37,15 @@ class SavePretrained(Callback):
         keep_last: saves kept: the latest in ``dirpath``, the ones before as ``<dirpath>-step<N>``.
         merge_lora: with a LoRA policy, save the merged model (True) or the adapter alone (peft format).
         dtype: cast the saved weights ("float32", "bfloat16", "float16"); None = as trained.
+
+    Example:
+        ```python
+        import lightning as L
+        from lightning_grpo import SavePretrained
+
+        # a Hugging Face folder every 100 steps (version_N/model), the LoRA adapter merged, in bfloat16
+        trainer = L.Trainer(callbacks=[SavePretrained(every_n_steps=100, dtype="bfloat16")])
+        ```
     """
 
     def __init__(

@@ -284,6 +284,17 @@ class HubDataset(DataSource):
         data_files: Files of each split, as ``datasets.load_dataset`` takes them (a path, a list,
             or ``{split: path(s)}``); relative to ``path`` when it is a folder.
         cache_dir: Cache folder of ``datasets``; ``None`` for its default.
+
+    Example:
+        ```python
+        from lightning_grpo import HubDataset, PromptDataModule, PromptFormat
+
+        data = PromptDataModule(
+            source=HubDataset("openai/gsm8k", name="main", val_split="test"),
+            format=PromptFormat(prompt_column="question"),
+            tokenizer_path="Qwen/Qwen2.5-0.5B-Instruct",
+        )
+        ```
     """
 
     def __init__(
