@@ -11,7 +11,7 @@ Each row runs in a fresh subprocess; the clock runs from the start of step ``--w
 end of the last step (server start and warm-up excluded). Push time per step: the median of
 ``time/sync`` (the weight push; in async mode the pushes the worker finished since the last batch).
 
-    python benchmarks/bench_async.py --steps 40 --write     # results into docs/benchmarks.md
+    python benchmarks/bench_async.py --steps 40 --write     # results into docs/evidence/benchmarks.md
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def write(text: str, results: list[dict], args: argparse.Namespace) -> None:
         "(`wait_rollout`: the trainer waiting for an asynchronous batch).\n\n"
         f"Command: `python benchmarks/bench_async.py --steps {args.steps} --warmup {args.warmup} --write`\n\n{text}\n"
     )
-    path = ROOT / "docs" / "benchmarks.md"
+    path = ROOT / "docs" / "evidence" / "benchmarks.md"
     page = path.read_text()
     head, found, rest = page.partition(SECTION)
     tail = rest[rest.find("\n## ") :] if found and "\n## " in rest else ""

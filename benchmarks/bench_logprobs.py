@@ -17,7 +17,7 @@ average is recorded because a shared machine makes times noisy (memory is not af
 checks values and gradients of the two paths on the same inputs (max abs diff).
 
     python benchmarks/bench_logprobs.py                 # default sizes, prints a table
-    python benchmarks/bench_logprobs.py --write         # also writes docs/benchmarks.md
+    python benchmarks/bench_logprobs.py --write         # also writes docs/evidence/benchmarks.md
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from lightning_grpo.core.logprobs import logprobs_from_hidden  # noqa: E402 - after the sys.path insert
 
 SECTION = "## Chunked hidden-state log-probs"
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = ROOT / "docs" / "evidence" / "benchmarks.md"
 
 
 def make_inputs(B: int, T: int, H: int, V: int, seed: int = 0):
@@ -255,7 +255,7 @@ def table(args, rows: list[dict], diffs: dict[str, dict], command: str, load: tu
 
 
 def write_section(text: str) -> None:
-    """Replace (or append) this benchmark's section in docs/benchmarks.md, leaving others."""
+    """Replace (or append) this benchmark's section in docs/evidence/benchmarks.md, leaving others."""
     doc = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
     pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(doc):
@@ -276,7 +276,7 @@ def main() -> None:
     p.add_argument("--check-chunk-size", type=int, default=1024)
     p.add_argument("--saved", action="store_true", help="also measure save_probs=True at --check-chunk-size")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--write", action="store_true", help="write the table to docs/benchmarks.md")
+    p.add_argument("--write", action="store_true", help="write the table to docs/evidence/benchmarks.md")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--path", default="naive", help=argparse.SUPPRESS)
     p.add_argument("--chunk-size", type=int, default=1024, help=argparse.SUPPRESS)

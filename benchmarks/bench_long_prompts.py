@@ -9,7 +9,7 @@ samples with per-request seeds (as training does) in a fresh in-process engine p
 - ``off, budget B``: chunked prefill off, B tokens per step (ours: ``max(max_model_len, 4096)``);
 - ``chunked, budget = batch``: the other workaround (a budget that holds the whole batch).
 
-    python benchmarks/bench_long_prompts.py --write      # results into docs/benchmarks.md
+    python benchmarks/bench_long_prompts.py --write      # results into docs/evidence/benchmarks.md
 
 Reports the median of ``--reps`` generate calls (after one warm-up), the engine's start time and the
 process's peak RSS. Each setting runs in a child process (one engine per process).
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/evidence/benchmarks.md")
     args = parser.parse_args()
     if args.child:
         print(

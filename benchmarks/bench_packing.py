@@ -2,7 +2,7 @@
 micro-batch (policy log-probs + GRPO loss + backward + AdamW step) and the no-grad log-prob pass
 (reference / old log-probs), at about 10M parameters.
 
-    python benchmarks/bench_packing.py --write     # results into docs/benchmarks.md
+    python benchmarks/bench_packing.py --write     # results into docs/evidence/benchmarks.md
 
 Completion lengths are drawn log-uniformly from [4, 256] (many short, a few long: mean / max
 about 0.25, like real RL batches), prompts 16-32 tokens. Padded and packed runs alternate
@@ -141,7 +141,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.write:
-        path = ROOT / "docs" / "benchmarks.md"
+        path = ROOT / "docs" / "evidence" / "benchmarks.md"
         doc = path.read_text()
         head, found, rest = doc.partition(SECTION)
         tail = rest[rest.find("\n## ") :] if found and "\n## " in rest else ""

@@ -2,7 +2,7 @@
 micro-batch (policy log-probs + GRPO loss + backward + AdamW step) and the no-grad log-prob pass
 (reference / old log-probs), at about 10M parameters.
 
-    python benchmarks/bench_prefix.py --write     # results into docs/benchmarks.md
+    python benchmarks/bench_prefix.py --write     # results into docs/evidence/benchmarks.md
     python benchmarks/bench_prefix.py --shapes 512:8 --rounds 3
 
 A micro-batch holds ``--rows`` rows: rows / G groups, each one prompt of P tokens sampled G times.

@@ -2,7 +2,7 @@
 log-probs, train, weight sync) for the quickstart setting, with the vLLM and the HF engine, at
 the quickstart size (88K parameters) and at about 70M parameters.
 
-    python benchmarks/bench_step.py --write      # all seven rows, results into docs/benchmarks.md
+    python benchmarks/bench_step.py --write      # all seven rows, results into docs/evidence/benchmarks.md
     python benchmarks/bench_step.py --profile --rows vllm:10m hf:10m --max-new-tokens 64 --steps 20
 
 ``--profile`` splits the step further (``PROFILE`` below): the training batch into forward
@@ -299,7 +299,7 @@ def versions() -> str:
 
 
 def write_section(text: str, section: str = SECTION) -> None:
-    path = ROOT / "docs" / "benchmarks.md"
+    path = ROOT / "docs" / "evidence" / "benchmarks.md"
     doc = path.read_text() if path.exists() else "# Benchmarks\n"
     head, found, rest = doc.partition(section)
     tail = rest[rest.find("\n## ") :] if found and "\n## " in rest else ""
@@ -329,7 +329,7 @@ def main() -> None:
     )
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--write", action="store_true")
-    parser.add_argument("--section", default=SECTION, help="docs/benchmarks.md section to (re)write")
+    parser.add_argument("--section", default=SECTION, help="docs/evidence/benchmarks.md section to (re)write")
     args = parser.parse_args()
     if args.child:
         child(

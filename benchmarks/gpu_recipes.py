@@ -22,7 +22,7 @@ card for its weights, activations and KV cache while it generates (and with ``sl
 its memory back while the trainer trains). Budget on the recipe's card = trainer's resident memory
 + vLLM's share + CUDA context, and the training peak + CUDA context (+ vLLM's share unless it sleeps).
 
-    python benchmarks/gpu_recipes.py --write                     # CUDA: every GPU recipe, into docs/benchmarks.md
+    python benchmarks/gpu_recipes.py --write                     # CUDA: every GPU recipe, into docs/evidence/benchmarks.md
     python benchmarks/gpu_recipes.py --recipes recipes/qwen2.5-0.5b_gsm8k.yaml
     python benchmarks/gpu_recipes.py --smoke      # CPU: the same code on the tiny model, short rows (tests/e2e/test_gpu_recipes.py)
 """
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the measured rows as JSON here")
     parser.add_argument("--render", type=Path, help="no run: the table from rows --json wrote (on any machine)")
     parser.add_argument("--machine", help="with --render: the machine the rows were measured on")
-    parser.add_argument("--write", action="store_true", help="put the table into docs/benchmarks.md")
+    parser.add_argument("--write", action="store_true", help="put the table into docs/evidence/benchmarks.md")
     parser.add_argument(
         "--smoke", action="store_true", help="CPU mechanics: the tiny model, short rows, no figures kept"
     )

@@ -5,17 +5,17 @@ run's process: what it costs alone on one core; with ``--jobs`` each run has one
 training reward of the first and last tenth of the steps, dev greedy accuracy (the validation
 prompts, checked during the run, where settings were chosen) at step 0 and at the end, the test
 greedy accuracy of the run's last checkpoint (``lightning-grpo test``: prompts no setting was chosen
-on, docs/tuning.md), and every guard's alarm count (steps at which it fired, from ``alarms.jsonl``).
+on, docs/evidence/tuning.md), and every guard's alarm count (steps at which it fired, from ``alarms.jsonl``).
 Writes a markdown table and a reward / dev accuracy curve (PNG).
 
     python benchmarks/quickstart_seeds.py --seeds 0 1 2 --write
     python benchmarks/quickstart_seeds.py --recipe recipes/quickstart_async.yaml --seeds 0 1 2 --write
 
-``--write`` puts the table into README.md (quickstart) or docs/benchmarks.md (another recipe),
+``--write`` puts the table into docs/evidence/learning.md,
 between ``<!-- <recipe>-results -->`` markers, under its machine line (``Machine:``: the processor's model
 name and the vector extensions that change the floating-point results, torch / vLLM versions, threads:
 a seed's trajectory differs between processors and thread counts), and the curve into
-``docs/<recipe>_curve.png``. It refuses to write a table whose machine it cannot name.
+``docs/evidence/<recipe>_curve.png``. It refuses to write a table whose machine it cannot name.
 With ``--jobs N`` up to N runs go at once, each pinned to its own CPU core (one thread).
 benchmarks/reasoning_gym_seeds.py reuses these pieces for the reasoning-gym quickstart.
 """
@@ -282,7 +282,7 @@ def package_version(*names: str) -> str:
 
 def machine_line(threads: str, info: tuple[str | None, set[str] | None] | None = None) -> str:
     """``Machine: <model name> (<arch>, <n> CPUs; <vector extensions present / absent>); torch ..., vllm ...;
-    <threads>`` for a learning table: the processor a seed's trajectory depends on (docs/benchmarks.md).
+    <threads>`` for a learning table: the processor a seed's trajectory depends on (docs/evidence/learning.md).
     Raises SystemExit when the model name or the CPU flags cannot be read (no table without its machine)."""
     import platform
 
@@ -347,14 +347,14 @@ def arguments(recipe: Path, description: str = __doc__) -> argparse.ArgumentPars
     parser.add_argument("--out", type=Path, default=None, help="default: runs/<recipe>-seeds")
     parser.add_argument("--reuse", action="store_true", help="take a seed's result from an earlier run into --out")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each pinned to its own core (<= CPU count)")
-    parser.add_argument("--write", action="store_true", help="write the table into README.md and the curve into docs/")
+    parser.add_argument("--write", action="store_true", help="write the table and the curve into docs/evidence/")
     parser.add_argument("extra", nargs="*", help="more CLI overrides, after --")
     return parser
 
 
-def run_and_report(args: argparse.Namespace, readme_recipes: tuple[str, ...] = ("quickstart",)) -> None:
+def run_and_report(args: argparse.Namespace) -> None:
     """Run the parsed ``args``' seeds and print the table; with ``--write`` put it between the recipe's
-    markers (README.md for ``readme_recipes``, else docs/benchmarks.md) and the curves into docs/."""
+    markers in docs/evidence/learning.md and the curves into docs/evidence/."""
     recipe = args.recipe.resolve()
     out = args.out or ROOT / "runs" / f"{recipe.stem}-seeds"
     machine = machine_line(threads_note(args.jobs))  # before the runs: no table without its machine
@@ -363,8 +363,8 @@ def run_and_report(args: argparse.Namespace, readme_recipes: tuple[str, ...] = (
     print(machine)
     print(text)
     if args.write:
-        plot(results, ROOT / "docs" / f"{recipe.stem}_curve.png")
-        target = ROOT / ("README.md" if recipe.stem in readme_recipes else "docs/benchmarks.md")
+        plot(results, ROOT / "docs" / "evidence" / f"{recipe.stem}_curve.png")
+        target = ROOT / "docs" / "evidence" / "learning.md"
         write_learning_table(target, f"<!-- {recipe.stem}-results -->", text, machine)
 
 

@@ -5,7 +5,7 @@ demonstrator's transcripts, the token-mean loss on assistant tokens, AdamW lr 1e
 model and optimizer variants can be compared a few minutes per seed, SFT only. Every ``--every`` steps it prints the
 greedy answer's agreement with the demonstrator (``acc_demo``; the copy is learned when it leaves the format-only
 plateau, 0.13-0.17) and with the true secret (``acc_truth``) on the 100 validation transcripts, and the mean pairwise
-cosine of the ten digits' input embeddings (``cos``). docs/recipes.md (the tool track) lists what it measured.
+cosine of the ten digits' input embeddings (``cos``). docs/evidence/qwen3.md (the tool track) lists what it measured.
 
     python benchmarks/qwen3_copy_onset.py --seed 7 --steps 150 --untied --embedding-std 1.0 --beta2 0.95 --heads 8
 """

@@ -6,8 +6,8 @@ Per seed: SFT steps and the SFT dev accuracy (greedy, against the demonstrations
 greedy accuracy (tool: 50 validation episodes per check, each with its own secret; text: the task's 100 validation
 prompts) at GRPO step 0 (the warm start) and at the end; the **test** greedy accuracy of the GRPO run's last
 checkpoint (``lightning-grpo test``: tool: 50 episodes from the test seed stream; text: the task's 100 test prompts;
-no setting was chosen on either, docs/tuning.md); the wall time of each stage. Writes a markdown table between the
-``<!-- qwen3-<track>-results -->`` markers of docs/recipes.md with ``--write``.
+no setting was chosen on either, docs/evidence/tuning.md); the wall time of each stage. Writes a markdown table between the
+``<!-- qwen3-<track>-results -->`` markers of docs/evidence/qwen3.md with ``--write``.
 
     python benchmarks/qwen3_seeds.py --track tool --seeds 0 1 2 --jobs 2 --write
 
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="default: runs/qwen3-<track>-seeds")
     parser.add_argument(
-        "--write", action="store_true", help="write the table into docs/recipes.md (qwen3-<track>-results)"
+        "--write", action="store_true", help="write the table into docs/evidence/qwen3.md (qwen3-<track>-results)"
     )
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
@@ -133,7 +133,7 @@ def main() -> None:
     print(machine)
     print(text)
     if args.write:
-        write_learning_table(ROOT / "docs" / "recipes.md", marker(args.track), text, machine)
+        write_learning_table(ROOT / "docs" / "evidence" / "qwen3.md", marker(args.track), text, machine)
 
 
 if __name__ == "__main__":

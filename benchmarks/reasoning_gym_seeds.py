@@ -7,8 +7,8 @@ greedy accuracy is the share of the 50 held-out words (never trained on) spelled
 
     python benchmarks/reasoning_gym_seeds.py --seeds 0 1 2 --jobs 2 --write
 
-``--write`` puts the table into README.md between the ``<!-- reasoning_gym_quickstart-results -->``
-markers and the curves into docs/reasoning_gym_quickstart_curve.png. With ``--jobs 2`` two runs go
+``--write`` puts the table into docs/evidence/learning.md between the ``<!-- reasoning_gym_quickstart-results -->``
+markers and the curves into docs/evidence/reasoning_gym_quickstart_curve.png. With ``--jobs 2`` two runs go
 at once, each pinned to its own CPU core (one thread), so each wall time is that of a run alone on
 one core (of a machine other work may share).
 """
@@ -20,7 +20,7 @@ from quickstart_seeds import ROOT, arguments, run_and_report
 
 def main() -> None:
     args = arguments(ROOT / "recipes" / "reasoning_gym_quickstart.yaml", __doc__).parse_args()
-    run_and_report(args, readme_recipes=("reasoning_gym_quickstart",))
+    run_and_report(args)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Two sets, each written to its own fixture, each run pinned to one core with one 
 benchmarks/quickstart_seeds.py runs them, with ``--trainer.log_every_n_steps 1``:
 
 - ``design`` (tests/fixtures/reward_series.json): the series RewardDropGuard's defaults were chosen on.
-  The tool quickstart, seed 1: it learns the tool call, loses it at step 620 (docs/stability.md,
+  The tool quickstart, seed 1: it learns the tool call, loses it at step 620 (docs/guide/stability.md,
   "A learned behaviour lost in one step") and learns it again at about step 1240; the tool quickstart,
   seed 4, and the quickstart, seeds 0-2: runs that learn and keep it. Every run starts from the seed-0
   initialisation of the built-in model (``--model.model tiny:<variant>@0``), as every seed did when the

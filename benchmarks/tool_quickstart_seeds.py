@@ -4,8 +4,8 @@ without it (the control: ``environment_args.tools_enabled: false``), and measure
 Per run: wall time of the whole command, dev success (greedy episodes on the 50 validation prompts,
 each with its own secret digit, checked during the run) at step 0 and at the end, the test success
 and tool-call rate of the run's last checkpoint (``lightning-grpo test``: 50 episodes from the test
-seed stream, which no setting was chosen on; docs/tuning.md), and the training reward of the first
-and last tenth of the steps. Writes a markdown table (README.md, between the tool-quickstart
+seed stream, which no setting was chosen on; docs/evidence/tuning.md), and the training reward of the first
+and last tenth of the steps. Writes a markdown table (docs/evidence/learning.md, between the tool-quickstart
 markers, with ``--write``).
 
     python benchmarks/tool_quickstart_seeds.py --seeds 0 1 2 --jobs 2 --write
@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "tool-quickstart-seeds")
     parser.add_argument("--no-control", action="store_true", help="skip the runs without the tool")
-    parser.add_argument("--write", action="store_true", help="write the table into README.md")
+    parser.add_argument("--write", action="store_true", help="write the table into docs/evidence/learning.md")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each pinned to its own core (<= CPU count)")
     parser.add_argument("extra", nargs="*", help="more CLI overrides, after --")
     args = parser.parse_args()
@@ -132,7 +132,7 @@ def main() -> None:
     print(machine)
     print(text)
     if args.write:
-        write_learning_table(ROOT / "README.md", RESULTS, text, machine)
+        write_learning_table(ROOT / "docs" / "evidence" / "learning.md", RESULTS, text, machine)
 
 
 if __name__ == "__main__":

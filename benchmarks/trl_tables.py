@@ -1,4 +1,4 @@
-"""bench_trl.py's results as markdown tables, written into docs/benchmarks.md between markers.
+"""bench_trl.py's results as markdown tables, written into docs/evidence/trl.md between markers.
 
 ``results`` is what ``bench_trl.py`` saves as JSON: ``command``, ``machine``, ``note``, ``shape``
 (``prompt_tokens``, ...), ``rounds``, ``steps``, ``skip``, and per run name (``trl-hf``, ``trl-vllm``,
@@ -16,7 +16,7 @@ from pathlib import Path
 from quickstart_seeds import write_between_markers
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = ROOT / "docs" / "evidence" / "trl.md"
 #: where each shape's tables go: the digit task (no --prompt-tokens), the long prompts
 MARKERS = {"digit": "<!-- trl-step-results -->", "long": "<!-- trl-long-results -->"}
 TRL_PATHS = {"trl-hf": "HF generate", "trl-vllm": "vLLM colocate (shim)"}

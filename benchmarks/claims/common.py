@@ -1,5 +1,5 @@
 """Shared pieces of the claim scripts: run a recipe with overrides for several seeds, read the
-logged metrics back, plot curves side by side and write a section of docs/claims.md.
+logged metrics back, plot curves side by side and write a section of docs/evidence/claims.md.
 
 Each run is ``python -m lightning_grpo fit -c <recipe>`` in a subprocess (the recipe is
 recipes/quickstart.yaml with the claim's overrides merged in, written next to the run), so a
@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-CLAIMS_MD = ROOT / "docs" / "claims.md"
-PLOTS = ROOT / "docs" / "claims"
+CLAIMS_MD = ROOT / "docs" / "evidence" / "claims.md"
+PLOTS = ROOT / "docs" / "evidence" / "claims"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from quickstart_seeds import forget_test, test_checkpoint  # noqa: E402 - after the sys.path insert
 
@@ -151,7 +151,7 @@ def save_figure(fig: Any, axes: Any, path: Path) -> None:
 
 
 def write_section(name: str, text: str) -> None:
-    """Replace (or append) the section between ``<!-- claim:name -->`` markers in docs/claims.md."""
+    """Replace (or append) the section between ``<!-- claim:name -->`` markers in docs/evidence/claims.md."""
     marker = f"<!-- claim:{name} -->"
     doc = CLAIMS_MD.read_text() if CLAIMS_MD.exists() else "# The seeds' claims in miniature\n"
     if marker in doc:
@@ -168,5 +168,5 @@ def args(description: str):
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "claims")
-    parser.add_argument("--write", action="store_true", help="write the section and plot into docs/")
+    parser.add_argument("--write", action="store_true", help="write the section and plot into docs/evidence/")
     return parser.parse_args()

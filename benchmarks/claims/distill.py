@@ -116,7 +116,7 @@ teacher run's own dev / test accuracy at its end.
 {n} seeds, the peers' raw estimate on {raw_faster} of {n}. With the baseline every student ends at its
 teacher (test 1.00 on every seed, as on dev; the teacher's 1.00 / 1.00), at dev 0.8 by step 150-200;
 GRPO reaches dev 0.8 at step 200 on seeds 0 and 2 and never on seed 1 (0.70 at the end on both
-splits, as in the README's quickstart table), so on seed 2 the two tie. The raw estimate `A_t = -k_t`
+splits, as in the quickstart's learning table), so on seed 2 the two tie. The raw estimate `A_t = -k_t`
 is slower than the baseline on every seed (300 / 300 / 400 steps, ending at test 1.00 / 0.90 / 0.90,
 dev 0.98 / 0.90 / 0.90; ahead of GRPO only on seed 1, where GRPO never gets there): the
 student starts random, so almost every sampled first token is one the teacher rules out (`k_t`

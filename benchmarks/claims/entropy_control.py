@@ -75,7 +75,7 @@ SECTION = """
 
 **Claim** (seed 000, section 01): entropy must be held in a band; once it collapses the policy
 stops exploring and learning stalls. **Setup**: the quickstart at lr 2e-3 (where it collapses;
-`docs/stability.md`), with and without `EntropyController(knob=entropy_coef, floor={floor},
+`docs/guide/stability.md`), with and without `EntropyController(knob=entropy_coef, floor={floor},
 window=5)`; 1000 steps. Held-out: **test** = greedy accuracy of each run's last checkpoint on the
 50 test prompts (none trained on or used for any choice), the verdict's figure; dev = the 50
 validation prompts, checked during the run.

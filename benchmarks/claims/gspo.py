@@ -91,7 +91,7 @@ seeds (dev: {dev_wins} of {n}; each run's dev and test figures are equal here), 
 {low:.0f} to {high:.0f} times as many tokens clipped. Our token-level clip fraction (2-3%) is higher than
 the paper's 0.1%: four passes over a batch at lr 1e-3 move the ratios far on this tiny model.
 On seed 0 both arms learn less in 1000 steps (250 generations) than the quickstart with one pass
-(test and dev 0.90, README). Each seed has its own initialisation of the tiny model (`seed_everything`); on
+(test and dev 0.90, docs/evidence/learning.md). Each seed has its own initialisation of the tiny model (`seed_everything`); on
 seed 2 GSPO ends at 0.20 against the token-level loss's 0.50. **Verdict: reproduced on 2 of 3
 seeds** (more clipping on every seed, at least as good test accuracy on seeds 0 and 1; the dev split
 agrees).

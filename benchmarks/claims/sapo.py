@@ -96,7 +96,7 @@ half, so SAPO differs from the unclipped surrogate only on the tokens PPO clips 
 and keeps pushing those, within the batch that sampled them, in the direction of their advantage;
 the run maxima of the ratio are 2.6-7.7 against PPO's 5.1-6.9 (plot, left). Training reward in the
 last tenth 0.33 / 0.60 / 0.74 against PPO's 0.75 / 0.48 / 0.31; both arms learn less with four
-mini-batches per generation than the quickstart with one (test and dev 0.90 / 0.70 / 1.00, README). On seed 0
+mini-batches per generation than the quickstart with one (test and dev 0.90 / 0.70 / 1.00, docs/evidence/learning.md). On seed 0
 the aggregation is not the cause: SAPO with token_mean also ended at 0.40 and PPO with
 seq_mean_token_mean at 0.80 (dev split, one run each, earlier code, not in the table). Each seed has its own
 initialisation of the tiny model (`seed_everything`); when every seed started from the seed-0

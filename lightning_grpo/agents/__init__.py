@@ -1,4 +1,4 @@
-"""Agentic GRPO: multi-turn environments, tool calls, token-in-token-out episodes (docs/agents.md)."""
+"""Agentic GRPO: multi-turn environments, tool calls, token-in-token-out episodes (docs/guide/agents.md)."""
 
 from . import calculator as _calculator, secret_digit as _secret_digit  # noqa: F401 - importing them registers them
 from .environment import ENVIRONMENTS, Environment, Step, Turn, resolve_environment

@@ -25,11 +25,11 @@ TOOL_CALL_END = "</tool_call>"
 
 
 class AgentRolloutCallback(RolloutCallback):
-    """Drives multi-turn episodes for :class:`~lightning_grpo.GRPOModule`.
+    """Drives multi-turn episodes for `GRPOModule`.
 
     Args:
         environment: registry name (``ENVIRONMENTS``: "secret_digit") or import path of an
-            :class:`~lightning_grpo.agents.Environment` class; one object is built per episode.
+            `Environment` class; one object is built per episode.
         environment_args: keyword arguments of that class.
         max_turns: model turns per episode (then it ends as truncated).
         max_episode_tokens: tokens after the prompt (sampled + environment) per episode; None =
@@ -42,12 +42,26 @@ class AgentRolloutCallback(RolloutCallback):
             like); "episode": each episode gets its own seed (and is trained on its own opening).
         allow_mixed_task_groups: with ``reset_seed: episode`` and ``n > 1``, accept that a group's
             episodes may face different tasks, so its baseline is the mean reward over those tasks
-            (refused otherwise; docs/agents.md).
-        **kwargs: the arguments of :class:`~lightning_grpo.RolloutCallback` (engine, sampling,
+            (refused otherwise; docs/guide/agents.md).
+        **kwargs: the arguments of `RolloutCallback` (engine, sampling,
             vllm, server, sampling, rewards (default: ``env_reward``), selection, evaluation, seed, ...).
             The engine's ``max_model_len``, when not set, is the longest prompt + ``max_episode_tokens`` +
             ``sampling.max_new_tokens`` (one turn: + ``max_new_tokens``); with several turns and no
             ``max_episode_tokens`` set it must be set.
+
+    Example:
+        ```python
+        import lightning as L
+
+        from lightning_grpo import AgentRolloutCallback, SamplingConfig
+
+        agents = AgentRolloutCallback(
+            environment="calculator",
+            max_turns=6,
+            sampling=SamplingConfig(n=8, max_new_tokens=256),
+        )
+        trainer = L.Trainer(max_steps=500, callbacks=[agents])
+        ```
     """
 
     def __init__(
@@ -79,7 +93,7 @@ class AgentRolloutCallback(RolloutCallback):
         return self.env_class(**self.environment_args)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        """The checks of :class:`RolloutCallback`, then one environment built: a misconfigured one
+        """The checks of `RolloutCallback`, then one environment built: a misconfigured one
         (its arguments, an OpenEnv action class) fails here, before the engine starts."""
         super().setup(trainer, pl_module, stage)
         self.make_env()
@@ -95,7 +109,7 @@ class AgentRolloutCallback(RolloutCallback):
         self._tokenizer = tokenizer
 
     def probe_rewards(self, records: list[dict], tokenizer: Any) -> None:
-        """Not probed: the episodes' reward columns come from the environment (:meth:`score`)."""
+        """Not probed: the episodes' reward columns come from the environment (`score`)."""
 
     def completion_budget(self) -> tuple[int | None, str]:
         """Tokens an episode may take after its prompt: one turn's, or ``max_episode_tokens`` plus a last
@@ -189,7 +203,7 @@ class AgentRolloutCallback(RolloutCallback):
     def episode_seed(self, module: L.LightningModule, split: str) -> int:
         """The episodes' seed of the held-out batch being evaluated. Each dev (``val``) batch of a check gets its
         own seed (environments draw per-episode values from it, e.g. the secret digit), so the held-out episodes of
-        one check are all different; a test batch's is :func:`~lightning_grpo.rollout.base.test_seed` (never a
+        one check are all different; a test batch's is `test_seed` (never a
         training generation's, the same whatever checkpoint is tested)."""
         check = self.eval_seed(module, split)
         return (check if split == "test" else request_seed(check, self._eval_batch)) & 0x7FFFFFFF
@@ -221,5 +235,5 @@ def check_reset_seed(reset_seed: Any, allow_mixed_task_groups: bool, group_size:
             f"rollout.reset_seed: episode gives the {group_size} episodes of a group different reset seeds, so they may "
             "face different tasks, and the group's advantage baseline would compare rewards of unlike tasks. Keep "
             "rollout.reset_seed: group (one task per group, the default), or set rollout.allow_mixed_task_groups: true "
-            "to train that way (each episode on its own opening; docs/agents.md)"
+            "to train that way (each episode on its own opening; docs/guide/agents.md)"
         )

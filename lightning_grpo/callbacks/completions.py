@@ -5,9 +5,9 @@ the prompt, the completion, each reward function's value and the weighted total,
 the length in sampled tokens and whether it was truncated; multi-turn episodes (agents) also get
 the transcript after the prompt with the chat markers, tool calls and tool results, and the
 number of turns. Rows go to ``completions.jsonl`` in the logger's run directory (rank 0, one JSON
-object per row) and to the logger's own table, chosen by its class (subclasses too, :data:`TABLE_WRITERS`):
+object per row) and to the logger's own table, chosen by its class (subclasses too, `TABLE_WRITERS`):
 W&B (``log_table``), TensorBoard (a markdown table with ``add_text``) or MLflow (``log_table``). A
-firing guard logs the completions of its step too (:meth:`CompletionLog.log_for_alarm`), and its
+firing guard logs the completions of its step too (`CompletionLog.log_for_alarm`), and its
 ``alarms.jsonl`` record points to them.
 """
 
@@ -134,7 +134,7 @@ def completion_rows(
 
 
 def log_table(logger: Any, rows: list[dict[str, Any]], step: int) -> None:
-    """The rows in ``logger``'s own table format, chosen by its type (:data:`TABLE_WRITERS`, subclasses
+    """The rows in ``logger``'s own table format, chosen by its type (`TABLE_WRITERS`, subclasses
     included); other loggers (CSV: the jsonl file is its table): nothing."""
     writer = next((write for cls, write in TABLE_WRITERS if isinstance(logger, cls)), None)
     if writer is None:

@@ -1,7 +1,7 @@
 """CurriculumCallback: raise a task's difficulty level when the policy's accuracy on it passes a threshold.
 
-Works with any data source that has curriculum levels (:class:`CurriculumSource`; built in:
-:class:`~lightning_grpo.data.reasoning_gym.ReasoningGymSource`). Every ``check_every_n_steps``
+Works with any data source that has curriculum levels (`CurriculumSource`; built in:
+`ReasoningGymSource`). Every ``check_every_n_steps``
 optimizer steps, for each task that follows a curriculum: greedy accuracy (the mean of the first
 reward function, as ``val/greedy_accuracy``) on up to ``eval_prompts`` of the task's current
 training prompts; when it reaches ``threshold`` and the task is below its top level, the source

@@ -1,7 +1,7 @@
 """Guards on the reward's course over many steps: reward hacking (the training reward rises, the
 held-out reward does not) and length blow-up (completions grow, the reward does not), which seed
 000 names in its introduction, and a learned behaviour lost (the reward falls back to where it
-began; docs/stability.md). See :mod:`lightning_grpo.callbacks.guards` for the actions and alarm
+began; docs/guide/stability.md). See `lightning_grpo.callbacks.guards` for the actions and alarm
 records; all three warn by default and have no automatic remedy.
 """
 
@@ -38,6 +38,12 @@ class RewardHackingGuard(Guard):
     held-out ``val/reward_mean``; over the last ``window`` validations it fires when the training
     reward rose by at least ``min_train_rise`` and the held-out reward by less than
     ``max_heldout_share`` of that rise. Needs validation (``val_check_interval``).
+
+    Args:
+        window: validations compared.
+        min_train_rise: the training reward's rise over the window that counts.
+        max_heldout_share: fire when the held-out reward rose by less than this share of the training rise.
+        action: "warn" logs the alarm, "skip" drops the optimizer step, "stop" ends the run.
     """
 
     name = "reward_hacking"
@@ -92,7 +98,7 @@ class RewardHackingGuard(Guard):
 
 
 class LengthGuard(Guard):
-    """Mean completion length grows while the reward does not: length blow-up (seed 000), from a
+    """Mean completion length grows while the reward does not: length blow-up, from a
     reward that pays for length or a loss that favours long wrong answers (Dr.GRPO's length bias
     of ``seq_mean_token_mean``).
 
@@ -100,6 +106,14 @@ class LengthGuard(Guard):
     when ``completion_length_mean`` grew by ``rise_factor`` (and by at least ``min_tokens``) while
     the reward gained less than ``min_reward_gain``. ``reward`` names the reward function to
     watch (e.g. the accuracy reward when a length bonus is part of the total); None = the total.
+
+    Args:
+        window: generation batches compared (first quarter against last quarter).
+        rise_factor: the growth of the mean completion length that counts.
+        min_tokens: the least growth in tokens that counts.
+        min_reward_gain: fire only while the reward gained less than this.
+        reward: the reward function to watch (None: the total).
+        action: "warn" logs the alarm, "skip" drops the optimizer step, "stop" ends the run.
     """
 
     name = "length"
@@ -162,7 +176,7 @@ class LengthGuard(Guard):
 
 class RewardDropGuard(Guard):
     """A learned behaviour lost: the training reward falls back most of the way to where it began
-    (docs/stability.md, "A learned behaviour lost in one step": a tool call learned for 300 steps
+    (docs/guide/stability.md, "A learned behaviour lost in one step": a tool call learned for 300 steps
     and gone after one ordinary optimizer step).
 
     The guard follows the mean reward of the last ``window`` generation batches. ``start`` is the
@@ -171,6 +185,20 @@ class RewardDropGuard(Guard):
     lost ``drop`` of that gain or more: ``mean <= best - drop * (best - start)``. ``reward`` names
     the reward function to watch (None = the weighted total). Its state is kept in checkpoints,
     so a resumed run compares with the best of the whole run.
+
+    Args:
+        window: generation batches averaged.
+        drop: the share of the gain lost that fires it.
+        min_gain: the gain (best - start) the run must have made first.
+        reward: the reward function to watch (None: the weighted total).
+        action: "warn" logs the alarm, "skip" drops the optimizer step, "stop" ends the run.
+
+    Example:
+        ```python
+        from lightning_grpo import RewardDropGuard
+
+        guard = RewardDropGuard(window=20, drop=0.5, reward="env_reward", action="stop")
+        ```
     """
 
     name = "reward_drop"

@@ -1,6 +1,6 @@
 """EntropyController: hold the policy's token entropy in a band by moving one loss knob.
 
-Seed 000 argues that entropy must be *held* between collapse and explosion, with Clip-Higher,
+Entropy must be *held* between collapse and explosion, with Clip-Higher,
 Clip-Cov / KL-Cov or an entropy bonus, and that these knobs interact. The controller moves one
 of them, chosen by name, after each optimizer step (for the next one):
 
@@ -15,7 +15,7 @@ Every knob raises the entropy when it grows: ``entropy_coef`` (the bonus -c * H)
 (Clip-Higher lets low-probability tokens gain more), ``clip_ratio`` (Clip-Cov: more
 high-covariance tokens left out of the gradient) and ``kl_cov_ratio`` (KL-Cov: more tokens
 pulled back). A move is bounded: one ``step`` (added, or a factor for the ratios), clamped to
-``[low, high]``. The knob is set through the loss (:meth:`GRPOLoss.set_knob`), its value logged
+``[low, high]``. The knob is set through the loss (`GRPOLoss.set_knob`), its value logged
 as ``entropy_control/<knob>`` and kept in checkpoints. Under DDP rank 0 decides and broadcasts,
 so every rank trains with the same value.
 """
@@ -67,8 +67,18 @@ class EntropyController(Callback):
         floor: raise the knob while the windowed entropy is below it.
         ceiling: lower the knob while the windowed entropy is above it (None: never lowered).
         window: steps whose entropy is averaged before deciding (1 = the last step only).
-        step, low, high: override the knob's move (:data:`KNOB_RANGES`); by default ``low`` is
-            the knob's configured value (never moved below it).
+        step: override the knob's move per window (`KNOB_RANGES`).
+        low: the knob's lowest value; by default its configured value (never moved below it).
+        high: the knob's highest value (`KNOB_RANGES`).
+
+    Example:
+        ```python
+        import lightning as L
+        from lightning_grpo import EntropyController
+
+        # hold train/entropy above 0.3 by moving the entropy bonus
+        trainer = L.Trainer(callbacks=[EntropyController(knob="entropy_coef", floor=0.3)])
+        ```
     """
 
     def __init__(

@@ -1,5 +1,5 @@
 """The default guard set: what :meth:`GRPOModule.configure_callbacks <lightning_grpo.GRPOModule.configure_callbacks>`
-attaches when the Trainer names no guard (docs/stability.md).
+attaches when the Trainer names no guard (docs/guide/stability.md).
 
 Each guard logs ``alarm/<name>`` and acts (warn / skip the step / stop):
 

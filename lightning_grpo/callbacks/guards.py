@@ -1,4 +1,4 @@
-"""Guards: a detector and an action for each way the source articles saw GRPO runs die.
+"""Guards: a detector and an action for each known way GRPO runs die.
 
 Each guard is a Lightning callback with an ``action``:
 
@@ -6,8 +6,8 @@ Each guard is a Lightning callback with an ``action``:
 - ``skip``: also drop the current optimizer step (its gradients are discarded, every rank
   skips; counted in ``train/skipped_steps``);
 - ``stop``: also skip the step and stop the run (``trainer.should_stop``), with the diagnosis in
-  the log and in :attr:`Guard.stop_message`;
-- ``fix``: apply the guard's known remedy (:meth:`Guard.remedy`) through the object that owns
+  the log and in `Guard.stop_message`;
+- ``fix``: apply the guard's known remedy (`Guard.remedy`) through the object that owns
   the setting, log what changed; when no remedy is left, warn. Only guards with a remedy
   accept it: ZeroStdGuard (dynamic sampling, then a higher temperature), MismatchGuard (the
   TIS correction). Under DDP rank 0 decides for every rank.
@@ -25,12 +25,12 @@ gradient norm, entropy, train-inference mismatch).
 
 | guard | symptom (seed article) | default |
 |---|---|---|
-| :class:`NonFiniteGuard` | NaN / inf loss or gradient norm | skip; stop after 3 in a row |
-| :class:`LogProbGuard` | NaN old / ref / rollout log-probs, "!!!!" output (003) | stop |
-| :class:`EntropyGuard` | entropy collapse / explosion (000) | warn |
-| :class:`IdenticalSamplesGuard` | a group's samples token-identical at T > 0 (004) | warn |
-| :class:`MismatchGuard` | rollout vs trainer log-probs drift apart (000) | warn |
-| :class:`ZeroStdGuard` | most groups have zero reward std (no signal) | warn |
+| `NonFiniteGuard` | NaN / inf loss or gradient norm | skip; stop after 3 in a row |
+| `LogProbGuard` | NaN old / ref / rollout log-probs, "!!!!" output (003) | stop |
+| `EntropyGuard` | entropy collapse / explosion (000) | warn |
+| `IdenticalSamplesGuard` | a group's samples token-identical at T > 0 (004) | warn |
+| `MismatchGuard` | rollout vs trainer log-probs drift apart (000) | warn |
+| `ZeroStdGuard` | most groups have zero reward std (no signal) | warn |
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ log = logging.getLogger("lightning_grpo.guards")
 
 
 class Guard(Callback):
-    """Base class: :meth:`fire` records an alarm and carries out the configured action."""
+    """Base class: `fire` records an alarm and carries out the configured action."""
 
     name: ClassVar[str] = "guard"
     #: The constructor settings that tell two guards of one type apart (their ``state_key``).
@@ -213,13 +213,16 @@ class NonFiniteGuard(Guard):
 
 
 class LogProbGuard(Guard):
-    """Non-finite rollout / old / reference log-probs on valid completion tokens (seed 003:
-    ``old_log_prob`` turned NaN and the model went on to emit "!!!!!!").
+    """Non-finite rollout / old / reference log-probs on valid completion tokens (a known
+    failure: ``old_log_prob`` turned NaN and the model went on to emit "!!!!!!").
 
     The affected rows are always taken out of the loss (their completion mask is zeroed and their
     values replaced by 0), so the step never trains on NaN; then the action applies: "stop"
     (default) ends the run naming tensor, rows and step; "skip" drops this optimizer step; "warn"
     trains on the remaining rows.
+
+    Args:
+        action: "warn" logs the alarm, "skip" drops the optimizer step, "stop" ends the run. Default "stop".
     """
 
     name = "non_finite_logprobs"
@@ -261,6 +264,24 @@ class EntropyGuard(Guard):
     The entropy is the mean over the step's valid completion tokens (``train/entropy``). Set
     ``max_reward`` to ignore a collapse when the rollout reward mean has reached it within the
     window: on a task with one right answer a policy that has learned it is rightly confident.
+
+    Args:
+        floor: fire when the entropy falls below this (None: no floor).
+        ceiling: fire when the entropy rises above this (None: no ceiling).
+        collapse_factor: fire when the entropy falls by this factor within `window` steps.
+        rise_factor: fire when the entropy rises by this factor within `window` steps.
+        window: steps compared by the two factors.
+        max_reward: ignore a collapse once the reward mean reached this within the window.
+        action: "warn" logs the alarm, "skip" drops the optimizer step, "stop" ends the run.
+
+    Example:
+        ```python
+        import lightning as L
+        from lightning_grpo import EntropyGuard, ZeroStdGuard
+
+        # naming a guard replaces the default set: list every guard you want
+        trainer = L.Trainer(callbacks=[EntropyGuard(floor=0.05, max_reward=0.9), ZeroStdGuard(action="fix")])
+        ```
     """
 
     name = "entropy"

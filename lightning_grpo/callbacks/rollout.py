@@ -49,32 +49,46 @@ class RolloutListener(Protocol):
 
 
 class RolloutCallback(Callback):
-    """Drives rollouts for :class:`~lightning_grpo.GRPOModule`.
+    """Drives rollouts for `GRPOModule`.
 
     Args:
         engine: "vllm" (in-process vLLM, weights pushed after each optimizer step; settings in ``vllm``),
             "vllm_server" (vLLM servers, started here or given as ``server.urls``; weights pushed through
-            vLLM's RL API; settings in ``server``; docs/distributed.md) or "hf" (transformers ``generate``
+            vLLM's RL API; settings in ``server``; docs/guide/scaling.md) or "hf" (transformers ``generate``
             on the live policy; no settings).
-        vllm: the in-process engine's settings (:class:`~lightning_grpo.VLLMArgs`: dtype, max_model_len,
+        vllm: the in-process engine's settings (`VLLMArgs`: dtype, max_model_len,
             kv_cache_memory_bytes, gpu_memory_utilization, enable_lora, sleep_level, ...).
-        server: the vLLM servers' settings (:class:`~lightning_grpo.ServerSettings`: urls, num_servers, ...).
+        server: the vLLM servers' settings (`ServerSettings`: urls, num_servers, ...).
         sampling: group size ``n`` (G, or G' with GFPO), temperature, top_p, top_k, max_new_tokens.
         rewards: reward functions with weights (default: exact match against ``answer``).
-        selection: which samples train (:class:`~lightning_grpo.SelectionSettings`): dynamic sampling (DAPO),
+        selection: which samples train (`SelectionSettings`): dynamic sampling (DAPO),
             GFPO, the overlong filter, generation rounds.
-        evaluation: held-out metrics (:class:`~lightning_grpo.EvaluationSettings`): samples per prompt,
+        evaluation: held-out metrics (`EvaluationSettings`): samples per prompt,
             pass@k, the pass threshold.
-        weight_sync: pushing the policy into the engine (:class:`~lightning_grpo.WeightSyncSettings`):
+        weight_sync: pushing the policy into the engine (`WeightSyncSettings`):
             on / off, LoRA merged or as an adapter.
         max_staleness: k >= 1 samples the next k generation batches on the servers while the
             trainer trains (engine "vllm_server"); a batch never trains with weights more than k
             optimizer steps newer than those that sampled it. It needs an off-policy correction in the
             loss (``model.loss.init_args.off_policy.correction``). 0 = synchronous.
         log_completions: every how many optimizer steps, and how many groups of, the sampled
-            completions go to ``completions.jsonl`` and the logger's table (:mod:`.completions`).
+            completions go to ``completions.jsonl`` and the logger's table (`.completions`).
         seed: run seed; each rank and generation samples with a seed derived from it. None: the
             seed given to ``seed_everything`` (LightningCLI's ``--seed_everything``), else 0.
+
+    Example:
+        ```python
+        import lightning as L
+
+        from lightning_grpo import RewardSpec, RolloutCallback, SamplingConfig
+
+        rollouts = RolloutCallback(
+            engine="vllm",
+            sampling=SamplingConfig(n=8, temperature=1.0, max_new_tokens=256),
+            rewards=[RewardSpec("math_accuracy"), RewardSpec("my_pkg.rewards:format_ok", weight=0.1)],
+        )
+        trainer = L.Trainer(max_steps=500, callbacks=[rollouts])
+        ```
     """
 
     def __init__(
@@ -125,7 +139,7 @@ class RolloutCallback(Callback):
         self._eval_batch = 0  # index of the validation / test batch being evaluated (test batches' seeds)
         self._rewards_probed = False  # the CLI probes them before fit, setup would again
         self._max_model_len: int | None = None  # derived from the data in setup when not set
-        self.geometry: BatchGeometry | None = None  #: the run's (core.batch.BatchGeometry), built in :meth:`setup`
+        self.geometry: BatchGeometry | None = None  #: the run's (core.batch.BatchGeometry), built in `setup`
 
     @property
     def max_generation_rounds(self) -> int:
@@ -164,7 +178,7 @@ class RolloutCallback(Callback):
 
     def engine_settings(self) -> VLLMArgs | ServerSettings | None:
         """The settings the engine is built with: ``rollout.vllm`` / ``rollout.server`` with ``max_model_len``
-        derived from the data (in :meth:`setup`) when it is not set; None for engine "hf"."""
+        derived from the data (in `setup`) when it is not set; None for engine "hf"."""
         if self.engine_name == "hf":
             return None
         settings = self.vllm if self.engine_name == "vllm" else self.server
@@ -179,12 +193,12 @@ class RolloutCallback(Callback):
 
     def use_context_length(self, max_model_len: int | None) -> None:
         """The engine's ``max_model_len`` when the settings leave it unset (derived from the data by
-        :func:`~lightning_grpo.checks.validation.check_lengths`)."""
+        `check_lengths`)."""
         self._max_model_len = max_model_len
 
     def probe_rewards(self, records: list[dict], tokenizer: Any) -> None:
-        """Run every reward function on stand-in completions of ``records`` (:mod:`~lightning_grpo.data.reward_probe`)
-        once; later calls do nothing (the CLI probes before fit, :meth:`setup` again)."""
+        """Run every reward function on stand-in completions of ``records`` (`reward_probe`)
+        once; later calls do nothing (the CLI probes before fit, `setup` again)."""
         if self._rewards_probed:
             return
         from ..data.reward_probe import probe_rewards
@@ -368,7 +382,7 @@ class RolloutCallback(Callback):
 
     def eval_seed(self, module: L.LightningModule, split: str) -> int:
         """The seed of the held-out batch being evaluated: a dev (``val``) check draws from the run seed + 1 at
-        the optimizer step; a test batch from :func:`~lightning_grpo.rollout.base.test_seed` (never a
+        the optimizer step; a test batch from `test_seed` (never a
         training generation's seed, and the same whatever checkpoint is tested)."""
         rank = module.trainer.global_rank
         if split == "test":

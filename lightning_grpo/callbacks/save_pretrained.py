@@ -1,5 +1,5 @@
 """SavePretrained: write the trained policy and its tokenizer as a Hugging Face model folder during
-training, the same folder ``lightning-grpo export`` writes from a checkpoint (:mod:`lightning_grpo.models.export`).
+training, the same folder ``lightning-grpo export`` writes from a checkpoint (`lightning_grpo.models.export`).
 
 ``dirpath`` always holds the latest save (every ``every_n_steps`` optimizer steps, and at the end of
 ``fit``); with ``keep_last: K`` the K - 1 saves before it stay next to it as ``<dirpath>-step<N>``.
@@ -37,6 +37,15 @@ class SavePretrained(Callback):
         keep_last: saves kept: the latest in ``dirpath``, the ones before as ``<dirpath>-step<N>``.
         merge_lora: with a LoRA policy, save the merged model (True) or the adapter alone (peft format).
         dtype: cast the saved weights ("float32", "bfloat16", "float16"); None = as trained.
+
+    Example:
+        ```python
+        import lightning as L
+        from lightning_grpo import SavePretrained
+
+        # a Hugging Face folder every 100 steps (version_N/model), the LoRA adapter merged, in bfloat16
+        trainer = L.Trainer(callbacks=[SavePretrained(every_n_steps=100, dtype="bfloat16")])
+        ```
     """
 
     def __init__(

@@ -1,6 +1,6 @@
-"""The grouped settings of :class:`~lightning_grpo.RolloutCallback` (``rollout.selection``,
+"""The grouped settings of `RolloutCallback` (``rollout.selection``,
 ``rollout.evaluation``, ``rollout.weight_sync``); the engines' own are
-:class:`~lightning_grpo.rollout.vllm_args.VLLMArgs` and :class:`~lightning_grpo.rollout.vllm_server.ServerSettings`."""
+`VLLMArgs` and `ServerSettings`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Guards on the learning signal: identical samples, zero reward spread, rollout/trainer drift.
 
-See :mod:`lightning_grpo.callbacks.guards` for the actions and the alarm records.
+See `lightning_grpo.callbacks.guards` for the actions and the alarm records.
 """
 
 from __future__ import annotations
@@ -39,10 +39,16 @@ def improbable_identical_groups(batch: RolloutBatch, max_chance: float) -> Tenso
 
 
 class IdenticalSamplesGuard(Guard):
-    """A group's samples are token-identical at temperature > 0 (seed 004): reward std and the
+    """A group's samples are token-identical at temperature > 0 (a seeding bug): reward std and the
     loss are zero, nothing is learned. Fires when at least ``threshold`` of the groups are
     identical *and* improbable under the sampler's own log-probs (see
-    :func:`improbable_identical_groups`); the likely cause is seeding."""
+    `improbable_identical_groups`); the likely cause is seeding.
+
+    Args:
+        threshold: the fraction of identical, improbable groups that fires it, in (0, 1].
+        max_chance: a group counts when the sampler's log-probs give its repeat a chance below this.
+        action: "warn" logs the alarm, "skip" drops the optimizer step, "stop" ends the run.
+    """
 
     name = "identical_samples"
     SETTINGS = ("threshold", "max_chance")
@@ -86,9 +92,18 @@ class ZeroStdGuard(Guard):
     (``train/frac_groups_all_lowest``); it fires when they reach ``pass_fail_threshold`` (the
     prompts are too hard, the reward never pays). None: ``threshold`` on all zero-std groups.
 
-    ``action="fix"``: switch on dynamic sampling (:meth:`RolloutCallback.set_dynamic_sampling`);
+    ``action="fix"``: switch on dynamic sampling (`RolloutCallback.set_dynamic_sampling`);
     if it is on, raise the sampling temperature by ``temperature_step`` up to
     ``max_temperature``; then warn. The window starts afresh after each fix.
+
+    Args:
+        threshold: the fraction of zero-std groups, averaged over `window`, that fires it.
+        max_reward: stay quiet while the window's reward mean has reached this (None: never).
+        window: generation batches averaged.
+        pass_fail_threshold: for a pass / fail reward, the fraction of all-lowest groups that fires it (None: use `threshold`).
+        action: "warn" logs the alarm, "skip" drops the optimizer step, "stop" ends the run, "fix" switches on dynamic sampling, then raises the temperature.
+        max_temperature: the highest temperature "fix" sets.
+        temperature_step: how much "fix" raises the temperature at a time.
     """
 
     name = "zero_reward_std"
@@ -202,8 +217,9 @@ class MismatchGuard(Guard):
         max_k3: alarm when the step's ``mismatch_k3`` exceeds it (None = not checked).
         max_abs: alarm when the largest per-token gap exceeds it (None = not checked).
         action: ``fix`` switches on the ``correction`` (token-level truncated importance
-            sampling, cap 2) in the loss when it has none (:meth:`GRPOLoss.set_correction`); then warns.
-        correction, correction_args: the correction ``fix`` switches on.
+            sampling, cap 2) in the loss when it has none (`GRPOLoss.set_correction`); then warns.
+        correction: the correction ``fix`` switches on.
+        correction_args: its arguments.
     """
 
     name = "mismatch"

@@ -50,14 +50,14 @@ def servers(callback: Any) -> Iterator[tuple[str, str, str]]:
             yield (
                 "rollout.server.urls",
                 str(url),
-                "start the vLLM server first (docs/distributed.md), or drop rollout.server.urls to have the run start its own",
+                "start the vLLM server first (docs/guide/scaling.md), or drop rollout.server.urls to have the run start its own",
             )
     for key, value in (getattr(callback, "environment_args", None) or {}).items():
         if key == "url" or key.endswith("_url"):
             yield (
                 f"rollout.environment_args.{key}",
                 str(value),
-                "start the environment's server first (docs/environments.md) and check the port",
+                "start the environment's server first (docs/guide/environments.md) and check the port",
             )
     reward_set = callback.reward_set
     for i, (spec, fn) in enumerate(zip(reward_set.specs, reward_set.fns)):
@@ -66,7 +66,7 @@ def servers(callback: Any) -> Iterator[tuple[str, str, str]]:
             yield (
                 f"rollout.rewards[{i}] ({spec.label})",
                 url,
-                "start the reward's server first (docs/reward_models.md) and check its base_url",
+                "start the reward's server first (docs/guide/reward-models.md) and check its base_url",
             )
 
 

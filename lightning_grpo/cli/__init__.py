@@ -5,7 +5,7 @@ plus ``sft`` (SFTModule and SFTDataModule, cli/sft.py), ``export``, ``serve`` an
     lightning-grpo fit -c recipes/grpo.yaml --trainer.max_steps 50 --rollout.sampling.n 16
     lightning-grpo fit --print_config                      # every option with its default
     lightning-grpo validate -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
-    lightning-grpo test -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt   # test/* (docs/tuning.md)
+    lightning-grpo test -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt   # test/* (docs/evidence/tuning.md)
     lightning-grpo sft fit -c recipes/sft_quickstart.yaml  # supervised warm start (SFTModule, cli/sft.py)
     lightning-grpo export runs/quickstart --out my-model   # a Hugging Face model folder (models/export.py)
     lightning-grpo serve my-model                          # vLLM's OpenAI-compatible server on it (cli/serve.py)

@@ -5,7 +5,7 @@ its own (``rollout``, added with ``add_lightning_class_args`` as Lightning adds 
     lightning-grpo fit -c recipes/quickstart.yaml --rollout.engine hf --rollout.sampling.n 16
     lightning-grpo fit --print_config > my.yaml      # every option with its default: a runnable recipe
     lightning-grpo validate -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt
-    lightning-grpo test -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt   # test/* (docs/tuning.md)
+    lightning-grpo test -c recipes/quickstart.yaml --ckpt_path runs/quickstart/version_0/checkpoints/last.ckpt   # test/* (docs/evidence/tuning.md)
 
 ``rollout`` takes a ``class_path`` (``lightning_grpo.AgentRolloutCallback`` for episodes), or its
 options alone for the default ``lightning_grpo.RolloutCallback``. A configuration error is printed

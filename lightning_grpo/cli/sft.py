@@ -1,4 +1,4 @@
-"""``lightning-grpo sft``: supervised fine-tuning, the warm start before GRPO (docs/sft.md).
+"""``lightning-grpo sft``: supervised fine-tuning, the warm start before GRPO (docs/guide/sft.md).
 
 A second LightningCLI over :class:`~lightning_grpo.training.sft.SFTModule` (``model``) and
 :class:`~lightning_grpo.data.sft.SFTDataModule` (``data``), with GRPO's parser (one-line errors),

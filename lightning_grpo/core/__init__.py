@@ -1,7 +1,7 @@
 """The algorithm core: pure tensor math of the GRPO family (imports torch only).
 
 Every variant is a small function registered by name; :class:`GRPOLoss` composes the chosen
-ones into a loss and a dict of metrics. See ``docs/algorithms.md`` for the table
+ones into a loss and a dict of metrics. See ``docs/guide/algorithms.md`` for the table
 equation -> function -> name / parameters.
 """
 

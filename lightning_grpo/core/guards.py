@@ -1,7 +1,7 @@
 """Numerical guards: keep log-ratios finite and fail loudly on non-finite inputs.
 
 A single NaN in ``old_logp`` turns the KL and the loss into NaN, the optimizer step writes NaN
-into the weights and the policy then emits garbage (seed 003: a verl GRPO run whose outputs
+into the weights and the policy then emits garbage (a known case: a verl GRPO run whose outputs
 became "!!!!!!"). Two guards prevent this:
 
 - ``clamp_log_ratio``: clamp a log-ratio to ``[-limit, limit]`` before ``exp`` (verl clamps to

@@ -281,7 +281,7 @@ def logprobs_from_hidden(
         save_probs: keep the softmax [N, V] from forward for backward instead of recomputing
             each chunk's logits there (only when a gradient is taken): one LM-head matmul and one
             exp per row less (on one CPU core, N = 800 rows of a 151k vocabulary: 1.45 s instead of
-            1.91 s forward + backward, docs/performance.md), N * V floats more memory. Same numbers either way.
+            1.91 s forward + backward, docs/evidence/performance.md), N * V floats more memory. Same numbers either way.
 
     Returns:
         ``TokenLogProbs(logp [B, T], entropy [B, T] | None)``, float32 (float64 for float64).

@@ -16,7 +16,7 @@ MIS (IcePop) gives a token outside its band weight 0 and leaves it in loss_mask,
 (so it counts in the normalisers); rejection removes tokens from loss_mask. With
 ``off_policy.is_batch_normalize`` the weights are divided by their mean over the valid tokens (zeros
 included) of the whole optimizer-step batch when the trainer passes ``is_weight_mean`` (the
-ratio of :meth:`GRPOLoss.is_weight_sums` summed over micro-batches and ranks), else of the batch
+ratio of `GRPOLoss.is_weight_sums` summed over micro-batches and ranks), else of the batch
 given. A loss with a ``sequence_is_weight`` (geo_mean) turns the token weights into one weight per
 row (verl: their geometric mean).
 
@@ -26,7 +26,7 @@ pi / pi_roll (PPO-clip form: no extra IS weight) or, with ``policy_loss="reinfor
 truncated IS weight of the REINFORCE form. Rejection then compares sg[logp] with roll, as verl.
 
 Advantages may first have their negative part scaled (``terms.negative_advantage_scale``).
-The settings groups (:class:`KLSettings`, :class:`OffPolicySettings`, :class:`LossTerms`) live in
+The settings groups (`KLSettings`, `OffPolicySettings`, `LossTerms`) live in
 ``lightning_grpo.core.settings``.
 Every variant is looked up by name in a registry when the objective is built, so an unknown
 name fails before any work; nothing here branches on a name.
@@ -68,12 +68,19 @@ class GRPOLoss:
             token_mean. A loss that requires one (``geo_mean``) refuses any other.
         aggregation_args: keyword arguments of the aggregation (``{"max_length": 512}`` for
             "seq_mean_token_sum_norm").
-        kl: the KL-to-reference term (:class:`KLSettings`: ``beta``, ``estimator``).
-        off_policy: the train / inference gap (:class:`OffPolicySettings`: ``correction``,
+        kl: the KL-to-reference term (`KLSettings`: ``beta``, ``estimator``).
+        off_policy: the train / inference gap (`OffPolicySettings`: ``correction``,
             ``correction_args``, ``is_batch_normalize``, ``rejection``, ``bypass``,
             ``sequence_mask_delta``); see the module docstring.
-        terms: the extra per-token terms (:class:`LossTerms`: ``entropy_coef``, ``llds_coef``,
+        terms: the extra per-token terms (`LossTerms`: ``entropy_coef``, ``llds_coef``,
             ``negative_advantage_scale``, ``top_entropy_quantile``).
+
+    Example:
+        ```python
+        from lightning_grpo import GRPOLoss, KLSettings
+
+        loss = GRPOLoss(policy_loss="gspo", aggregation="seq_mean_token_mean", kl=KLSettings(beta=0.04, estimator="k3"))
+        ```
     """
 
     def __init__(
@@ -118,12 +125,12 @@ class GRPOLoss:
 
     @property
     def off_policy(self) -> OffPolicySettings:
-        """The off-policy settings now in use (:meth:`set_correction` replaces the correction)."""
+        """The off-policy settings now in use (`set_correction` replaces the correction)."""
         return self._off_policy
 
     @property
     def terms(self) -> LossTerms:
-        """The extra terms' settings now in use (:meth:`set_knob` moves ``entropy_coef``)."""
+        """The extra terms' settings now in use (`set_knob` moves ``entropy_coef``)."""
         return self._terms
 
     @property
@@ -219,14 +226,14 @@ class GRPOLoss:
     @property
     def masks_before_training(self) -> bool:
         """Whether tokens are dropped by rules that look only at old and roll (rollout rejection; not
-        in bypass mode): a trainer can then compute :meth:`static_keep_mask` once per generation batch
+        in bypass mode): a trainer can then compute `static_keep_mask` once per generation batch
         and leave the dropped tokens out of its global normaliser."""
         return not self.bypass and self._rejection is not None
 
     @property
     def normalizes_is_weights(self) -> bool:
         """Whether the correction's weights are batch-normalised: a trainer then sums
-        :meth:`is_weight_sums` over the optimizer-step batch and passes ``is_weight_mean``."""
+        `is_weight_sums` over the optimizer-step batch and passes ``is_weight_mean``."""
         return self._off_policy.is_batch_normalize and self._correction_fn is not None and not self.bypass
 
     @property

@@ -1,4 +1,4 @@
-"""The grouped settings of :class:`~lightning_grpo.core.objective.GRPOLoss`: the KL term, the
+"""The grouped settings of `GRPOLoss`: the KL term, the
 off-policy handling (correction, rejection, bypass, sequence mask) and the extra per-token terms.
 
 A recipe writes them as sections of ``model.loss.init_args``::

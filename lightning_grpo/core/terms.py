@@ -13,7 +13,7 @@ loss mask:
 
 Advantage transform (plain function, not registered):
 
-    scale_negative_advantages   A <- A * scale where A < 0           (seed 000, agentic section 2)
+    scale_negative_advantages   A <- A * scale where A < 0           (agentic RL practice)
 
 Departures:
 - ``top_entropy_mask`` takes the threshold quantile ``q`` (keep H >= quantile_q(H)), so q = 0.8

@@ -5,11 +5,11 @@ Every batch is a list of records (``collate = identity``); a record is a dict ho
 ``"prompt"`` (the text actually fed to the policy, after the chat template), ``"prompt_ids"``
 (``list[int]``), ``"raw_prompt"`` (the prompt column before the template), ``"answer"`` (copied
 from ``data.format.answer_column``) and every other column of the row, so reward functions receive all of
-them (:mod:`lightning_grpo.data.records`). Rows come from a
-:class:`~lightning_grpo.data.sources.DataSource`.
+them (`lightning_grpo.data.records`). Rows come from a
+`DataSource`.
 
 Training does not iterate records through a DataLoader: which prompts a rank samples at a
-generation is a pure function of (seed, generation, rank) (:mod:`lightning_grpo.data.schedule`),
+generation is a pure function of (seed, generation, rank) (`lightning_grpo.data.schedule`),
 so a resumed run draws exactly what the uninterrupted one would have drawn. The training
 "dataloader" yields one tick per training step, ``{"micro": m}``, where m counts the steps fed by
 the current generation batch.
@@ -64,34 +64,46 @@ class GenerationTicks(IterableDataset):
 class PromptDataModule(L.LightningDataModule):
     """Prompts for RL training and validation, tokenized with the policy's tokenizer.
 
-    The rows come from ``source`` (a :class:`~lightning_grpo.data.sources.DataSource`:
-    :class:`~lightning_grpo.data.tasks.DigitTask`, :class:`~lightning_grpo.data.sources.Files`,
-    :class:`~lightning_grpo.data.sources.Rows`, :class:`~lightning_grpo.data.sources.HubDataset`, ...)
+    The rows come from ``source`` (a `DataSource`:
+    `DigitTask`, `Files`,
+    `Rows`, `HubDataset`, ...)
     or, as a shortcut, from ``train_files`` (with ``val_files``, ``test_files``). Without a validation
     split, ``val_fraction`` splits the training rows; otherwise there is none. The validation split is
     the dev split (checked during ``fit``, where settings are chosen); the test split is read by
-    ``lightning-grpo test`` only (docs/tuning.md). ``format`` says how rows become prompts. Guide:
-    docs/data.md.
+    ``lightning-grpo test`` only (docs/evidence/tuning.md). ``format`` says how rows become prompts. Guide:
+    docs/guide/data.md.
 
     Args:
         source: Where the rows come from (``class_path`` / ``init_args`` in a recipe, e.g.
             ``{class_path: lightning_grpo.DigitTask}`` for the built-in digit task); excludes
             ``train_files``, ``val_files`` and ``test_files``.
         train_files: Training file(s): ``.jsonl``, ``.json``, ``.parquet`` or ``.csv`` (read with
-            ``datasets.load_dataset``; :class:`~lightning_grpo.data.sources.Files` with the default cache).
+            ``datasets.load_dataset``; `Files` with the default cache).
         val_files: Validation file(s), same formats.
         test_files: Test file(s), same formats: the split ``lightning-grpo test`` reports, which no
             setting should be chosen on.
-        tokenizer_path: Path or hub id of the policy's tokenizer (loaded in :meth:`setup`);
+        tokenizer_path: Path or hub id of the policy's tokenizer (loaded in `setup`);
             ``None``: the built-in tiny model's character tokenizer.
         format: How rows become prompts: columns, mapping hook, chat template, length limit
-            (:class:`~lightning_grpo.data.records.PromptFormat`).
+            (`PromptFormat`).
         batch_size: Prompts per training step (each is sampled several times by the rollout).
         val_batch_size: Prompts per validation batch; defaults to ``batch_size``.
         val_fraction: Fraction in (0, 1) of the training rows split off (by ``seed``) as the
             validation set, when the source has no validation split.
         shuffle: Shuffle the training prompts (per epoch, by ``seed``).
         seed: Seed of the shuffles and of the ``val_fraction`` split.
+
+    Example:
+        ```python
+        from lightning_grpo import PromptDataModule
+
+        data = PromptDataModule(
+            train_files="train.jsonl",  # one {"prompt": ..., "answer": ...} per line
+            val_files="dev.jsonl",
+            tokenizer_path="Qwen/Qwen2.5-0.5B-Instruct",
+            batch_size=16,
+        )
+        ```
     """
 
     def __init__(
@@ -127,9 +139,9 @@ class PromptDataModule(L.LightningDataModule):
         self.val_fraction, self.seed, self.shuffle = val_fraction, seed, shuffle
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
         self._geometry = BatchGeometry(prompts=batch_size)  # one training step per generation until set_geometry
-        #: The tokenizer; loaded from ``tokenizer_path`` in :meth:`setup` unless assigned before.
+        #: The tokenizer; loaded from ``tokenizer_path`` in `setup` unless assigned before.
         self.tokenizer: Any = None
-        #: Prepared records, filled by :meth:`setup`.
+        #: Prepared records, filled by `setup`.
         self.train_records: list[dict[str, Any]] | None = None
         self.val_records: list[dict[str, Any]] = []
         self.test_records: list[dict[str, Any]] = []
@@ -194,7 +206,7 @@ class PromptDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Load and check the data: Lightning calls this (on local rank 0) before its loggers create
-        their run directory, so a bad file or column fails with nothing written; :meth:`setup`
+        their run directory, so a bad file or column fails with nothing written; `setup`
         then finds the data ready here and loads it on the other ranks."""
         self.setup()
 
@@ -214,11 +226,11 @@ class PromptDataModule(L.LightningDataModule):
         self.train_records = train_records
 
     def refresh_train(self) -> None:
-        """Read the source's training rows again and replace :attr:`train_records` (mapping hook,
+        """Read the source's training rows again and replace `train_records` (mapping hook,
         column checks, chat template and tokenization applied again; the validation records stay).
 
         For sources whose rows change over a run (a curriculum): call it at the same step on every
-        rank; the prompt schedule follows the new record count (:mod:`lightning_grpo.data.sources`).
+        rank; the prompt schedule follows the new record count (`lightning_grpo.data.sources`).
         """
         if self.train_records is None:
             raise RuntimeError("PromptDataModule.setup() must run before refresh_train()")
@@ -294,7 +306,7 @@ def _check_options(
     val_batch_size: Any,
     val_fraction: Any,
 ) -> None:
-    """Reject missing, contradictory or out-of-range options of :class:`PromptDataModule`."""
+    """Reject missing, contradictory or out-of-range options of `PromptDataModule`."""
     files = {"train_files": train_files, "val_files": val_files, "test_files": test_files}
     if source is not None:
         given = [k for k, v in files.items() if v is not None]

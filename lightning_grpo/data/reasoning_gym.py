@@ -8,7 +8,7 @@ gives it). Here:
 * :class:`ReasoningGymSource` (a :class:`~lightning_grpo.data.sources.DataSource`): a weighted mix
   of tasks, each with its config or curriculum level; ``size`` training rows drawn with ``seed``,
   ``val_size`` held-out (dev) rows drawn with ``val_seed`` (another seed) and never in the training rows;
-  ``test_size`` test rows drawn with ``test_seed``, never in the training or dev rows (docs/tuning.md);
+  ``test_size`` test rows drawn with ``test_seed``, never in the training or dev rows (docs/evidence/tuning.md);
   optionally reasoning-gym's answer-format system prompt;
 * the reward ``reasoning_gym``: extracts the answer from a completion (the stripped text, or the
   last ``<answer>...</answer>``) and returns the row's task's ``score_answer`` on it;

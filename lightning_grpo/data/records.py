@@ -199,7 +199,7 @@ class PromptFormat:
 
 
 class RecordBuilder:
-    """Prompt records of rows in a :class:`PromptFormat` (one per data module: it warns about
+    """Prompt records of rows in a `PromptFormat` (one per data module: it warns about
     truncated prompts once)."""
 
     def __init__(self, format: PromptFormat) -> None:
@@ -210,7 +210,7 @@ class RecordBuilder:
         self.format.check_columns(rows, source)
 
     def build(self, rows: list[dict[str, Any]], source: str, tokenizer: Any) -> list[dict[str, Any]]:
-        """Records of ``rows`` (see the module docstring), whose columns :meth:`check_columns` accepted."""
+        """Records of ``rows`` (see the module docstring), whose columns `check_columns` accepted."""
         fmt = self.format
         texts = [fmt.render(row[fmt.prompt_column], tokenizer, source, i) for i, row in enumerate(rows)]
         # A chat template writes its own special tokens (e.g. BOS); plain text gets the tokenizer's.

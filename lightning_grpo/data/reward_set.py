@@ -1,10 +1,10 @@
 """A weighted set of reward functions that scores a batch of completions into a [B, R] tensor,
 with per-call timeouts and one clear error per failure (function and sample named).
 
-Two calling conventions (:attr:`RewardSpec.convention`):
+Two calling conventions (`RewardSpec.convention`):
 
 * ours, ``fn(completions, **columns)``: ``completions`` the decoded texts (positional), every
-  column by keyword (:mod:`lightning_grpo.data.rewards`);
+  column by keyword (`lightning_grpo.data.rewards`);
 * TRL's, ``fn(prompts=, completions=, completion_ids=, **columns)``, all by keyword, as
   ``trl.GRPOTrainer`` calls it: ``prompts`` the prompt column as the data holds it (text, or chat
   messages), ``completions`` the texts, or for chat-message prompts each text as
@@ -45,7 +45,7 @@ TRL_ARGS = ("prompts", "completions")
 
 @dataclass
 class RewardScores:
-    """What :meth:`RewardSet.score` returns for one batch."""
+    """What `RewardSet.score` returns for one batch."""
 
     rewards: torch.Tensor
     """``[B, R]`` float32: column r is reward function r's score of each completion."""
@@ -115,7 +115,7 @@ def _prefix(text: str, n: int = 40) -> str:
 
 
 class _Params(NamedTuple):
-    """What :class:`RewardSet` needs to know about a reward function's signature."""
+    """What `RewardSet` needs to know about a reward function's signature."""
 
     named: set[str]  # keyword-passable parameters the columns / kwargs may fill
     required: set[str]  # those without a default
@@ -124,7 +124,7 @@ class _Params(NamedTuple):
 
 
 def _uses_trl(spec: RewardSpec, fn: RewardFn) -> bool | None:
-    """Whether ``fn`` is called TRL's way (see :attr:`RewardSpec.convention`); None: as the data
+    """Whether ``fn`` is called TRL's way (see `RewardSpec.convention`); None: as the data
     says (TRL's way when a batch's prompts are chat messages)."""
     if spec.convention != "auto":
         return spec.convention == "trl"
@@ -159,7 +159,7 @@ class RewardSet:
 
     def __init__(self, specs: Sequence[RewardSpec | Mapping[str, Any]]) -> None:
         """Resolve every function and check its kwargs (errors here, before any rollout); build
-        the reward classes (:func:`instantiate_reward_class`)."""
+        the reward classes (`instantiate_reward_class`)."""
         self.specs = [instantiate_reward_class(s if isinstance(s, RewardSpec) else RewardSpec(**s)) for s in specs]
         if not self.specs:
             raise ValueError("RewardSet needs at least one reward function")
@@ -195,7 +195,7 @@ class RewardSet:
         }
 
     def totals(self, prefix: str = "reward/") -> dict[str, float]:
-        """:meth:`timeout_totals` plus the running counters of reward objects that keep some
+        """`timeout_totals` plus the running counters of reward objects that keep some
         (``fn.totals()``, e.g. ``llm_judge``'s ``judge_failures``) as ``{prefix}{name}/{key}``."""
         out = self.timeout_totals(prefix)
         for spec, fn in zip(self.specs, self.fns):

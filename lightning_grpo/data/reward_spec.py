@@ -1,6 +1,6 @@
-"""One reward function of a reward set, as a recipe writes it (:class:`RewardSpec`).
+"""One reward function of a reward set, as a recipe writes it (`RewardSpec`).
 
-Apart from :mod:`.reward_set` so that :mod:`.reward_classes`, which builds a class-named reward
+Apart from `.reward_set` so that `.reward_classes`, which builds a class-named reward
 from its spec, and the set can both import it without importing each other.
 """
 
@@ -17,7 +17,19 @@ __all__ = ["RewardSpec"]
 
 @dataclass
 class RewardSpec:
-    """One reward function of a :class:`RewardSet`, as written in a recipe."""
+    """One reward function of a `RewardSet`, as written in a recipe.
+
+    Example:
+        ```python
+        from lightning_grpo import RewardSpec
+
+        rewards = [
+            RewardSpec("math_accuracy"),  # a registered name
+            RewardSpec("my_pkg.rewards:format_ok", weight=0.1, timeout_s=30, on_timeout="zero"),  # an import path
+            RewardSpec("regex_format", kwargs={"pattern": r"^<answer>.*</answer>$"}, alias="format"),
+        ]
+        ```
+    """
 
     name: str | Callable[..., Sequence[float]]
     """Registry name (see ``REWARDS``), import path ``"pkg.module.fn"`` / ``"pkg.module:fn"``, or the
@@ -29,7 +41,7 @@ class RewardSpec:
     timeout_s: float | None = None
     """Seconds one call (the whole batch) may take; ``None`` runs it inline without a limit."""
     on_timeout: Literal["raise", "zero"] = "raise"
-    """On timeout: ``"raise"`` a :class:`RewardTimeoutError`, or score the batch 0 and count it."""
+    """On timeout: ``"raise"`` a `RewardTimeoutError`, or score the batch 0 and count it."""
     alias: str | None = None
     """Name in logs; defaults to ``name`` after its last ``.`` or ``:``. Must be unique in a set."""
     convention: Literal["auto", "columns", "trl"] = "auto"

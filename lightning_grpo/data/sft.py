@@ -1,10 +1,10 @@
 """SFTDataModule: supervised fine-tuning data (answers, or whole chat transcripts) for
-:class:`~lightning_grpo.training.sft.SFTModule`, the warm start before GRPO.
+`SFTModule`, the warm start before GRPO.
 
-The rows come from the same sources as :class:`~lightning_grpo.data.datamodule.PromptDataModule`
+The rows come from the same sources as `PromptDataModule`
 (files, rows in memory, a ``DataSource`` such as the built-in digit task, whose ``answer`` column is
 the right answer) through the same mapping hook, tokenizer loading and validation split; they become
-examples with an assistant-only loss mask (:mod:`lightning_grpo.data.sft_format`). A batch is
+examples with an assistant-only loss mask (`lightning_grpo.data.sft_format`). A batch is
 ``{"input_ids", "attention_mask", "loss_mask"}``, each ``[B, L]``, padded on the right (``loss_mask``: each
 token's loss weight, 0 off the assistant turns).
 """
@@ -23,7 +23,7 @@ from .sources import DataSource
 
 
 class SFTDataModule(PromptDataModule):
-    """Supervised examples, tokenized once with the policy's tokenizer (guide: docs/sft.md).
+    """Supervised examples, tokenized once with the policy's tokenizer (guide: docs/guide/sft.md).
 
     Keyword arguments only. ``source``, ``train_files`` / ``val_files`` / ``test_files``,
     ``tokenizer_path``, ``batch_size`` (examples per training step), ``val_batch_size``,
@@ -31,7 +31,7 @@ class SFTDataModule(PromptDataModule):
 
     Args:
         format: The prompt and answer columns, mapping hook and chat template, as ``PromptDataModule``'s
-            (:class:`~lightning_grpo.data.records.PromptFormat`): ``answer_column`` is the answer the policy
+            (`PromptFormat`): ``answer_column`` is the answer the policy
             is taught to give; with ``use_chat_template`` the answer is the assistant turn, without it the
             prompt tokens come as GRPO feeds them, then the answer and EOS. With
             ``chat_template_kwargs: {enable_thinking: false}`` Qwen3's generation prompt and last turn share

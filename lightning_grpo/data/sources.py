@@ -1,16 +1,16 @@
-"""Where :class:`~lightning_grpo.data.datamodule.PromptDataModule` reads its rows from.
+"""Where `PromptDataModule` reads its rows from.
 
-A :class:`DataSource` hands over raw rows (``dict`` per row, column name -> value); the data module
+A `DataSource` hands over raw rows (``dict`` per row, column name -> value); the data module
 then applies the record-mapping hook (``data.format.record_map``), checks the columns, renders the
-prompts (chat template) and tokenizes them (:mod:`lightning_grpo.data.records`). Built in:
+prompts (chat template) and tokenizes them (`lightning_grpo.data.records`). Built in:
 
-* :class:`HubDataset`: anything ``datasets.load_dataset`` reads (a hub id, a local folder of
+* `HubDataset`: anything ``datasets.load_dataset`` reads (a hub id, a local folder of
   ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` files, a builder name with ``data_files``),
   and folders written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
-* :class:`Files`: data files per split (``data.train_files`` / ``data.val_files`` /
+* `Files`: data files per split (``data.train_files`` / ``data.val_files`` /
   ``data.test_files`` are its short form, with the default cache);
-* :class:`Rows`: rows in memory per split (a ``datasets.Dataset`` or a list of dicts);
-* :class:`~lightning_grpo.data.tasks.DigitTask`: the built-in digit task, generated from a seed.
+* `Rows`: rows in memory per split (a ``datasets.Dataset`` or a list of dicts);
+* `DigitTask`: the built-in digit task, generated from a seed.
 
 In a recipe::
 
@@ -21,21 +21,21 @@ In a recipe::
 
 The contract for a new source (e.g. a procedural task generator):
 
-* :meth:`DataSource.train_rows` returns the training rows; :meth:`DataSource.val_rows` the
+* `DataSource.train_rows` returns the training rows; `DataSource.val_rows` the
   validation (dev) rows or ``None`` (then ``data.val_fraction`` may split the training rows);
-  :meth:`DataSource.test_rows` the test rows or ``None`` (read by ``lightning-grpo test`` only:
-  the split no setting is chosen on, docs/tuning.md). Test rows must be none of the training or
+  `DataSource.test_rows` the test rows or ``None`` (read by ``lightning-grpo test`` only:
+  the split no setting is chosen on, docs/evidence/tuning.md). Test rows must be none of the training or
   validation rows.
   Both must return the **same rows on every rank** (seed any randomness, never read a clock):
   every rank prepares its own copy and the prompt schedule indexes into it.
-* :meth:`DataSource.describe` names a split in error messages (``"HubDataset ./data split 'train'"``).
+* `DataSource.describe` names a split in error messages (``"HubDataset ./data split 'train'"``).
 * Raise in ``__init__`` for bad options (name the field, ``data.source.<arg>``) so a recipe fails
   before any work; raise from the ``*_rows`` methods for what only reading can tell.
-* :meth:`PromptDataModule.refresh_train() <lightning_grpo.data.datamodule.PromptDataModule.refresh_train>`
-  calls :meth:`DataSource.train_rows` again and replaces the training records (mapping hook,
+* `PromptDataModule.refresh_train() <lightning_grpo.data.datamodule.PromptDataModule.refresh_train>`
+  calls `DataSource.train_rows` again and replaces the training records (mapping hook,
   checks, template and tokenization applied again), e.g. from a curriculum callback after it
   raised the difficulty. It must run at the same training step on every rank. The prompt
-  schedule (:mod:`lightning_grpo.data.schedule`) is a pure function of (seed, generation, rank,
+  schedule (`lightning_grpo.data.schedule`) is a pure function of (seed, generation, rank,
   number of records), so it keeps working when the count changes; a source whose rows change over
   a run must restore that state itself (its callback's ``state_dict``) for an exact resume.
 """
@@ -57,7 +57,7 @@ SUPPORTED_EXTENSIONS: dict[str, str] = {".jsonl": "json", ".json": "json", ".par
 
 
 class DataSource(ABC):
-    """Raw rows for :class:`~lightning_grpo.data.datamodule.PromptDataModule` (see the module docstring)."""
+    """Raw rows for `PromptDataModule` (see the module docstring)."""
 
     @abstractmethod
     def train_rows(self) -> list[dict[str, Any]]:
@@ -232,7 +232,7 @@ class Files(_SplitSource):
 
 
 class FileShortcut(Files):
-    """:class:`Files` as ``data.train_files`` / ``data.val_files`` / ``data.test_files`` give it (errors name those keys)."""
+    """`Files` as ``data.train_files`` / ``data.val_files`` / ``data.test_files`` give it (errors name those keys)."""
 
     FIELDS: dict[Split, str] = {"train": "data.train_files", "val": "data.val_files", "test": "data.test_files"}
 
@@ -284,6 +284,17 @@ class HubDataset(DataSource):
         data_files: Files of each split, as ``datasets.load_dataset`` takes them (a path, a list,
             or ``{split: path(s)}``); relative to ``path`` when it is a folder.
         cache_dir: Cache folder of ``datasets``; ``None`` for its default.
+
+    Example:
+        ```python
+        from lightning_grpo import HubDataset, PromptDataModule, PromptFormat
+
+        data = PromptDataModule(
+            source=HubDataset("openai/gsm8k", name="main", val_split="test"),
+            format=PromptFormat(prompt_column="question"),
+            tokenizer_path="Qwen/Qwen2.5-0.5B-Instruct",
+        )
+        ```
     """
 
     def __init__(

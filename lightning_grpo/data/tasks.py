@@ -76,7 +76,7 @@ def digit_task(
         seed: Seed of the draw; the same arguments always give the same two lists.
         num_train: Number of training prompts (>= 1).
         num_val: Number of validation prompts (>= 0); disjoint from the training prompts.
-        rule: Name of the answer rule in :data:`DIGIT_RULES` (``"last_plus_one"``,
+        rule: Name of the answer rule in `DIGIT_RULES` (``"last_plus_one"``,
             ``"last_digit"``, ``"first_digit"``, ``"count_to_last"``).
 
     Returns:
@@ -94,7 +94,7 @@ def digit_splits(
     num_test: int = 0,
     rule: str = "last_plus_one",
 ) -> tuple[list[dict[str, str]], list[dict[str, str]], list[dict[str, str]]]:
-    """``(train, val, test)`` of the digit task: train and val exactly as :func:`digit_task` draws them,
+    """``(train, val, test)`` of the digit task: train and val exactly as `digit_task` draws them,
     and ``num_test`` test records (balanced the same way) from the prompts neither of them holds, with
     their own random stream (so adding a test split changes no training or validation prompt)."""
     rule_fn: DigitRule = DIGIT_RULES.get(rule)
@@ -133,7 +133,7 @@ def digit_splits(
 
 
 class DigitTask(DataSource):
-    """The built-in digit task (:func:`~lightning_grpo.data.tasks.digit_splits`): four-digit prompts
+    """The built-in digit task (`digit_splits`): four-digit prompts
     (``"4821="``) whose answer follows ``rule``, generated from ``seed``; the test prompts are none of
     the training or validation prompts.
 

@@ -1,4 +1,4 @@
-"""Environments and tasks from other frameworks, trained unchanged (docs/environments.md).
+"""Environments and tasks from other frameworks, trained unchanged (docs/guide/environments.md).
 
 One module per framework, each needing its own optional extra, imported on first use:
 

@@ -18,7 +18,7 @@ verifiers (``pip install 'lightning-grpo[verifiers]'``, Prime Intellect's packag
 
 Out of scope: verifiers' harnesses (agent programs that call the model over HTTP, installed with
 ``uv`` at rollout time), runtimes (sandboxes, containers) and toolsets (MCP servers); rewards that
-need a runtime are skipped by ``task.score`` (verifiers logs which). docs/environments.md says why.
+need a runtime are skipped by ``task.score`` (verifiers logs which). docs/guide/environments.md says why.
 """
 
 from __future__ import annotations

@@ -9,15 +9,15 @@ A layer's forward dequantises its weight to ``compute_dtype`` and multiplies in 
 model is the same network with the adapter switched off (no second copy).
 
 Rollout engines do not run the 4-bit layers: the weight push
-(:func:`~lightning_grpo.models.weights.policy_weights_for_engine`) gives them the dequantised base
+(`policy_weights_for_engine`) gives them the dequantised base
 with the adapter merged (``rollout.weight_sync.lora: merged``), or the dequantised base once and the adapter after
 every step (``weight_sync.lora: adapter``), so the engine computes exactly what the policy computes. ``lightning-grpo export`` rebuilds a QLoRA
-checkpoint's policy in its 4-bit layout (:func:`rebuild_quantized`) and writes the same dense,
+checkpoint's policy in its 4-bit layout (`rebuild_quantized`) and writes the same dense,
 merged weights (no ``quantization_config``: any engine serves the folder).
 
 bitsandbytes on CPU repacks a layer for a faster bfloat16 kernel the first time it runs in eval
 mode without gradients (``_convert_weight_packed_for_cpu``): that rounds its scales to bfloat16 and
-the kernel passes no gradient to the layer's input. :func:`load_quantized` switches the repacking
+the kernel passes no gradient to the layer's input. `load_quantized` switches the repacking
 off, so evaluation, training and the engine's copy all see the same weights.
 """
 

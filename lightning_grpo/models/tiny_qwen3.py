@@ -12,7 +12,7 @@ small (hidden 64, 2 layers, 2 heads of 32) and whose embedding is tied to the LM
 model: on the tied model, whether SFT ever learns to copy the tool's digit into the answer depended on the
 initialisation (3 of 6 seeds); on the untied one, when it began did (step 100 to 350). ``tiny:qwen3-untied-8h``
 (19.6M parameters) is the tool track's model now (recipes/qwen3_tool_sft.yaml): with more heads, more chances that
-one starts near the copy; what was measured is in docs/recipes.md.
+one starts near the copy; what was measured is in docs/guide/recipes.md.
 Built once per configuration under the cache directory, like :func:`~lightning_grpo.models.tiny.tiny_model_dir`.
 """
 

@@ -1,10 +1,10 @@
 """The rollout engine interface: sample G completions per prompt and report their log-probs.
 
-An engine turns P prompts (token ids) into a :class:`Rollout` of P*G completions, grouped by
+An engine turns P prompts (token ids) into a `Rollout` of P*G completions, grouped by
 prompt, with the log-probability of every sampled token under the sampling distribution. Two
-engines implement it: :class:`~lightning_grpo.rollout.hf.HFEngine` (transformers ``generate`` on
-the live policy) and :class:`~lightning_grpo.rollout.vllm.VLLMEngine` (an in-process vLLM copy of
-the policy that is refreshed with :meth:`RolloutEngine.load_weights` after each optimizer step).
+engines implement it: `HFEngine` (transformers ``generate`` on
+the live policy) and `VLLMEngine` (an in-process vLLM copy of
+the policy that is refreshed with `RolloutEngine.load_weights` after each optimizer step).
 
 This module imports torch only; heavy libraries are imported by the engines that need them.
 """
@@ -20,13 +20,21 @@ import torch
 
 _MASK64 = (1 << 64) - 1
 _MASK31 = (1 << 31) - 1
-#: :func:`derive_seed` keeps this many low bits for the rank (ranks 0..1023).
+#: `derive_seed` keeps this many low bits for the rank (ranks 0..1023).
 _RANK_BITS = 10
 
 
 @dataclass
 class SamplingConfig:
-    """How completions are sampled. The same values drive every engine."""
+    """How completions are sampled. The same values drive every engine.
+
+    Example:
+        ```python
+        from lightning_grpo import SamplingConfig
+
+        sampling = SamplingConfig(n=8, temperature=1.0, top_p=1.0, max_new_tokens=512)
+        ```
+    """
 
     n: int = 8
     """Completions per prompt (the group size G)."""
@@ -90,7 +98,7 @@ class Rollout:
     group_size: int
     """G, completions per prompt."""
     turn_ids: list[list[int]] | None = None
-    """Multi-turn episodes (:mod:`lightning_grpo.agents`): P*G lists, same lengths as ``completion_ids``:
+    """Multi-turn episodes (`lightning_grpo.agents`): P*G lists, same lengths as ``completion_ids``:
     the 0-based model turn of each sampled token, -1 on tokens the environment appended (no loss,
     log-prob 0). None: every completion token was sampled (one turn)."""
     row_prompt_ids: list[list[int]] | None = None
@@ -131,7 +139,7 @@ class Rollout:
 
 
 class RolloutTensors(NamedTuple):
-    """A :class:`Rollout` padded into tensors (B = P*G rows, Lp = longest prompt, Lc = longest completion).
+    """A `Rollout` padded into tensors (B = P*G rows, Lp = longest prompt, Lc = longest completion).
 
     Row ``b`` is ``[pad ... pad, prompt, completion, pad ... pad]``: the prompt of row ``b`` is
     LEFT-padded to Lp and its completion RIGHT-padded to Lc, so every completion starts at column
@@ -152,7 +160,7 @@ class RolloutTensors(NamedTuple):
 
 
 def rollout_to_tensors(rollout: Rollout, pad_id: int) -> RolloutTensors:
-    """Pad ``rollout`` into training tensors; see :class:`RolloutTensors` for the layout and shapes."""
+    """Pad ``rollout`` into training tensors; see `RolloutTensors` for the layout and shapes."""
     B = len(rollout.completion_ids)
     Lp = max((len(rollout.prompt_of(b)) for b in range(B)), default=0)
     Lc = max((len(c) for c in rollout.completion_ids), default=0)
@@ -181,12 +189,12 @@ def rollout_to_tensors(rollout: Rollout, pad_id: int) -> RolloutTensors:
 class RolloutEngine(abc.ABC):
     """Samples completions for prompts given as token ids.
 
-    This class declares everything a caller (the :class:`~lightning_grpo.RolloutCallback`, the weight push,
+    This class declares everything a caller (the `RolloutCallback`, the weight push,
     the agents) may use of an engine; the defaults suit an engine that samples from the live policy."""
 
     needs_weight_sync: bool = True
     """True when the engine holds its own copy of the weights, which the trainer must refresh with
-    :meth:`load_weights` after every optimizer step (False for engines that sample from the live policy)."""
+    `load_weights` after every optimizer step (False for engines that sample from the live policy)."""
 
     max_model_len: int | None = None
     """Longest prompt + completion the engine takes, in tokens; None = no limit the engine knows of."""
@@ -194,7 +202,7 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         """Sample ``sampling.n`` completions for each prompt; the same ``seed`` reproduces the rollout.
-        Engines that know which weights sampled a row report it in :attr:`Rollout.versions`."""
+        Engines that know which weights sampled a row report it in `Rollout.versions`."""
 
     @abc.abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
@@ -202,12 +210,12 @@ class RolloutEngine(abc.ABC):
         ``version``: the trainer's optimizer step they come from (engines that tag samples with it)."""
 
     def prepare_push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Any:
-        """Snapshot ``weights`` for a later :meth:`send_push` (the caller may change them afterwards);
+        """Snapshot ``weights`` for a later `send_push` (the caller may change them afterwards);
         by default a detached copy of every tensor."""
         return [(name, tensor.detach().clone()) for name, tensor in weights]
 
     def send_push(self, prepared: Any, version: int) -> None:
-        """Load weights snapshotted by :meth:`prepare_push` as ``version`` (may run on another thread)."""
+        """Load weights snapshotted by `prepare_push` as ``version`` (may run on another thread)."""
         self.load_weights(prepared, version=version)
 
     @property
@@ -223,10 +231,10 @@ class RolloutEngine(abc.ABC):
         )
 
     def unload_lora_adapter(self) -> None:  # noqa: B027 - optional hook, a no-op unless the engine overrides it
-        """Stop applying the adapter of :meth:`load_lora_adapter` (no-op when none is loaded)."""
+        """Stop applying the adapter of `load_lora_adapter` (no-op when none is loaded)."""
 
     def sleep(self) -> None:  # noqa: B027 - optional hook, a no-op unless the engine overrides it
-        """Release memory until the next :meth:`load_weights` or :meth:`generate` (engines with a
+        """Release memory until the next `load_weights` or `generate` (engines with a
         sleep mode; no-op by default). The RolloutCallback calls it after each generation batch."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op unless the engine overrides it
@@ -290,7 +298,7 @@ _TOP_STEP = (1 << (31 - _RANK_BITS)) - 1
 
 
 def test_seed(run_seed: int, rank: int, index: int) -> int:
-    """The seed of test batch ``index`` on ``rank`` (``lightning-grpo test``): :func:`derive_seed` of the run
+    """The seed of test batch ``index`` on ``rank`` (``lightning-grpo test``): `derive_seed` of the run
     seed at steps counted down from the top of its distinct range, so never the seed of a training generation
     of the run (those count up from 0; they would meet after about 2M generations), and the same test batches
     whatever checkpoint is tested."""

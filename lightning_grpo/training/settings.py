@@ -1,4 +1,4 @@
-"""The grouped settings of :class:`~lightning_grpo.GRPOModule` and :class:`~lightning_grpo.SFTModule`.
+"""The grouped settings of `GRPOModule` and `SFTModule`.
 
 A recipe writes them as sections of ``model:``::
 
@@ -73,7 +73,17 @@ class KLInRewardSettings:
 
 @dataclass
 class AlgorithmSettings:
-    """What the module computes from a generation batch: advantages, KL in reward, and how often it trains on it."""
+    """What the module computes from a generation batch: advantages, KL in reward, and how often it trains on it.
+
+    Example:
+        ```python
+        from lightning_grpo import AlgorithmSettings, GRPOModule
+
+        module = GRPOModule(
+            model="tiny:chars", algorithm=AlgorithmSettings(advantage="dr_grpo", steps_per_generation=4)
+        )
+        ```
+    """
 
     advantage: str = "grpo"
     """Advantage estimator by name (``ADVANTAGES``: grpo, dr_grpo, rloo, qae, ...)."""
@@ -103,7 +113,21 @@ class AlgorithmSettings:
 
 @dataclass
 class PolicySettings:
-    """How the policy (and its reference) is loaded and trained."""
+    """How the policy (and its reference) is loaded and trained.
+
+    Example:
+        ```python
+        from lightning_grpo import GRPOModule, LoraSettings, PolicySettings, QuantizationSettings
+
+        policy = PolicySettings(
+            dtype="bfloat16",
+            lora=LoraSettings(r=16, alpha=32),
+            quantization=QuantizationSettings(quant_type="nf4"),  # QLoRA: the `qlora` extra
+            gradient_checkpointing=True,
+        )
+        module = GRPOModule(model="Qwen/Qwen2.5-7B-Instruct", policy=policy)
+        ```
+    """
 
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """The dtype to load a model path in."""
@@ -133,7 +157,7 @@ class PolicySettings:
 
 @dataclass
 class ForwardSettings:
-    """The layout of the policy, reference, old and teacher forwards (docs/performance.md): same numbers, other costs."""
+    """The layout of the policy, reference, old and teacher forwards (docs/evidence/performance.md): same numbers, other costs."""
 
     logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden"
     """``LOGPROBS`` entry: ``chunked_hidden`` (decoder, then the LM head in chunks: the full logits never exist; run as

@@ -1,13 +1,13 @@
-"""SFTModule: supervised fine-tuning of the policy, the warm start before GRPO (docs/sft.md).
+"""SFTModule: supervised fine-tuning of the policy, the warm start before GRPO (docs/guide/sft.md).
 
-The policy is built exactly as :class:`~lightning_grpo.training.module.GRPOModule` builds it
-(:class:`~lightning_grpo.training.policy.PolicyMixin`: model path / ``nn.Module`` / the built-in tiny
+The policy is built exactly as `GRPOModule` builds it
+(`PolicyMixin`: model path / ``nn.Module`` / the built-in tiny
 model, ``policy`` settings: dtype, LoRA, QLoRA, gradient checkpointing; optimizer), and a checkpoint stores the same export
 information, so ``lightning-grpo export runs/<sft run>`` writes the folder a GRPO recipe takes as
 ``model.model``.
 
 The loss is the token mean of the cross-entropy over the assistant tokens (``loss_mask``, from
-:class:`~lightning_grpo.data.sft.SFTDataModule`) of a training step's batch, over all ranks::
+`SFTDataModule`) of a training step's batch, over all ranks::
 
     loss = - sum_{b, t} mask[b, t] * log p(x[b, t] | x[b, <t]) / sum_{b, t} mask[b, t]
 
@@ -16,8 +16,8 @@ turn's tokens weight ``w``: then a weighted token mean.)
 
 With ``accumulate_grad_batches`` > 1 each micro-batch is such a token mean and Lightning averages them
 (TRL's per-device mean, not one token mean over the optimizer step). The token log-probs come from the
-same forward layouts as GRPO's (:mod:`lightning_grpo.training.packing`): a batch is a
-:class:`~lightning_grpo.core.batch.RolloutBatch` whose "prompt" is its first token and whose
+same forward layouts as GRPO's (`lightning_grpo.training.packing`): a batch is a
+`RolloutBatch` whose "prompt" is its first token and whose
 "completion" is the rest, so ``forward.packing`` (padding-free rows) and ``forward.logprob_path: chunked_hidden``
 (the full logits never exist) apply unchanged.
 """
@@ -45,14 +45,25 @@ class SFTModule(PolicyMixin, L.LightningModule):
 
     Args:
         model: a Hugging Face model directory / hub name, an ``nn.Module``, a checkpoint / run folder
-            (:mod:`lightning_grpo.models.checkpoint_source`), or ``"tiny:<variant>[@<seed>]"`` (the built-in
+            (`lightning_grpo.models.checkpoint_source`), or ``"tiny:<variant>[@<seed>]"`` (the built-in
             tiny model, initialised from the run's seed unless pinned). Required.
         policy: dtype, LoRA, QLoRA and gradient checkpointing
-            (:class:`~lightning_grpo.training.settings.PolicySettings`; ``reference`` does not apply).
+            (`PolicySettings`; ``reference`` does not apply).
         forward: the log-prob path, its chunking and packing
-            (:class:`~lightning_grpo.training.settings.ForwardSettings`; ``prefix_sharing`` and ``rows_per_pass``
+            (`ForwardSettings`; ``prefix_sharing`` and ``rows_per_pass``
             do not apply: SFT rows share no prompt and have no no-grad pass).
-        optimizer / lr_scheduler: LightningCLI-style callables.
+        optimizer: a LightningCLI-style callable taking the parameters.
+        lr_scheduler: a LightningCLI-style callable taking the optimizer, or None.
+
+    Example:
+        ```python
+        import lightning as L
+        from lightning_grpo import SFTDataModule, SFTModule
+
+        module = SFTModule(model="Qwen/Qwen2.5-0.5B-Instruct")
+        data = SFTDataModule(train_files="transcripts.jsonl", tokenizer_path="Qwen/Qwen2.5-0.5B-Instruct")
+        L.Trainer(max_steps=300).fit(module, datamodule=data)
+        ```
     """
 
     def __init__(

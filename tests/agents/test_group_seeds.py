@@ -116,7 +116,7 @@ def test_mixed_task_groups_are_refused_before_the_engine_starts():
     with pytest.raises(
         ValueError,
         match=r"rollout\.reset_seed: episode gives the 4 episodes of a group different reset "
-        r"seeds.*set rollout\.allow_mixed_task_groups: true.*docs/agents\.md",
+        r"seeds.*set rollout\.allow_mixed_task_groups: true.*docs/guide/agents\.md",
     ):
         AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=4), reset_seed="episode")
     with pytest.raises(ValueError, match=r"rollout\.reset_seed must be 'group' or 'episode', got 'row'"):

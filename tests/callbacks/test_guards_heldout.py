@@ -2,7 +2,7 @@
 (``python benchmarks/reward_series.py --set heldout``), each run from its own seed's initialisation.
 The guards are replayed on the logged metrics of every step (tests/helpers/guards.replay); the recipes'
 always-on guards also ran in the runs themselves, and the replay must give the alarms the runs recorded.
-docs/stability.md reports the figures."""
+docs/guide/stability.md reports the figures."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def test_the_heldout_loss_of_the_tool_call_is_detected_13_steps_later():
 
 @pytest.mark.parametrize(("run", "steps"), REWARD_HACKING.items())
 def test_reward_hacking_defaults_fire_on_tool_runs_where_nothing_is_hacked(run, steps):
-    """A known failure of the defaults (docs/stability.md): on the tool quickstart the held-out (greedy) reward
+    """A known failure of the defaults (docs/guide/stability.md): on the tool quickstart the held-out (greedy) reward
     runs ahead of the sampled training reward, so the training reward rises 'alone' while nothing is hacked."""
     assert replay(RewardHackingGuard(), HELDOUT[run]) == steps
 

@@ -52,7 +52,7 @@ def test_vllm_server_url_refusing_connections(tmp_path, capsys):
     lines = fit_lines(tmp_path, capsys, **{"rollout.engine": "vllm_server", "rollout.server": {"urls": [url]}})
     assert lines[-1] == (
         f"lightning-grpo: error: rollout.server.urls: {url} refused the connection (nothing listens there): start the "
-        "vLLM server first (docs/distributed.md), or drop rollout.server.urls to have the run start its own"
+        "vLLM server first (docs/guide/scaling.md), or drop rollout.server.urls to have the run start its own"
     )
     assert len(lines) <= 3, lines
 
@@ -72,7 +72,7 @@ def test_openenv_url_refusing_connections(tmp_path, capsys):
     lines = fit_lines(tmp_path, capsys, rollout=rollout)
     assert lines[-1] == (
         f"lightning-grpo: error: rollout.environment_args.base_url: {url} refused the connection (nothing listens there): "
-        "start the environment's server first (docs/environments.md) and check the port"
+        "start the environment's server first (docs/guide/environments.md) and check the port"
     )
     assert len(lines) <= 3, lines
 
@@ -83,7 +83,7 @@ def test_judge_url_refusing_connections(tmp_path, capsys):
     lines = fit_lines(tmp_path, capsys, **{"rollout.rewards": rewards})
     assert lines[-1] == (
         f"lightning-grpo: error: rollout.rewards[1] (llm_judge): {url}/v1/chat/completions refused the connection "
-        "(nothing listens there): start the reward's server first (docs/reward_models.md) and check its base_url"
+        "(nothing listens there): start the reward's server first (docs/guide/reward-models.md) and check its base_url"
     )
     assert len(lines) <= 3, lines
 

@@ -1,4 +1,4 @@
-"""docs/data.md runs as written: its Python examples execute, its YAML parses with the CLI parser."""
+"""docs/guide/data.md runs as written: its Python examples execute, its YAML parses with the CLI parser."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 import yaml
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "data.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "guide" / "data.md"
 #: The sections of this area (others add their own sections, with their own tests).
 SECTIONS = [
     "Files",
@@ -25,7 +25,7 @@ SECTIONS = [
 def section(title: str) -> str:
     text = DOC.read_text()
     match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.S | re.M)
-    assert match, f"docs/data.md has no section '## {title}'"
+    assert match, f"docs/guide/data.md has no section '## {title}'"
     return match.group(1)
 
 
@@ -49,7 +49,7 @@ def test_python_examples_run(title, sandbox):
     code = blocks(section(title), "python")
     assert code, f"section '{title}' has no python example"
     for block in code:
-        exec(compile(block, f"docs/data.md ({title})", "exec"), {"__name__": "data_docs_example"})
+        exec(compile(block, f"docs/guide/data.md ({title})", "exec"), {"__name__": "data_docs_example"})
 
 
 @pytest.mark.parametrize("title", [t for t in SECTIONS if blocks(section(t), "yaml")])

@@ -261,7 +261,7 @@ def test_prompt_data_module_reads_the_source_and_refreshes_at_a_new_level(tmp_pa
     assert {r["level"] for r in dm.val_records} == {0}  # held-out records stay as drawn at setup
 
 
-# ------------------------------------------------------------------------- docs/data.md section
+# ------------------------------------------------------------------------- docs/guide/data.md section
 from tests.data import test_data_docs as data_docs  # noqa: E402 - the docs section's imports, with its test
 from tests.data.test_data_docs import sandbox  # noqa: E402,F401 - the docs' fixture, imported for pytest to find
 

@@ -1,4 +1,4 @@
-"""docs/reward_models.md stays true: its Python examples run (the judge example against a local
+"""docs/guide/reward-models.md stays true: its Python examples run (the judge example against a local
 stub judge) and every reward in its YAML recipes builds with the options as written."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from lightning_grpo.data.reward_set import RewardSet, RewardSpec
 from lightning_grpo.models.tiny import save_tiny_reward_model
 from tests.helpers.judge_stub import StubJudge
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "reward_models.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "guide" / "reward-models.md"
 
 
 def blocks(language: str) -> list[str]:

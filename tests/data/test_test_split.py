@@ -1,4 +1,4 @@
-"""The test split (docs/tuning.md): the rows it holds are none of the training or dev (validation) rows, adding it
+"""The test split (docs/evidence/tuning.md): the rows it holds are none of the training or dev (validation) rows, adding it
 changes neither of those, and ``lightning-grpo test --ckpt_path`` reports ``test/*`` on it."""
 
 from __future__ import annotations

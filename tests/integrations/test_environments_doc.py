@@ -1,4 +1,4 @@
-"""docs/environments.md's examples run as written (the verifiers one in the verifiers venv)."""
+"""docs/guide/environments.md's examples run as written (the verifiers one in the verifiers venv)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "environments.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "guide" / "environments.md"
 
 
 def examples() -> dict[str, str]:
@@ -22,11 +22,12 @@ def examples() -> dict[str, str]:
 def test_example_runs(name):
     if name == "openenv":
         pytest.importorskip("openenv")  # the dev extra installs openenv-core
-    exec(compile(examples()[name], f"docs/environments.md ({name})", "exec"), {"__name__": f"{name}_example"})
+    exec(compile(examples()[name], f"docs/guide/environments.md ({name})", "exec"), {"__name__": f"{name}_example"})
 
 
 @pytest.mark.verifiers
 def test_verifiers_example_runs():
     exec(
-        compile(examples()["verifiers"], "docs/environments.md (verifiers)", "exec"), {"__name__": "verifiers_example"}
+        compile(examples()["verifiers"], "docs/guide/environments.md (verifiers)", "exec"),
+        {"__name__": "verifiers_example"},
     )

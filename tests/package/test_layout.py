@@ -1,7 +1,7 @@
 """The package's folders are its layers. Which folder may import which (and that no module imports
 itself back, and that ``core`` imports torch only) is import-linter's: the contracts in
 pyproject.toml ``[tool.importlinter]``, checked by ``lint-imports``. Here: every folder says what it
-holds, and the README's "Layout" lists exactly the folders there are, in the layer order."""
+holds, and the API reference's "Layout" (docs/reference/index.md) lists exactly the folders there are, in the layer order."""
 
 from __future__ import annotations
 
@@ -33,16 +33,18 @@ def test_every_folder_is_a_layer_with_a_docstring():
         assert doc, f"lightning_grpo/{folder}/__init__.py has no docstring saying what it holds"
 
 
-def readme_layout_folders(text: str) -> list[str]:
-    """The folders of lightning_grpo/ that the README's "Layout" code block lists."""
+def layout_folders(text: str) -> list[str]:
+    """The folders of lightning_grpo/ that the API reference's "Layout" (docs/reference/index.md) code block lists."""
     section = text.split("## Layout\n", 1)[1]
     block = section.split("```", 2)[1]
     return re.findall(r"^  (\w+)/", block, flags=re.M)
 
 
-def test_the_readme_layout_lists_the_folders_there_are():
-    listed = readme_layout_folders((ROOT / "README.md").read_text())
+def test_the_reference_layout_lists_the_folders_there_are():
+    listed = layout_folders((ROOT / "docs" / "reference" / "index.md").read_text())
     real = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-    assert sorted(listed) == real, f"README Layout lists {sorted(listed)}, lightning_grpo/ has {real}"
+    assert sorted(listed) == real, f"docs/reference/index.md Layout lists {sorted(listed)}, lightning_grpo/ has {real}"
     assert len(listed) == len(set(listed))
-    assert listed == layers(), "the README lists the folders in the layer order of pyproject.toml [tool.importlinter]"
+    assert listed == layers(), (
+        "docs/reference/index.md lists the folders in the layer order of pyproject.toml [tool.importlinter]"
+    )

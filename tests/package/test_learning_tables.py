@@ -1,5 +1,5 @@
 """Every published results table names the machine it was measured on (a ``Machine:`` line between its
-markers): a seed's learning trajectory differs between processors and thread counts (docs/benchmarks.md), so
+markers): a seed's learning trajectory differs between processors and thread counts (docs/evidence/learning.md), so
 a table without its processor cannot be compared. The table writers of benchmarks/ (quickstart_seeds.py, and
 through it reasoning_gym_seeds.py, tool_quickstart_seeds.py, qwen3_seeds.py) write that line and refuse to
 write a table whose machine they cannot name."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARKER = re.compile(r"<!-- ([\w.-]+-results) -->")
 
 

@@ -30,7 +30,7 @@ def test_the_stages_name_each_other_and_pose_the_same_task(track):
     assert sft["data"]["tokenizer_path"] == grpo["data"]["tokenizer_path"] == "tiny:qwen3"
     assert (
         sft["model"]["model"] == {"tool": "tiny:qwen3-untied-8h", "text": "tiny:qwen3"}[track]
-    )  # docs/recipes.md says why
+    )  # docs/evidence/qwen3.md says why
     assert f"lightning-grpo sft fit -c recipes/qwen3_{track}_sft.yaml" in paths[1].read_text()
     task = dict(sft["data"]["source"]["init_args"])
     if track == "tool":

@@ -1,4 +1,4 @@
-"""The combination matrix's dimensions: THE place a new feature adds its value (docs/combinations.md).
+"""The combination matrix's dimensions: THE place a new feature adds its value (docs/evidence/combinations.md).
 
 Every value is the recipe fragment a user would write for it, deep-merged into
 ``recipes/quickstart.yaml`` (dicts merge key by key, anything else replaces; ``rollout`` is first

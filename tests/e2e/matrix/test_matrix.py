@@ -1,4 +1,4 @@
-"""The combination matrix (docs/combinations.md): every pair of values of the dimensions in
+"""The combination matrix (docs/evidence/combinations.md): every pair of values of the dimensions in
 tests/e2e/matrix/dimensions.py meets in some cell; each cell trains through ``lightning-grpo fit`` and asserts
 what can fail when options combine:
 

@@ -1,0 +1,89 @@
+"""The README runs as written: its Python example trains (a few steps), and each ``lightning-grpo fit`` line
+of it parses with the CLI from a folder holding the files it names (``my.jsonl``, ``my_rewards.py``). The
+README's other commands run in ``.ci/run`` (install, quickstart, report, the test suite)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+MY_REWARDS = """
+def first_digit(completions, answer, **columns):
+    return [1.0 if text[:1] == right else 0.0 for text, right in zip(completions, answer)]
+"""
+
+
+def blocks(kind: str) -> list[str]:
+    return re.findall(rf"```{kind}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def fit_commands() -> list[list[str]]:
+    """The ``.venv/bin/lightning-grpo fit ...`` lines of the README's bash blocks, without the comment."""
+    lines = [line for block in blocks("bash") for line in block.splitlines()]
+    return [shlex.split(line, comments=True)[1:] for line in lines if line.startswith(".venv/bin/lightning-grpo fit")]
+
+
+def test_the_readme_is_short_and_its_python_example_trains(tmp_path, monkeypatch, tiny_cache):
+    monkeypatch.chdir(tmp_path)  # the Trainer's checkpoints go to the working folder
+    assert len(README.read_text().splitlines()) <= 150, "the README is for users: at most 150 lines"
+    (example,) = blocks("python")
+    assert 15 <= len(example.strip().splitlines()) <= 25
+    short, count = re.subn(r"max_steps=\d+", "max_steps=2", example)
+    assert count == 1, "the README example's Trainer sets max_steps"
+    namespace = {"__name__": "readme_example"}
+    exec(compile(short, "README.md", "exec"), namespace)
+    assert namespace["trainer"].global_step == 2
+    assert "train/reward_mean" in namespace["trainer"].callback_metrics
+
+
+def test_the_readme_names_the_install_line_and_the_cpu_wheel_index():
+    text = README.read_text()
+    assert "pip install 'lightning-grpo[cpu]'" in text
+    assert "PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
+
+
+@pytest.mark.parametrize("args", fit_commands(), ids=lambda a: " ".join(a)[:60])
+def test_each_readme_fit_command_parses(args, tmp_path, monkeypatch, capsys, tiny_cache):
+    from lightning_grpo.cli import main
+    from lightning_grpo.data.reward_set import RewardSet
+
+    (tmp_path / "recipes").symlink_to(ROOT / "recipes")
+    (tmp_path / "my.jsonl").write_text('{"prompt": "4821=", "answer": "2"}\n')
+    (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    extra = [] if "--print_config" in args else ["--print_config"]
+    with mock.patch.object(sys, "argv", ["lightning-grpo"]), pytest.raises(SystemExit) as exit_:
+        main([*args, *extra])
+    assert exit_.value.code == 0, capsys.readouterr().err[-2000:]
+    config = yaml.safe_load(capsys.readouterr().out)
+    rewards = RewardSet(config["rollout"]["init_args"]["rewards"] or [{"name": "exact_match"}])  # names resolve
+    if "--rollout.rewards" in args:
+        assert [fn.__name__ for fn in rewards.fns] == ["first_digit"]
+    if "--data.train_files" in args:
+        data = config["data"].get("init_args", config["data"])
+        assert data["train_files"] == "my.jsonl" and data["source"] is None
+
+
+def test_the_readme_shows_a_recipe_an_override_a_data_file_and_a_reward():
+    joined = [" ".join(args) for args in fit_commands()]
+    assert any(a.startswith("fit -c recipes/") and a.count("--") == 0 for a in joined)
+    assert any("--trainer.max_steps" in a for a in joined)
+    assert any("--data.train_files" in a for a in joined)
+    assert any("--rollout.rewards" in a for a in joined)
+
+
+def test_the_readme_links_point_at_files_there_are():
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", README.read_text())
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert local, "the README links into the docs"
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, f"README links to missing files: {missing}"
