@@ -160,6 +160,25 @@ def test_parent_dir_takes_latest_version(tmp_path):
     assert report.resolve_run_dir(tmp_path / "run") == tmp_path / "run" / "version_10"
 
 
+def test_evaluation_only_versions_are_skipped(tmp_path):
+    """``lightning-grpo test`` (resolving a checkpoint of version_0) and ``validate`` (no checkpoint) each add a
+    version with val/* or test/* only: the report still reads version_0's training, and says what it skipped."""
+    run_dir = tmp_path / "run"
+    write_run(run_dir / "version_0")
+    for name, column, ckpt in (
+        ("version_1", "test/reward_mean", f"{run_dir}/version_0/checkpoints/last.ckpt"),
+        ("version_2", "val/reward_mean", "null"),
+    ):
+        (run_dir / name).mkdir()
+        (run_dir / name / "metrics.csv").write_text(f"{column},epoch,step\n0.5,0,0\n")
+        (run_dir / name / "config.yaml").write_text(f"ckpt_path: {ckpt}\n")
+    text, _ = report.write_report(run_dir, png=False)
+    assert f"steps: {STEPS} optimizer steps (last logged step {STEPS - 1})" in text
+    assert "first tenth 0.025 -> last tenth 0.925" in text
+    assert "skipped evaluation-only versions (validate / test, no train/* metrics): version_1, version_2" in text
+    assert report.load_run(run_dir).versions == [run_dir / "version_0"]
+
+
 # ------------------------------------------------------------------------- errors, CLI
 def test_missing_metrics_error(tmp_path, capsys):
     (tmp_path / "empty" / "version_0").mkdir(parents=True)
