@@ -211,12 +211,26 @@ class GRPOCLI(LightningCLI):
             raise
 
     def before_validate(self) -> None:
-        """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint)."""
+        """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint); the
+        model name is checked as ``fit`` checks it."""
         self._resolve_last_checkpoint()
+        self._check_model_source()
 
     def before_test(self) -> None:
-        """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint)."""
+        """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint); the
+        model name is checked as ``fit`` checks it."""
         self._resolve_last_checkpoint()
+        self._check_model_source()
+
+    def _check_model_source(self) -> None:
+        """``model.model`` names a model folder, or a hub id that is cached or reachable: one line, before any
+        run folder is made."""
+        from ..checks.validation import check_model_source
+
+        try:
+            check_model_source(self.model)
+        except FileNotFoundError as err:
+            raise mark(err) from None
 
     def _recipes(self) -> list[str]:
         """The config files given with ``-c`` (their headers may say how to make what the run needs)."""
