@@ -40,6 +40,8 @@ class InterruptCheckpoint(Callback):
         if not isinstance(exception, KeyboardInterrupt) or trainer.world_size > 1 or trainer.state.fn != "fit":
             return
         path = checkpoint_folder(trainer) / LAST
+        if path.is_symlink():  # ModelCheckpoint(save_last="link"): keep the step checkpoint it points to
+            path.unlink()
         self._interrupted = True
         try:
             trainer.save_checkpoint(path)
