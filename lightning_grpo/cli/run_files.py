@@ -57,10 +57,15 @@ def _version_number(path: Path) -> tuple[int, str]:
 
 
 def is_training_version(version: Path) -> bool:
-    """Whether ``version``'s ``metrics.csv`` has a ``train/*`` column (a ``validate`` / ``test`` run has none)."""
+    """Whether ``version`` is a ``fit``: its ``metrics.csv`` has a ``train/*`` column, or (a fit stopped before it
+    logged one) its saved ``config.yaml`` has no ``verbose`` key, which ``validate`` and ``test`` take and
+    ``fit`` does not."""
     with open(version / "metrics.csv", newline="", encoding="utf-8") as f:
         header = next(csv.reader(f), [])
-    return any(column.startswith("train/") for column in header)
+    if any(column.startswith("train/") for column in header):
+        return True
+    config = version / "config.yaml"
+    return config.is_file() and not re.search(r"^verbose:", config.read_text(encoding="utf-8"), re.M)
 
 
 def resolve_run_dir(path: str | Path) -> Path:
