@@ -67,13 +67,19 @@ def _vllm_engine(module, tokenizer, seed: int, settings: VLLMArgs | None, contex
 def _vllm_server_engine(
     module, tokenizer, seed: int, settings: ServerSettings | None, context: EngineContext
 ) -> RolloutEngine:
-    """vLLM servers (``rollout/vllm_server.py``): the user's (``urls``) or started on the model directory."""
+    """vLLM servers (``rollout/vllm_server.py``): the user's (``urls``) or started on the model directory (a
+    temporary copy of an in-memory policy is removed when the engine is closed or fails to start)."""
     from .vllm_server import ServerSettings, build_server_engine
 
     settings = settings if settings is not None else ServerSettings()
     log_dir = context.log_dir or tempfile.mkdtemp(prefix="lightning-grpo-servers-")
-    model_dir = _model_dir(module, tokenizer)[0] if settings.urls is None else None
-    return build_server_engine(settings, model_dir, context.rank, log_dir, context.broadcast)
+    model_dir, temporary = _model_dir(module, tokenizer) if settings.urls is None else (None, False)
+    try:
+        return build_server_engine(settings, model_dir, context.rank, log_dir, context.broadcast, temporary)
+    except BaseException:
+        if temporary:
+            shutil.rmtree(str(model_dir), ignore_errors=True)
+        raise
 
 
 def _model_dir(module, tokenizer) -> tuple[str, bool]:

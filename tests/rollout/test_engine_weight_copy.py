@@ -1,6 +1,7 @@
-"""engine='vllm' with an in-memory policy: the weight copy saved for vLLM to load is removed when the engine
-is closed (the callback's teardown, or an error / Ctrl-C stopping the run), and when the engine fails to start.
-vLLM itself is replaced by a stand-in (the folder's life is the package's, not vLLM's)."""
+"""engine='vllm' (and 'vllm_server' with servers started here) with an in-memory policy: the weight copy saved
+for vLLM to load is removed when the engine is closed (the callback's teardown, or an error / Ctrl-C stopping
+the run), and when the engine fails to start. vLLM itself is replaced by a stand-in (the folder's life is the
+package's, not vLLM's)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lightning_grpo.rollout.vllm as vllm_module
 from lightning_grpo import GRPOModule
-from lightning_grpo.rollout.factory import build_engine
+from lightning_grpo.rollout.factory import EngineContext, build_engine
 from lightning_grpo.rollout.vllm_args import VLLMArgs
+from lightning_grpo.rollout.vllm_server import ServerSettings
 from tests.helpers.bad_input import hf_callback
 
 
@@ -77,3 +79,24 @@ def test_an_interrupted_run_closes_the_engine_and_removes_the_copy(temp_dir, tin
     assert len(_copies(temp_dir)) == 1
     callback.on_exception(trainer, module, KeyboardInterrupt())
     assert callback.engine is None and _copies(temp_dir) == []
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["closed", "failed_to_start"])
+def test_started_servers_weight_copy_is_removed_too(temp_dir, tiny_model_path, monkeypatch, fails):
+    def start_servers(model_dir, *args, **kwargs):
+        assert (Path(model_dir) / "config.json").is_file()
+        if fails:
+            raise RuntimeError("the server did not start")
+        return [types.SimpleNamespace(url="http://127.0.0.1:1", stop=lambda: None)]
+
+    monkeypatch.setattr("lightning_grpo.rollout.server_process.start_servers", start_servers)
+    module, tokenizer = _module_and_tokenizer(tiny_model_path)
+    settings, context = ServerSettings(max_model_len=64), EngineContext(log_dir=str(temp_dir / "logs"))
+    if fails:
+        with pytest.raises(RuntimeError, match="the server did not start"):
+            build_engine("vllm_server", module, tokenizer, 0, settings, context)
+    else:
+        engine = build_engine("vllm_server", module, tokenizer, 0, settings, context)
+        assert len(_copies(temp_dir)) == 1
+        engine.close()
+    assert _copies(temp_dir) == []
