@@ -256,6 +256,12 @@ class RolloutCallback(Callback):
         self._push.close()
         self._engine_version = -1
 
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        """A run stopped by an error or Ctrl-C releases the engine (and its weight copy) as :meth:`teardown`
+        does: Lightning calls no ``teardown`` then."""
+        self.teardown(trainer, pl_module, "fit")
+
     # ---------------------------------------------------------------------- training
     @override
     def on_train_batch_start(

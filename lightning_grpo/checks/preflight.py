@@ -10,7 +10,10 @@ what to do) rather than a failure after the engine started:
 * reward objects with a ``url`` / ``base_url`` (``llm_judge``, a reward-model server of your own);
 * distillation teachers given as folders (``model.distillation.teacher``): a missing folder names
   the command that makes it, read from the recipe's header when it has one (as
-  ``recipes/distill_quickstart.yaml``'s does).
+  ``recipes/distill_quickstart.yaml``'s does);
+* a policy given as a hub id (:func:`hub_model_problem`, run by
+  :func:`~lightning_grpo.checks.validation.check_model_source`): in the local Hugging Face cache, or
+  on a hub that answers within seconds (offline: ``HF_HUB_OFFLINE`` set, or no connection).
 
 A TCP connection only says that something listens: a server that answers badly still fails later,
 with its own error. Each connection waits at most :data:`CONNECT_TIMEOUT_S` seconds.
@@ -18,6 +21,7 @@ with its own error. Each connection waits at most :data:`CONNECT_TIMEOUT_S` seco
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import urllib.parse
@@ -90,6 +94,46 @@ def unreachable(url: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
         return f"did not answer within {timeout_s:g} s"
     except OSError as err:
         return f"cannot be reached ({err.strerror or err})"
+
+
+# ------------------------------------------------------------------------------------ hub ids
+#: Seconds the hub may take to say whether a model exists.
+HUB_TIMEOUT_S = 10.0
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face hub is switched off (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    from huggingface_hub import constants
+
+    flags = (os.environ.get(name, "").upper() for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return bool(constants.HF_HUB_OFFLINE) or any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
+
+
+def hub_model_problem(name: str) -> str | None:
+    """Why the hub id ``name`` cannot be loaded, or None when it is in the local cache or on the hub (or
+    the hub's answer says nothing for sure: the loader then reports it). Takes seconds, never retries."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+
+    try:
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return None
+    except HFValidationError as err:
+        return f"is not a valid hub id ({str(err).splitlines()[0]})"
+    if hub_offline():
+        return "is not in the local Hugging Face cache and the hub is offline (HF_HUB_OFFLINE is set)"
+    problem = unreachable(constants.ENDPOINT)
+    if problem:
+        return f"is not in the local Hugging Face cache and the hub ({constants.ENDPOINT}) {problem}"
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+    except RepositoryNotFoundError:
+        return (
+            f"was not found on the hub ({constants.ENDPOINT}): a typo, or a private model (log in with `hf auth login`)"
+        )
+    except Exception:  # noqa: BLE001 - a slow or odd answer: the loader says what is wrong
+        return None
+    return None
 
 
 # ----------------------------------------------------------------------------------- teachers

@@ -248,11 +248,14 @@ def check_reference(module: Any) -> None:
 
 # ------------------------------------------------------------------------------------- model
 def check_model_source(module: Any) -> None:
-    """A local model path (absolute, or starting with ``.`` / ``~``) exists and holds config.json."""
+    """A model path exists and holds config.json; a hub id is in the local cache or on the hub (which
+    answers within seconds: :func:`~lightning_grpo.checks.preflight.hub_model_problem`). The error says
+    which of the two the name was taken for (:func:`~lightning_grpo.models.hub.is_local_path`, the one rule)."""
     source = module.model_source
     if not isinstance(source, str):
         return
     from ..models.hub import is_local_path
+    from .preflight import hub_model_problem
 
     path = Path(source).expanduser()
     if path.is_dir():
@@ -261,9 +264,15 @@ def check_model_source(module: Any) -> None:
                 f"model.model: {source} has no config.json (expected a Hugging Face model directory, "
                 "as written by save_pretrained)"
             )
-    elif is_local_path(source):  # the one rule (models/hub.py)
+    elif is_local_path(source):
         raise FileNotFoundError(
-            f"model.model: {source} is not a directory (expected a Hugging Face model directory or hub id)"
+            f"model.model: {source} is not a directory (taken for a local folder, as it is written as a path; "
+            "expected a Hugging Face model directory or a hub id 'org/name')"
+        )
+    elif (problem := hub_model_problem(source)) is not None:
+        raise FileNotFoundError(
+            f"model.model: {source} was taken for a hub id (no such local folder) and {problem}; "
+            "expected a Hugging Face model directory or a hub id that is cached or reachable"
         )
 
 

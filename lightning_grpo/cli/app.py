@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +129,16 @@ _LAST_CHECKPOINT_WORDS = {
 }
 
 
+#: Lightning's warning on a mid-epoch resume: not for GRPO's data, whose prompts are a function of the seed and
+#: the step (:mod:`lightning_grpo.data.datamodule`): the resume is exact.
+MID_EPOCH_RESUME_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended"
+
+
 class GRPOCLI(LightningCLI):
     """LightningCLI with the package's module and data module, and the rollout section."""
+
+    #: The command that resumes a run (printed after Ctrl-C).
+    fit_command = "lightning-grpo fit"
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         from ..callbacks.rollout import RolloutCallback
@@ -167,9 +176,11 @@ class GRPOCLI(LightningCLI):
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         """The rollout callback runs before the guards (it samples the batch they inspect), as it
         did when recipes listed it first in ``trainer.callbacks``; the progress bar counts steps; a
-        :class:`~lightning_grpo.callbacks.distributed.RankWatch` (signals handled) unless one is listed."""
+        :class:`~lightning_grpo.callbacks.distributed.RankWatch` (signals handled) and an
+        :class:`~lightning_grpo.callbacks.interrupt.InterruptCheckpoint` (Ctrl-C) unless listed."""
         from lightning.pytorch.callbacks import ProgressBar
 
+        from ..callbacks.interrupt import InterruptCheckpoint
         from ..callbacks.rollout import RolloutCallback
 
         callbacks = [c for c in callbacks if c is not None]
@@ -183,6 +194,8 @@ class GRPOCLI(LightningCLI):
             )
         if not any(isinstance(c, RankWatch) for c in config["callbacks"]):  # DDP: a lost rank ends every rank
             config["callbacks"].append(RankWatch(handle_signals=True))
+        if not any(isinstance(c, InterruptCheckpoint) for c in config["callbacks"]):  # Ctrl-C: saved, resume said
+            config["callbacks"].append(InterruptCheckpoint(self.fit_command))
         if config.get("enable_progress_bar", True) is not False and not any(
             isinstance(c, ProgressBar) for c in config["callbacks"]
         ):
@@ -197,8 +210,11 @@ class GRPOCLI(LightningCLI):
         column fails with nothing written. ``--ckpt_path last`` is resolved first."""
         from ..callbacks.rollout import RolloutCallback
         from ..checks.validation import check_fit_config
+        from ..data.datamodule import PromptDataModule
 
         self._resolve_last_checkpoint()
+        if isinstance(self.datamodule, PromptDataModule):
+            warnings.filterwarnings("ignore", message=MID_EPOCH_RESUME_WARNING)
         try:
             datamodule = self.datamodule
             if datamodule is not None and hasattr(datamodule, "train_records"):
@@ -211,12 +227,26 @@ class GRPOCLI(LightningCLI):
             raise
 
     def before_validate(self) -> None:
-        """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint)."""
+        """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint); the
+        model name is checked as ``fit`` checks it."""
         self._resolve_last_checkpoint()
+        self._check_model_source()
 
     def before_test(self) -> None:
-        """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint)."""
+        """``--ckpt_path last`` is resolved as ``fit`` resolves it (the run folder's newest checkpoint); the
+        model name is checked as ``fit`` checks it."""
         self._resolve_last_checkpoint()
+        self._check_model_source()
+
+    def _check_model_source(self) -> None:
+        """``model.model`` names a model folder, or a hub id that is cached or reachable: one line, before any
+        run folder is made."""
+        from ..checks.validation import check_model_source
+
+        try:
+            check_model_source(self.model)
+        except FileNotFoundError as err:
+            raise mark(err) from None
 
     def _recipes(self) -> list[str]:
         """The config files given with ``-c`` (their headers may say how to make what the run needs)."""

@@ -176,6 +176,9 @@ def _version_lines(run: Run) -> list[str]:
         lines.append(
             f"read {', '.join(p.name for p in run.versions)} only; other runs there: {others} (pass one as RUN_DIR to read it)"
         )
+    if run.evaluation_versions:
+        skipped = ", ".join(p.name for p in run.evaluation_versions)
+        lines.append(f"skipped evaluation-only versions (validate / test, no train/* metrics): {skipped}")
     return lines
 
 

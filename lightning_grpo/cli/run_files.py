@@ -5,7 +5,8 @@ A resumed run writes a new version folder whose ``config.yaml`` names the checkp
 from (``ckpt_path``, resolved by ``lightning-grpo fit``); :func:`run_chain` follows those links back,
 so the versions of one run are stitched by step (a later version's values replace an earlier
 one's from the step it resumed at). Versions that are other runs are left out, and the summary
-says which versions it read.
+says which versions it read. Evaluation-only versions (``lightning-grpo validate`` / ``test`` on the
+run folder: no ``train/*`` column) are skipped: they are neither the latest run nor a resume.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Run:
     completions: list[dict] = field(default_factory=list)  # completions.jsonl rows, by step
     versions: list[Path] = field(default_factory=list)
     other_versions: list[Path] = field(default_factory=list)  # version folders of other runs, not read
+    evaluation_versions: list[Path] = field(default_factory=list)  # validate / test only, skipped
 
     def values(self, column: str) -> list[float]:
         """The finite values logged for ``column``, in step order."""
@@ -54,14 +56,28 @@ def _version_number(path: Path) -> tuple[int, str]:
     return (int(match.group(1)) if match else -1, path.name)
 
 
+def is_training_version(version: Path) -> bool:
+    """Whether ``version`` is a ``fit``: its ``metrics.csv`` has a ``train/*`` column, or (a fit stopped before it
+    logged one) its saved ``config.yaml`` has no ``verbose`` key, which ``validate`` and ``test`` take and
+    ``fit`` does not."""
+    with open(version / "metrics.csv", newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    if any(column.startswith("train/") for column in header):
+        return True
+    config = version / "config.yaml"
+    return config.is_file() and not re.search(r"^verbose:", config.read_text(encoding="utf-8"), re.M)
+
+
 def resolve_run_dir(path: str | Path) -> Path:
-    """The directory holding ``metrics.csv``: ``path`` itself or its highest ``version_N``."""
+    """The directory holding ``metrics.csv``: ``path`` itself or its highest ``version_N`` that trained
+    (the highest of all when none did: evaluation-only versions are skipped, not taken for the latest run)."""
     path = Path(path)
     if (path / "metrics.csv").is_file():
         return path
     versions = [p for p in path.glob("version_*") if (p / "metrics.csv").is_file()]
     if versions:
-        return max(versions, key=_version_number)
+        trained = [p for p in versions if is_training_version(p)]
+        return max(trained or versions, key=_version_number)
     raise RunDirError(
         f"no metrics.csv in {path}: expected a CSVLogger version directory (holding metrics.csv, "
         f"e.g. runs/quickstart/version_0) or a directory of version_* directories (e.g. runs/quickstart)"
@@ -80,7 +96,8 @@ def _resumed_from(version: Path) -> Path | None:
     for i in range(len(parts) - 1, -1, -1):
         if parts[i].startswith("version_"):
             candidate = version.parent / parts[i]
-            return candidate if candidate != version and (candidate / "metrics.csv").is_file() else None
+            found = candidate != version and (candidate / "metrics.csv").is_file()
+            return candidate if found and is_training_version(candidate) else None
     return None
 
 
@@ -178,6 +195,7 @@ def load_run(path: str | Path) -> Run:
         if latest.name.startswith("version_")
         else []
     )
+    evaluations = [p for p in others if not is_training_version(p)]
     return Run(
         path=latest,
         series=merged,
@@ -185,7 +203,8 @@ def load_run(path: str | Path) -> Run:
         alarms_from_jsonl=from_jsonl,
         completions=sorted(completions, key=lambda r: int(r["step"])),
         versions=chain,
-        other_versions=sorted(others, key=_version_number),
+        other_versions=sorted((p for p in others if p not in evaluations), key=_version_number),
+        evaluation_versions=sorted(evaluations, key=_version_number),
     )
 
 

@@ -24,6 +24,8 @@ EPILOG = (
 class SFTCLI(GRPOCLI):
     """GRPOCLI without the rollout section, over SFTModule and SFTDataModule."""
 
+    fit_command = "lightning-grpo sft fit"
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         self.add_common_arguments(parser)
 

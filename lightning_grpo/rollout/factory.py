@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,38 +49,52 @@ def _hf_engine(module, tokenizer, seed: int, settings: Any, context: EngineConte
 @ENGINES.register("vllm")
 def _vllm_engine(module, tokenizer, seed: int, settings: VLLMArgs | None, context: EngineContext) -> RolloutEngine:
     """vLLM loads the architecture from a checkpoint directory: the module's model path when it
-    has one, otherwise the live policy saved to a temporary directory. The current weights are
-    pushed right after (the callback does it before the first generation)."""
+    has one, otherwise the live policy saved to a temporary directory, which the engine removes when it is
+    closed (or here, when it fails to start). The current weights are pushed right after (the callback
+    does it before the first generation)."""
     from .vllm import VLLMEngine
 
-    return VLLMEngine(_model_dir(module, tokenizer), settings, seed=seed)
+    path, temporary = _model_dir(module, tokenizer)
+    try:
+        return VLLMEngine(path, settings, seed=seed, owns_model_dir=temporary)
+    except BaseException:
+        if temporary:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 @ENGINES.register("vllm_server")
 def _vllm_server_engine(
     module, tokenizer, seed: int, settings: ServerSettings | None, context: EngineContext
 ) -> RolloutEngine:
-    """vLLM servers (``rollout/vllm_server.py``): the user's (``urls``) or started on the model directory."""
+    """vLLM servers (``rollout/vllm_server.py``): the user's (``urls``) or started on the model directory (a
+    temporary copy of an in-memory policy is removed when the engine is closed or fails to start)."""
     from .vllm_server import ServerSettings, build_server_engine
 
     settings = settings if settings is not None else ServerSettings()
     log_dir = context.log_dir or tempfile.mkdtemp(prefix="lightning-grpo-servers-")
-    model_dir = _model_dir(module, tokenizer) if settings.urls is None else None
-    return build_server_engine(settings, model_dir, context.rank, log_dir, context.broadcast)
+    model_dir, temporary = _model_dir(module, tokenizer) if settings.urls is None else (None, False)
+    try:
+        return build_server_engine(settings, model_dir, context.rank, log_dir, context.broadcast, temporary)
+    except BaseException:
+        if temporary:
+            shutil.rmtree(str(model_dir), ignore_errors=True)
+        raise
 
 
-def _model_dir(module, tokenizer) -> str:
+def _model_dir(module, tokenizer) -> tuple[str, bool]:
     """A checkpoint directory vLLM can load: the module's model path when it has one (a hub id is
-    downloaded), otherwise the live policy saved to a temporary directory."""
+    downloaded), otherwise the live policy saved to a temporary directory. Returns (the directory,
+    whether it is a temporary copy that whoever uses it removes)."""
     from ..models.hub import is_local_path
 
     path = module.model_source
 
     if path is None:  # the policy was given as a built module
-        path = _save_for_engine(module.policy, tokenizer)
-    elif not is_local_path(path):  # a hub id: vLLM needs the files on disk
+        return _save_for_engine(module.policy, tokenizer), True
+    if not is_local_path(path):  # a hub id: vLLM needs the files on disk
         path = _download(path)
-    return str(path)
+    return str(path), False
 
 
 def _download(repo_id: str) -> str:

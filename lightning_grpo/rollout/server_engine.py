@@ -19,6 +19,7 @@ machine (:mod:`~lightning_grpo.rollout.shm_transfer`), TCP for CPU servers anywh
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -70,6 +71,7 @@ class ServerEngine(RolloutEngine):
         version_timeout: float = 600.0,
         transport: Any = None,
         version_base: int = 0,
+        owned_dir: str | None = None,
     ) -> None:
         if not clients:
             raise ValueError("ServerEngine needs at least one server")
@@ -82,6 +84,7 @@ class ServerEngine(RolloutEngine):
         self.pusher = pusher
         self.bucket_bytes = bucket_bytes
         self.processes = list(processes or [])
+        self._owned_dir = owned_dir  # the started servers' model folder, a copy made for them: removed at close
         self.version_timeout = version_timeout
         self.transport = transport if transport is not None else ShmTransport()
         self.version = -1  # weight version last pushed (or awaited), this run's numbering
@@ -194,12 +197,16 @@ class ServerEngine(RolloutEngine):
         self.live_clients()
 
     def close(self) -> None:
-        """Stop the servers this engine started (user-run servers are left running)."""
+        """Stop the servers this engine started (user-run servers are left running) and remove the model
+        folder copy it owns."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.transport.close()
         for process in self.processes:
             process.stop()
         self.processes = []
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
 
 
 def _to_rollout(prompt_ids: list[list[int]], results: list[list[Sample]], n: int, base: int = 0) -> Rollout:

@@ -24,6 +24,7 @@ with that adapter on top of the engine's base weights (push those with
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterable
 from typing import Any
 
@@ -78,7 +79,9 @@ class VLLMEngine(RolloutEngine):
 
     needs_weight_sync = True
 
-    def __init__(self, model_path: str, settings: VLLMArgs | None = None, *, seed: int = 0) -> None:
+    def __init__(
+        self, model_path: str, settings: VLLMArgs | None = None, *, seed: int = 0, owns_model_dir: bool = False
+    ) -> None:
         """
         Args:
             model_path: directory of an HF checkpoint (config, weights); its architecture must be one vLLM supports.
@@ -86,7 +89,10 @@ class VLLMEngine(RolloutEngine):
                 field); ``max_model_len`` None = the model's ``max_position_embeddings`` (the RolloutCallback sets it
                 from the data). The defaults suit a GPU: on CPU set ``kv_cache_memory_bytes``.
             seed: vLLM's engine seed (requests are seeded per call anyway).
+            owns_model_dir: ``model_path`` is a copy made for this engine (an in-memory policy saved to a
+                temporary folder): :meth:`close` removes it.
         """
+        self._owned_dir = str(model_path) if owns_model_dir else None
         args = settings if settings is not None else VLLMArgs()
         dtype, weight_push, cpu_gemm = args.dtype, args.weight_push, args.cpu_gemm
         if dtype not in _DTYPES:
@@ -252,14 +258,17 @@ class VLLMEngine(RolloutEngine):
             self.llm.reset_prefix_cache()
 
     def close(self) -> None:
-        """Shut the engine down and free its memory (the engine is unusable afterwards)."""
-        if self._llm is None:
-            return
+        """Shut the engine down and free its memory, and remove the model folder it owns (the engine is
+        unusable afterwards)."""
         try:
-            with keep_default_process_group(not self._owns_process_group):
-                self._llm.llm_engine.engine_core.shutdown()
+            if self._llm is not None:
+                with keep_default_process_group(not self._owns_process_group):
+                    self._llm.llm_engine.engine_core.shutdown()
         finally:
             self._llm = None
+            if self._owned_dir is not None:
+                shutil.rmtree(self._owned_dir, ignore_errors=True)
+                self._owned_dir = None
             import gc
 
             gc.collect()

@@ -123,9 +123,11 @@ def build_server_engine(
     rank: int,
     default_log_dir: str,
     broadcast: Callable[[Any], Any] = lambda obj: obj,
+    owns_model_dir: bool = False,
 ) -> ServerEngine:
     """Connect to ``settings.urls`` or start servers on ``model_dir``; rank 0 pushes to shared servers.
-    ``broadcast``: rank 0's value on every rank (the strategy's; every rank calls this together)."""
+    ``broadcast``: rank 0's value on every rank (the strategy's; every rank calls this together);
+    ``owns_model_dir``: ``model_dir`` is a copy made for the servers, removed when the engine is closed."""
     common = dict(
         dtype=settings.dtype,
         max_model_len=settings.max_model_len,
@@ -164,7 +166,8 @@ def build_server_engine(
         transfer_backend=TRANSFER_BACKENDS[settings.transfer],
     )
     clients = [ServerClient(p.url, settings.request_timeout) for p in processes]
-    return ServerEngine(clients, processes=processes, pusher=True, **common)
+    owned = str(model_dir) if owns_model_dir else None
+    return ServerEngine(clients, processes=processes, pusher=True, owned_dir=owned, **common)
 
 
 def _next_version(clients: list[ServerClient]) -> int:

@@ -160,6 +160,29 @@ def test_parent_dir_takes_latest_version(tmp_path):
     assert report.resolve_run_dir(tmp_path / "run") == tmp_path / "run" / "version_10"
 
 
+def test_evaluation_only_versions_are_skipped(tmp_path):
+    """``lightning-grpo test`` (resolving a checkpoint of version_0) and ``validate`` (no checkpoint) each add a
+    version with val/* or test/* only: the report still reads version_0's training, and says what it skipped."""
+    run_dir = tmp_path / "run"
+    write_run(run_dir / "version_0")
+    for name, column, ckpt in (
+        ("version_1", "test/reward_mean", f"{run_dir}/version_0/checkpoints/last.ckpt"),
+        ("version_2", "val/reward_mean", "null"),
+    ):
+        (run_dir / name).mkdir()
+        (run_dir / name / "metrics.csv").write_text(f"{column},epoch,step\n0.5,0,0\n")
+        (run_dir / name / "config.yaml").write_text(f"ckpt_path: {ckpt}\nverbose: true\n")  # validate / test's
+    text, _ = report.write_report(run_dir, png=False)
+    assert f"steps: {STEPS} optimizer steps (last logged step {STEPS - 1})" in text
+    assert "first tenth 0.025 -> last tenth 0.925" in text
+    assert "skipped evaluation-only versions (validate / test, no train/* metrics): version_1, version_2" in text
+    assert report.load_run(run_dir).versions == [run_dir / "version_0"]
+    (run_dir / "version_3").mkdir()  # a fit stopped before its first train/* row: the latest run, still
+    (run_dir / "version_3" / "metrics.csv").write_text("val/reward_mean,epoch,step\n0.5,0,0\n")
+    (run_dir / "version_3" / "config.yaml").write_text("ckpt_path: null\n")
+    assert report.load_run(run_dir).versions == [run_dir / "version_3"]
+
+
 # ------------------------------------------------------------------------- errors, CLI
 def test_missing_metrics_error(tmp_path, capsys):
     (tmp_path / "empty" / "version_0").mkdir(parents=True)

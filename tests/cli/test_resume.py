@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from lightning_grpo.cli import report
 from tests.helpers.bad_input import HF_ENGINE, cli
+from tests.helpers.interrupt import CtrlC
 from tests.helpers.runs import ROOT
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
@@ -92,3 +96,49 @@ def test_ckpt_path_last_resumes_the_newest_checkpoint_and_the_report_stitches(tm
     text, _ = report.write_report(tmp_path / "runs" / "run", png=False)
     assert "versions: version_0 -> version_1" in text and "steps: 5 optimizer steps (last logged step 4)" in text
     assert len(report.load_run(tmp_path / "runs" / "run").values("train/reward_mean")) == 5
+
+
+def test_ctrl_c_saves_the_step_and_prints_the_resume_command_that_continues_there(tmp_path, capsys, monkeypatch):
+    """A KeyboardInterrupt at the start of step 2 (of 4): last.ckpt holds step 2, one line says where it is and
+    the command that resumes; that command continues at step 2 without Lightning's "unreliable results" warning."""
+    monkeypatch.setattr(CtrlC, "pressed", False)
+    logger = json.dumps(
+        {
+            "class_path": "lightning.pytorch.loggers.CSVLogger",
+            "init_args": {"save_dir": str(tmp_path / "runs"), "name": "run"},
+        }
+    )
+    args = [
+        "fit",
+        "-c",
+        str(ROOT / "recipes" / "quickstart.yaml"),
+        *HF_ENGINE,
+        "--trainer.max_steps=4",
+        "--trainer.log_every_n_steps=1",
+        "--trainer.limit_val_batches=0",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger={logger}",
+        "--trainer.callbacks+=tests.helpers.interrupt.CtrlC",
+        "--trainer.callbacks.step=2",
+    ]
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli(args)
+    finally:
+        signal.signal(signal.SIGINT, sigint)  # Lightning ignores further Ctrl-C while it shuts down
+    assert exit_.value.code == 1
+    version_0 = tmp_path / "runs" / "run" / "version_0"
+    saved, config = version_0 / "checkpoints" / "last.ckpt", version_0 / "config.yaml"
+    command = f"lightning-grpo fit -c {config} --ckpt_path last"
+    assert f"lightning-grpo: interrupted at step 2: saved {saved}; resume with: {command}" in capsys.readouterr().err
+    assert torch.load(saved, map_location="cpu", weights_only=False)["global_step"] == 2
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = cli(command.split()[1:])
+    assert resumed.trainer.global_step == 4
+    assert not [w for w in caught if "unreliable results" in str(w.message)]
+    with open(tmp_path / "runs" / "run" / "version_1" / "metrics.csv", newline="") as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f) if row.get("train/reward_mean")]
+    assert steps == [2, 3]
