@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from jsonargparse.typing import PositiveFloat
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
@@ -29,11 +30,20 @@ from .errors import condense, mark, print_and_exit
 ROLLOUT_KEY = "rollout"
 ROLLOUT_DEFAULT = "lightning_grpo.RolloutCallback"
 EPILOG = (
-    "The rollout options (--rollout.*) are listed at the end; another rollout class: --rollout.help CLASS. "
-    "Also: lightning-grpo sft fit -c recipes/sft_quickstart.yaml (supervised warm start), "
-    "lightning-grpo export CHECKPOINT_OR_RUN_DIR --out DIR (a Hugging Face model folder), "
-    "lightning-grpo report RUN_DIR (plots and summarises a run)."
+    "The rollout options (--rollout.*) are listed at the end of 'lightning-grpo fit --help'; another rollout "
+    "class: --rollout.help CLASS. Each command's own options: lightning-grpo COMMAND --help."
 )
+PROG = "lightning-grpo"
+DESCRIPTION = "GRPO-family reinforcement learning of language models with PyTorch Lightning."
+
+#: The package's commands that :func:`lightning_grpo.cli.main` hands to their own parsers, listed with
+#: LightningCLI's in the top-level ``--help`` (each with an example).
+OTHER_COMMANDS = {
+    "sft": "Supervised fine-tuning, the warm start before GRPO: lightning-grpo sft fit -c recipes/sft_quickstart.yaml",
+    "export": "Write a Hugging Face model folder from a run or checkpoint: lightning-grpo export RUN_DIR --out DIR",
+    "serve": "Serve a model folder with vLLM's OpenAI-compatible server: lightning-grpo serve DIR",
+    "report": "Plot and summarise a run (dashboard PNG and summary): lightning-grpo report RUN_DIR",
+}
 
 
 def _debug_mode() -> bool:
@@ -129,7 +139,30 @@ _LAST_CHECKPOINT_WORDS = {
 
 
 class GRPOCLI(LightningCLI):
-    """LightningCLI with the package's module and data module, and the rollout section."""
+    """LightningCLI with the package's module and data module, and the rollout section. Its subcommands
+    are ``fit``, ``validate`` and ``test`` (no ``predict``: the module has no ``predict_step``); the
+    top-level ``--help`` lists the package's other commands (:data:`other_commands`) with them."""
+
+    #: Commands listed in the top-level ``--help`` that ``main`` hands to their own parsers.
+    other_commands: dict[str, str] = OTHER_COMMANDS
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """LightningCLI's subcommands less ``predict``."""
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        """LightningCLI's subcommands, then one entry per :data:`other_commands` (an empty parser that
+        only names the command in the help: ``main`` dispatches them before this parser runs)."""
+        super()._add_subcommands(parser, **kwargs)
+        for name, help_text in self.other_commands.items():
+            entry = self.init_parser(description=f"{help_text}. Options: lightning-grpo {name} --help")
+            parser._subcommands_action.add_subcommand(name, entry, help=help_text)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse ``args`` as LightningCLI does, without its warning about ``args`` given while
+        ``sys.argv`` has words: ``main`` hands over ``sys.argv`` less the command (``sft ...``)."""
+        self.config = parser.parse_object(args) if isinstance(args, (dict, Namespace)) else parser.parse_args(args)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         from ..callbacks.rollout import RolloutCallback
@@ -270,9 +303,11 @@ def build_cli(
     model_class: type | None = None,
     datamodule_class: type | None = None,
     epilog: str = EPILOG,
+    prog: str = PROG,
+    description: str = DESCRIPTION,
 ) -> LightningCLI:
     """The CLI over GRPOModule and PromptDataModule, or ``model_class`` and ``datamodule_class`` (the
-    ``sft`` command's; ``run=False``: parse and instantiate only)."""
+    ``sft`` command's; ``run=False``: parse and instantiate only); ``prog`` starts the usage line, ``description`` follows it."""
     from jsonargparse import set_parsing_settings
 
     from ..data.datamodule import PromptDataModule
@@ -286,7 +321,7 @@ def build_cli(
         subclass_mode_model=False,
         subclass_mode_data=False,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"epilog": epilog},
+        parser_kwargs={"epilog": epilog, "prog": prog, "description": description},
         parser_class=GRPOArgumentParser,
         args=args,
         run=run,
