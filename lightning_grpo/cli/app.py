@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from ..callbacks.distributed import DEFAULT_TIMEOUT_S, RankWatch, set_collective_timeout, warn_if_oversubscribed
 from .errors import condense, mark, print_and_exit
+from .run_failure import explained, record_failure
 
 ROLLOUT_KEY = "rollout"
 ROLLOUT_DEFAULT = "lightning_grpo.RolloutCallback"
@@ -181,6 +182,19 @@ class GRPOCLI(LightningCLI):
             help="Multi-process runs (DDP / FSDP): seconds a collective waits for every rank before the run "
             "stops, naming the rank that stopped answering",
         )
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run ``subcommand``; an error leaves ``failed.txt`` in the run folder (rank zero), and one
+        whose message names its cause becomes a one-line :class:`~.run_failure.RunFailed`."""
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as err:
+            trainer = self.trainer
+            run_dir = trainer.log_dir if trainer.logger is not None and trainer.is_global_zero else None
+            told = explained(err, record_failure(run_dir, err, trainer.global_step))
+            if told is None:
+                raise
+            raise told from err
 
     def instantiate_classes(self) -> None:
         """Build everything; a constructor's error is reported with the option it came from."""
