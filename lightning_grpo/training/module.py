@@ -30,7 +30,7 @@ from ..core.kl import kl_penalty_in_reward
 from ..models.fsdp import fsdp_units, shard_policy
 from .distill import DistillContext, Distiller, DistillSettings
 from .forward import layout_token_logprobs
-from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
+from .metrics import StepMetrics, quiet_sync_advice, reduce_rollout_metrics, total_grad_norm
 from .policy import PolicyMixin
 from .settings import AlgorithmSettings, ForwardSettings, PolicySettings, as_settings, settings_dict
 
@@ -342,6 +342,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                 f"{stage} needs lightning_grpo.RolloutCallback in the Trainer's callbacks (or module.use_evaluator(fn))"
             )
         metrics = self._evaluator(self, batch, split)
+        quiet_sync_advice(self.trainer.world_size)  # one process: Lightning's sync_dist advice is wrong
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True)
 
     def _is_weight_sums(self, full: RolloutBatch, rows: Tensor) -> Tensor:
