@@ -149,12 +149,16 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     def configure_callbacks(self) -> list:
         """The default guards (:func:`~lightning_grpo.callbacks.guard_set.default_guards`), when ``default_guards`` is
-        on and the Trainer holds no guard yet: naming any guard in ``trainer.callbacks`` turns the set off."""
-        from ..callbacks.guard_set import Guard, default_guards  # the one import of callbacks here: the default set
+        on and the Trainer holds no guard yet: naming any guard in ``trainer.callbacks`` turns the set off; and
+        for a ``max_steps`` run with Lightning's default progress bar, a bar of the run's steps instead
+        (:func:`~lightning_grpo.callbacks.progress.step_bar_for`: not ``Epoch 2/-2``)."""
+        from ..callbacks.guard_set import Guard, default_guards  # the imports of callbacks here: the defaults
+        from ..callbacks.progress import step_bar_for
 
+        bar = [b for b in [step_bar_for(self.trainer)] if b is not None]
         if not self.default_guards or any(isinstance(c, Guard) for c in self.trainer.callbacks):
-            return []
-        return default_guards()
+            return bar
+        return [*default_guards(), *bar]
 
     def setup(self, stage: str) -> None:
         """Fail fast when torch.distributed was initialised before Lightning's launcher ran (e.g. by a
