@@ -5,15 +5,19 @@ Lightning's bar restarts each epoch and labels it ``Epoch N``; a GRPO run's "epo
 over the prompts (37 steps of the quickstart), and with ``max_epochs`` unset the label showed
 negative totals. This bar counts ``trainer.global_step`` up to ``max_steps`` across epochs (a
 resumed run starts at its step) and leaves out the logger version (``v_num``). ``lightning-grpo``
-uses it whenever the progress bar is on and no other one is configured.
+uses it whenever the progress bar is on and no other one is configured. :class:`StepRichProgressBar`
+does the same for Lightning's Rich bar, which labelled a ``max_steps`` run ``Epoch 2/-2``; in drop-in
+use, :class:`~lightning_grpo.training.module.GRPOModule` swaps Lightning's default bar for the one of
+its kind (:func:`step_bar_for`).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from typing_extensions import override
 
 
@@ -58,3 +62,65 @@ class StepProgressBar(TQDMProgressBar):
         items = super().get_metrics(trainer, pl_module)
         items.pop("v_num", None)
         return items
+
+
+class StepRichProgressBar(RichProgressBar):
+    """Rich bar of ``global_step / max_steps`` (:class:`StepProgressBar` for Lightning's Rich bar)."""
+
+    @property
+    @override
+    def total_train_batches(self) -> int | float:
+        max_steps = self.trainer.max_steps
+        return max_steps if max_steps and max_steps > 0 else super().total_train_batches
+
+    @override
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.train_progress_bar_id is not None:  # one bar for the whole run
+            return
+        super().on_train_epoch_start(trainer, pl_module)
+        self._update(self.train_progress_bar_id, trainer.global_step)  # a resumed run starts at its step
+
+    @override
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._update(self.train_progress_bar_id, trainer.global_step)
+        self.refresh()
+
+    @override
+    def _get_train_description(self, current_epoch: int) -> str:
+        return f"{'step':{len(self.validation_description)}}"
+
+    @override
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items
+
+
+def step_bar_for(trainer: L.Trainer) -> StepProgressBar | StepRichProgressBar | None:
+    """The step bar to show instead of ``trainer``'s progress bar: for a ``max_steps`` run whose bar is
+    Lightning's own default (exactly TQDMProgressBar or RichProgressBar), the step bar of its kind;
+    None for any other bar, no bar, or a run without ``max_steps``."""
+    if not (trainer.max_steps and trainer.max_steps > 0):
+        return None
+    kind = type(trainer.progress_bar_callback)
+    if kind not in (TQDMProgressBar, RichProgressBar):
+        return None
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _skip_bar_override_note not in rank_zero.filters:  # Lightning's note on the swap: expected here
+        rank_zero.addFilter(_skip_bar_override_note)
+    return StepProgressBar() if kind is TQDMProgressBar else StepRichProgressBar()
+
+
+def _skip_bar_override_note(record: logging.LogRecord) -> bool:
+    """False for Lightning's note that a module's callback replaces the Trainer's bar alone."""
+    return record.getMessage() not in _BAR_OVERRIDE_NOTES
+
+
+_BAR_OVERRIDE_NOTES = {
+    "The following callbacks returned in `LightningModule.configure_callbacks` will override existing callbacks "
+    f"passed to Trainer: {name}"
+    for name in ("TQDMProgressBar", "RichProgressBar")
+}

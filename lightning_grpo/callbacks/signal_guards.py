@@ -179,18 +179,17 @@ class ZeroStdGuard(Guard):
         return None
 
     def _pass_fail(self, trainer: L.Trainer, group_size: int, reward: float) -> bool:
-        """Whether the reward is pass / fail over the window (noted once, the first time)."""
+        """Whether the reward is pass / fail over the window; noted once, in one line, the first time
+        the zero-std groups reach ``threshold`` (when the plain rule would have fired)."""
         pass_fail = self.pass_fail_threshold is not None and max(self.levels) == 2  # both values seen, never more
-        if pass_fail and not self.noted and trainer.global_rank == 0:
+        matters = sum(self.fractions) / len(self.fractions) >= self.threshold
+        if pass_fail and matters and not self.noted and trainer.global_rank == 0:
             p = min(max(reward, 0.0), 1.0)
             log.warning(  # a note, once: not an alarm
-                f"[{self.name}] note: the reward is pass / fail (two values): with G = {group_size} a prompt solved "
-                f"with probability p gives an all-equal group with probability p^G + (1 - p)^G "
-                f"({p**group_size + (1 - p) ** group_size:.2f} at the reward mean {p:.3g}), so zero-std groups are "
-                f"expected; this guard fires only when {self.pass_fail_threshold:.0%} of the groups got the lowest "
-                "reward on every sample (pass_fail_threshold)"
+                f"[{self.name}] note: the reward is pass / fail (two values): all-equal groups of {group_size} are "
+                f"expected ({p**group_size + (1 - p) ** group_size:.2f} at the reward mean {p:.3g}); only all-lowest ones alarm"
             )
-        self.noted = self.noted or pass_fail
+        self.noted = self.noted or (pass_fail and matters)
         return pass_fail
 
     def _message(self, trainer: L.Trainer, frac: float, reward: float, pass_fail: bool) -> str:

@@ -20,6 +20,7 @@ import sys
 from .app import GRPOCLI, GRPOArgumentParser, build_cli as _build_cli
 from .errors import is_marked, print_and_exit
 from .quiet import quiet_expected_messages
+from .run_failure import RunFailed
 
 
 def _prepare_environment() -> None:
@@ -48,7 +49,9 @@ def build_cli(args: list[str] | None = None, run: bool = True, cli_class=GRPOCLI
 def main(args: list[str] | None = None) -> int | None:
     """``report``, ``export`` and ``serve`` go to their own commands (a failure exits with its status),
     ``sft ...`` to the SFT LightningCLI (cli/sft.py); everything else to the LightningCLI (``args``
-    None: ``sys.argv``). A configuration error found before training is printed as one line (exit status 2)."""
+    None: ``sys.argv``). A configuration error found before training is printed as one line (exit status 2),
+    and so is an error in the run that names its cause, such as a reward function that raised (status 1;
+    ``LIGHTNING_GRPO_DEBUG=1``: its traceback)."""
     argv = sys.argv[1:] if args is None else list(args)
     _current_directory_importable()
     quiet_expected_messages()
@@ -71,7 +74,9 @@ def main(args: list[str] | None = None) -> int | None:
             build_sft_cli(argv[1:])
         else:
             build_cli(args)
-    except Exception as err:  # only the marked ones: errors in training keep their traceback
+    except RunFailed as err:  # a failure in the run whose message explains it (cli/run_failure.py)
+        print_and_exit(str(err), status=1)
+    except Exception as err:  # only the marked ones: other errors in training keep their traceback
         if not is_marked(err):
             raise
         print_and_exit(str(err))

@@ -20,21 +20,32 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import Namespace
 from jsonargparse.typing import PositiveFloat
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..callbacks.distributed import DEFAULT_TIMEOUT_S, RankWatch, set_collective_timeout, warn_if_oversubscribed
 from .errors import condense, mark, print_and_exit
+from .run_failure import explained, record_failure
 
 ROLLOUT_KEY = "rollout"
 ROLLOUT_DEFAULT = "lightning_grpo.RolloutCallback"
 EPILOG = (
-    "The rollout options (--rollout.*) are listed at the end; another rollout class: --rollout.help CLASS. "
-    "Also: lightning-grpo sft fit -c recipes/sft_quickstart.yaml (supervised warm start), "
-    "lightning-grpo export CHECKPOINT_OR_RUN_DIR --out DIR (a Hugging Face model folder), "
-    "lightning-grpo report RUN_DIR (plots and summarises a run)."
+    "The rollout options (--rollout.*) are listed at the end of 'lightning-grpo fit --help'; another rollout "
+    "class: --rollout.help CLASS. Each command's own options: lightning-grpo COMMAND --help."
 )
+PROG = "lightning-grpo"
+DESCRIPTION = "GRPO-family reinforcement learning of language models with PyTorch Lightning."
+
+#: The package's commands that :func:`lightning_grpo.cli.main` hands to their own parsers, listed with
+#: LightningCLI's in the top-level ``--help`` (each with an example).
+OTHER_COMMANDS = {
+    "sft": "Supervised fine-tuning, the warm start before GRPO: lightning-grpo sft fit -c recipes/sft_quickstart.yaml",
+    "export": "Write a Hugging Face model folder from a run or checkpoint: lightning-grpo export RUN_DIR --out DIR",
+    "serve": "Serve a model folder with vLLM's OpenAI-compatible server: lightning-grpo serve DIR",
+    "report": "Plot and summarise a run (dashboard PNG and summary): lightning-grpo report RUN_DIR",
+}
 
 
 def _debug_mode() -> bool:
@@ -135,7 +146,30 @@ MID_EPOCH_RESUME_WARNING = r"You're resuming from a checkpoint that ended before
 
 
 class GRPOCLI(LightningCLI):
-    """LightningCLI with the package's module and data module, and the rollout section."""
+    """LightningCLI with the package's module and data module, and the rollout section. Its subcommands
+    are ``fit``, ``validate`` and ``test`` (no ``predict``: the module has no ``predict_step``); the
+    top-level ``--help`` lists the package's other commands (:data:`other_commands`) with them."""
+
+    #: Commands listed in the top-level ``--help`` that ``main`` hands to their own parsers.
+    other_commands: dict[str, str] = OTHER_COMMANDS
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """LightningCLI's subcommands less ``predict``."""
+        return {name: skip for name, skip in LightningCLI.subcommands().items() if name != "predict"}
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        """LightningCLI's subcommands, then one entry per :data:`other_commands` (an empty parser that
+        only names the command in the help: ``main`` dispatches them before this parser runs)."""
+        super()._add_subcommands(parser, **kwargs)
+        for name, help_text in self.other_commands.items():
+            entry = self.init_parser(description=f"{help_text}. Options: lightning-grpo {name} --help")
+            parser._subcommands_action.add_subcommand(name, entry, help=help_text)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse ``args`` as LightningCLI does, without its warning about ``args`` given while
+        ``sys.argv`` has words: ``main`` hands over ``sys.argv`` less the command (``sft ...``)."""
+        self.config = parser.parse_object(args) if isinstance(args, (dict, Namespace)) else parser.parse_args(args)
 
     #: The command that resumes a run (printed after Ctrl-C).
     fit_command = "lightning-grpo fit"
@@ -157,6 +191,19 @@ class GRPOCLI(LightningCLI):
             help="Multi-process runs (DDP / FSDP): seconds a collective waits for every rank before the run "
             "stops, naming the rank that stopped answering",
         )
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run ``subcommand``; an error leaves ``failed.txt`` in the run folder (rank zero), and one
+        whose message names its cause becomes a one-line :class:`~.run_failure.RunFailed`."""
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as err:
+            trainer = self.trainer
+            run_dir = trainer.log_dir if trainer.logger is not None and trainer.is_global_zero else None
+            told = explained(err, record_failure(run_dir, err, trainer.global_step))
+            if told is None:
+                raise
+            raise told from err
 
     def instantiate_classes(self) -> None:
         """Build everything; a constructor's error is reported with the option it came from."""
@@ -300,9 +347,11 @@ def build_cli(
     model_class: type | None = None,
     datamodule_class: type | None = None,
     epilog: str = EPILOG,
+    prog: str = PROG,
+    description: str = DESCRIPTION,
 ) -> LightningCLI:
     """The CLI over GRPOModule and PromptDataModule, or ``model_class`` and ``datamodule_class`` (the
-    ``sft`` command's; ``run=False``: parse and instantiate only)."""
+    ``sft`` command's; ``run=False``: parse and instantiate only); ``prog`` starts the usage line, ``description`` follows it."""
     from jsonargparse import set_parsing_settings
 
     from ..data.datamodule import PromptDataModule
@@ -316,7 +365,7 @@ def build_cli(
         subclass_mode_model=False,
         subclass_mode_data=False,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"epilog": epilog},
+        parser_kwargs={"epilog": epilog, "prog": prog, "description": description},
         parser_class=GRPOArgumentParser,
         args=args,
         run=run,

@@ -220,9 +220,9 @@ def is_marked(err: BaseException) -> bool:
     return bool(getattr(err, _MARK, False))
 
 
-def print_and_exit(message: str, prog: str = "lightning-grpo") -> NoReturn:
-    """Write ``prog: error: message`` as the last line of the output and exit with status 2."""
+def print_and_exit(message: str, prog: str = "lightning-grpo", status: int = 2) -> NoReturn:
+    """Write ``prog: error: message`` as the last line of the output and exit with ``status``."""
     sys.stdout.flush()
     sys.stderr.write(f"{prog}: error: {message}\n")
     sys.stderr.flush()
-    raise SystemExit(2)
+    raise SystemExit(status)

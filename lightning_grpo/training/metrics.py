@@ -19,6 +19,7 @@ show in the logs, not be dropped).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import Tensor
@@ -129,3 +130,16 @@ def reduce_rollout_metrics(metrics: dict[str, float]) -> dict[str, float]:
         else:
             out[key] = sum(values) / len(values)
     return out
+
+
+#: Lightning's advice to log with ``sync_dist=True``, for the module's ``val/*`` and ``test/*`` metrics.
+SYNC_ADVICE = r"It is recommended to use `self\.log\('(val|test)/"
+
+
+def quiet_sync_advice(world_size: int) -> None:
+    """Filter :data:`SYNC_ADVICE` in a one-process run. The module logs its evaluation metrics with
+    ``sync_dist=True``; with one process Lightning turns that off (there is nothing to reduce) but,
+    when a process group exists (the in-process vLLM engine creates one), still advises it once per
+    metric at every validation. Runs of several processes keep the advice."""
+    if world_size == 1:
+        warnings.filterwarnings("ignore", message=SYNC_ADVICE)

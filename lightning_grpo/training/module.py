@@ -30,7 +30,7 @@ from ..core.kl import kl_penalty_in_reward
 from ..models.fsdp import fsdp_units, shard_policy
 from .distill import DistillContext, Distiller, DistillSettings
 from .forward import layout_token_logprobs
-from .metrics import StepMetrics, reduce_rollout_metrics, total_grad_norm
+from .metrics import StepMetrics, quiet_sync_advice, reduce_rollout_metrics, total_grad_norm
 from .policy import PolicyMixin
 from .settings import AlgorithmSettings, ForwardSettings, PolicySettings, as_settings, settings_dict
 
@@ -163,13 +163,16 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                 shard_policy(model, dp_mesh)
 
     def configure_callbacks(self) -> list:
-        """The default guards (`default_guards`), when ``default_guards`` is
-        on and the Trainer holds no guard yet: naming any guard in ``trainer.callbacks`` turns the set off."""
-        from ..callbacks.guard_set import Guard, default_guards  # the one import of callbacks here: the default set
+        """The default guards (`default_guards`), when ``default_guards`` is on and the Trainer holds no guard
+        yet: naming any guard in ``trainer.callbacks`` turns the set off; and for a ``max_steps`` run with
+        Lightning's default progress bar, a bar of the run's steps instead (`step_bar_for`: not ``Epoch 2/-2``)."""
+        from ..callbacks.guard_set import Guard, default_guards  # the imports of callbacks here: the defaults
+        from ..callbacks.progress import step_bar_for
 
+        bar = [b for b in [step_bar_for(self.trainer)] if b is not None]
         if not self.default_guards or any(isinstance(c, Guard) for c in self.trainer.callbacks):
-            return []
-        return default_guards()
+            return bar
+        return [*default_guards(), *bar]
 
     def setup(self, stage: str) -> None:
         """Fail fast when torch.distributed was initialised before Lightning's launcher ran (e.g. by a
@@ -357,6 +360,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                 f"{stage} needs lightning_grpo.RolloutCallback in the Trainer's callbacks (or module.use_evaluator(fn))"
             )
         metrics = self._evaluator(self, batch, split)
+        quiet_sync_advice(self.trainer.world_size)  # one process: Lightning's sync_dist advice is wrong
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True)
 
     def _is_weight_sums(self, full: RolloutBatch, rows: Tensor) -> Tensor:

@@ -60,3 +60,17 @@ def test_pass_fail_threshold_none_keeps_the_plain_rule():
     guard = ZeroStdGuard(threshold=0.75, window=2, pass_fail_threshold=None)
     assert drive(guard, [_batch(0.8, 0.5, 0.3)] * 3) == [1, 2]
     assert not guard.noted
+
+
+def test_pass_fail_note_only_when_it_matters_and_in_one_short_line(caplog):
+    """A healthy pass / fail run (zero-std groups below ``threshold``) gets no note; one where they reach
+    it gets the note once, as one line that fits two terminal lines."""
+    healthy = ZeroStdGuard(threshold=0.75, window=3)
+    with caplog.at_level(logging.WARNING, logger="lightning_grpo.guards"):
+        assert drive(healthy, [_batch(0.4, 0.2, 0.5)] * 6) == []
+    assert caplog.records == [] and not healthy.noted
+    guard = ZeroStdGuard(threshold=0.75, window=3)
+    with caplog.at_level(logging.WARNING, logger="lightning_grpo.guards"):
+        assert drive(guard, [_batch(0.78, 0.78, 0.03)] * 6) == []
+    (note,) = [r.getMessage() for r in caplog.records]
+    assert "\n" not in note and len(note) <= 160, (len(note), note)

@@ -303,10 +303,12 @@ def test_the_command_line_silences_expected_library_messages_and_keeps_the_rest(
         config.warning("Enforce eager set, disabling torch.compile, CUDAGraphs")
         worker.warning("CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding, skip it.")
         worker.warning("libtcmalloc is not found in LD_PRELOAD. For best performance, ...")
+        worker.warning("libiomp is not found in LD_PRELOAD. For best performance, ...")
+        worker.warning("Node 1 is not in available memory nodes [0].")
         tips.warning("💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]")
         tips.warning("--ckpt_path last: resuming from last.ckpt")
         assert seen_logs == [
-            "libtcmalloc is not found in LD_PRELOAD. For best performance, ...",
+            "Node 1 is not in available memory nodes [0].",
             "--ckpt_path last: resuming from last.ckpt",
         ]
     finally:
