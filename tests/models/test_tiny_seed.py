@@ -54,7 +54,7 @@ def test_the_command_line_seed_picks_the_initialisation_the_policy_and_the_engin
     assert run.model.model_source == builtin_model_path("tiny:chars@1") != builtin_model_path("tiny:chars@0")
     run.trainer.fit(run.model, datamodule=run.datamodule)
     assert run.trainer.global_step == 1 and run.model.model_source == builtin_model_path("tiny:chars@1")
-    assert _model_dir(run.model, None) == run.model.model_source
+    assert _model_dir(run.model, None) == (run.model.model_source, False)  # the folder itself, not a copy
     assert run.datamodule.tokenizer_path == builtin_model_path("tiny:chars@0")
     fresh = GRPOModule(model="tiny:chars")
     fresh.configure_model()

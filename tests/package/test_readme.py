@@ -60,6 +60,7 @@ def test_each_readme_fit_command_parses(args, tmp_path, monkeypatch, capsys, tin
     (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)  # another test's my_rewards.py, imported first
     extra = [] if "--print_config" in args else ["--print_config"]
     with mock.patch.object(sys, "argv", ["lightning-grpo"]), pytest.raises(SystemExit) as exit_:
         main([*args, *extra])
