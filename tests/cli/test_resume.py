@@ -65,16 +65,21 @@ def test_report_stitches_the_versions_of_a_resumed_run_by_step(tmp_path):
     assert "read version_0, version_1, version_2 only; other runs there: version_3" in text
 
 
-def test_ckpt_path_last_resumes_the_newest_checkpoint_and_the_report_stitches(tmp_path, capsys):
-    """``fit --ckpt_path last`` after a 3-step run continues at step 3 in version_1 (its config.yaml names
-    version_0's last.ckpt), and ``lightning-grpo report runs/run`` covers steps 0-4; the progress bar
-    counts steps of max_steps."""
-    logger = json.dumps(
+def _csv_logger(tmp_path) -> str:
+    """A CSVLogger writing runs/run/version_N under ``tmp_path``, as a --trainer.logger value."""
+    return json.dumps(
         {
             "class_path": "lightning.pytorch.loggers.CSVLogger",
             "init_args": {"save_dir": str(tmp_path / "runs"), "name": "run"},
         }
     )
+
+
+def test_ckpt_path_last_resumes_the_newest_checkpoint_and_the_report_stitches(tmp_path, capsys):
+    """``fit --ckpt_path last`` after a 3-step run continues at step 3 in version_1 (its config.yaml names
+    version_0's last.ckpt), and ``lightning-grpo report runs/run`` covers steps 0-4; the progress bar
+    counts steps of max_steps."""
+    logger = _csv_logger(tmp_path)
     base = [
         "fit",
         "-c",
@@ -102,12 +107,7 @@ def test_ctrl_c_saves_the_step_and_prints_the_resume_command_that_continues_ther
     """A KeyboardInterrupt at the start of step 2 (of 4): last.ckpt holds step 2, one line says where it is and
     the command that resumes; that command continues at step 2 without Lightning's "unreliable results" warning."""
     monkeypatch.setattr(CtrlC, "pressed", False)
-    logger = json.dumps(
-        {
-            "class_path": "lightning.pytorch.loggers.CSVLogger",
-            "init_args": {"save_dir": str(tmp_path / "runs"), "name": "run"},
-        }
-    )
+    logger = _csv_logger(tmp_path)
     args = [
         "fit",
         "-c",
