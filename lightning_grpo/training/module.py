@@ -187,6 +187,7 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                 "(a vLLM engine built before the fit does). Build rollout engines inside the fit "
                 "(RolloutCallback builds its engine lazily) or after Lightning set up the process group."
             )
+        quiet_sync_advice(world)  # one process: Lightning's sync_dist advice for the evaluation metrics is wrong
 
     # ------------------------------------------------------------------------ hand-overs
     def use_rollout(self, batch: RolloutBatch, metrics: dict[str, float] | None = None) -> None:
@@ -360,7 +361,6 @@ class GRPOModule(PolicyMixin, L.LightningModule):
                 f"{stage} needs lightning_grpo.RolloutCallback in the Trainer's callbacks (or module.use_evaluator(fn))"
             )
         metrics = self._evaluator(self, batch, split)
-        quiet_sync_advice(self.trainer.world_size)  # one process: Lightning's sync_dist advice is wrong
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True)
 
     def _is_weight_sums(self, full: RolloutBatch, rows: Tensor) -> Tensor:
