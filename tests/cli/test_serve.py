@@ -14,19 +14,14 @@ import urllib.request
 import pytest
 
 from lightning_grpo.models.export import export
-from tests.helpers.runs import train_recipe
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, tiny_model_path):
-    """A 2-step quickstart run (HF engine) exported with ``lightning-grpo export``."""
-    tmp = tmp_path_factory.mktemp("serve")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LIGHTNING_GRPO_CACHE", str(tiny_model_path.parent))
-        _, run_dir = train_recipe(tmp, "quickstart.yaml", 2)
-    return export(run_dir, tmp / "my-model")
+def exported(quickstart_run, tmp_path_factory):
+    """The session's 2-step quickstart run (HF engine) exported with ``lightning-grpo export``."""
+    return export(quickstart_run, tmp_path_factory.mktemp("serve") / "my-model")
 
 
 def test_serve_prints_the_command_with_the_cpu_settings(exported, capsys, monkeypatch):

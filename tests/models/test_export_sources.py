@@ -10,18 +10,8 @@ import pytest
 import torch
 
 from lightning_grpo.models.export import ExportError, export
-from tests.helpers.runs import train_recipe
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
-
-
-@pytest.fixture(scope="module")
-def quickstart_run(tmp_path_factory, tiny_model_path):
-    """A 2-step quickstart run (HF engine) that kept ``version_0/checkpoints/last.ckpt``."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LIGHTNING_GRPO_CACHE", str(tiny_model_path.parent))
-        _, run_dir = train_recipe(tmp_path_factory.mktemp("export-sources"), "quickstart.yaml", 2)
-    return run_dir
 
 
 def test_run_folder_export_names_the_checkpoint_and_the_versions_it_skipped(quickstart_run, tmp_path, capsys):
