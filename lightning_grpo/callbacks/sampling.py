@@ -100,6 +100,10 @@ def rollout_statistics(rollout: Rollout, scores: RewardScores) -> dict[str, floa
         "completion_length_max": lengths.max().item(),
         "truncation_ratio": 1.0 - sum(rollout.finished) / len(rollout.finished),
     }
+    cut = ~torch.tensor(rollout.finished, dtype=torch.bool)  # [B] ended by the length limit, not EOS
+    if cut.any():  # absent when every completion ended with EOS (TruncationGuard)
+        out["truncated_reward_mean"] = total.flatten()[cut].mean().item()
+        out["truncated_reward_std"] = total.flatten()[cut].std(correction=0).item()
     wrong = total.flatten() <= 0  # [B] no reward: a pass / fail task's wrong answers
     if wrong.any():  # absent when every completion earned something
         out["completion_length_wrong_mean"] = lengths[wrong].mean().item()
