@@ -47,6 +47,7 @@ _LAZY = {
     "IdenticalSamplesGuard": "lightning_grpo.callbacks.signal_guards",
     "MismatchGuard": "lightning_grpo.callbacks.signal_guards",
     "ZeroStdGuard": "lightning_grpo.callbacks.signal_guards",
+    "TruncationGuard": "lightning_grpo.callbacks.signal_guards",
     "RewardHackingGuard": "lightning_grpo.callbacks.drift_guards",
     "LengthGuard": "lightning_grpo.callbacks.drift_guards",
     "RewardDropGuard": "lightning_grpo.callbacks.drift_guards",

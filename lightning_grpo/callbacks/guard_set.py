@@ -9,7 +9,9 @@ Each guard logs ``alarm/<name>`` and acts (warn / skip the step / stop):
 - :class:`~.signal_guards.IdenticalSamplesGuard`: a group's samples repeat at T > 0 (seeding);
 - :class:`~.signal_guards.MismatchGuard`: engine vs trainer log-probs drift (k3 > 0.01);
 - :class:`~.signal_guards.ZeroStdGuard` (``max_reward=0.9``): >= 75% of groups carry no signal, unless the task
-  is learned (all-right groups).
+  is learned (all-right groups);
+- :class:`~.signal_guards.TruncationGuard` (``max_reward=0.9``): > 50% of completions cut off by
+  ``max_new_tokens``, all at one reward, 10 batches in a row (the budget is too small for the task).
 
 Name any guard in ``trainer.callbacks`` to choose your own set instead (then none of these is added), or set
 ``model.default_guards: false`` for none.
@@ -18,7 +20,7 @@ Name any guard in ``trainer.callbacks`` to choose your own set instead (then non
 from __future__ import annotations
 
 from .guards import EntropyGuard, Guard, LogProbGuard, NonFiniteGuard
-from .signal_guards import IdenticalSamplesGuard, MismatchGuard, ZeroStdGuard
+from .signal_guards import IdenticalSamplesGuard, MismatchGuard, TruncationGuard, ZeroStdGuard
 
 __all__ = ["default_guards"]
 
@@ -32,4 +34,5 @@ def default_guards() -> list[Guard]:
         IdenticalSamplesGuard(),
         MismatchGuard(),
         ZeroStdGuard(max_reward=0.9),
+        TruncationGuard(max_reward=0.9),
     ]

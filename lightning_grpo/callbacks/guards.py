@@ -19,7 +19,7 @@ starts to hold, not one per step while it lasts, and at most one per 100 steps f
 that comes and goes.
 
 Two moments are watched: ``on_rollout_end`` (a fresh rollout batch, before it trains:
-non-finite log-probs, identical samples, zero reward std) and ``on_before_optimizer_step``
+non-finite log-probs, identical samples, zero reward std, cut-off completions) and ``on_before_optimizer_step``
 (the step's gradients and loss metrics over all micro-batches and ranks: non-finite loss or
 gradient norm, entropy, train-inference mismatch).
 
@@ -31,6 +31,7 @@ gradient norm, entropy, train-inference mismatch).
 | `IdenticalSamplesGuard` | a group's samples token-identical at T > 0 (004) | warn |
 | `MismatchGuard` | rollout vs trainer log-probs drift apart (000) | warn |
 | `ZeroStdGuard` | most groups have zero reward std (no signal) | warn |
+| `TruncationGuard` | most completions cut off by `max_new_tokens`, none better than another | warn |
 """
 
 from __future__ import annotations

@@ -347,8 +347,13 @@ class RolloutCallback(Callback):
             temperature=self.sampling.temperature,
             turn_ids=tensors.turn_ids,
         ).to(module.device)
+        scored = None if result.scored is None else result.scored.to(module.device)  # [B]
         batch = module.prepare_rollout_batch(
-            batch, result.rewards.to(module.device), result.weights.to(module.device), records=result.records
+            batch,
+            result.rewards.to(module.device),
+            result.weights.to(module.device),
+            records=result.records,
+            scored=scored,
         )
         times["time/prepare"] = time.perf_counter() - start
         module.use_rollout(batch, {**result.metrics, **self.reward_set.totals(), **times})

@@ -60,6 +60,7 @@ class SampleResult(NamedTuple):
     generate_time: float
     reward_time: float
     records: list[dict] | None = None  # [P] the prompt record of each kept group (distillation: each row's teacher)
+    scored: Tensor | None = None  # [B] bool: some reward function scored the row (None: every row)
 
 
 def score_rollout(rollout: Rollout, reward_set: RewardSet, tokenizer, records: list[dict]) -> RewardScores:
@@ -100,11 +101,22 @@ def rollout_statistics(rollout: Rollout, scores: RewardScores) -> dict[str, floa
         "completion_length_max": lengths.max().item(),
         "truncation_ratio": 1.0 - sum(rollout.finished) / len(rollout.finished),
     }
+    cut = ~torch.tensor(rollout.finished, dtype=torch.bool)  # [B] ended by the length limit, not EOS
+    if cut.any():  # absent when every completion ended with EOS (TruncationGuard)
+        out["truncated_reward_mean"] = total.flatten()[cut].mean().item()
+        out["truncated_reward_std"] = total.flatten()[cut].std(correction=0).item()
     wrong = total.flatten() <= 0  # [B] no reward: a pass / fail task's wrong answers
     if wrong.any():  # absent when every completion earned something
         out["completion_length_wrong_mean"] = lengths[wrong].mean().item()
     out.update(scores.metrics())
     return out
+
+
+def _scored(scores: RewardScores) -> Tensor:
+    """[B] bool: some reward function scored the row (did not return ``None``)."""
+    if scores.applicable is None:
+        return torch.ones(scores.rewards.shape[0], dtype=torch.bool)
+    return scores.applicable.any(dim=1)
 
 
 def _take_rows(rollout: Rollout, rows: list[int], group_size: int) -> Rollout:
@@ -149,6 +161,7 @@ def sample_groups(
     k = selector.out_group_size
     kept: list[Rollout] = []
     kept_rewards: list[Tensor] = []
+    kept_scored: list[Tensor] = []
     kept_records: list[dict] = []
     fallback = None
     gen_time = reward_time = 0.0
@@ -165,19 +178,21 @@ def sample_groups(
         rounds += 1
         if round_ == 0:
             metrics = rollout_statistics(rollout, scores)
+        scored = _scored(scores)  # [B]
         total = scores.rewards @ scores.weights  # [B]
         lengths = torch.tensor(rollout.sampled_lengths(), dtype=torch.float32)  # [B] GFPO counts sampled tokens
         rows = selector.rows(total, lengths).nonzero().flatten()  # [P * k], group-contiguous
         signal = total if selector.signal_column is None else scores.rewards[:, selector.signal_column]  # [B]
         groups = selector.groups(signal[rows])  # [P]
         if fallback is None:
-            fallback = (_take_rows(rollout, rows.tolist(), k), scores.rewards[rows], list(records))
+            fallback = (_take_rows(rollout, rows.tolist(), k), scores.rewards[rows], list(records), scored[rows])
         for p in groups.nonzero().flatten().tolist():
             if len(kept) == target_groups:
                 break
             group_rows = rows[p * k : (p + 1) * k]
             kept.append(_take_rows(rollout, group_rows.tolist(), k))
             kept_rewards.append(scores.rewards[group_rows])
+            kept_scored.append(scored[group_rows])
             kept_records.append(records[p])
         if len(kept) >= target_groups:
             break
@@ -191,9 +206,9 @@ def sample_groups(
             turn_ids=None if kept[0].turn_ids is None else [t for r in kept for t in r.turn_ids],
             row_prompt_ids=None if kept[0].row_prompt_ids is None else [p for r in kept for p in r.row_prompt_ids],
         )
-        rewards = torch.cat(kept_rewards)
+        rewards, scored = torch.cat(kept_rewards), torch.cat(kept_scored)
     else:  # no group carried signal: train on the first round (advantages are all zero)
-        merged, rewards, kept_records = fallback
+        merged, rewards, kept_records, scored = fallback
     metrics.update(kept_groups=float(len(kept)), generation_rounds=float(rounds))
     return SampleResult(
         tensors=rollout_to_tensors(merged, tokenizer.pad_token_id),
@@ -205,4 +220,5 @@ def sample_groups(
         generate_time=gen_time,
         reward_time=reward_time,
         records=kept_records,
+        scored=scored,
     )

@@ -1,4 +1,5 @@
-"""Guards on the learning signal: identical samples, zero reward spread, rollout/trainer drift.
+"""Guards on the learning signal: identical samples, zero reward spread, cut-off completions,
+rollout/trainer drift.
 
 See `lightning_grpo.callbacks.guards` for the actions and the alarm records.
 """
@@ -206,6 +207,78 @@ class ZeroStdGuard(Guard):
             f"{reward:.3g}): {fix}, raise sampling.n or the temperature, or use a denser reward; a reward mean near "
             "its maximum means the prompts have become too easy"
         )
+
+
+class TruncationGuard(Guard):
+    """Most completions hit the length budget (``rollout.sampling.max_new_tokens``) and the cut-off
+    ones carry no learning signal: the budget is too small for the task, the answers are cut off and
+    nothing is learned.
+
+    A generation batch counts when more than ``threshold`` of its completions ended without EOS
+    (``train/truncation_ratio``) *and* those cut-off completions all got the same reward
+    (``train/truncated_reward_std`` 0): none of them is better than another, so they teach nothing. It
+    fires when ``steps`` batches in a row count, warns once, and starts counting afresh at the first
+    batch that does not. A reward that pays cut-off completions (the quickstart's ``prefix_match``: the
+    answer is the first character, every completion is cut at 2 tokens) keeps it quiet: truncation
+    costs nothing there. With ``max_reward`` set, a batch whose reward mean has reached it does not
+    count (all cut off and all right: the task is learned).
+
+    Args:
+        threshold: the share of cut-off completions above which a batch counts, in (0, 1].
+        steps: consecutive generation batches that must count before it fires.
+        max_reward: a batch whose reward mean reached this does not count (None: every batch may).
+        action: "warn" logs the alarm, "skip" drops the optimizer step, "stop" ends the run.
+    """
+
+    name = "truncation"
+    SETTINGS = ("threshold", "steps", "max_reward")
+
+    def __init__(
+        self, threshold: float = 0.5, steps: int = 10, max_reward: float | None = None, action: Action = "warn"
+    ) -> None:
+        super().__init__(action)
+        if not 0 < threshold <= 1:
+            raise ValueError(f"TruncationGuard.threshold must be in (0, 1], got {threshold}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"TruncationGuard.steps must be an integer >= 1, got {steps!r}")
+        self.threshold, self.steps, self.max_reward = threshold, steps, max_reward
+        self.streak = 0  # consecutive batches that counted
+
+    def counts(self, metrics: dict[str, float]) -> bool:
+        """Whether one generation batch's statistics count: most completions cut off, all at one reward."""
+        share, spread = metrics.get("truncation_ratio", 0.0), metrics.get("truncated_reward_std")
+        learned = self.max_reward is not None and metrics.get("reward_mean", -math.inf) >= self.max_reward
+        return share > self.threshold and spread is not None and spread <= 1e-6 and not learned
+
+    def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None:
+        metrics = pl_module.rollout_metrics
+        if "truncation_ratio" not in metrics:
+            return
+        self.streak = self.streak + 1 if self.counts(metrics) else 0
+        if self.streak < self.steps:
+            self.clear(pl_module)
+            return
+        self.fire(trainer, pl_module, self._message(trainer, metrics))
+
+    def _message(self, trainer: L.Trainer, metrics: dict[str, float]) -> str:
+        rollout = find_callback(trainer, RolloutCallback, required=False)
+        budget, option = (None, "rollout.sampling.max_new_tokens") if rollout is None else rollout.completion_budget()
+        limit, now = ("the length limit", "") if budget is None else (f"max_new_tokens={budget}", f", now {budget}")
+        return (
+            f"{metrics['truncation_ratio']:.0%} of completions hit {limit} ({self.streak} generation batches in a row "
+            f"above {self.threshold:.0%}) and the cut-off ones all scored {metrics.get('truncated_reward_mean', 0.0):.3g}: "
+            f"they carry no learning signal. Give the answers room (raise {option}{now}), or take cut-off "
+            "completions out of the signal: rollout.selection.overlong_filter: true (DAPO's overlong filter) or "
+            "the soft_overlong reward (DAPO's soft overlong punishment)"
+        )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"streak": self.streak}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.streak = int(state_dict.get("streak", 0))
 
 
 class MismatchGuard(Guard):

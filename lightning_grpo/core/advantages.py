@@ -29,6 +29,12 @@ Departures from the peers, all deliberate:
   * Statistics are computed per completion, not per token (verl whitens reinforce++ over
     tokens with ``masked_whiten``).
   * Everything is computed in float32 (bf16/fp16/int rewards are upcast); results are float32.
+  * ``scored`` [B] bool (a keyword of every estimator here, marked ``takes_scored``, and of both
+    aggregations; None = every row): the rows no reward function scored are left out of their group's
+    mean, std, quantile, best / second best and counts (and of the batch statistics of ``batch_std``,
+    ``reinforce_pp_baseline``, ``gpg`` and GDPO's whitening) and get A = 0; a group with fewer than 2
+    scored rows gets A = 0 throughout. This is TRL's ``nanmean`` / ``nanstd`` with NaN advantages set
+    to 0, for every estimator.
 
 Multi-reward (``REWARD_AGGREGATIONS``), rewards [B, R] with weights [R]:
     sum_then_normalize   A = estimator(rewards @ weights)
@@ -45,7 +51,16 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from .groups import as_groups, bessel_std, center_groups, check_std_group, constant_rows, whiten_signal
+from .groups import (
+    as_groups,
+    as_mask,
+    bessel_std,
+    center_groups,
+    check_std_group,
+    constant_rows,
+    group_mean,
+    whiten_signal,
+)
 from .registry import ADVANTAGES, REWARD_AGGREGATIONS
 
 QuantileInterpolation = Literal["inverted_cdf", "linear", "lower", "higher", "midpoint", "nearest"]
@@ -63,48 +78,60 @@ def expand_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:
 # single-reward estimators: fn(rewards [B], group_size, **params) -> [B] float32
 # ----------------------------------------------------------------------------------------------
 @ADVANTAGES.register("grpo")
-def grpo_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
+def grpo_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6, scored: Tensor | None = None) -> Tensor:
     """GRPO: A_i = (r_i - mean_g r) / (std_g r + eps), std Bessel-corrected. [B] -> [B]
 
     All-equal groups give 0; G < 2 raises ``ValueError``. eps = 1e-6 as verl (TRL uses 1e-4).
     """
     groups = as_groups(rewards, group_size)  # [P, G]
+    mask = as_mask(scored, groups)  # [P, G] or None
     check_std_group("grpo", rewards, group_size)
-    centred = center_groups(groups, groups.mean(dim=1, keepdim=True))
-    return (centred / (bessel_std(groups, dim=1) + eps)).reshape(-1)
+    centred = center_groups(groups, group_mean(groups, mask), mask)
+    return (centred / (bessel_std(groups, dim=1, mask=mask) + eps)).reshape(-1)
 
 
 @ADVANTAGES.register("dr_grpo")
-def dr_grpo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+def dr_grpo_advantages(rewards: Tensor, group_size: int, *, scored: Tensor | None = None) -> Tensor:
     """Dr. GRPO (no std): A_i = r_i - mean_g r. [B] -> [B]"""
     groups = as_groups(rewards, group_size)  # [P, G]
-    return center_groups(groups, groups.mean(dim=1, keepdim=True)).reshape(-1)
+    mask = as_mask(scored, groups)
+    return center_groups(groups, group_mean(groups, mask), mask).reshape(-1)
 
 
 @ADVANTAGES.register("batch_std")
-def batch_std_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
+def batch_std_advantages(
+    rewards: Tensor, group_size: int, *, eps: float = 1e-6, scored: Tensor | None = None
+) -> Tensor:
     """A_i = (r_i - mean_g r) / (std of all B rewards (Bessel) + eps). [B] -> [B]
 
     TRL ``scale_rewards="batch"`` (TRL's eps is 1e-4). The std is over the raw rewards, not
     the centred ones; a batch of one row has std 0 and advantage 0.
     """
     groups = as_groups(rewards, group_size)  # [P, G]
-    centred = center_groups(groups, groups.mean(dim=1, keepdim=True))
-    return (centred / (bessel_std(groups) + eps)).reshape(-1)
+    mask = as_mask(scored, groups)
+    centred = center_groups(groups, group_mean(groups, mask), mask)
+    return (centred / (bessel_std(groups, mask=mask) + eps)).reshape(-1)
 
 
 @ADVANTAGES.register("rloo")
-def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
-    """RLOO: A_i = r_i - mean_{j != i} r_j = G/(G-1) * (r_i - mean_g r); G = 1 -> 0. [B] -> [B]"""
+def rloo_advantages(rewards: Tensor, group_size: int, *, scored: Tensor | None = None) -> Tensor:
+    """RLOO: A_i = r_i - mean_{j != i} r_j = G/(G-1) * (r_i - mean_g r); G = 1 -> 0. [B] -> [B]
+
+    With ``scored``, G is the group's number n of scored completions (the others are no one's baseline).
+    """
     groups = as_groups(rewards, group_size)  # [P, G]
     if group_size == 1:
         return torch.zeros_like(groups).reshape(-1)
-    centred = center_groups(groups, groups.mean(dim=1, keepdim=True))
-    return (centred * (group_size / (group_size - 1))).reshape(-1)
+    mask = as_mask(scored, groups)
+    centred = center_groups(groups, group_mean(groups, mask), mask)
+    n = torch.full_like(groups[:, :1], group_size) if mask is None else mask.sum(dim=1, keepdim=True).float()
+    return (centred * (n / (n - 1).clamp(min=1))).reshape(-1)
 
 
 @ADVANTAGES.register("reinforce_pp_baseline")
-def reinforce_pp_baseline_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
+def reinforce_pp_baseline_advantages(
+    rewards: Tensor, group_size: int, *, eps: float = 1e-6, scored: Tensor | None = None
+) -> Tensor:
     """REINFORCE++ with baseline: x_i = r_i - mean_g r, A = (x - mean(x)) / (std(x) + eps).
 
     The whitening is over all B completions (verl ``reinforce_plus_plus_baseline`` whitens
@@ -112,12 +139,14 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, group_size: int, *, eps: f
     removes float noise). [B] -> [B]
     """
     groups = as_groups(rewards, group_size)  # [P, G]
-    x = center_groups(groups, groups.mean(dim=1, keepdim=True)).reshape(-1)  # [B]
-    return whiten_signal(x, constant_rows(groups), eps)
+    mask = as_mask(scored, groups)
+    x = center_groups(groups, group_mean(groups, mask), mask).reshape(-1)  # [B]
+    included = None if mask is None else mask.reshape(-1)  # the batch statistics skip unscored rows
+    return whiten_signal(x, constant_rows(groups, mask), eps, included)
 
 
 @ADVANTAGES.register("opo")
-def opo_advantages(rewards: Tensor, group_size: int, *, lengths: Tensor) -> Tensor:
+def opo_advantages(rewards: Tensor, group_size: int, *, lengths: Tensor, scored: Tensor | None = None) -> Tensor:
     """OPO (arXiv 2505.23585; verl ``opo``): A_i = r_i - sum_g(|o_j| r_j) / sum_g |o_j|. [B] -> [B]
 
     ``lengths`` [B]: completion lengths |o_i| (tokens that enter the loss). The length-weighted
@@ -125,40 +154,57 @@ def opo_advantages(rewards: Tensor, group_size: int, *, lengths: Tensor) -> Tens
     whose lengths sum to 0 uses the plain mean.
     """
     groups = as_groups(rewards, group_size)  # [P, G]
+    mask = as_mask(scored, groups)
     lens = as_groups(torch.as_tensor(lengths, device=rewards.device), group_size)  # [P, G]
+    if mask is not None:
+        lens = lens * mask  # unscored completions weigh nothing in the baseline
     total = lens.sum(dim=1, keepdim=True)  # [P, 1]
     weighted = (lens * groups).sum(dim=1, keepdim=True) / total.clamp(min=1e-12)
-    baseline = torch.where(total > 0, weighted, groups.mean(dim=1, keepdim=True))
-    return center_groups(groups, baseline).reshape(-1)
+    baseline = torch.where(total > 0, weighted, group_mean(groups, mask))
+    return center_groups(groups, baseline, mask).reshape(-1)
 
 
 opo_advantages.needs_lengths = True
 
 
 @ADVANTAGES.register("gpg")
-def gpg_advantages(rewards: Tensor, group_size: int, *, f_norm: float = 1.0) -> Tensor:
+def gpg_advantages(rewards: Tensor, group_size: int, *, f_norm: float = 1.0, scored: Tensor | None = None) -> Tensor:
     """GPG (arXiv 2504.02546; verl ``gpg``): A_i = alpha (r_i - mean_g) / f_norm. [B] -> [B]
 
     alpha = B / max(1, number of non-zero rewards in the batch): when few completions earn
-    anything, the group-relative signal is scaled up (verl; ``f_norm`` 1.0 as verl).
+    anything, the group-relative signal is scaled up (verl; ``f_norm`` 1.0 as verl). With ``scored``, B
+    and the count are over the scored completions.
     """
     if f_norm <= 0:
         raise ValueError(f"f_norm must be > 0, got {f_norm}")
     groups = as_groups(rewards, group_size)  # [P, G]
-    alpha = groups.numel() / torch.count_nonzero(groups).clamp(min=1)
-    return (alpha * center_groups(groups, groups.mean(dim=1, keepdim=True)) / f_norm).reshape(-1)
+    mask = as_mask(scored, groups)
+    if mask is None:
+        alpha = groups.numel() / torch.count_nonzero(groups).clamp(min=1)
+    else:
+        alpha = mask.sum() / torch.count_nonzero(groups * mask).clamp(min=1)
+    return (alpha * center_groups(groups, group_mean(groups, mask), mask) / f_norm).reshape(-1)
 
 
-def _inverted_cdf_quantile(groups: Tensor, quantile: float) -> Tensor:
-    """Empirical K-quantile inf{r : F_G(r) >= K} per row: sorted[ceil(K*G) - 1]. [P, G] -> [P, 1]"""
+def _inverted_cdf_quantile(groups: Tensor, quantile: float, mask: Tensor | None = None) -> Tensor:
+    """Empirical K-quantile inf{r : F_G(r) >= K} per row: sorted[ceil(K*G) - 1], over the n scored values
+    of the row with ``mask`` (sorted[ceil(K*n) - 1]). [P, G] -> [P, 1]"""
     size = groups.shape[1]
-    index = min(max(math.ceil(round(quantile * size, 9)) - 1, 0), size - 1)
-    return groups.sort(dim=1).values[:, index : index + 1]
+    if mask is None:
+        index = min(max(math.ceil(round(quantile * size, 9)) - 1, 0), size - 1)
+        return groups.sort(dim=1).values[:, index : index + 1]
+    n = mask.sum(dim=1, keepdim=True).double()  # [P, 1]
+    index = (torch.ceil(torch.round(quantile * n, decimals=9)) - 1).clamp(min=0)
+    index = torch.minimum(index, (n - 1).clamp(min=0)).long()  # [P, 1]
+    return torch.where(mask, groups, torch.inf).sort(dim=1).values.gather(1, index)  # unscored sort last
 
 
 def _torch_quantile(interpolation: str):
-    def fn(groups: Tensor, quantile: float) -> Tensor:
-        return torch.quantile(groups, quantile, dim=1, keepdim=True, interpolation=interpolation)
+    def fn(groups: Tensor, quantile: float, mask: Tensor | None = None) -> Tensor:
+        if mask is None:
+            return torch.quantile(groups, quantile, dim=1, keepdim=True, interpolation=interpolation)
+        values = torch.where(mask, groups, torch.nan)  # nanquantile skips the unscored
+        return torch.nanquantile(values, quantile, dim=1, keepdim=True, interpolation=interpolation)
 
     return fn
 
@@ -177,6 +223,7 @@ def qae_advantages(
     interpolation: QuantileInterpolation = "inverted_cdf",
     scale_by_std: bool = False,
     eps: float = 1e-6,
+    scored: Tensor | None = None,
 ) -> Tensor:
     """Quantile Advantage Estimation (Wu et al., arXiv 2509.22611): A_i = r_i - q_K(group).
 
@@ -198,11 +245,12 @@ def qae_advantages(
     if interpolation not in _QUANTILE_FNS:
         raise ValueError(f"unknown interpolation {interpolation!r}; valid: {', '.join(_QUANTILE_FNS)}")
     groups = as_groups(rewards, group_size)  # [P, G]
+    mask = as_mask(scored, groups)
     if scale_by_std:
         check_std_group("qae", rewards, group_size)
-    centred = center_groups(groups, _QUANTILE_FNS[interpolation](groups, quantile))  # [P, G]
+    centred = center_groups(groups, _QUANTILE_FNS[interpolation](groups, quantile, mask), mask)  # [P, G]
     if scale_by_std:
-        centred = centred / (bessel_std(groups, dim=1) + eps)
+        centred = centred / (bessel_std(groups, dim=1, mask=mask) + eps)
     return centred.reshape(-1)
 
 
@@ -224,14 +272,18 @@ def sum_then_normalize(
     weights: Tensor | Sequence[float],
     group_size: int,
     estimator: str = "grpo",
+    *,
+    scored: Tensor | None = None,
     **estimator_params,
 ) -> Tensor:
     """A = estimator(sum_k w_k r[:, k]): weight the rewards, then normalise. [B, R] -> [B]
 
-    TRL ``multi_objective_aggregation="sum_then_normalize"`` (its default).
+    TRL ``multi_objective_aggregation="sum_then_normalize"`` (its default). ``scored`` [B] bool (None =
+    all): the rows no reward function scored are left out of the estimator's statistics and get 0.
     """
     rewards, weights = _check_multi(rewards, weights)
-    return ADVANTAGES.get(estimator)(rewards @ weights, group_size, **estimator_params)
+    fn = _resolve_estimator(estimator, scored, estimator_params)
+    return fn(rewards @ weights, group_size, **estimator_params)
 
 
 @REWARD_AGGREGATIONS.register("normalize_then_sum")
@@ -243,6 +295,7 @@ def normalize_then_sum(
     *,
     batch_normalize: bool = True,
     batch_eps: float = 1e-6,
+    scored: Tensor | None = None,
     **estimator_params,
 ) -> Tensor:
     """GDPO (arXiv 2601.05242): normalise each reward in its group, then sum. [B, R] -> [B]
@@ -253,18 +306,34 @@ def normalize_then_sum(
     The final batch whitening is the GDPO paper's and TRL's ``normalize_then_sum`` (TRL's eps
     is 1e-4); ``batch_normalize=False`` returns the plain weighted sum S. Departure: a group whose
     every reward function is constant keeps A = 0 exactly (the paper's formula gives it
-    -mean(S) / std(S): float noise for the centring estimators, a shift for ``qae``).
+    -mean(S) / std(S): float noise for the centring estimators, a shift for ``qae``). ``scored`` [B]
+    bool (None = all): the rows no reward function scored are left out of every per-reward estimate and
+    of the batch whitening, and get 0 (TRL).
     """
     rewards, weights = _check_multi(rewards, weights)
-    fn = ADVANTAGES.get(estimator)
+    fn = _resolve_estimator(estimator, scored, estimator_params)
     per_reward = [fn(rewards[:, k], group_size, **estimator_params) for k in range(rewards.shape[1])]
     total = (torch.stack(per_reward, dim=1) * weights).sum(dim=1)  # [B]
     if not batch_normalize:
         return total
-    constant = torch.stack([constant_rows(as_groups(rewards[:, k], group_size)) for k in range(rewards.shape[1])]).all(
-        0
-    )  # [B]
-    return whiten_signal(total, constant, batch_eps)
+    columns = [as_groups(rewards[:, k], group_size) for k in range(rewards.shape[1])]  # R x [P, G]
+    mask = None if scored is None or not columns else as_mask(scored, columns[0])
+    constant = torch.stack([constant_rows(groups, mask) for groups in columns]).all(0)  # [B]
+    return whiten_signal(total, constant, batch_eps, None if mask is None else mask.reshape(-1))
+
+
+def _resolve_estimator(name: str, scored: Tensor | None, params: dict):
+    """The ``ADVANTAGES`` entry ``name``; with ``scored`` set, put into ``params`` for it (an estimator
+    that cannot leave unscored rows out, not marked ``takes_scored``, raises instead)."""
+    fn = ADVANTAGES.get(name)
+    if scored is not None:
+        if not getattr(fn, "takes_scored", False):
+            raise ValueError(
+                f"advantage estimator {name!r} cannot leave out the samples no reward function scored "
+                "(it is not marked takes_scored): set model.algorithm.unscored: zero to score them 0"
+            )
+        params["scored"] = scored
+    return fn
 
 
 # Read by the fit-time checks (lightning_grpo.checks.validation) instead of branching on names: each of
@@ -281,4 +350,5 @@ for _estimator in (
     gpg_advantages,
 ):
     _estimator.group_relative = True
+    _estimator.takes_scored = True  # leaves unscored rows (``scored``) out of its group statistics
 grpo_advantages.divides_by_group_std = True

@@ -113,7 +113,7 @@ def gfpo_advantages(rewards: Tensor, keep: Tensor, group_size: int, estimator: s
 
     Every group must keep the same number k >= 1 of rows (as the GFPO selections do); the kept
     rows keep their order. ``estimator`` is a name in ``ADVANTAGES``; ``params`` go to it
-    (``lengths`` [B'], for ``opo``, is cut to the kept rows).
+    (``lengths`` [B'], for ``opo``, and ``scored`` [B'] are cut to the kept rows).
     """
     groups = as_groups(rewards, group_size)  # [P, G']
     if keep.shape != rewards.shape:
@@ -127,7 +127,8 @@ def gfpo_advantages(rewards: Tensor, keep: Tensor, group_size: int, estimator: s
     if k < 1 or bool((counts != k).any()):
         raise ValueError(f"every group must keep the same number k >= 1 of rows, got counts {counts.tolist()}")
     kept = keep.nonzero().squeeze(1)  # [P*k], group-contiguous because groups are
-    if "lengths" in params:  # a per-row parameter (opo): the kept rows' lengths
-        params = {**params, "lengths": torch.as_tensor(params["lengths"], device=rewards.device)[kept]}
+    for name in ("lengths", "scored"):  # per-row parameters (opo's lengths, the scored mask): the kept rows'
+        if params.get(name) is not None:
+            params = {**params, name: torch.as_tensor(params[name], device=rewards.device)[kept]}
     out[kept] = ADVANTAGES.get(estimator)(groups.reshape(-1)[kept], k, **params)
     return out

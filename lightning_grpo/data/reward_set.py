@@ -15,7 +15,9 @@ Two calling conventions (`RewardSpec.convention`):
 
 A function may return ``None`` for a sample it does not apply to (TRL's convention): the sample is
 left out of that function's logged mean and std and counts 0 in the weighted sum (TRL's
-``nansum``); a sample no function applies to scores 0, with a warning.
+``nansum``). A sample no function applies to scores 0 here, with a warning, and is marked in
+`RewardScores.applicable`: by default (``model.algorithm.unscored: exclude``, TRL) the advantages leave
+it out of its group's mean and std and give it 0.
 """
 
 from __future__ import annotations
@@ -262,9 +264,9 @@ class RewardSet:
         if unscored:
             i = unscored[0]
             warnings.warn(
-                f"every reward function returned None for sample {i} (completion {_prefix(completions[i])}): it scores 0 "
-                f"in the weighted sum, as in TRL ({len(unscored)} such sample(s) in this batch); make at least one "
-                "function score every sample",
+                f"every reward function returned None for sample {i} (completion {_prefix(completions[i])}): it is left "
+                f"out of its group's baseline and gets advantage 0, as in TRL (model.algorithm.unscored: zero scores it 0 "
+                f"instead; {len(unscored)} such sample(s) in this batch); make at least one function score every sample",
                 stacklevel=2,
             )
         return RewardScores(

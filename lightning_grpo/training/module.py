@@ -247,17 +247,31 @@ class GRPOModule(PolicyMixin, L.LightningModule):
 
     # ----------------------------------------------------------------------- advantages
     def compute_advantages(
-        self, rewards: Tensor, weights: Tensor, group_size: int, lengths: Tensor | None = None
+        self,
+        rewards: Tensor,
+        weights: Tensor,
+        group_size: int,
+        lengths: Tensor | None = None,
+        scored: Tensor | None = None,
     ) -> Tensor:
         """rewards [B, R] (one column per reward function), weights [R] -> advantages [B]. ``lengths``
-        [B] (completion tokens) go to an estimator marked ``needs_lengths`` (opo)."""
+        [B] (completion tokens) go to an estimator marked ``needs_lengths`` (opo). ``scored`` [B] bool:
+        the rows some reward function scored (None: all); with ``algorithm.unscored: exclude`` the others
+        are left out of the group statistics and get 0."""
         params = dict(self.algorithm.advantage_args or {})
         if getattr(self._advantage_fn, "needs_lengths", False):
             params["lengths"] = lengths
+        if self.algorithm.unscored == "exclude" and scored is not None and not bool(scored.all()):
+            params["scored"] = scored
         return self._reward_aggregation_fn(rewards, weights, group_size, estimator=self.algorithm.advantage, **params)
 
     def prepare_rollout_batch(
-        self, batch: RolloutBatch, rewards: Tensor, weights: Tensor, records: list[dict] | None = None
+        self,
+        batch: RolloutBatch,
+        rewards: Tensor,
+        weights: Tensor,
+        records: list[dict] | None = None,
+        scored: Tensor | None = None,
     ) -> RolloutBatch:
         """Fill in advantages and, only where needed, the reference and old log-probs.
 
@@ -266,13 +280,15 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         ``keep_mask`` leaves the global normaliser; batch-normalised IS weights' step-wide mean);
         else old = sg[logp]. Never in bypass mode: old is the engine's. With distillation the
         teachers score the batch and the advantages become token-level (``records``: one per group). No-grad
-        forwards run ``forward.rows_per_pass`` rows at a time.
+        forwards run ``forward.rows_per_pass`` rows at a time. ``scored`` [B] bool: the rows some reward
+        function scored (None: all), for `compute_advantages`.
         """
         if self.uses_reference:
             batch.ref_logp = self._logprobs_no_grad(batch, reference=True)
         if self.algorithm.kl_in_reward.coef:
             rewards, weights = self._kl_in_reward(batch, rewards @ weights), weights.new_ones(1)
-        batch.advantages = self.compute_advantages(rewards, weights, batch.group_size, batch.completion_mask.sum(-1))
+        lengths = batch.completion_mask.sum(-1)  # [B]
+        batch.advantages = self.compute_advantages(rewards, weights, batch.group_size, lengths, scored)
         if self.distiller is not None:
             self.distiller.prepare(batch, records)
         reused = self.algorithm.num_iterations > 1 or self.algorithm.steps_per_generation > 1

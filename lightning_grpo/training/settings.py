@@ -91,6 +91,11 @@ class AlgorithmSettings:
     """Its keyword arguments (e.g. ``{eps: 1.0e-4}``)."""
     reward_aggregation: str = "sum_then_normalize"
     """How several reward functions combine (``REWARD_AGGREGATIONS``)."""
+    unscored: Literal["exclude", "zero"] = "exclude"
+    """A sample that no reward function scores (every one returned ``None``): ``exclude`` leaves it out of
+    its group's mean and std and gives it advantage 0, a group with fewer than 2 scored samples gets 0
+    throughout (TRL); ``zero`` scores it 0 and keeps it in the group's statistics. Either way it stays in
+    the loss's token count and KL term."""
     kl_in_reward: KLInRewardSettings = field(default_factory=KLInRewardSettings)
     """Subtract a KL to the reference from each reward (needs a reference; ``coef: 0`` is off)."""
     num_iterations: int = 1
@@ -109,6 +114,8 @@ class AlgorithmSettings:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"model.algorithm.{name} must be an integer >= 1, got {value!r}")
+        if self.unscored not in ("exclude", "zero"):
+            raise ValueError(f"model.algorithm.unscored must be 'exclude' or 'zero', got {self.unscored!r}")
 
 
 @dataclass

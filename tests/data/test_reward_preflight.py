@@ -100,7 +100,8 @@ def test_none_is_left_out_of_its_mean_and_of_the_weighted_sum():
 def test_a_sample_no_function_scores_gets_zero_and_a_warning():
     rewards = RewardSet([RewardSpec(half_applicable), RewardSpec(none_at_3, weight=0.5)])
     with pytest.warns(
-        UserWarning, match=r"every reward function returned None for sample 3 \(completion 'd'\): it scores 0"
+        UserWarning,
+        match=r"every reward function returned None for sample 3 \(completion 'd'\): it is left out of its group",
     ):
         scores = rewards.score(["a", "b", "c", "d"])
     assert torch.allclose(scores.rewards @ scores.weights, torch.tensor([2.0, 1.0, 1.5, 0.0]))

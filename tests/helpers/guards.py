@@ -17,10 +17,13 @@ class FakeModule:
         self.logged.append((name, value))
 
 
-def drive(guard: Any, batches: list[dict[str, float]], group_size: int = 8, first_step: int = 0) -> list[int]:
-    """Feed the guard one rollout batch's statistics per entry (steps from ``first_step``); the steps it fired at."""
+def drive(
+    guard: Any, batches: list[dict[str, float]], group_size: int = 8, first_step: int = 0, callbacks: list = ()
+) -> list[int]:
+    """Feed the guard one rollout batch's statistics per entry (steps from ``first_step``; ``callbacks``: the
+    Trainer's other callbacks); the steps it fired at."""
     module = FakeModule()
-    trainer = SimpleNamespace(global_step=0, global_rank=0, callbacks=[], loggers=[], log_dir=None)
+    trainer = SimpleNamespace(global_step=0, global_rank=0, callbacks=list(callbacks), loggers=[], log_dir=None)
     for step, metrics in enumerate(batches, start=first_step):
         trainer.global_step = step
         module.rollout_metrics = metrics

@@ -57,6 +57,7 @@ DEFAULT_GUARDS = [
     ("IdenticalSamplesGuard", {}),
     ("MismatchGuard", {}),
     ("ZeroStdGuard", {"max_reward": 0.9}),
+    ("TruncationGuard", {"max_reward": 0.9}),
 ]
 
 
@@ -81,7 +82,7 @@ def _attached_callbacks(cfg: dict[str, Any], tmp_path: Path, *args: str) -> list
 
 
 def test_the_module_attaches_the_default_guards_unless_the_recipe_names_one(tmp_path, tiny_cache):
-    """quickstart.yaml as written: the six default guards with their settings, once, next to the recipe's
+    """quickstart.yaml as written: the seven default guards with their settings, once, next to the recipe's
     ModelCheckpoint and RolloutCallback. A recipe that names one guard gets that guard only; with
     ``model.default_guards: false`` it gets none."""
     from lightning.pytorch.callbacks import ModelCheckpoint
