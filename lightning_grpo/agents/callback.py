@@ -13,12 +13,14 @@ import lightning as L
 
 from ..callbacks.rollout import RolloutCallback
 from ..callbacks.sampling import SampleResult, sample_groups
+from ..data.records import RAW_PROMPT
 from ..data.reward_set import RewardScores, RewardSpec
 from ..rollout.base import RolloutEngine, SamplingConfig, request_seed
-from .chat import ChatRenderer
+from .chat import ChatRenderer, probe_episode
 from .environment import resolve_environment
 from .episodes import EpisodeLimits, EpisodeRollout, run_episodes
 from .report import episode_metrics, successful_calls
+from .tools import tool_schema
 
 #: A vocabulary token whose text ends with this marker ends a turn (Hermes / Qwen2.5 tool calls).
 TOOL_CALL_END = "</tool_call>"
@@ -110,6 +112,22 @@ class AgentRolloutCallback(RolloutCallback):
 
     def probe_rewards(self, records: list[dict], tokenizer: Any) -> None:
         """Not probed: the episodes' reward columns come from the environment (`score`)."""
+
+    def template_conversations(self, records: list[dict]) -> list[tuple[list[dict], Any, str]]:
+        """Made-up episodes opened by ``records``' prompts (:func:`~lightning_grpo.agents.chat.probe_episode`, with
+        the environment's tools) for the chat-template check
+        (:func:`~lightning_grpo.checks.chat_template.check_chat_template`); none with ``max_turns: 1``."""
+        if self.limits.max_turns == 1:
+            return []
+        tools = [t if isinstance(t, dict) else tool_schema(t) for t in getattr(self.make_env(), "tools", None) or []]
+        return [
+            (
+                probe_episode(rec.get(RAW_PROMPT, rec["prompt"]), tools),
+                tools or None,
+                f"an episode opened by training row {i}",
+            )
+            for i, rec in enumerate(records)
+        ]
 
     def completion_budget(self) -> tuple[int | None, str]:
         """Tokens an episode may take after its prompt: one turn's, or ``max_episode_tokens`` plus a last

@@ -15,9 +15,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..data.records import is_chat
 from .environment import Messages
 
 _PROBE = "\x00probe\x00"
+#: The reasoning block of :func:`probe_episode`'s assistant turns (a template that drops reasoning drops it).
+_THOUGHT = "<think>\nFirst step.\n</think>\n\n"
+
+
+def probe_episode(prompt: Any, tools: list[dict] | None = None) -> Messages:
+    """A made-up episode for the chat-template check (:mod:`lightning_grpo.data.chat_prefix`): ``prompt`` (text, as
+    a user message, or chat messages) opens it; an assistant turn with a ``<think>`` block, the environment's
+    answer (a tool result after a call of the first tool when there are ``tools``, else a user message) and a last
+    assistant turn follow."""
+    opening = list(prompt) if is_chat(prompt) else [{"role": "user", "content": str(prompt)}]
+    if tools:
+        call = {"type": "function", "function": {"name": tools[0]["function"]["name"], "arguments": {}}}
+        turn = {"role": "assistant", "content": _THOUGHT, "tool_calls": [call]}
+        answer = {"role": "tool", "content": "1"}
+    else:
+        turn, answer = (
+            {"role": "assistant", "content": _THOUGHT + "A first answer."},
+            {"role": "user", "content": "Go on."},
+        )
+    return [*opening, turn, answer, {"role": "assistant", "content": _THOUGHT + "Done."}]
 
 
 class ChatRenderer:

@@ -32,6 +32,8 @@ names the option as written in a recipe (``data.batch_size``, ``model.algorithm.
 * the optimizer: it accepts its arguments and its learning rate is > 0;
 * pre-flight (:mod:`lightning_grpo.checks.preflight`): every server the run talks to (vLLM servers,
   environment servers, judges) accepts a connection, and every teacher folder exists;
+* the chat template (a warning, :mod:`lightning_grpo.checks.chat_template`): multi-turn episodes rendered
+  message by message keep every earlier turn as it was rendered;
 * the rewards: every reward function runs on stand-in completions of the first training rows
   (:mod:`lightning_grpo.data.reward_probe`).
 """
@@ -48,6 +50,7 @@ from typing import Any
 import torch
 
 from ..core import ADVANTAGES
+from .chat_template import check_chat_template
 from .model_checks import check_lora, check_loss, model_config
 from .preflight import check_external
 
@@ -76,6 +79,7 @@ def check_fit_config(
     if dm is not None and hasattr(dm, "train_records"):
         if dm.train_records is None:
             dm.setup("fit")
+        check_chat_template(dm, callback)
         check_lengths(dm, module, callback)
         check_vocabulary(dm, module)
         check_rewards(dm, callback)

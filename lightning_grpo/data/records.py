@@ -142,6 +142,10 @@ class PromptFormat:
     on_long_prompt: Literal["error", "truncate"] = "error"
     """``"error"`` on a prompt over ``max_prompt_length``, or ``"truncate"`` it to its last
     ``max_prompt_length`` tokens (warns once)."""
+    template_check_rows: int = 4
+    """Rows (SFT transcripts; the prompts an agent run's episodes open with) whose conversations are rendered
+    message by message before the run, to warn when the chat template rewrites earlier turns (e.g. drops their
+    ``<think>`` blocks; docs/guide/troubleshooting.md); 0 skips the check."""
 
     def __post_init__(self) -> None:
         for name in ("prompt_column", "answer_column"):
@@ -158,6 +162,9 @@ class PromptFormat:
             raise ValueError(
                 f"data.format.max_prompt_length must be a positive integer or null, got {self.max_prompt_length!r}"
             )
+        rows = self.template_check_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ValueError(f"data.format.template_check_rows must be an integer >= 0, got {rows!r}")
         if self.on_long_prompt not in ("error", "truncate"):
             raise ValueError(f"data.format.on_long_prompt must be 'error' or 'truncate', got {self.on_long_prompt!r}")
 

@@ -14,12 +14,21 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
+from .chat_prefix import rewrite_warning
 from .datamodule import PromptDataModule
 from .records import PromptFormat
 from .sft_format import INPUT_IDS, LOSS_MASK, SFTFormat
 from .sources import DataSource
+
+#: What a rewriting template means for SFT (the end of the chat-template warning).
+SFT_CONSEQUENCE = (
+    "SFT trains on the whole transcript's rendering: that turn is trained on other tokens than the model writes "
+    "when it is sampled there (its own rendering), and the later turns on a history a multi-turn run, which keeps "
+    "the sampled tokens, never shows"
+)
 
 
 class SFTDataModule(PromptDataModule):
@@ -107,6 +116,20 @@ class SFTDataModule(PromptDataModule):
             chat_template_kwargs=format.chat_template_kwargs,
             last_turn_weight=last_turn_weight,
         )
+
+    def setup(self, stage: str | None = None) -> None:
+        """`PromptDataModule.setup`, then the chat-template check on the first ``data.format.template_check_rows``
+        training rows (:func:`~lightning_grpo.data.chat_prefix.rewrite_warning`): one warning when the template
+        renders an earlier turn differently once more messages follow it."""
+        fresh = self.train_records is None
+        super().setup(stage)
+        if not fresh or not self.format.template_check_rows:
+            return
+        rows = self.train_records[: self.format.template_check_rows]
+        conversations = self._builder.conversations(rows, self.source.describe("train"))
+        line = rewrite_warning(self.tokenizer, conversations, SFT_CONSEQUENCE, self.format.chat_template_kwargs)
+        if line is not None:
+            rank_zero_warn(line)
 
     def _loader(self, examples: list[dict[str, Any]], batch_size: int, shuffle: bool) -> DataLoader:
         generator = torch.Generator().manual_seed(self.seed)

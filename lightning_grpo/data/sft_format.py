@@ -112,6 +112,20 @@ class SFTFormat:
             examples.append({**row, INPUT_IDS: ids, LOSS_MASK: mask})
         return examples
 
+    def conversations(self, rows: list[dict[str, Any]], source: str) -> list[tuple[list[dict[str, Any]], Any, str]]:
+        """(messages, tools, "row i of ``source``") of the rows as :meth:`build` renders them; none for rows without
+        the chat template (nothing is rendered by turns)."""
+        if not rows or not self.use_chat_template:
+            return []
+        if self.kind(rows, source) == "messages":
+            return [
+                (row[self.messages_column], row.get(self.tools_column), f"row {i} of {source}")
+                for i, row in enumerate(rows)
+            ]
+        return [
+            (self._as_messages(row, f"row {i} of {source}"), None, f"row {i} of {source}") for i, row in enumerate(rows)
+        ]
+
     def _as_messages(self, row: dict[str, Any], where: str) -> list[dict[str, Any]]:
         prompt, answer = row[self.prompt_column], _text(row[self.answer_column], self.answer_column, where)
         if not isinstance(prompt, str) and not is_chat(prompt):
