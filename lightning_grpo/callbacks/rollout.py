@@ -206,6 +206,11 @@ class RolloutCallback(Callback):
         probe_rewards(self.reward_set, records, tokenizer)
         self._rewards_probed = True
 
+    def template_conversations(self, records: list[dict]) -> list[tuple[list[dict], Any, str]]:
+        """The multi-turn conversations the chat-template check renders (`check_chat_template`): none here, a
+        single-turn rollout renders its prompt once and never a completion."""
+        return []
+
     def sync_weights(self, module: L.LightningModule) -> float:
         """Push the policy into the engine if it changed since the last push; returns seconds."""
         step = module.trainer.global_step

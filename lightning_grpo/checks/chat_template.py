@@ -10,11 +10,14 @@ trained model another history, and SFT transcripts rendered with it train those 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
 from ..data.chat_prefix import rewrite_warning
+
+if TYPE_CHECKING:
+    from ..data.datamodule import PromptDataModule
 
 #: What a rewriting template means for an agent run (the end of the warning).
 AGENT_CONSEQUENCE = (
@@ -24,15 +27,17 @@ AGENT_CONSEQUENCE = (
 )
 
 
-def check_chat_template(dm: Any, callback: Any) -> None:
+def check_chat_template(dm: PromptDataModule, callback: Any) -> None:
     """Warn (rank zero) when the run's multi-turn episodes meet a chat template that rewrites earlier turns; the
     episodes are the callback's ``template_conversations`` of the first ``data.format.template_check_rows``
-    training records (single-turn rollouts have none: a prompt is rendered once, a completion never)."""
-    conversations = getattr(callback, "template_conversations", None)
-    tokenizer = getattr(dm, "tokenizer", None)
-    rows = getattr(getattr(dm, "format", None), "template_check_rows", 0)
-    if conversations is None or not rows or not getattr(tokenizer, "chat_template", None):
+    training records (single-turn rollouts have none: a prompt is rendered once, a completion never).
+    ``callback``: the run's :class:`~lightning_grpo.RolloutCallback` (a layer above this one)."""
+    rows, tokenizer = dm.format.template_check_rows, dm.tokenizer
+    if not rows or tokenizer is None or not getattr(tokenizer, "chat_template", None):  # a transformers tokenizer
         return
-    line = rewrite_warning(tokenizer, conversations(dm.train_records[:rows]), AGENT_CONSEQUENCE)
+    conversations = callback.template_conversations(dm.train_records[:rows])
+    if not conversations:
+        return
+    line = rewrite_warning(tokenizer, conversations, AGENT_CONSEQUENCE)
     if line is not None:
         rank_zero_warn(line)
