@@ -29,6 +29,7 @@ from ..checks.validation import check_fit_config
 from ..core import SELECTIONS
 from ..core.batch import BatchGeometry, RolloutBatch
 from ..data.reward_set import RewardSet, RewardSpec
+from ..data.reward_spec import RewardName
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed, test_seed
 from ..rollout.vllm_args import VLLMArgs
 from ..rollout.vllm_server import ServerSettings
@@ -60,7 +61,8 @@ class RolloutCallback(Callback):
             kv_cache_memory_bytes, gpu_memory_utilization, enable_lora, sleep_level, ...).
         server: the vLLM servers' settings (`ServerSettings`: urls, num_servers, ...).
         sampling: group size ``n`` (G, or G' with GFPO), temperature, top_p, top_k, max_new_tokens.
-        rewards: reward functions with weights (default: exact match against ``answer``).
+        rewards: reward functions with weights (default: exact match against ``answer``); a name alone
+            (``my_rewards.fn``, or a list of names and specs) stands for ``{name: my_rewards.fn}``.
         selection: which samples train (`SelectionSettings`): dynamic sampling (DAPO),
             GFPO, the overlong filter, generation rounds.
         evaluation: held-out metrics (`EvaluationSettings`): samples per prompt,
@@ -97,7 +99,7 @@ class RolloutCallback(Callback):
         vllm: VLLMArgs = VLLMArgs(),  # noqa: B008 - copied below; shown by --help / --print_config
         server: ServerSettings = ServerSettings(),  # noqa: B008 - copied below
         sampling: SamplingConfig = SamplingConfig(),  # noqa: B008 - copied below
-        rewards: list[RewardSpec] | None = None,
+        rewards: list[RewardSpec | RewardName] | RewardName | None = None,
         selection: SelectionSettings = SelectionSettings(),  # noqa: B008 - copied below
         evaluation: EvaluationSettings = EvaluationSettings(),  # noqa: B008 - copied below
         weight_sync: WeightSyncSettings = WeightSyncSettings(),  # noqa: B008 - copied below

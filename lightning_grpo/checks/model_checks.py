@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ..models.lora import check_target_modules
+
 
 def check_loss(module: Any) -> None:
     """``model.loss`` computes a loss on a made-up batch of 4 completions x 3 tokens (all inputs given)."""
@@ -71,6 +73,7 @@ def check_lora(module: Any) -> None:
         return
     from peft import get_peft_model
 
+    check_target_modules(skeleton, lora)
     try:
         get_peft_model(skeleton, config)
     except (ValueError, TypeError, KeyError) as err:

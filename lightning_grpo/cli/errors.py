@@ -39,6 +39,8 @@ _GIVEN_CLASS = re.compile(r"class_path='([^']+)'")
 _NOT_ACCEPTED = re.compile(r"[Oo]ption '([^']+)' is not accepted")
 _GROUP_OPTION = re.compile(r"(Group|Subcommand) '([^']+)' does not accept option '([^']+)'")
 _MARK = "_lightning_grpo_config_error"
+#: The package's own types (``jsonargparse.typing.register_type``) explain a bad value in full: kept alone.
+_OWN_TYPE = re.compile(r"Not of type (?:RewardName): (.*)$")
 
 
 def _pretty(text: str) -> str:
@@ -137,6 +139,8 @@ def _condense(message: str, parser: Any = None, config: Any = None) -> str:
         keys.append(option)
         text = "not an option" + (f" of {class_path}" if class_path else "")
         text += _suggest(option, _parameters(class_path) if class_path else [])
+    elif own := next((m.group(1) for leaf in leaves if (m := _OWN_TYPE.match(leaf))), None):
+        text = own  # the other alternatives' errors ("expected a list") are noise next to it
     elif class_path and text.startswith("expected"):  # a type error: name the class it is checked against
         text += f" ({class_path})"
     if text.startswith("unrecognized arguments:") and class_path:  # inside a class_path value

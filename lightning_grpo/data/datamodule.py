@@ -22,6 +22,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_grpo.core.batch import BatchGeometry
@@ -221,6 +222,12 @@ class PromptDataModule(L.LightningDataModule):
             if split is not None:
                 self._builder.check_columns(*split)
         train_records = self._train_records(train, tokenizer)
+        if val is None and stage in (None, "fit"):
+            rank_zero_info(
+                f"{train[1]} comes without validation rows: no validation runs and no val/* metrics (held-out "
+                "accuracy) are logged; give them with data.val_files (or the source's validation split), or hold "
+                "out some training rows with data.val_fraction"
+            )
         self.val_records = self._builder.build(*val, tokenizer) if val is not None else []
         self.test_records = self._builder.build(*test, tokenizer) if test is not None else []
         self.train_records = train_records

@@ -212,6 +212,7 @@ class RecordBuilder:
     def __init__(self, format: PromptFormat) -> None:
         self.format = format
         self._warned_truncation = False
+        self._warned_characters = False
 
     def check_columns(self, rows: list[dict[str, Any]], source: str) -> None:
         self.format.check_columns(rows, source)
@@ -219,6 +220,7 @@ class RecordBuilder:
     def build(self, rows: list[dict[str, Any]], source: str, tokenizer: Any) -> list[dict[str, Any]]:
         """Records of ``rows`` (see the module docstring), whose columns `check_columns` accepted."""
         fmt = self.format
+        self._check_characters(rows, source, tokenizer)
         texts = [fmt.render(row[fmt.prompt_column], tokenizer, source, i) for i, row in enumerate(rows)]
         # A chat template writes its own special tokens (e.g. BOS); plain text gets the tokenizer's.
         all_ids = tokenizer(texts, add_special_tokens=not fmt.use_chat_template)["input_ids"]
@@ -244,3 +246,44 @@ class RecordBuilder:
                 "(data.format.max_prompt_length); further truncations are not reported"
             )
         return records
+
+    def _check_characters(self, rows: list[dict[str, Any]], source: str, tokenizer: Any) -> None:
+        """Warn once when the prompts or answers hold characters the tokenizer drops (`unencodable_characters`):
+        the policy would be fed, and could only write, the text without them."""
+        if self._warned_characters:
+            return
+        texts = [t for row in rows for t in _texts(row, self.format)]
+        lost = unencodable_characters(tokenizer, texts)
+        if not lost:
+            return
+        self._warned_characters = True
+        first = next(t for t in texts if any(c in lost for c in t))
+        fed = "".join(c for c in first if c not in lost)
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        rank_zero_warn(
+            f"the tokenizer {name} cannot encode {', '.join(map(repr, lost))} of the prompts and answers of {source}: "
+            f"those characters are dropped ({first[:40]!r} is read as {fed[:40]!r}); rewrite the data in the "
+            "characters it has, or use a tokenizer that has them (data.tokenizer_path; the built-in tiny:text "
+            "holds all printable ASCII)"
+        )
+
+
+def _texts(row: dict[str, Any], fmt: PromptFormat) -> list[str]:
+    """The prompt's text (a chat prompt's message contents) and the answer's, when they are strings."""
+    prompt = row[fmt.prompt_column]
+    texts = [m.get("content") for m in prompt] if is_chat(prompt) else [prompt]
+    if fmt.answer_column is not None:
+        texts.append(row[fmt.answer_column])
+    return [t for t in texts if isinstance(t, str)]
+
+
+def unencodable_characters(tokenizer: Any, texts: list[str]) -> list[str]:
+    """The distinct characters of ``texts`` that ``tokenizer`` encodes as nothing or as its unknown token,
+    sorted (the built-in tiny tokenizers drop every character outside their alphabet; a byte-level BPE
+    vocabulary has none)."""
+    chars = sorted(set("".join(texts)))
+    if not chars:
+        return []
+    ids = tokenizer(chars, add_special_tokens=False)["input_ids"]  # one list per character
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return [c for c, i in zip(chars, ids) if not i or (unk is not None and list(i) == [unk])]

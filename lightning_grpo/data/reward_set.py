@@ -36,7 +36,7 @@ import torch
 
 from lightning_grpo.data.records import RAW_PROMPT, is_chat
 from lightning_grpo.data.reward_classes import instantiate_reward_class
-from lightning_grpo.data.reward_spec import RewardSpec
+from lightning_grpo.data.reward_spec import RewardSpec, as_reward_spec
 from lightning_grpo.data.rewards import RewardError, RewardFn, RewardTimeoutError, resolve_reward
 
 #: What TRL passes by keyword besides the columns (RewardSet builds both from the batch).
@@ -172,10 +172,12 @@ def _params(fn: RewardFn, trl: bool) -> _Params | None:
 class RewardSet:
     """Several weighted reward functions that score a batch of completions into a ``[B, R]`` tensor."""
 
-    def __init__(self, specs: Sequence[RewardSpec | Mapping[str, Any]]) -> None:
+    def __init__(self, specs: Sequence[RewardSpec | Mapping[str, Any] | str] | str) -> None:
         """Resolve every function and check its kwargs (errors here, before any rollout); build
-        the reward classes (`instantiate_reward_class`)."""
-        self.specs = [instantiate_reward_class(s if isinstance(s, RewardSpec) else RewardSpec(**s)) for s in specs]
+        the reward classes (`instantiate_reward_class`). A name alone (``"my_rewards.fn"``, or a list
+        holding some) stands for ``RewardSpec("my_rewards.fn")``."""
+        specs = [specs] if isinstance(specs, str) else specs
+        self.specs = [instantiate_reward_class(as_reward_spec(s)) for s in specs]
         if not self.specs:
             raise ValueError("RewardSet needs at least one reward function")
         self.fns = [resolve_reward(s.name) for s in self.specs]

@@ -8,11 +8,35 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["RewardSpec"]
+from jsonargparse.typing import register_type
+
+__all__ = ["RewardName", "RewardSpec", "as_reward_spec"]
+
+#: What a reward function's name may hold: no spaces, brackets, braces or commas, so that a mistyped
+#: ``{name: ...}`` entry is read (and reported) as a `RewardSpec`, not taken for a name.
+_NAME = re.compile(r"[^\s\[\]{},]+")
+
+
+class RewardName(str):
+    """A reward function's registry name or import path alone, shorthand for ``{name: ...}``
+    (``rollout.rewards: [my_rewards.fn]``, ``--rollout.rewards my_rewards.fn``)."""
+
+
+def reward_name(value: Any) -> str:
+    """``value`` checked as a `RewardName` (the command line's and recipes' parser reads it as a plain ``str``)."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a reward function's name: name one alone (my_rewards.fn) or list them "
+            "([my_rewards.fn, {name: exact_match, weight: 0.5}])"
+        )
+    return str(value)
+
+
+register_type(RewardName, serializer=str, deserializer=reward_name)
 
 
 @dataclass
@@ -70,3 +94,13 @@ class RewardSpec:
         if callable(self.name):
             return getattr(self.name, "__name__", type(self.name).__name__)
         return re.split(r"[.:]", self.name)[-1]
+
+
+def as_reward_spec(value: RewardSpec | Mapping[str, Any] | str | Callable[..., Sequence[float]]) -> RewardSpec:
+    """``value`` as a `RewardSpec`: a spec as it is, a mapping as its fields, a name (`RewardName`) or a
+    function as ``RewardSpec(value)``."""
+    if isinstance(value, RewardSpec):
+        return value
+    if isinstance(value, Mapping):
+        return RewardSpec(**value)
+    return RewardSpec(str(value) if isinstance(value, str) else value)

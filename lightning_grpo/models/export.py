@@ -5,7 +5,10 @@ The folder loads with ``transformers.AutoModelForCausalLM.from_pretrained`` /
 (its ``dtype`` the exported one), ``generation_config.json`` and the run's tokenizer with its chat
 template. A LoRA policy is exported merged (``W + alpha / r * B A``, a plain model) or, with
 ``adapter=True``, as its adapter alone in peft's format (``adapter_config.json``,
-``adapter_model.safetensors``; ``modules_to_save`` included) next to the tokenizer.
+``adapter_model.safetensors``; ``modules_to_save`` included) next to the tokenizer. The adapter's
+``base_model_name_or_path`` names the hub id when the policy came from the hub; a local base (a model
+folder, the built-in tiny model) is written into the folder too (``base/``, the weights the adapter was
+trained on) and named ``<folder's name>/base``, so the folder works on any machine.
 
 A QLoRA policy (4-bit base) is rebuilt in its 4-bit layout and exported dequantised and merged: a
 plain dense folder without ``quantization_config``, written by :func:`save_dense`, the same function
@@ -47,8 +50,11 @@ from .checkpoints import (  # noqa: F401 - the reading half, re-exported
     locate_checkpoint,
     tokenizer_from_files,
 )
+from .hub import is_local_path
 
 DTYPES = ("float32", "bfloat16", "float16")
+#: The subfolder of an adapter export that holds its base model when the base is not on the hub.
+BASE_FOLDER = "base"
 
 
 # ------------------------------------------------------------------------ stored in checkpoints
@@ -105,7 +111,9 @@ def write_model_folder(
 
     ``weights``: the ``(hf_name, tensor)`` pairs to save (default: the policy's, LoRA merged; under
     FSDP2 pass the gathered ones); ``adapter``: the peft adapter alone (needs a peft policy);
-    ``base_model``: the adapter's ``base_model_name_or_path``."""
+    ``base_model``: where the policy was loaded from, named by the adapter's ``base_model_name_or_path`` when it
+    is a hub id (:func:`hub_id_of`); a local base (a folder, the built-in tiny model) is written too, into
+    ``out/base`` (:data:`BASE_FOLDER`), and named ``<out's name>/base``: the folder carries its base."""
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     out = Path(out)
@@ -113,7 +121,10 @@ def write_model_folder(
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         if adapter:
-            _write_adapter(policy, tmp, dtype, base_model)
+            hub_id = hub_id_of(base_model)
+            _write_adapter(policy, tmp, dtype, hub_id or f"{out.name}/{BASE_FOLDER}")
+            if hub_id is None:
+                _write_base(policy, tokenizer, tmp / BASE_FOLDER, dtype)
         else:
             _write_merged(policy, tmp, dtype, weights)
         if tokenizer is not None:
@@ -200,6 +211,38 @@ def _write_adapter(policy: nn.Module, folder: Path, dtype: str | None, base_mode
 
         file = folder / "adapter_model.safetensors"
         save_file({k: v.to(getattr(torch, dtype)).contiguous() for k, v in load_file(file).items()}, file)
+
+
+def _write_base(policy: nn.Module, tokenizer: Any, folder: Path, dtype: str | None) -> None:
+    """The adapter's base as trained on (the weights without the adapter, the original of each module trained
+    in full, ``modules_to_save``; a 4-bit base dequantised) as a model folder."""
+    from .weights import policy_weights_for_engine
+
+    base = policy.get_base_model()
+    originals = {
+        f"{name}.{key}": tensor
+        for name, module in base.named_modules()
+        if hasattr(module, "original_module") and hasattr(module, "modules_to_save")
+        for key, tensor in module.original_module.state_dict().items()
+    }
+    weights = ((name, originals.get(name, t)) for name, t in policy_weights_for_engine(policy, merge_lora=False))
+    save_dense(policy, folder, weights=weights, dtype=dtype)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+
+
+def hub_id_of(source: str | None) -> str | None:
+    """The Hugging Face hub id ``source`` names: itself when it is one (:func:`~.hub.is_local_path`), the id of a
+    snapshot folder of the hub cache (``.../models--org--name/snapshots/<revision>``); else None (a local folder)."""
+    if not isinstance(source, str) or not source:
+        return None
+    if not is_local_path(source):
+        return source
+    parts = Path(source).expanduser().resolve().parts
+    for i, part in enumerate(parts[:-2]):
+        if part.startswith("models--") and parts[i + 1] == "snapshots":
+            return part.removeprefix("models--").replace("--", "/")
+    return None
 
 
 def _set_config_dtype(file: Path, dtype: str) -> None:

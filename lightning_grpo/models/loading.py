@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .lora import LoraSettings
+from .lora import LoraSettings, check_target_modules
 from .quantization import QuantizationSettings
 
 __all__ = ["apply_lora", "load_policy"]
@@ -28,7 +28,8 @@ def load_policy(
 
 
 def apply_lora(policy: nn.Module, lora: LoraSettings) -> nn.Module:
-    """``policy`` wrapped by peft with ``lora``'s adapters."""
+    """``policy`` wrapped by peft with ``lora``'s adapters (every listed target module exists, `check_target_modules`)."""
+    check_target_modules(policy, lora)
     from peft import get_peft_model
 
     return get_peft_model(policy, lora.to_peft())

@@ -198,8 +198,9 @@ BAD = [
     ),
     (["--model.policy.lora={r: 0}"], "model.policy.lora.r must be an integer >= 1 (the adapter's rank), got 0"),
     (
-        ["--model.policy.lora={r: 4, target_modules: [q_projx]}"],
-        "model.policy.lora.target_modules ['q_projx'] (or extra): Target modules {'q_projx'} not found in the base model",
+        ["--model.policy.lora={r: 4, target_modules: [q_proj, v_projx]}"],
+        "model.policy.lora.target_modules: 'v_projx' matches no module of the model; its modules with weights to "
+        "adapt: embed_tokens, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head (or 'all-linear')",
     ),
     (
         ["--model.loss.init_args.aggregation_args={max_len: 3}"],

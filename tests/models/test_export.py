@@ -110,9 +110,10 @@ def test_lora_checkpoint_round_trip_merged_and_adapter(tmp_path, vllm_engine, di
 
     adapter = export(run_dir, tmp_path / "adapter", adapter=True)
     config = json.loads((adapter / "adapter_config.json").read_text())
-    assert config["r"] == 8 and config["base_model_name_or_path"] == str(digit_teacher_path)
+    # the base (a local folder) is written into the adapter's folder and named relative to the folder above it
+    assert config["r"] == 8 and config["base_model_name_or_path"] == "adapter/base"
     assert config["modules_to_save"] == (["lm_head"] if variant == "as_written" else None)
-    base = AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / config["base_model_name_or_path"])
     peft_model = PeftModel.from_pretrained(base, adapter)
     torch.testing.assert_close(_sequence_logprobs(peft_model, tokenizer), trained, atol=1e-5, rtol=0)
     _check_tokenizer(adapter, tokenizer)
@@ -120,9 +121,7 @@ def test_lora_checkpoint_round_trip_merged_and_adapter(tmp_path, vllm_engine, di
         "modules_to_save"
     ]:  # vLLM refuses such an adapter ("Unsupported modules_to_save"): the merged folder above
         return
-    vllm_engine.load_weights(
-        list(load_file(Path(digit_teacher_path) / "model.safetensors").items())
-    )  # the base, as trained
+    vllm_engine.load_weights(list(load_file(adapter / "base" / "model.safetensors").items()))  # the base, as trained
     vllm_engine.load_lora_adapter(str(adapter))
     try:
         vllm_serves_the_policy(vllm_engine, None, built, run_dir, min_accuracy=TRAINED)

@@ -64,7 +64,7 @@ def test_a_qlora_checkpoints_policy_is_rebuilt_4bit_and_exported_dense(tiny_mode
     ``quantization_config``: they rebuild the same."""
     from types import SimpleNamespace
 
-    from peft import get_peft_model
+    from peft import PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lightning_grpo import LoraSettings, QuantizationSettings
@@ -103,4 +103,16 @@ def test_a_qlora_checkpoints_policy_is_rebuilt_4bit_and_exported_dense(tiny_mode
     dense = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     torch.testing.assert_close(
         sequence_logprobs(dense, tokenizer), sequence_logprobs(policy, tokenizer), atol=1e-5, rtol=0
+    )
+    if written_by == "an_older_version":
+        return
+    # the adapter alone: its local base is written beside it, the 4-bit base dequantised (what the adapter trained on)
+    adapter = write_model_folder(rebuilt, None, tmp_path / "adapter", adapter=True, base_model=str(tiny_model_path))
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == "adapter/base"
+    assert "quantization_config" not in json.loads((adapter / "base" / "config.json").read_text())
+    loaded = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(adapter / "base", dtype=torch.float32), adapter
+    )
+    torch.testing.assert_close(
+        sequence_logprobs(loaded, tokenizer), sequence_logprobs(policy, tokenizer), atol=1e-5, rtol=0
     )
