@@ -124,6 +124,7 @@ class SavePretrained(Callback):
                     adapter=not self.merge_lora,
                     weights=None if not self.merge_lora else weights,
                     base_model=pl_module.model_source,
+                    carry_base=False,  # a copy of the base at every save: `lightning-grpo export --adapter` carries it
                 )
                 (out / STEP_FILE).write_text(json.dumps({"global_step": step}) + "\n")
         self._saved_step = step

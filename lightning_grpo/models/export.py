@@ -106,6 +106,7 @@ def write_model_folder(
     adapter: bool = False,
     weights: Iterable[tuple[str, torch.Tensor]] | None = None,
     base_model: str | None = None,
+    carry_base: bool = True,
 ) -> Path:
     """Write ``policy`` (and ``tokenizer``) as a model folder at ``out``, replacing it whole.
 
@@ -113,7 +114,8 @@ def write_model_folder(
     FSDP2 pass the gathered ones); ``adapter``: the peft adapter alone (needs a peft policy);
     ``base_model``: where the policy was loaded from, named by the adapter's ``base_model_name_or_path`` when it
     is a hub id (:func:`hub_id_of`); a local base (a folder, the built-in tiny model) is written too, into
-    ``out/base`` (:data:`BASE_FOLDER`), and named ``<out's name>/base``: the folder carries its base."""
+    ``out/base`` (:data:`BASE_FOLDER`), and named ``<out's name>/base``: the folder carries its base.
+    ``carry_base``: False names a local base by its path instead (no copy: saves made during training)."""
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     out = Path(out)
@@ -122,8 +124,9 @@ def write_model_folder(
     try:
         if adapter:
             hub_id = hub_id_of(base_model)
-            _write_adapter(policy, tmp, dtype, hub_id or f"{out.name}/{BASE_FOLDER}")
-            if hub_id is None:
+            carried = hub_id is None and carry_base
+            _write_adapter(policy, tmp, dtype, hub_id or (f"{out.name}/{BASE_FOLDER}" if carried else base_model))
+            if carried:
                 _write_base(policy, tokenizer, tmp / BASE_FOLDER, dtype)
         else:
             _write_merged(policy, tmp, dtype, weights)

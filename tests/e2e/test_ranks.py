@@ -170,7 +170,9 @@ def test_a_rank_whose_launcher_dies_exits(tiny_model_path, tmp_path):
 def test_a_rank_that_hangs_ends_the_run_within_the_collective_timeout(tiny_model_path, tmp_path):
     """Rank 1 stops answering at step 1 (it sleeps): rank 0's next collective times out after
     --distributed_timeout seconds, names rank 1 and ends every rank."""
-    command = _command(tmp_path, 50, _fault(tmp_path, "hang"), "--distributed_timeout=40")  # the rendezvous too: rank 1 starts in it
+    command = _command(
+        tmp_path, 50, _fault(tmp_path, "hang"), "--distributed_timeout=40"
+    )  # the rendezvous too: rank 1 starts in it
     proc = _start(command, tiny_model_path, tmp_path)
     rc, output, _ = _finish(proc, 300)
     hung_for = time.time() - (tmp_path / "markers" / "rank1.pid").stat().st_mtime

@@ -68,6 +68,16 @@ def test_a_hub_base_is_named_by_its_id_and_not_copied(tmp_path, lora_policy):
     assert not (out / "base").exists()
 
 
+def test_a_save_during_training_names_a_local_base_by_its_path(tmp_path, lora_policy, tiny_model_path):
+    """``carry_base=False`` (SavePretrained's adapter saves): the local base is named, not copied at every save."""
+    policy, tokenizer = lora_policy
+    out = write_model_folder(
+        policy, tokenizer, tmp_path / "model", adapter=True, base_model=str(tiny_model_path), carry_base=False
+    )
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(tiny_model_path)
+    assert not (out / "base").exists()
+
+
 def test_hub_ids_of_names_and_of_hub_cache_snapshots(tmp_path, tiny_model_path):
     snapshot = tmp_path / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct" / "snapshots" / "7ae557604adf"
     snapshot.mkdir(parents=True)
