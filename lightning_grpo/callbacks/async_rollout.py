@@ -39,6 +39,7 @@ class VersionRecorder(RolloutEngine):
         self.versions: list[int] = []
         self.needs_weight_sync = engine.needs_weight_sync
         self.max_model_len = engine.max_model_len
+        self.dtype = engine.dtype
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         rollout = self.engine.generate(prompt_ids, sampling, seed)
@@ -47,6 +48,9 @@ class VersionRecorder(RolloutEngine):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         self.engine.load_weights(weights, version=version)
+
+    def score(self, sequences: list[list[int]]) -> dict[str, list[torch.Tensor]]:
+        return self.engine.score(sequences)
 
     def metrics(self) -> dict[str, float]:
         """``weight_version_min`` / ``weight_version_mean`` of what was sampled (empty without versions)."""

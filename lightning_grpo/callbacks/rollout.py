@@ -37,6 +37,7 @@ from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
 from .async_setup import check_async_config, checkpoint_on_server_failure, unused_engine_sections
 from .completions import CompletionLog, CompletionLogSettings
 from .evaluation import evaluate_prompts
+from .push_check import PushCheck
 from .sampling import GroupSelector, SampleResult, sample_groups
 from .settings import EvaluationSettings, SelectionSettings, WeightSyncSettings
 from .weight_push import PolicyPush
@@ -129,6 +130,7 @@ class RolloutCallback(Callback):
         self.evaluation = replace(evaluation)
         self.weight_sync = replace(weight_sync)
         self._push = PolicyPush(weight_sync.lora)
+        self._check = PushCheck(weight_sync.check_every, weight_sync.check_tolerance, weight_sync.lora == "adapter")
         self.engine: RolloutEngine | None = None
         self._owns_engine = False
         self._engine_version = -1  # the trainer.global_step (optimizer steps) the engine's weights reflect
@@ -214,9 +216,14 @@ class RolloutCallback(Callback):
         return []
 
     def sync_weights(self, module: L.LightningModule) -> float:
-        """Push the policy into the engine if it changed since the last push; returns seconds."""
+        """Push the policy into the engine if it changed since the last push, then check the push when due
+        (``rollout.weight_sync.check_every``; an engine on the live policy is checked when the policy changed);
+        returns the push's seconds."""
         step = module.trainer.global_step
         if not self.engine.needs_weight_sync:
+            if self._engine_version != step:
+                self._engine_version = step
+                self._check.after_push(self.engine, module, step)
             return 0.0
         stale = self._engine_version != step and (self.weight_sync.enabled or self._engine_version < 0)
         if not stale and not self.engine.weights_discarded:  # (sleep level 2 dropped them: push anyway)
@@ -224,7 +231,9 @@ class RolloutCallback(Callback):
         start = time.perf_counter()
         self._push(self.engine, module.policy, step, first=self._engine_version < 0)
         self._engine_version = step
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self._check.after_push(self.engine, module, step)  # raises WeightPushError when the push did not land
+        return seconds
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -261,6 +270,7 @@ class RolloutCallback(Callback):
         elif self.engine is not None and self.weight_sync.lora == "adapter":  # a user's engine: without our adapter
             self.engine.unload_lora_adapter()
         self._push.close()
+        self._check.reset()
         self._engine_version = -1
 
     @override
@@ -298,7 +308,7 @@ class RolloutCallback(Callback):
             sync = self.sync_weights(module)
             result = self._sample(trainer, generation)
             self.engine.sleep()  # a colocated engine gives its memory back to the trainer (rollout.vllm.sleep_level)
-            return result, {"time/sync": sync}
+            return result, {"time/sync": sync, "time/push_check": self._check.take_seconds()}
         if self._pipeline is None:
             self._pipeline = self._async_pipeline(trainer, module)
         return self._pipeline.next_batch(generation, trainer.global_step)
@@ -326,12 +336,19 @@ class RolloutCallback(Callback):
         def prepare(step: int):
             self._engine_version = step
             with gathered_weights_for_engine(module.policy) as weights:  # snapshot taken inside (FSDP2: gathered)
-                return self.engine.prepare_push(weights)
+                payload = self.engine.prepare_push(weights)
+            check = self._check  # the trainer's side of the push check now, the engine's after the push lands
+            due = check.due()
+            return payload, (check.expect(module, step), check.tolerance_of(self.engine, module)) if due else None
+
+        def send(prepared, step: int) -> None:
+            payload, expected = prepared
+            self.engine.send_push(payload, step)
+            if expected is not None:
+                self._check.verify(self.engine, *expected)
 
         steps = self.geometry.optimizer_steps  # per generation batch
-        return AsyncRollout(
-            self.max_staleness, steps, prepare, self.engine.send_push, lambda g: self._sample(trainer, g)
-        )
+        return AsyncRollout(self.max_staleness, steps, prepare, send, lambda g: self._sample(trainer, g))
 
     def _use_batch(
         self, trainer: L.Trainer, module: L.LightningModule, result: SampleResult, times: dict[str, float]
@@ -364,6 +381,7 @@ class RolloutCallback(Callback):
         )
         times["time/prepare"] = time.perf_counter() - start
         module.use_rollout(batch, {**result.metrics, **self.reward_set.totals(), **times})
+        self._check.take_probe(module, batch, self.engine.max_model_len, trainer.global_step)  # the push check's probe
         self.generations += 1
         self.completion_log.new_batch(trainer, module, result, self.reward_set.names)
         for callback in trainer.callbacks:  # guards inspect the fresh batch before it trains

@@ -7,6 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+#: Default ``rollout.weight_sync.check_every``: a check costs about a quarter of a quickstart step
+#: (docs/evidence/benchmarks.md, "Weight push check"), so every 16th push keeps it under 2% there.
+CHECK_EVERY = 16
+
 
 @dataclass
 class SelectionSettings:
@@ -74,7 +78,25 @@ class WeightSyncSettings:
     lora: Literal["merged", "adapter"] = "merged"
     """A LoRA policy: "merged" pushes W + delta_W as plain weights; "adapter" saves the adapter and lets
     vLLM apply it (needs ``rollout.vllm.enable_lora``)."""
+    check_every: int = CHECK_EVERY
+    """Check that a push landed (`lightning_grpo.callbacks.push_check`): the engine scores a fixed probe (the
+    first rows of the run's first rollout) and its log-probs must equal the trainer's under the pushed weights;
+    a push that did not land stops the run with one line naming the engine, the step and what differs. Runs at
+    the first push after the probe is taken, then at every ``check_every``-th; 0 = off. Each check costs one
+    engine call and one trainer forward on a few short sequences (docs/evidence/benchmarks.md)."""
+    check_tolerance: float | None = None
+    """Largest mean |log-prob difference| on the probe that passes; None = from the run's precision
+    (the least precise of the engine's dtype, the policy's and the Trainer's: float32 1e-5, float16 1e-2,
+    bfloat16 5e-2)."""
 
     def __post_init__(self) -> None:
         if self.lora not in ("merged", "adapter"):
             raise ValueError(f"rollout.weight_sync.lora must be 'merged' or 'adapter', got {self.lora!r}")
+        if not isinstance(self.check_every, int) or isinstance(self.check_every, bool) or self.check_every < 0:
+            raise ValueError(
+                f"rollout.weight_sync.check_every must be an integer >= 0 (0 = off), got {self.check_every!r}"
+            )
+        if self.check_tolerance is not None and not self.check_tolerance > 0:
+            raise ValueError(
+                f"rollout.weight_sync.check_tolerance must be > 0 (or null: from the precision), got {self.check_tolerance!r}"
+            )

@@ -199,6 +199,10 @@ class RolloutEngine(abc.ABC):
     max_model_len: int | None = None
     """Longest prompt + completion the engine takes, in tokens; None = no limit the engine knows of."""
 
+    dtype: torch.dtype | None = None
+    """The dtype the engine's own copy of the weights computes in; None = the policy's (engines that
+    sample from the live policy). The weight push check derives its tolerance from it."""
+
     @abc.abstractmethod
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         """Sample ``sampling.n`` completions for each prompt; the same ``seed`` reproduces the rollout.
@@ -208,6 +212,17 @@ class RolloutEngine(abc.ABC):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Replace the engine's weights with ``(hf_name, tensor)`` pairs named as in an HF checkpoint;
         ``version``: the trainer's optimizer step they come from (engines that tag samples with it)."""
+
+    def score(self, sequences: list[list[int]]) -> dict[str, list[torch.Tensor]]:
+        """Log-probs of given tokens under the weights the engine samples with now (its adapter included):
+        for each sequence, ``[len(seq) - 1]`` float32 values, ``log_softmax(logits)`` at temperature 1 of token
+        ``t`` given tokens ``< t``, for t = 1 .. len - 1. Keyed by the copy of the weights that scored them
+        (one key for an in-process engine, one per server), each with one tensor per sequence. The weight push
+        check (``rollout.weight_sync.check_every``) compares them with the trainer's."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot score given tokens, which the weight push check needs: implement "
+            "RolloutEngine.score, or set rollout.weight_sync.check_every: 0"
+        )
 
     def prepare_push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Any:
         """Snapshot ``weights`` for a later `send_push` (the caller may change them afterwards);

@@ -91,6 +91,24 @@ class HFEngine(RolloutEngine):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """No-op: the engine samples from the live policy."""
 
+    def score(self, sequences: list[list[int]]) -> dict[str, list[torch.Tensor]]:
+        """Log-probs of ``sequences[i][1:]`` under the model ``generate`` samples from (eval mode, as there)."""
+        device = next(self.model.parameters()).device
+        width = max(len(s) for s in sequences)
+        ids = torch.full((len(sequences), width), self.pad_token_id, dtype=torch.long)  # [S, W] right-padded
+        mask = torch.zeros_like(ids)  # [S, W]
+        for i, seq in enumerate(sequences):
+            ids[i, : len(seq)], mask[i, : len(seq)] = torch.tensor(seq, dtype=torch.long), 1
+        was_training = self.model.training
+        try:
+            self.model.eval()
+            with torch.no_grad():
+                logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits  # [S, W, V]
+        finally:
+            self.model.train(was_training)
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None].to(device))[..., 0]
+        return {"its model": [logp[i, : len(seq) - 1].cpu() for i, seq in enumerate(sequences)]}
+
     def _left_pad(self, prompt_ids: list[list[int]], n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Each prompt repeated ``n`` times (group-contiguous), left-padded: ids and mask, both [P*n, Lp]."""
         Lp = max(len(p) for p in prompt_ids)

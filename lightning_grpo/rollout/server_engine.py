@@ -144,6 +144,20 @@ class ServerEngine(RolloutEngine):
                     pending.append(p)
         return _to_rollout(prompt_ids, results, sampling.n, self.version_base)
 
+    def score(self, sequences: list[list[int]]) -> dict[str, list[torch.Tensor]]:
+        """Log-probs of ``sequences[i][1:]`` on every live server (its prompt log-probs), keyed by URL."""
+        validate_prompts(sequences)
+        if self.max_model_len is not None:
+            check_fits(sequences, 1, self.max_model_len, "servers'", "rollout.server.max_model_len")
+        scores: dict[str, list[torch.Tensor]] = {}
+        for client in self.live_clients():
+            try:
+                scores[client.url] = [torch.tensor(client.prompt_logprobs(s), dtype=torch.float32) for s in sequences]
+            except ServerUnavailableError as err:
+                self._drop(client, err)
+        self.live_clients()  # raise if none is left
+        return scores
+
     # ------------------------------------------------------------- weight push
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Push ``(hf_name, tensor)`` pairs to every live server and tag them ``version`` (default:

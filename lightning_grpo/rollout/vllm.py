@@ -182,6 +182,30 @@ class VLLMEngine(RolloutEngine):
             outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request)
         return self._to_rollout(prompt_ids, outputs, sampling.n)
 
+    def score(self, sequences: list[list[int]]) -> dict[str, list[torch.Tensor]]:
+        """Log-probs of ``sequences[i][1:]`` under the engine's weights and adapter: vLLM's prompt log-probs (raw
+        logits, before any temperature), one greedy token generated per sequence (so each must be shorter than
+        ``max_model_len``)."""
+        validate_prompts(sequences)
+        check_fits(sequences, 1, self.max_model_len, "engine's", "rollout.vllm.max_model_len")
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        with quiet_known_harmless():
+            self._sleep.before_generate(self.llm)
+        with preserved_global_rng():
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": list(s)} for s in sequences],
+                params,
+                use_tqdm=False,
+                lora_request=self._lora_request,
+            )
+        scores = [
+            torch.tensor([rows[t][seq[t]].logprob for t in range(1, len(seq))], dtype=torch.float32)
+            for seq, rows in zip(sequences, (out.prompt_logprobs for out in outputs))
+        ]
+        return {"in-process vLLM": scores}
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Reload ``(hf_name, tensor)`` pairs in place (cast to the engine dtype), then reset the prefix cache
         (``version`` is not recorded: the engine's samples carry none)."""
