@@ -20,6 +20,7 @@ from lightning_grpo import (
     SelectionSettings,
     ZeroStdGuard,
 )
+from lightning_grpo.callbacks.settings import WeightSyncSettings
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.hf import HFEngine
 
@@ -94,6 +95,7 @@ def test_mismatch_fix_switches_on_tis_in_the_loss(tiny_model_path):
         engine="hf",
         sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=3),
         rewards=[RewardSpec("prefix_match")],
+        weight_sync=WeightSyncSettings(check_every=0),  # the stale engine is the point: the push check would stop it
         seed=3,
     )
     rollout.use_engine(HFEngine(copy.deepcopy(policy), EOS, PAD))

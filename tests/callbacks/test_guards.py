@@ -206,6 +206,9 @@ class SharedSeedEngine(RolloutEngine):
     def load_weights(self, weights, version=None):
         pass
 
+    def score(self, sequences):
+        return self.inner.score(sequences)  # the weights are the inner engine's
+
 
 @pytest.mark.parametrize("shared_seed", [True, False])
 def test_identical_samples_alarm_fires_only_for_the_seeding_bug(tiny_model_path, shared_seed):
