@@ -204,4 +204,3 @@ def mean_gap(a: list[Tensor], b: list[Tensor]) -> float:
 def _rows(logp: Tensor, probe: list[list[int]]) -> list[Tensor]:
     """[S, Lc] padded log-probs -> one [len(seq) - 1] tensor per sequence (float32, CPU)."""
     return [logp[i, : len(seq) - 1].float().cpu() for i, seq in enumerate(probe)]
-

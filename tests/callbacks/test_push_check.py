@@ -120,7 +120,10 @@ def test_hf_engine_on_the_policy_passes_and_on_a_copy_names_the_stale_step(tiny_
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("weight push check: HFEngine (its model) at step 1 does not sample with the pushed")
-    assert re.search(r"; they match step 0's weights \(\d\.\d+e-0[78]\): the engine still holds step 0's weights \(no layer was updated\)$", message), message
+    assert re.search(
+        r"; they match step 0's weights \(\d\.\d+e-0[78]\): the engine still holds step 0's weights \(no layer was updated\)$",
+        message,
+    ), message
 
 
 def test_a_run_whose_engine_misses_the_updates_stops_at_the_first_check(tiny_model_path):
@@ -199,7 +202,9 @@ def test_vllm_adapter_not_loaded_and_not_reloaded_are_named(vllm_engine, tiny_mo
             check.take_probe(module, _batch(), None, step=0)
             _nudge(policy, "lora_B")
             push(vllm_engine, policy, 1, first=False)
-            with pytest.raises(WeightPushError, match=r"at step 1 .*without its LoRA adapter \(\S+\): .*\(adapter not loaded\)$"):
+            with pytest.raises(
+                WeightPushError, match=r"at step 1 .*without its LoRA adapter \(\S+\): .*\(adapter not loaded\)$"
+            ):
                 check.verify(vllm_engine, check.expect(module, 1), TOL)
         push(vllm_engine, policy, 1, first=False)  # the real load: passes
         check.verify(vllm_engine, check.expect(module, 1), TOL)
