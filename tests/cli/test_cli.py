@@ -65,6 +65,7 @@ def test_rollout_sampling_n_changes_the_group_size(tmp_path):
         "IdenticalSamplesGuard",
         "MismatchGuard",
         "ZeroStdGuard",
+        "TruncationGuard",
     ]
     assert built.trainer.callbacks.index(callback) == 0, "the rollout callback runs before the module's guards"
     batch = built.model.rollout_batch
