@@ -340,6 +340,11 @@ class GRPOCLI(LightningCLI):
         return any(any(folder.glob("last*.ckpt")) for folder in folders if folder.is_dir())
 
 
+def _shows_help(argv: list[str]) -> bool:
+    """True when the command prints the options' help (``-h``, ``--help``, ``--print_config=comments``)."""
+    return any(a in ("-h", "--help") or (a.startswith("--print_config") and "comments" in a) for a in argv)
+
+
 def build_cli(
     args: list[str] | None = None,
     run: bool = True,
@@ -357,8 +362,10 @@ def build_cli(
     from ..data.datamodule import PromptDataModule
     from ..training.module import GRPOModule
 
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # dataclass field docstrings in --help
-    check_config_files(sys.argv[1:] if args is None else list(args))
+    argv = sys.argv[1:] if args is None else list(args)
+    # The dataclass fields' docstrings are read (from the source, about 2 s) only where they are shown.
+    set_parsing_settings(docstring_parse_attribute_docstrings=_shows_help(argv))
+    check_config_files(argv)
     return cli_class(
         model_class or GRPOModule,
         datamodule_class or PromptDataModule,

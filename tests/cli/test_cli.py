@@ -123,6 +123,8 @@ def test_help_lists_the_rollout_options_not_every_torch_module(capsys):
     ):
         assert option in out, option
     assert "torch.nn.Linear" not in out and "--model.model.help" not in out
+    # a settings field's own docstring (read only when help is shown: the other commands skip it)
+    assert "Longest prompt + completion in tokens." in " ".join(out.split())
     # --model.model listed about 450 torch.nn classes (some 500 lines more); every option is one to a few lines
     # (1,073 lines with the typed rollout.vllm / rollout.server sections)
     assert len(out.splitlines()) < 1300

@@ -113,3 +113,32 @@ def test_nccl_push_keeps_a_gpu_server_equal_to_the_trainer(tiny_model_path, tmp_
         assert max(probe.gaps) < 1e-4, probe.gaps
     else:
         assert min(probe.gaps) > 1e-5 and probe.gaps[-1] > 0.1, probe.gaps
+
+
+def test_a_tcp_push_that_skips_a_layer_is_caught(isolated_server, tiny_model_path):
+    """The push check over TCP: a push whose buckets leave out one layer's weight (a layer skipped) stops
+    with the server named and "part of the weights"; the healthy push before it passes."""
+    from lightning_grpo.callbacks.push_check import WeightPushError
+    from lightning_grpo.models.weights import policy_weights_for_engine
+    from lightning_grpo.rollout.server_client import ServerClient
+    from lightning_grpo.rollout.server_engine import ServerEngine
+    from lightning_grpo.rollout.tcp_transfer import TcpTransport
+    from tests.callbacks.test_push_check import TOL, _module, _nudge, _policy, _probed
+
+    url = isolated_server.url
+    policy = _policy(tiny_model_path)
+    module = _module(policy)
+    engine = ServerEngine([ServerClient(url)], transport=TcpTransport())
+    try:
+        engine.load_weights(policy_weights_for_engine(policy), version=0)
+        check = _probed(module)
+        _nudge(policy)
+        engine.load_weights(policy_weights_for_engine(policy), version=1)
+        check.verify(engine, check.expect(module, 1), TOL)
+        _nudge(policy, seed=2)
+        skipped = "model.layers.0.mlp.down_proj.weight"
+        engine.load_weights(((n, t) for n, t in policy_weights_for_engine(policy) if n != skipped), version=2)
+        with pytest.raises(WeightPushError, match=rf"ServerEngine \({url}\) at step 2 .*part of the weights"):
+            check.verify(engine, check.expect(module, 2), TOL)
+    finally:
+        engine.close()
