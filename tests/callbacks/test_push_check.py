@@ -220,6 +220,18 @@ def test_vllm_adapter_not_loaded_and_not_reloaded_are_named(vllm_engine, tiny_mo
 
 
 # ------------------------------------------------------------------------------- vLLM server
+def pushed_and_checked_once(engine, policy, module) -> PushCheck:
+    """Push step 0, take the probe, push a nudged step 1 and check it (it passes); the policy is nudged again
+    for a step 2 the caller pushes. Returns the check."""
+    engine.load_weights(policy_weights_for_engine(policy), version=0)
+    check = _probed(module)
+    _nudge(policy)
+    engine.load_weights(policy_weights_for_engine(policy), version=1)
+    check.verify(engine, check.expect(module, 1), TOL)
+    _nudge(policy, seed=2)
+    return check
+
+
 @pytest.mark.vllm
 def test_server_push_that_does_nothing_is_caught(vllm_server, tiny_model_path, monkeypatch):
     from lightning_grpo.rollout.server_client import ServerClient
@@ -229,12 +241,7 @@ def test_server_push_that_does_nothing_is_caught(vllm_server, tiny_model_path, m
     module = _module(policy)
     engine = ServerEngine([ServerClient(vllm_server)])
     try:
-        engine.load_weights(policy_weights_for_engine(policy), version=0)
-        check = _probed(module)
-        _nudge(policy)
-        engine.load_weights(policy_weights_for_engine(policy), version=1)
-        check.verify(engine, check.expect(module, 1), TOL)
-        _nudge(policy, seed=2)
+        check = pushed_and_checked_once(engine, policy, module)
         monkeypatch.setattr(engine.transport, "push", lambda client, prepared, version: None)
         engine.load_weights(policy_weights_for_engine(policy), version=2)
         with pytest.raises(WeightPushError, match=rf"ServerEngine \({vllm_server}\) at step 2 .*still holds step 1's"):

@@ -123,19 +123,14 @@ def test_a_tcp_push_that_skips_a_layer_is_caught(isolated_server, tiny_model_pat
     from lightning_grpo.rollout.server_client import ServerClient
     from lightning_grpo.rollout.server_engine import ServerEngine
     from lightning_grpo.rollout.tcp_transfer import TcpTransport
-    from tests.callbacks.test_push_check import TOL, _module, _nudge, _policy, _probed
+    from tests.callbacks.test_push_check import TOL, _module, _policy, pushed_and_checked_once
 
     url = isolated_server.url
     policy = _policy(tiny_model_path)
     module = _module(policy)
     engine = ServerEngine([ServerClient(url)], transport=TcpTransport())
     try:
-        engine.load_weights(policy_weights_for_engine(policy), version=0)
-        check = _probed(module)
-        _nudge(policy)
-        engine.load_weights(policy_weights_for_engine(policy), version=1)
-        check.verify(engine, check.expect(module, 1), TOL)
-        _nudge(policy, seed=2)
+        check = pushed_and_checked_once(engine, policy, module)
         skipped = "model.layers.0.mlp.down_proj.weight"
         engine.load_weights(((n, t) for n, t in policy_weights_for_engine(policy) if n != skipped), version=2)
         with pytest.raises(WeightPushError, match=rf"ServerEngine \({url}\) at step 2 .*part of the weights"):
