@@ -126,10 +126,10 @@ SHARED_BY_GROUP = ("vllm_server", "digit_teacher_path", "isolated_server", "ddp_
 
 
 def _xdist_group(item) -> str | None:
+    """The group of the first shared fixture ``item`` uses: by name (its fixtures, direct or through other
+    fixtures) or by value (``request.getfixturevalue``, declared with the ``shares(fixture)`` marker)."""
     names = set(getattr(item, "fixturenames", ()))
-    cell = getattr(getattr(item, "callspec", None), "params", {}).get("cell")
-    if isinstance(cell, dict) and cell.get("engine") == "vllm_server":  # the matrix asks for it by value
-        names.add("vllm_server")
+    names.update(name for mark in item.iter_markers("shares") for name in mark.args)
     return next((name for name in SHARED_BY_GROUP if name in names), None)
 
 

@@ -195,24 +195,16 @@ def _check_e2e(ranks: list[dict], steps: int) -> None:
     assert moved > 0
 
 
-def test_hf_engine_rollouts_under_ddp_sample_different_prompts_and_seeds(tiny_model_path, tmp_path):
-    steps = 3
-    _run_worker("e2e", tiny_model_path, tmp_path, 300, "--steps", str(steps), "--engine", "hf")
-    ranks = _load(tmp_path, "e2e-hf")
-    _check_e2e(ranks, steps)
-    for r in ranks:  # HF samples from the live policy: its log-probs are the policy's
-        assert max(c["logprob_gap"] for c in r["checks"]) < 1e-4
-
-
-@pytest.mark.vllm
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")
-def test_vllm_engine_inside_ddp_ranks(tiny_model_path, tmp_path):
-    """Each rank builds its own in-process vLLM engine inside the fit (after Lightning set up the
-    gloo group; vLLM joins it instead of creating one) and pushes its weights after every step.
-    The engines run in the worker processes, never in the pytest process."""
-    steps = 3
-    _run_worker("e2e", tiny_model_path, tmp_path, 400, "--steps", str(steps), "--engine", "vllm", "--policy", "module")
-    ranks = _load(tmp_path, "e2e-vllm")
+def test_rollouts_under_ddp_sample_different_prompts_and_seeds_with_current_weights(tiny_model_path, tmp_path):
+    """The full loop on 2 ranks: each rank samples its own prompts with its own seeds, the logged rollout
+    statistics are reduced over both, and each rank's engine samples with the policy's current weights.
+    With vLLM installed each rank builds its own in-process vLLM engine inside the fit (after Lightning set up
+    the gloo group; vLLM joins it instead of creating one) from the policy module and pushes its weights after
+    every step; without it, the HF engine samples from the live policy. (The HF engine under DDP with vLLM
+    installed: the matrix's ddp2-hf cell.)"""
+    steps, engine = 3, "vllm" if importlib.util.find_spec("vllm") else "hf"
+    _run_worker("e2e", tiny_model_path, tmp_path, 400, "--steps", str(steps), "--engine", engine, "--policy", "module")
+    ranks = _load(tmp_path, f"e2e-{engine}")
     _check_e2e(ranks, steps)
     for r in ranks:  # the engine samples with the policy's current weights on every rank
         assert max(c["logprob_gap"] for c in r["checks"]) < 1e-4, r["checks"]

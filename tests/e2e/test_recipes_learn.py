@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.package.test_recipes import RECIPES, _cli, _prepared, _run_args, _teacher_for
+from tests.package.test_recipes import RECIPES, _cli, _prepared, _run_args, _shares, _teacher_for
 
 #: One recipe per method, each trained long enough here to show that it learns: 150 steps with one update
 #: per generation, 400 (100 generations) with 4 mini-batches per generation (their rise, last tenth minus first,
@@ -39,7 +39,9 @@ def _reward_curve(tmp_path: Path) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.parametrize("path", [p for p in RECIPES if p.stem in LEARNING_STEPS], ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", [pytest.param(p, id=p.stem, marks=_shares(p)) for p in RECIPES if p.stem in LEARNING_STEPS]
+)
 def test_recipe_learns(path, tmp_path, tiny_cache, request):
     """The training reward (prefix_match; for distill_quickstart measured only, never trained on)
     rises: mean of the last tenth of the steps >= the first tenth + 0.15."""

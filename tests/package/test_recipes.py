@@ -227,7 +227,19 @@ def _run_args(tmp_path: Path, max_steps: int) -> list[str]:
     ]
 
 
-PARAMS = [pytest.param(p, id=p.stem) for p in RUN_RECIPES]
+def _shares(path: Path) -> list[pytest.MarkDecorator]:
+    """The session fixture a recipe's training test asks for by value: the vLLM server (``engine: vllm_server``)
+    or the digit teacher (a distillation recipe whose teacher folder is absent, ``_teacher_for``)."""
+    cfg = _load(path)
+    distillation = cfg["model"].get("distillation")
+    if _rollout_args(cfg).get("engine") == "vllm_server":
+        return [pytest.mark.shares("vllm_server")]
+    if distillation is not None and not (ROOT / str(distillation["teacher"])).is_dir():
+        return [pytest.mark.shares("digit_teacher_path")]
+    return []
+
+
+PARAMS = [pytest.param(p, id=p.stem, marks=_shares(p)) for p in RUN_RECIPES]
 
 
 # ------------------------------------------------------------------------ (a) parse, build

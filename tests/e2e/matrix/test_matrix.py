@@ -32,6 +32,11 @@ pytestmark = [
 ]
 
 CELLS = cells() if importlib.util.find_spec("allpairspy") else []
+#: The cells as parameters: those on the session's vLLM server ask for it by value (``server_url``).
+CELL_PARAMS = [
+    pytest.param(c, id=cell_id(c), marks=[pytest.mark.shares("vllm_server")] if c["engine"] == "vllm_server" else [])
+    for c in CELLS
+]
 REFUSED = refused_cells()
 
 
@@ -71,7 +76,7 @@ def _export(folder):
     return checks.check_export(exported, folder / "probe-a.pt")
 
 
-@pytest.mark.parametrize("cell", CELLS, ids=[cell_id(c) for c in CELLS])
+@pytest.mark.parametrize("cell", CELL_PARAMS)
 def test_cell(cell, tiny_model_path, server_url, prompts, tmp_path):
     if cell["rollout"] == "openenv" and importlib.util.find_spec("openenv") is None:
         pytest.skip("needs openenv-core (the openenv extra)")
