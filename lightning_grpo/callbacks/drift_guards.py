@@ -87,7 +87,7 @@ class RewardHackingGuard(Guard):
             return
         train_rise, heldout_rise = self.train[-1] - self.train[0], self.heldout[-1] - self.heldout[0]
         if train_rise < self.min_train_rise or heldout_rise >= self.max_heldout_share * train_rise:
-            self.clear(pl_module)
+            self.clear(trainer, pl_module)
             return
         message = (
             f"training reward rose {self.train[0]:.3g} -> {self.train[-1]:.3g} over the last {self.window} validations "
@@ -155,7 +155,7 @@ class LengthGuard(Guard):
         first, last = _mean(list(self.lengths)[:q]), _mean(list(self.lengths)[-q:])
         gain = _mean(list(self.rewards)[-q:]) - _mean(list(self.rewards)[:q])
         if last < self.rise_factor * first or last - first < self.min_tokens or gain >= self.min_reward_gain:
-            self.clear(pl_module)
+            self.clear(trainer, pl_module)
             return
         what = "reward" if self.reward is None else f"reward {self.reward}"
         message = (
@@ -239,7 +239,7 @@ class RewardDropGuard(Guard):
             self.best, self.best_step = mean, trainer.global_step
         gain = self.best - self.start
         if gain < self.min_gain or mean > self.best - self.drop * gain:
-            self.clear(pl_module)
+            self.clear(trainer, pl_module)
             return
         what = "training reward" if self.reward is None else f"training reward {self.reward}"
         message = (

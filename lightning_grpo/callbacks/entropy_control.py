@@ -31,6 +31,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from ..training.metrics import hands_step_metrics_over
+
 
 @dataclass(frozen=True)
 class KnobRange:
@@ -155,8 +157,9 @@ class EntropyController(Callback):
             pl_module.loss_fn.set_knob(self.knob, self.value)
             self.moves += 1
             self.entropies.clear()  # judge the new value on steps trained with it
-        pl_module.log(f"entropy_control/{self.knob}", self.value, on_step=True, on_epoch=False, batch_size=1)
-        pl_module.log("entropy_control/direction", float(direction), on_step=True, on_epoch=False, batch_size=1)
+        if direction or hands_step_metrics_over(trainer):  # a move always; otherwise where the loggers write
+            pl_module.log(f"entropy_control/{self.knob}", self.value, on_step=True, on_epoch=False, batch_size=1)
+            pl_module.log("entropy_control/direction", float(direction), on_step=True, on_epoch=False, batch_size=1)
 
     def decide(self) -> int:
         """+1 (raise the knob), -1 (lower it) or 0, from the mean entropy of a full window."""

@@ -49,6 +49,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from ..core.batch import RolloutBatch
+from ..training.metrics import hands_step_metrics_over
 from .distributed import local_log_dir
 from .lookup import find_callback
 from .rollout import RolloutCallback
@@ -96,7 +97,7 @@ class Guard(Callback):
         if completions is not None:  # where the completions of this step are (lightning-grpo report shows it)
             record["completions"] = completions
         self.alarms.append(record)
-        self._log_alarm(module, 1.0)
+        self._log_alarm(trainer, module, 1.0)
         _append_alarm(trainer, record)
         text = f"[{self.name}] step {step}: {message}"
         if action in ("skip", "stop"):
@@ -113,11 +114,11 @@ class Guard(Callback):
             self._warned_at = step
         self._firing = True
 
-    def _log_alarm(self, module: L.LightningModule, value: float) -> None:
+    def _log_alarm(self, trainer: L.Trainer, module: L.LightningModule, value: float) -> None:
         if self.CHECKS_AT_VALIDATION:  # Lightning refuses self.log in on_validation_end: write to the loggers
-            for logger in module.trainer.loggers if module.trainer.global_rank == 0 else ():
-                logger.log_metrics({f"alarm/{self.name}": value}, step=module.trainer.global_step)
-        else:
+            for logger in trainer.loggers if trainer.global_rank == 0 else ():
+                logger.log_metrics({f"alarm/{self.name}": value}, step=trainer.global_step)
+        elif value or hands_step_metrics_over(trainer):  # a firing always; a quiet check where written
             module.log(f"alarm/{self.name}", value, on_step=True, on_epoch=False, batch_size=1)
 
     def remedy(self, trainer: L.Trainer, module: L.LightningModule) -> str | None:
@@ -132,9 +133,9 @@ class Guard(Callback):
             return bool(trainer.strategy.broadcast(bool(fires), src=0))
         return fires
 
-    def clear(self, module: L.LightningModule) -> None:
+    def clear(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         """The condition does not hold at this check: log ``alarm/<name> = 0``; the next firing warns again."""
-        self._log_alarm(module, 0.0)
+        self._log_alarm(trainer, module, 0.0)
         self._firing = False
 
     @property
@@ -189,7 +190,7 @@ class NonFiniteGuard(Guard):
         bad = [f"{what} is {value}" for what, value in checked if not math.isfinite(value)]
         if not bad:
             self.consecutive = 0
-            self.clear(pl_module)
+            self.clear(trainer, pl_module)
             return
         self.consecutive += 1
         self.total += 1
@@ -247,7 +248,7 @@ class LogProbGuard(Guard):
                 bad_rows |= rows
                 tensor.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         if not findings:
-            self.clear(pl_module)
+            self.clear(trainer, pl_module)
             return
         batch.completion_mask[bad_rows] = 0
         causes = (
@@ -330,7 +331,7 @@ class EntropyGuard(Guard):
             self.rewards.append(reward)
         message = self._collapse(entropy) or self._explosion(entropy)
         if message is None:
-            self.clear(pl_module)
+            self.clear(trainer, pl_module)
         else:
             self.fire(trainer, pl_module, message)
 

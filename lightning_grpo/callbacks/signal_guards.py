@@ -66,7 +66,7 @@ class IdenticalSamplesGuard(Guard):
         flagged = improbable_identical_groups(batch, self.max_chance)  # [P]
         frac = flagged.float().mean().item()
         if frac < self.threshold:
-            self.clear(pl_module)
+            self.clear(trainer, pl_module)
             return
         message = (
             f"{int(flagged.sum())}/{len(flagged)} groups have {batch.group_size} token-identical completions at "
@@ -159,7 +159,7 @@ class ZeroStdGuard(Guard):
             if frac >= threshold:
                 message = self._message(trainer, frac, reward, pass_fail)
         if not self.agree(trainer, message is not None):
-            self.clear(pl_module)
+            self.clear(trainer, pl_module)
             return
         self.fire(trainer, pl_module, message or "rank 0 found too many groups without signal")
 
@@ -256,7 +256,7 @@ class TruncationGuard(Guard):
             return
         self.streak = self.streak + 1 if self.counts(metrics) else 0
         if self.streak < self.steps:
-            self.clear(pl_module)
+            self.clear(trainer, pl_module)
             return
         self.fire(trainer, pl_module, self._message(trainer, metrics))
 
@@ -322,7 +322,7 @@ class MismatchGuard(Guard):
             if limit is not None and value is not None and math.isfinite(value) and value > limit:
                 found.append(f"{key} {value:.3g} > {limit:g}")
         if not self.agree(trainer, bool(found)):
-            self.clear(pl_module)
+            self.clear(trainer, pl_module)
             return
         message = (
             f"rollout and trainer log-probs disagree ({', '.join(found)}): correct for it "

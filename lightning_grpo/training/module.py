@@ -30,7 +30,7 @@ from ..core.kl import kl_penalty_in_reward
 from ..models.fsdp import fsdp_units, shard_policy
 from .distill import DistillContext, Distiller, DistillSettings
 from .forward import layout_token_logprobs
-from .metrics import StepMetrics, quiet_sync_advice, reduce_rollout_metrics, total_grad_norm
+from .metrics import StepMetrics, hands_step_metrics_over, quiet_sync_advice, reduce_rollout_metrics, total_grad_norm
 from .policy import PolicyMixin
 from .settings import AlgorithmSettings, ForwardSettings, PolicySettings, as_settings, settings_dict
 
@@ -438,8 +438,9 @@ class GRPOModule(PolicyMixin, L.LightningModule):
         rollout = (
             reduce_rollout_metrics(self._rollout_metrics) if self.trainer.world_size > 1 else self._rollout_metrics
         )
-        logged = {f"train/{k}": float(v) for k, v in {**metrics, **rollout}.items()}
-        self.log_dict(logged, batch_size=1, on_step=True, on_epoch=False)
+        if hands_step_metrics_over(self.trainer):
+            logged = {f"train/{k}": float(v) for k, v in {**metrics, **rollout}.items()}
+            self.log_dict(logged, batch_size=1, on_step=True, on_epoch=False)
         bar = {"reward": float(rollout.get("reward_mean", float("nan")))}
         if "kl" in metrics:
             bar["kl"] = metrics["kl"]

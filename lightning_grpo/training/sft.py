@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..core import LOGPROBS
 from ..core.batch import RolloutBatch, position_ids
 from .forward import layout_token_logprobs
-from .metrics import total_grad_norm
+from .metrics import hands_step_metrics_over, total_grad_norm
 from .policy import PolicyMixin
 from .settings import ForwardSettings, PolicySettings, as_settings, settings_dict
 
@@ -147,16 +147,19 @@ class SFTModule(PolicyMixin, L.LightningModule):
         loss, tokens = self.sft_loss(batch)
         world = self.trainer.world_size
         logged = self._global_sum(loss.detach()) if world > 1 else loss.detach()
-        self.log_dict(
-            {"train/loss": logged, "train/tokens": tokens},
-            batch_size=len(batch["input_ids"]),
-            on_step=True,
-            on_epoch=False,
-        )
+        if hands_step_metrics_over(self.trainer):
+            self.log_dict(
+                {"train/loss": logged, "train/tokens": tokens},
+                batch_size=len(batch["input_ids"]),
+                on_step=True,
+                on_epoch=False,
+            )
         self.log("loss", logged, prog_bar=True, logger=False, on_step=True, on_epoch=False)
         return loss * world  # DDP averages the ranks' gradients: undo it, the loss is normalised globally
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not hands_step_metrics_over(self.trainer):
+            return
         self.log(
             "train/grad_norm",
             float(total_grad_norm(self.policy.parameters())),

@@ -151,6 +151,7 @@ def test_agent_steps_on_the_real_vocabulary(qwen_tokenizer):
     dm.tokenizer = tok
     trainer = L.Trainer(
         max_steps=2,
+        log_every_n_steps=1,  # rec reads each step's logged metrics
         callbacks=[callback, rec],
         accelerator="cpu",
         logger=False,

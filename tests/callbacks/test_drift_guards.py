@@ -22,6 +22,7 @@ from lightning_grpo import (
 )
 from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.tasks import DigitTask, digit_task
+from tests.helpers.guards import LOGS_EVERY_STEP
 
 
 def _policy(path):
@@ -89,7 +90,7 @@ def test_length_guard_rule(lengths, rewards, fires):
 
     guard = LengthGuard(window=8)
     module = SimpleNamespace(rollout_metrics={}, log=lambda *a, **k: None)
-    trainer = SimpleNamespace(global_step=0, global_rank=0, loggers=[], log_dir=None, callbacks=[])
+    trainer = SimpleNamespace(global_step=0, global_rank=0, loggers=[], log_dir=None, callbacks=[], **LOGS_EVERY_STEP)
     for length, reward in zip(lengths, rewards):
         module.rollout_metrics = {"completion_length_mean": length, "reward_mean": reward}
         guard.on_rollout_end(trainer, module, None)

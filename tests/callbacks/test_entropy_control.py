@@ -19,6 +19,7 @@ from lightning_grpo import (
 )
 from lightning_grpo.callbacks.entropy_control import KnobRange
 from lightning_grpo.data.tasks import DigitTask
+from tests.helpers.guards import LOGS_EVERY_STEP
 
 
 class FakeModule:
@@ -35,7 +36,7 @@ class FakeModule:
 
 
 def _drive(controller, module, entropies):
-    trainer = SimpleNamespace(world_size=1)
+    trainer = SimpleNamespace(world_size=1, global_step=0, **LOGS_EVERY_STEP)
     controller.setup(trainer, module, "fit")
     controller.on_train_start(trainer, module)
     values = []
@@ -77,7 +78,10 @@ def test_one_decision_for_all_ranks_is_rank_zeros():
     controller = EntropyController(floor=0.5, window=1)
     module = FakeModule(loss)
     trainer = SimpleNamespace(
-        world_size=2, strategy=SimpleNamespace(broadcast=lambda obj, src: -1 if obj == 1 else obj)
+        world_size=2,
+        strategy=SimpleNamespace(broadcast=lambda obj, src: -1 if obj == 1 else obj),
+        global_step=0,
+        **LOGS_EVERY_STEP,
     )
     controller.setup(trainer, module, "fit")
     controller.on_train_start(trainer, module)

@@ -4,8 +4,7 @@ steps of every recipe: tests/package/test_recipes.py, whose helpers this file us
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import lightning as L
 import pytest
 
 from tests.package.test_recipes import RECIPES, _cli, _prepared, _run_args, _shares, _teacher_for
@@ -30,11 +29,18 @@ LEARNING_STEPS = {
 }
 
 
-def _reward_curve(tmp_path: Path) -> list[float]:
-    import csv
+class RewardCurve(L.Callback):
+    """The training reward of every optimizer step, read from the module (the recipes log every 10th step)."""
 
-    (metrics,) = tmp_path.glob("run/*/metrics.csv")
-    return [float(r["train/reward_mean"]) for r in csv.DictReader(metrics.open()) if r.get("train/reward_mean")]
+    def __init__(self):
+        self.rewards: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.rewards.append(pl_module.rollout_metrics["reward_mean"])
+
+
+def _every(cfg: dict) -> int:
+    return int(cfg["trainer"].get("log_every_n_steps", 50))
 
 
 @pytest.mark.slow
@@ -49,11 +55,15 @@ def test_recipe_learns(path, tmp_path, tiny_cache, request):
 
     cfg, config_file = _prepared(path, tmp_path, train=True, teacher=_teacher_for(path, request))
     steps = LEARNING_STEPS[path.stem]
-    cli = _cli(["-c", str(config_file), *_run_args(tmp_path, steps)])
+    # the recipe's own log_every_n_steps (10): the step metrics reach Lightning on every 10th step only
+    cli = _cli(["-c", str(config_file), *_run_args(tmp_path, steps), f"--trainer.log_every_n_steps={_every(cfg)}"])
     (callback,) = [c for c in cli.trainer.callbacks if isinstance(c, RolloutCallback)]
     callback.use_engine(request.getfixturevalue("vllm_engine"))
+    curve = RewardCurve()
+    cli.trainer.callbacks.append(curve)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    rewards = _reward_curve(tmp_path)
+    rewards = curve.rewards
+    assert len(rewards) == steps
     tenth = len(rewards) // 10
     first, last = sum(rewards[:tenth]) / tenth, sum(rewards[-tenth:]) / tenth
     assert last >= first + 0.15, f"{path.stem}: reward {first:.3f} -> {last:.3f} over {steps} steps"

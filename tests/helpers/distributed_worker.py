@@ -284,6 +284,7 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
         devices=WORLD,
         strategy="ddp",
         max_steps=steps,
+        log_every_n_steps=1,  # Record reads every step's logged metrics
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,

@@ -5,6 +5,17 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+#: What ``lightning_grpo.training.metrics.hands_step_metrics_over`` reads of a Trainer that logs every step.
+LOGS_EVERY_STEP = dict(
+    log_every_n_steps=1,
+    max_steps=-1,
+    max_epochs=None,
+    current_epoch=0,
+    is_last_batch=False,
+    should_stop=False,
+    fast_dev_run=False,
+)
+
 
 class FakeModule:
     """What a rollout-level guard reads and writes: ``rollout_metrics`` and ``log``."""
@@ -23,7 +34,9 @@ def drive(
     """Feed the guard one rollout batch's statistics per entry (steps from ``first_step``; ``callbacks``: the
     Trainer's other callbacks); the steps it fired at."""
     module = FakeModule()
-    trainer = SimpleNamespace(global_step=0, global_rank=0, callbacks=list(callbacks), loggers=[], log_dir=None)
+    trainer = SimpleNamespace(
+        global_step=0, global_rank=0, callbacks=list(callbacks), loggers=[], log_dir=None, **LOGS_EVERY_STEP
+    )
     for step, metrics in enumerate(batches, start=first_step):
         trainer.global_step = step
         module.rollout_metrics = metrics
@@ -57,6 +70,7 @@ def replay(guard: Any, run: dict[str, Any]) -> list[int]:
         log_dir=None,
         sanity_checking=False,
         callback_metrics={},
+        **LOGS_EVERY_STEP,
     )
     module.trainer = trainer
     validations = {step: value for step, value in run.get("val_reward_mean", []) if step > 0}

@@ -41,6 +41,7 @@ def _fit(module, callback, steps, *, accumulate=1, ckpt_path=None, root=None, re
     trainer = L.Trainer(
         max_steps=steps,
         accumulate_grad_batches=accumulate,
+        log_every_n_steps=1,  # the Recorder reads every step's metrics
         callbacks=[callback, recorder],
         accelerator="cpu",
         logger=False,
