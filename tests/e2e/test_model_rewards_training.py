@@ -65,6 +65,7 @@ def test_a_judge_reward_trains_and_both_model_rewards_are_logged(tiny_model_path
         L.seed_everything(0)
         trainer = L.Trainer(
             max_steps=6,
+            log_every_n_steps=1,  # the Recorder reads every step's logged metrics
             callbacks=[rollout, probe, recorder],
             accelerator="cpu",
             logger=False,

@@ -71,6 +71,7 @@ def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None, 
     )
     trainer = L.Trainer(
         max_steps=steps,
+        log_every_n_steps=1,  # the tests' Recorder reads every step's logged metrics
         callbacks=callbacks,
         accelerator="cpu",
         logger=False,
