@@ -122,7 +122,14 @@ def qwen_tokenizer():
 #: Session and module fixtures that cost a process start or a training run: under pytest-xdist
 #: (``--dist loadgroup``) the tests that use one run on one worker, so it is built once per suite, not once
 #: per worker (a module fixture whose tests were spread over both workers was built twice).
-SHARED_BY_GROUP = ("vllm_server", "digit_teacher_path", "isolated_server", "ddp_update", "quickstart_run")
+SHARED_BY_GROUP = (
+    "vllm_server",
+    "digit_teacher_path",
+    "isolated_server",
+    "ddp_update",
+    "quickstart_run",
+    "fsdp2_runs",
+)
 
 
 def _xdist_group(item) -> str | None:

@@ -21,8 +21,20 @@ pytestmark = [
 ]
 
 
-def _ranks(mode: str, model_dir: Path, out: Path, timeout: float, *extra: str) -> list[dict]:
-    _run_worker(mode, model_dir, out, timeout, *extra, worker=WORKER)
+#: The worker's modes, all in one launch of the two ranks (each start costs the imports and the rendezvous).
+MODES = ["update", "prefix", *(["e2e"] if importlib.util.find_spec("vllm") else [])]
+E2E_STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def fsdp2_runs(tiny_model_path, tmp_path_factory) -> Path:
+    """The folder of one 2-rank worker launch that ran every mode (``<mode>-rank<r>.pt``, ``update.ckpt``)."""
+    out = tmp_path_factory.mktemp("fsdp2")
+    _run_worker(",".join(MODES), tiny_model_path, out, 600, "--steps", str(E2E_STEPS), worker=WORKER)
+    return out
+
+
+def _ranks(out: Path, mode: str) -> list[dict]:
     return [torch.load(out / f"{mode}-rank{r}.pt", weights_only=False) for r in range(2)]
 
 
@@ -32,10 +44,10 @@ def _check_sharded(result: dict) -> None:
     assert result["chunked_forward_registered"]  # the chunked path ran as a root forward, no fallback
 
 
-def test_fsdp2_update_equals_one_process_update(tiny_model_path, tmp_path):
+def test_fsdp2_update_equals_one_process_update(fsdp2_runs, tiny_model_path, tmp_path):
     from tests.helpers.distributed_worker import _module, single_process_update
 
-    ranks = _ranks("update", tiny_model_path, tmp_path, 300)
+    ranks = _ranks(fsdp2_runs, "update")
     reference = single_process_update(str(tiny_model_path), "token_mean")
     before = _module(str(tiny_model_path), "token_mean").policy.state_dict()
     assert max((reference[n] - before[n]).abs().max().item() for n in reference) > 1e-3
@@ -46,30 +58,30 @@ def test_fsdp2_update_equals_one_process_update(tiny_model_path, tmp_path):
             torch.testing.assert_close(
                 result["state"][name], reference[name], atol=1e-6, rtol=0, msg=f"{name} rank {rank}"
             )
-    _check_export_of_the_sharded_checkpoint(tmp_path, ranks[0]["state"])
+    _check_export_of_the_sharded_checkpoint(fsdp2_runs / "update.ckpt", tmp_path, ranks[0]["state"])
 
 
-def _check_export_of_the_sharded_checkpoint(tmp_path: Path, state: dict[str, torch.Tensor]) -> None:
+def _check_export_of_the_sharded_checkpoint(checkpoint: Path, tmp_path: Path, state: dict[str, torch.Tensor]) -> None:
     """``lightning-grpo export`` of the FSDP2 run's distributed checkpoint folder: a model folder that
     transformers loads with exactly the gathered weights."""
     from transformers import AutoModelForCausalLM
 
     from lightning_grpo.models.export import export
 
-    assert (tmp_path / "update.ckpt" / ".metadata").is_file()
-    out = export(tmp_path / "update.ckpt", tmp_path / "exported")
+    assert (checkpoint / ".metadata").is_file()
+    out = export(checkpoint, tmp_path / "exported")
     loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
     assert set(loaded) == set(state)
     for name, value in state.items():
         torch.testing.assert_close(loaded[name], value, atol=0, rtol=0, msg=name)
 
 
-def test_fsdp2_shared_prefix_update_equals_padded_update(tiny_model_path, tmp_path):
+def test_fsdp2_shared_prefix_update_equals_padded_update(fsdp2_runs, tiny_model_path):
     """Sharded, each rank's rows sharing one prompt: the shared-prefix step gives the padded step's weights."""
     from tests.helpers.distributed_worker import module_policy_state
 
     before = module_policy_state(str(tiny_model_path))
-    for result in _ranks("prefix", tiny_model_path, tmp_path, 300):
+    for result in _ranks(fsdp2_runs, "prefix"):
         _check_sharded(result)
         assert result["shared_tokens"] == 2 * 3  # 3 of the 4 rows share a 3-token prompt
         assert max((result["off"][n] - before[n]).abs().max().item() for n in before) > 1e-3
@@ -79,12 +91,12 @@ def test_fsdp2_shared_prefix_update_equals_padded_update(tiny_model_path, tmp_pa
 
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm")
-def test_fsdp2_vllm_push_gathers_full_weights(tiny_model_path, tmp_path):
+def test_fsdp2_vllm_push_gathers_full_weights(fsdp2_runs, tiny_model_path):
     """After each optimizer step every rank gathers the shards and pushes into its own engine: the
     engine's log-probs of its next samples equal the sharded policy's (a stale or shard-sized push
     would be off by far more, or fail)."""
-    steps = 3
-    ranks = _ranks("e2e", tiny_model_path, tmp_path, 400, "--steps", str(steps))
+    steps = E2E_STEPS
+    ranks = _ranks(fsdp2_runs, "e2e")
     from tests.helpers.distributed_worker import module_policy_state
 
     before = module_policy_state(str(tiny_model_path))

@@ -1,6 +1,7 @@
 """A standalone script that trains GRPOModule sharded with FSDP2 (Lightning ``ModelParallelStrategy``,
 2 CPU processes, gloo); driven by tests/e2e/test_fsdp2.py like tests/helpers/distributed_worker.py (Lightning's
-launcher re-executes this script for rank 1). Each rank writes ``OUT/fsdp2-rank<r>.pt``.
+launcher re-executes this script for rank 1). It runs the modes it is given in order, in one pair of ranks;
+each rank writes ``OUT/<mode>-rank<r>.pt``.
 
 1. ``update``: one SGD step on the fixed rollout halves of tests/helpers/distributed_worker.py (rank r
    trains half r) through the default chunked log-prob path; saves the full (gathered) weights,
@@ -159,19 +160,22 @@ def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["update", "e2e", "prefix"])
+    parser.add_argument("modes", help="comma-separated, run in this order in one process: update, prefix, e2e")
     parser.add_argument("--model", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.mode == "update":
-        run_update(args.model, out)
-    elif args.mode == "prefix":
-        run_prefix(args.model, out)
-    else:
-        run_e2e(args.model, out, args.steps)
+    for mode in args.modes.split(","):  # several fits in one pair of ranks: the ranks start (imports, rendezvous) once
+        if mode == "update":
+            run_update(args.model, out)
+        elif mode == "prefix":
+            run_prefix(args.model, out)
+        elif mode == "e2e":
+            run_e2e(args.model, out, args.steps)
+        else:
+            parser.error(f"unknown mode {mode!r}: update, prefix or e2e")
 
 
 if __name__ == "__main__":
