@@ -58,10 +58,18 @@ def _load(out: Path, mode: str) -> list[dict]:
     return [torch.load(f, weights_only=False) for f in files]
 
 
+#: The engine of the 2-rank full-loop run (``e2e``): vLLM in each rank where installed.
+E2E_ENGINE = "vllm" if importlib.util.find_spec("vllm") else "hf"
+E2E_STEPS = 3
+
+
 @pytest.fixture(scope="module")
 def ddp_update(tiny_model_path, tmp_path_factory):
+    """The ranks' ``update`` results, from one launch of the two ranks that then ran the full loop (``e2e``,
+    `test_rollouts_under_ddp_sample_different_prompts_and_seeds_with_current_weights`) too."""
     out = tmp_path_factory.mktemp("ddp-update")
-    _run_worker("update", tiny_model_path, out)
+    extra = ["--steps", str(E2E_STEPS), "--engine", E2E_ENGINE, "--policy", "module"]
+    _run_worker("update,e2e", tiny_model_path, out, 600, *extra)
     return [{**rank, "out": out} for rank in _load(out, "update")]
 
 
@@ -195,17 +203,15 @@ def _check_e2e(ranks: list[dict], steps: int) -> None:
     assert moved > 0
 
 
-def test_rollouts_under_ddp_sample_different_prompts_and_seeds_with_current_weights(tiny_model_path, tmp_path):
+def test_rollouts_under_ddp_sample_different_prompts_and_seeds_with_current_weights(ddp_update):
     """The full loop on 2 ranks: each rank samples its own prompts with its own seeds, the logged rollout
     statistics are reduced over both, and each rank's engine samples with the policy's current weights.
     With vLLM installed each rank builds its own in-process vLLM engine inside the fit (after Lightning set up
     the gloo group; vLLM joins it instead of creating one) from the policy module and pushes its weights after
     every step; without it, the HF engine samples from the live policy. (The HF engine under DDP with vLLM
     installed: the matrix's ddp2-hf cell.)"""
-    steps, engine = 3, "vllm" if importlib.util.find_spec("vllm") else "hf"
-    _run_worker("e2e", tiny_model_path, tmp_path, 400, "--steps", str(steps), "--engine", engine, "--policy", "module")
-    ranks = _load(tmp_path, f"e2e-{engine}")
-    _check_e2e(ranks, steps)
+    ranks = _load(ddp_update[0]["out"], f"e2e-{E2E_ENGINE}")
+    _check_e2e(ranks, E2E_STEPS)
     for r in ranks:  # the engine samples with the policy's current weights on every rank
         assert max(c["logprob_gap"] for c in r["checks"]) < 1e-4, r["checks"]
 

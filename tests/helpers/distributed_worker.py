@@ -333,7 +333,7 @@ def module_policy_state(model_dir: str) -> dict[str, torch.Tensor]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["update", "e2e"])
+    parser.add_argument("modes", help="comma-separated, run in this order in one process: update, e2e")
     parser.add_argument("--engine", choices=["hf", "vllm", "vllm_server"], default="hf")
     parser.add_argument("--url", default=None, help="vLLM server for --engine vllm_server")
     parser.add_argument("--policy", choices=["path", "module"], default="path")
@@ -343,10 +343,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.mode == "update":
-        run_update(args.model, out)
-    else:
-        run_e2e(args.model, out, args.steps, args.engine, args.policy, args.url)
+    for mode in args.modes.split(","):  # several fits in one pair of ranks: the ranks start once
+        if mode == "update":
+            run_update(args.model, out)
+        elif mode == "e2e":
+            run_e2e(args.model, out, args.steps, args.engine, args.policy, args.url)
+        else:
+            parser.error(f"unknown mode {mode!r}: update or e2e")
 
 
 if __name__ == "__main__":
