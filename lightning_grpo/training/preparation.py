@@ -1,0 +1,112 @@
+"""The rollout batch made ready for training: advantages from the rewards (with the KL to the reference moved
+into the reward when ``algorithm.kl_in_reward`` says so) and, only where needed, the reference and old log-probs.
+
+:class:`RolloutPreparationMixin` is part of :class:`~lightning_grpo.training.module.GRPOModule`; it reads the
+module's settings (``algorithm``, ``loss_fn``), its models (``policy``, ``reference``), its distiller and its
+KL-in-reward controller (``kl_ctrl``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..core import KL_ESTIMATORS, GRPOLoss, masked_sum
+from ..core.batch import RolloutBatch
+from ..core.kl import kl_penalty_in_reward
+from .settings import AlgorithmSettings
+
+
+class RolloutPreparationMixin:
+    """Advantages and the no-grad log-probs of a generation batch (see the module docstring)."""
+
+    algorithm: AlgorithmSettings
+    loss_fn: GRPOLoss
+    policy: nn.Module | None
+    reference: nn.Module | None
+    distiller: Any
+    kl_ctrl: Any
+    reference_mode: str
+    uses_reference: bool
+    _advantage_fn: Callable
+    _reward_aggregation_fn: Callable
+    _reward_kl: float
+    _reward_kl_coef: float
+
+    def _logprobs_no_grad(self, batch: RolloutBatch, reference: bool) -> Tensor:
+        model = self.policy if not reference or self.reference_mode == "adapter" else self.reference
+        with self.policy.disable_adapter() if reference and self.reference_mode == "adapter" else nullcontext():
+            return self.forward_logprobs(model, batch)
+
+    # ----------------------------------------------------------------------- advantages
+    def compute_advantages(
+        self,
+        rewards: Tensor,
+        weights: Tensor,
+        group_size: int,
+        lengths: Tensor | None = None,
+        scored: Tensor | None = None,
+    ) -> Tensor:
+        """rewards [B, R] (one column per reward function), weights [R] -> advantages [B]. ``lengths``
+        [B] (completion tokens) go to an estimator marked ``needs_lengths`` (opo). ``scored`` [B] bool:
+        the rows some reward function scored (None: all); with ``algorithm.unscored: exclude`` the others
+        are left out of the group statistics and get 0."""
+        params = dict(self.algorithm.advantage_args or {})
+        if getattr(self._advantage_fn, "needs_lengths", False):
+            params["lengths"] = lengths
+        if self.algorithm.unscored == "exclude" and scored is not None and not bool(scored.all()):
+            params["scored"] = scored
+        return self._reward_aggregation_fn(rewards, weights, group_size, estimator=self.algorithm.advantage, **params)
+
+    def prepare_rollout_batch(
+        self,
+        batch: RolloutBatch,
+        rewards: Tensor,
+        weights: Tensor,
+        records: list[dict] | None = None,
+        scored: Tensor | None = None,
+    ) -> RolloutBatch:
+        """Fill in advantages and, only where needed, the reference and old log-probs.
+
+        Old log-probs only when the batch is reused after an optimizer step (num_iterations or
+        steps_per_generation > 1), or the loss needs them before its micro-batches run (rejection's
+        ``keep_mask`` leaves the global normaliser; batch-normalised IS weights' step-wide mean);
+        else old = sg[logp]. Never in bypass mode: old is the engine's. With distillation the
+        teachers score the batch and the advantages become token-level (``records``: one per group). No-grad
+        forwards run ``forward.rows_per_pass`` rows at a time. ``scored`` [B] bool: the rows some reward
+        function scored (None: all), for `compute_advantages`.
+        """
+        if self.uses_reference:
+            batch.ref_logp = self._logprobs_no_grad(batch, reference=True)
+        if self.algorithm.kl_in_reward.coef:
+            rewards, weights = self._kl_in_reward(batch, rewards @ weights), weights.new_ones(1)
+        lengths = batch.completion_mask.sum(-1)  # [B]
+        batch.advantages = self.compute_advantages(rewards, weights, batch.group_size, lengths, scored)
+        if self.distiller is not None:
+            self.distiller.prepare(batch, records)
+        reused = self.algorithm.num_iterations > 1 or self.algorithm.steps_per_generation > 1
+        masks = self.loss_fn.masks_before_training
+        needs_old = self.loss_fn.needs_old_before_training
+        if not self.loss_fn.bypass and (reused or needs_old):
+            batch.old_logp = self._logprobs_no_grad(batch, reference=False)
+        if masks:
+            batch.keep_mask = self.loss_fn.static_keep_mask(batch.old_logp, batch.rollout_logp, batch.completion_mask)
+        return batch
+
+    def _kl_in_reward(self, batch: RolloutBatch, total: Tensor) -> Tensor:
+        """[B, 1] ``total - kl_ctrl.value * sum_t k1_t`` (k1 of the behaviour policy, ``rollout_logp``, to the reference),
+        then the controller's update from the batch's KL, as verl's ``apply_kl_penalty``: the mean over all ranks'
+        completions of each one's token-mean k1, ``n_steps`` = those completions."""
+        mask = batch.completion_mask
+        self._reward_kl_coef = self.kl_ctrl.value
+        shaped = kl_penalty_in_reward(total, batch.rollout_logp, batch.ref_logp, mask, self._reward_kl_coef)
+        kl = KL_ESTIMATORS.get("k1")(batch.rollout_logp, batch.ref_logp)  # [B, T]
+        per_row = masked_sum(kl, mask, dim=-1) / mask.sum(-1).clamp(min=1)  # [B] token mean per completion
+        kl_sum, rows = self._global_sum(torch.stack([per_row.sum(), per_row.new_tensor(float(len(per_row)))]))
+        self._reward_kl = float(kl_sum / rows)
+        self.kl_ctrl.update(self._reward_kl, int(rows))
+        return shaped.unsqueeze(-1)
