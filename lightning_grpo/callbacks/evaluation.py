@@ -12,10 +12,14 @@ function scores it at least ``threshold`` (1.0: full marks of a 0 / 1 accuracy r
 
 from __future__ import annotations
 
+from typing import Any
+
+import lightning as L
 import torch
 from torch import Tensor
+from typing_extensions import override
 
-from ..rollout.base import SamplingConfig
+from ..rollout.base import SamplingConfig, derive_seed, test_seed
 from .sampling import score_rollout
 
 
@@ -71,3 +75,60 @@ def evaluate_prompts(
         for k in pass_k or [samples]:
             out[f"pass@{k}"] = pass_at_k(correct, samples, k).mean().item()
     return {f"{split}/{name}": value for name, value in out.items()}
+
+
+class HeldOutEvaluation:
+    """The held-out evaluation of :class:`~lightning_grpo.callbacks.rollout.RolloutCallback`: the module's
+    ``validation_step`` / ``test_step`` call `evaluate` (the callback hands it over in ``setup``), which samples
+    the records on the callback's engine with the seed of the batch being evaluated. Reads the callback's
+    engine, rewards, sampling and evaluation settings, seed and asynchronous pipeline."""
+
+    _eval_batch: int
+    seed: int | None
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._eval_batch = batch_idx
+
+    @override
+    def on_test_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._eval_batch = batch_idx
+
+    def eval_seed(self, module: L.LightningModule, split: str) -> int:
+        """The seed of the held-out batch being evaluated: a dev (``val``) check draws from the run seed + 1 at
+        the optimizer step; a test batch from `test_seed` (never a
+        training generation's seed, and the same whatever checkpoint is tested)."""
+        rank = module.trainer.global_rank
+        if split == "test":
+            return test_seed(self.seed, rank, self._eval_batch)
+        return derive_seed(self.seed + 1, rank, module.trainer.global_step)
+
+    def evaluate(self, module: L.LightningModule, records: list[dict], split: str = "val") -> dict[str, float]:
+        """Held-out metrics (``<split>/...``) of a batch of prompt records (called by ``GRPOModule.validation_step``
+        with ``split="val"``, the dev split, and ``GRPOModule.test_step`` with ``"test"``)."""
+        trainer = module.trainer
+        engine = self._ensure_engine(trainer, module)
+        seed = self.eval_seed(module, split)
+        settings = self.evaluation
+        args = (
+            engine,
+            self.reward_set,
+            trainer.datamodule.tokenizer,
+            records,
+            self.sampling,
+            settings.samples,
+            seed,
+            settings.pass_k,
+            settings.pass_threshold,
+            split,
+        )
+        if self._pipeline is not None:  # the worker owns the servers: queue behind its work
+            return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
+        self.sync_weights(module)
+        metrics = evaluate_prompts(*args)
+        engine.sleep()
+        return metrics

@@ -20,7 +20,6 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
@@ -30,15 +29,15 @@ from ..core import SELECTIONS
 from ..core.batch import BatchGeometry, RolloutBatch
 from ..data.reward_set import RewardSet, RewardSpec
 from ..data.reward_spec import RewardName
-from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed, test_seed
+from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
 from ..rollout.vllm_args import VLLMArgs
 from ..rollout.vllm_server import ServerSettings
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
 from .async_setup import check_async_config, checkpoint_on_server_failure, unused_engine_sections
 from .completions import CompletionLog, CompletionLogSettings
-from .evaluation import evaluate_prompts
+from .evaluation import HeldOutEvaluation
 from .push_check import PushCheck
-from .sampling import GroupSelector, SampleResult, sample_groups
+from .sampling import GroupSelector, SampleResult, sample_groups, training_batch
 from .settings import EvaluationSettings, SelectionSettings, WeightSyncSettings
 from .weight_push import PolicyPush
 
@@ -50,7 +49,7 @@ class RolloutListener(Protocol):
     def on_rollout_end(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: RolloutBatch) -> None: ...
 
 
-class RolloutCallback(Callback):
+class RolloutCallback(HeldOutEvaluation, Callback):
     """Drives rollouts for `GRPOModule`.
 
     Args:
@@ -356,21 +355,7 @@ class RolloutCallback(Callback):
         times["time/generate"], times["time/reward"] = result.generate_time, result.reward_time
         result.metrics.update(staleness_metrics(result.metrics, trainer.global_step, self.max_staleness or None))
         start = time.perf_counter()
-        tensors = result.tensors
-        mask = tensors.completion_mask
-        if self.selection.overlong_filter:
-            mask = mask * torch.tensor(result.finished, dtype=mask.dtype).unsqueeze(-1)
-        batch = RolloutBatch(
-            input_ids=tensors.input_ids,
-            attention_mask=tensors.attention_mask,
-            completion_mask=mask,
-            advantages=torch.zeros(len(mask)),
-            rollout_logp=tensors.rollout_logprobs,
-            prompt_length=tensors.input_ids.shape[1] - mask.shape[1],
-            group_size=result.group_size,
-            temperature=self.sampling.temperature,
-            turn_ids=tensors.turn_ids,
-        ).to(module.device)
+        batch = training_batch(result, self.sampling.temperature, self.selection.overlong_filter).to(module.device)
         scored = None if result.scored is None else result.scored.to(module.device)  # [B]
         batch = module.prepare_rollout_batch(
             batch,
@@ -402,54 +387,6 @@ class RolloutCallback(Callback):
             target_groups=dm.batch_size,
             max_rounds=self.max_generation_rounds,
         )
-
-    # -------------------------------------------------------------------- validation
-    @override
-    def on_validation_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self._eval_batch = batch_idx
-
-    @override
-    def on_test_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self._eval_batch = batch_idx
-
-    def eval_seed(self, module: L.LightningModule, split: str) -> int:
-        """The seed of the held-out batch being evaluated: a dev (``val``) check draws from the run seed + 1 at
-        the optimizer step; a test batch from `test_seed` (never a
-        training generation's seed, and the same whatever checkpoint is tested)."""
-        rank = module.trainer.global_rank
-        if split == "test":
-            return test_seed(self.seed, rank, self._eval_batch)
-        return derive_seed(self.seed + 1, rank, module.trainer.global_step)
-
-    def evaluate(self, module: L.LightningModule, records: list[dict], split: str = "val") -> dict[str, float]:
-        """Held-out metrics (``<split>/...``) of a batch of prompt records (called by ``GRPOModule.validation_step``
-        with ``split="val"``, the dev split, and ``GRPOModule.test_step`` with ``"test"``)."""
-        trainer = module.trainer
-        engine = self._ensure_engine(trainer, module)
-        seed = self.eval_seed(module, split)
-        settings = self.evaluation
-        args = (
-            engine,
-            self.reward_set,
-            trainer.datamodule.tokenizer,
-            records,
-            self.sampling,
-            settings.samples,
-            seed,
-            settings.pass_k,
-            settings.pass_threshold,
-            split,
-        )
-        if self._pipeline is not None:  # the worker owns the servers: queue behind its work
-            return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
-        self.sync_weights(module)
-        metrics = evaluate_prompts(*args)
-        engine.sleep()
-        return metrics
 
     # ------------------------------------------------------- settings guards may change
     @property

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..core import SELECTIONS
+from ..core.batch import RolloutBatch
 from ..data.reward_set import RewardScores, RewardSet
 from ..rollout.base import Rollout, RolloutEngine, RolloutTensors, SamplingConfig, rollout_to_tensors
 
@@ -221,4 +222,25 @@ def sample_groups(
         reward_time=reward_time,
         records=kept_records,
         scored=scored,
+    )
+
+
+def training_batch(result: SampleResult, temperature: float, overlong_filter: bool) -> RolloutBatch:
+    """The `RolloutBatch` of a sampled generation batch, before the module prepares it (advantages zero,
+    no reference / old log-probs): with ``overlong_filter`` a completion cut off by the token budget keeps
+    no token in the loss."""
+    tensors = result.tensors
+    mask = tensors.completion_mask  # [B, Lc]
+    if overlong_filter:
+        mask = mask * torch.tensor(result.finished, dtype=mask.dtype).unsqueeze(-1)
+    return RolloutBatch(
+        input_ids=tensors.input_ids,
+        attention_mask=tensors.attention_mask,
+        completion_mask=mask,
+        advantages=torch.zeros(len(mask)),
+        rollout_logp=tensors.rollout_logprobs,
+        prompt_length=tensors.input_ids.shape[1] - mask.shape[1],
+        group_size=result.group_size,
+        temperature=temperature,
+        turn_ids=tensors.turn_ids,
     )
