@@ -12,6 +12,7 @@ function scores it at least ``threshold`` (1.0: full marks of a 0 / 1 accuracy r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -83,8 +84,14 @@ class HeldOutEvaluation:
     the records on the callback's engine with the seed of the batch being evaluated. Reads the callback's
     engine, rewards, sampling and evaluation settings, seed and asynchronous pipeline."""
 
-    _eval_batch: int
+    _eval_batch: int  # the index of the validation / test batch being evaluated (test batches' seeds)
     seed: int | None
+    reward_set: Any
+    sampling: SamplingConfig
+    evaluation: Any  # callbacks.settings.EvaluationSettings
+    _pipeline: Any  # the asynchronous pipeline, or None
+    _ensure_engine: Callable[..., Any]  # (trainer, module) -> the engine, built on first use
+    sync_weights: Callable[..., float]  # (module) -> seconds of the push
 
     @override
     def on_validation_batch_start(

@@ -12,21 +12,14 @@ import torch
 
 from lightning_grpo import DigitTask, GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig
 from lightning_grpo.training.metrics import hands_step_metrics_over
+from tests.helpers.guards import LOGS_EVERY_STEP
 
 
 def _trainer(step: int, **overrides) -> SimpleNamespace:
     """What the rule reads of a Trainer, in the middle of optimizer step ``step`` (0-based)."""
-    state = dict(
-        global_step=step,
-        log_every_n_steps=10,
-        max_steps=100,
-        max_epochs=None,
-        current_epoch=0,
-        is_last_batch=False,
-        should_stop=False,
-        fast_dev_run=False,
+    return SimpleNamespace(
+        **{**LOGS_EVERY_STEP, "global_step": step, "log_every_n_steps": 10, "max_steps": 100, **overrides}
     )
-    return SimpleNamespace(**{**state, **overrides})
 
 
 @pytest.mark.parametrize(
