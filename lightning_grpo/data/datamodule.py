@@ -35,6 +35,7 @@ from lightning_grpo.data.records import (
 )
 from lightning_grpo.data.schedule import generation_indices, permutation, refill_indices
 from lightning_grpo.data.sources import DataSource, FileShortcut
+from lightning_grpo.models.sources import local_source_problem
 from lightning_grpo.models.tiny import builtin_tokenizer_path
 
 if TYPE_CHECKING:
@@ -83,8 +84,9 @@ class PromptDataModule(L.LightningDataModule):
         val_files: Validation file(s), same formats.
         test_files: Test file(s), same formats: the split ``lightning-grpo test`` reports, which no
             setting should be chosen on.
-        tokenizer_path: Path or hub id of the policy's tokenizer (loaded in `setup`);
-            ``None``: the built-in tiny model's character tokenizer.
+        tokenizer_path: Path or hub id of the tokenizer (loaded in `setup`); ``None`` (the default): the
+            policy's own (its model folder's), which is what a run wants unless the policy was given as an
+            ``nn.Module``. A tokenizer that does not belong to the policy is refused before any work.
         format: How rows become prompts: columns, mapping hook, chat template, length limit
             (`PromptFormat`).
         batch_size: Prompts per training step (each is sampled several times by the rollout).
@@ -140,8 +142,9 @@ class PromptDataModule(L.LightningDataModule):
         self.val_fraction, self.seed, self.shuffle = val_fraction, seed, shuffle
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
         self._geometry = BatchGeometry(prompts=batch_size)  # one training step per generation until set_geometry
-        #: The tokenizer; loaded from ``tokenizer_path`` in `setup` unless assigned before.
+        #: The tokenizer; loaded from `tokenizer_source` in `setup` unless assigned before.
         self.tokenizer: Any = None
+        self._policy_tokenizer: str | None = None  # the policy's tokenizer source (use_policy_tokenizer)
         #: Prepared records, filled by `setup`.
         self.train_records: list[dict[str, Any]] | None = None
         self.val_records: list[dict[str, Any]] = []
@@ -153,16 +156,37 @@ class PromptDataModule(L.LightningDataModule):
         return self.format.max_prompt_length
 
     # ------------------------------------------------------------------------------- setup
+    def use_policy_tokenizer(self, source: str | None) -> None:
+        """Take the policy's tokenizer source (``GRPOModule.tokenizer_source``: its model folder or hub id), read
+        when ``tokenizer_path`` is unset. The fit checks hand it over before they set the data up; a Trainer that
+        fits this data module with a module has it handed over by `setup` itself."""
+        self._policy_tokenizer = source
+
+    @property
+    def tokenizer_source(self) -> str | None:
+        """Where the tokenizer is read from: ``tokenizer_path``, else the policy's (None until known)."""
+        return self.tokenizer_path or self._policy_tokenizer
+
+    def _policy_tokenizer_source(self) -> str:
+        """The policy's tokenizer source: handed over (`use_policy_tokenizer`), else the fitted module's."""
+        if self._policy_tokenizer is None and self.trainer is not None:
+            module = self.trainer.lightning_module
+            self._policy_tokenizer = getattr(module, "tokenizer_source", None)  # a user's module may have none
+        if self._policy_tokenizer is None:
+            raise ValueError(
+                "data.tokenizer_path is not set and the policy's own tokenizer is not known (a policy given as an "
+                "nn.Module, or data set up without a module): set data.tokenizer_path to the policy's tokenizer"
+            )
+        if (problem := local_source_problem(self._policy_tokenizer)) is not None:
+            raise FileNotFoundError(f"model.model: {problem}")  # the tokenizer is read before the model
+        return self._policy_tokenizer
+
     def _load_tokenizer(self) -> Any:
         if self.tokenizer is None:
             from transformers import AutoTokenizer
 
-            if self.tokenizer_path is None:  # the built-in tiny model's tokenizer
-                from lightning_grpo.models.tiny import tiny_model_dir
-
-                self.tokenizer_path = str(tiny_model_dir())
-            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-        where = self.tokenizer_path or type(self.tokenizer).__name__
+            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path or self._policy_tokenizer_source())
+        where = self.tokenizer_source or type(self.tokenizer).__name__
         check_tokenizer(self.tokenizer, where, self.format.use_chat_template)
         return self.tokenizer
 

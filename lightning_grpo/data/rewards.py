@@ -58,6 +58,52 @@ def prefix_match(completions: list[str], *, answer: Sequence[Any], **_columns: A
     return out
 
 
+#: A number as a reward reads it: optional sign, digits with optional thousands commas, optional decimals.
+_NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
+#: ``final_number``'s strict extraction: the number after the last "Answer:" (markdown bold and a "$" allowed).
+_STRICT_ANSWER = re.compile(r"Answer:\s*\**\s*\$?\s*(" + _NUMBER + r")", re.IGNORECASE)
+
+
+def _check_final_number(extraction: Any = "strict", **_kwargs: Any) -> None:
+    if extraction not in ("strict", "lenient"):
+        raise ValueError(f"reward 'final_number': extraction must be 'strict' or 'lenient', got {extraction!r}")
+
+
+def extract_number(text: str, extraction: Literal["strict", "lenient"]) -> float | None:
+    """The answer ``final_number`` reads: ``strict``, the number after the last "Answer:"; ``lenient``, the last
+    number anywhere in the text; None when there is none."""
+    found = _STRICT_ANSWER.findall(text) if extraction == "strict" else re.findall(_NUMBER, text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", "").rstrip("."))
+    except ValueError:
+        return None
+
+
+@REWARDS.register("final_number")
+@validated_by(_check_final_number)
+def final_number(
+    completions: list[str],
+    *,
+    answer: Sequence[Any],
+    extraction: Literal["strict", "lenient"] = "strict",
+    **_columns: Any,
+) -> list[float]:
+    """1.0 when the completion's answer equals the numeric ``answer``, else 0.0.
+
+    ``extraction="strict"`` (default) reads the number after the last "Answer:" (the format a prompt asks for:
+    format and value are both scored); ``"lenient"`` reads the last number anywhere in the completion (the value
+    alone). Reporting both apart shows what part of a gain is format and what part is the answer. Numbers compare
+    as values: "1,200", "1200" and "1200.0" are equal.
+    """
+    out = []
+    for c, a in zip(completions, answer):
+        got, gold = extract_number(c, extraction), extract_number(str(a), "lenient")
+        out.append(float(got is not None and gold is not None and abs(got - gold) < 1e-9))
+    return out
+
+
 def _import_math_verify() -> tuple[Callable, Callable]:
     try:
         from math_verify import parse, verify

@@ -31,7 +31,7 @@ class PolicyMixin:
 
     def _init_policy(self, model: str | nn.Module, settings: PolicySettings, optimizer: Any, lr_scheduler: Any) -> None:
         """Keep the settings; nothing is loaded before ``configure_model``."""
-        from ..models.checkpoint_source import model_folder_of
+        from ..models.sources import resolve_model_source
         from ..models.tiny import BUILTIN_PREFIX, BUILTIN_VARIANTS, parse_builtin
 
         if model is None:
@@ -48,8 +48,8 @@ class PolicyMixin:
         self._builtin_model = model if builtin else None
         if builtin:
             parse_builtin(self._builtin_model, "model.model")  # a malformed name fails here, before any work
-        # a checkpoint or run folder (an SFT run): exported once into a model folder next to it
-        self._model_source = model_folder_of(model) if isinstance(model, str) and not builtin else None
+        # a packaged model, a GGUF file or a checkpoint / run folder (an SFT run): made a model folder once
+        self._model_source = resolve_model_source(model) if isinstance(model, str) and not builtin else None
         self.policy = model if isinstance(model, nn.Module) else None
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
@@ -73,6 +73,12 @@ class PolicyMixin:
     @model_source.setter
     def model_source(self, value: str | None) -> None:
         self._model_source = value
+
+    @property
+    def tokenizer_source(self) -> str | None:
+        """Where the policy's own tokenizer is read from: its model folder or hub id (a built-in tiny model's
+        folder holds its tokenizer); None for a policy given as an ``nn.Module``."""
+        return self.model_source
 
     def _build_policy(self) -> None:
         """Load (or wrap) the policy once, enable gradient checkpointing, and put it in train mode."""

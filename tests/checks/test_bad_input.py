@@ -167,7 +167,7 @@ def test_bad_config_writes_no_run_directory(tmp_path, overrides, message):
 def test_missing_prompt_column_lists_the_columns(tmp_path):
     path = tmp_path / "qa.jsonl"
     path.write_text('{"q": "12=", "a": "3"}\n')
-    dm = PromptDataModule(train_files=str(path), batch_size=1)
+    dm = PromptDataModule(train_files=str(path), tokenizer_path="tiny:chars", batch_size=1)
     with pytest.raises(
         ValueError,
         match=rf"data.format.prompt_column 'prompt' not found in data.train_files {path}; columns present: \['q', 'a'\]",
@@ -177,7 +177,7 @@ def test_missing_prompt_column_lists_the_columns(tmp_path):
 
 def test_empty_dataset():
     with pytest.raises(ValueError, match=r"^data.source.train holds no rows$"):
-        PromptDataModule(source=Rows([]), batch_size=1).setup("fit")
+        PromptDataModule(source=Rows([]), tokenizer_path="tiny:chars", batch_size=1).setup("fit")
 
 
 def test_empty_file(tmp_path):
@@ -205,7 +205,9 @@ def test_batch_size_zero():
 
 
 def test_prompt_longer_than_max_errors():
-    dm = PromptDataModule(source=Rows(ROWS), batch_size=1, format=PromptFormat(max_prompt_length=4))
+    dm = PromptDataModule(
+        source=Rows(ROWS), tokenizer_path="tiny:chars", batch_size=1, format=PromptFormat(max_prompt_length=4)
+    )
     with pytest.raises(
         ValueError,
         match=r"prompt 1 of data.source.train has 5 tokens, more than data.format.max_prompt_length=4 \(set data.format.on_long_prompt: truncate",
@@ -215,7 +217,10 @@ def test_prompt_longer_than_max_errors():
 
 def test_prompt_longer_than_max_truncates_with_a_warning():
     dm = PromptDataModule(
-        source=Rows(ROWS), batch_size=1, format=PromptFormat(max_prompt_length=4, on_long_prompt="truncate")
+        source=Rows(ROWS),
+        tokenizer_path="tiny:chars",
+        batch_size=1,
+        format=PromptFormat(max_prompt_length=4, on_long_prompt="truncate"),
     )
     with pytest.warns(
         UserWarning,
@@ -265,8 +270,10 @@ def test_tokenizer_vocabulary_larger_than_the_policy(tiny_model_path, tmp_path):
     (small / "config.json").write_text(json.dumps({**config, "vocab_size": 8}))
     fit_error(
         ValueError,
-        r"data.tokenizer_path \(.*\) has \d+ tokens but the policy \(.*small-vocab\) has 8 embedding rows: set data.tokenizer_path",
+        r"data.tokenizer_path \(.*\) does not belong to the policy \(.*small-vocab\): it has \d+ tokens, the policy's "
+        r"embedding 8 rows; leave data.tokenizer_path unset",
         module=GRPOModule(model=str(small)),
+        dm=PromptDataModule(DigitTask(), tokenizer_path=str(tiny_model_path), batch_size=4),
     )
 
 

@@ -38,7 +38,7 @@ def test_fit_warns_before_any_engine_starts(qwen_tokenizer):
     dm.tokenizer = qwen_tokenizer  # the session's tokenizer (setup loads tokenizer_path otherwise)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fit_error(ValueError, "has 151669 tokens but the policy", callback=agent, dm=dm)
+        fit_error(ValueError, "it has 151669 tokens, the policy's embedding", callback=agent, dm=dm)
     lines = [str(w.message) for w in caught if "chat template" in str(w.message)]
     # <|im_start|> user \n 4 8 2 1 = <|im_end|> \n <|im_start|> assistant \n: tokens 0-12, then the probe's turn
     assert lines == [

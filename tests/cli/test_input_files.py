@@ -39,7 +39,7 @@ _BAD_LINE = b'{"prompt": "caf\xe9=", "answer": "1"}\n'  # latin-1 e-acute: not U
 def test_non_utf8_data_file_names_the_file_and_line(tmp_path, name, content, line, offset):
     path = tmp_path / name
     path.write_bytes(content)
-    dm = PromptDataModule(train_files=str(path), batch_size=1)
+    dm = PromptDataModule(train_files=str(path), tokenizer_path="tiny:chars", batch_size=1)
     message = (
         rf"^data.train_files: {path} is not UTF-8 text: byte 0xe9 at offset {offset} \(line {line}\); "
         r"re-save it as UTF-8"
@@ -78,7 +78,7 @@ def test_non_utf8_file_in_a_dataset_folder_names_the_file(tmp_path):
     folder = tmp_path / "qa"
     folder.mkdir()
     (folder / "train.jsonl").write_bytes(b'{"prompt": "12=", "answer": "3"}\n' + _BAD_LINE)
-    dm = PromptDataModule(source=HubDataset(str(folder)), batch_size=1)
+    dm = PromptDataModule(source=HubDataset(str(folder)), tokenizer_path="tiny:chars", batch_size=1)
     with pytest.raises(
         ValueError,
         match=rf"^data.source.path: {folder / 'train.jsonl'} is not UTF-8 text: byte 0xe9 at offset 48 \(line 2\)",

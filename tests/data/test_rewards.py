@@ -145,7 +145,7 @@ def test_resolve_by_name_and_by_import_path():
 def test_resolve_errors_name_the_string():
     with pytest.raises(
         ValueError,
-        match=r"unknown reward function 'exact'; registered: env_reward, exact_match, length, llm_judge, math_accuracy",
+        match=r"unknown reward function 'exact'; registered: env_reward, exact_match, final_number, length, llm_judge, math_accuracy",
     ):
         resolve_reward("exact")
     with pytest.raises(

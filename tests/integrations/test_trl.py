@@ -225,7 +225,7 @@ def test_bad_environment_classes():
         TRLEnvironment(SecretEnv, prompt_key="question").reset({"prompt": "1="}, seed=0)
 
 
-def test_records_through_the_data_module_keep_their_columns():
+def test_records_through_the_data_module_keep_their_columns(tiny_model_path):
     """reset(**row) sees every dataset column (TRL passes the row), not our internal prompt_ids."""
     seen = {}
 
@@ -234,13 +234,20 @@ def test_records_through_the_data_module_keep_their_columns():
             seen.update(kwargs)
             return super().reset(**kwargs)
 
-    data = PromptDataModule(source=Rows([{"prompt": "12=", "answer": "3", "level": 2}] * 2), batch_size=2)
+    data = PromptDataModule(
+        source=Rows([{"prompt": "12=", "answer": "3", "level": 2}] * 2),
+        tokenizer_path=str(tiny_model_path),
+        batch_size=2,
+    )
     data.setup()
     TRLEnvironment(Env).reset(data.train_records[0], seed=0)
     assert seen == {"prompt": "12=", "answer": "3", "level": 2}
     # With our chat template on, TRL's reset still sees the dataset's prompt and the opening is templated once.
     data = PromptDataModule(
-        source=Rows([{"prompt": "12=", "answer": "3"}] * 2), batch_size=2, format=PromptFormat(use_chat_template=True)
+        source=Rows([{"prompt": "12=", "answer": "3"}] * 2),
+        tokenizer_path=str(tiny_model_path),
+        batch_size=2,
+        format=PromptFormat(use_chat_template=True),
     )
     data.setup()
     assert data.train_records[0]["prompt"] != "12="  # the record holds the rendered text
