@@ -306,11 +306,14 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         if self.max_staleness == 0:
             sync = self.sync_weights(module)
             result = self._sample(trainer, generation)
+            self._check.take_probe(module, result.tensors, self.engine, trainer.global_step)  # awake: it scores it
             self.engine.sleep()  # a colocated engine gives its memory back to the trainer (rollout.vllm.sleep_level)
             return result, {"time/sync": sync, "time/push_check": self._check.take_seconds()}
         if self._pipeline is None:
             self._pipeline = self._async_pipeline(trainer, module)
-        return self._pipeline.next_batch(generation, trainer.global_step)
+        result, times = self._pipeline.next_batch(generation, trainer.global_step)
+        self._check.take_probe(module, result.tensors, self.engine, trainer.global_step, calibrate=False)  # see send
+        return result, times
 
     def _sample(self, trainer: L.Trainer, generation: int) -> SampleResult:
         """Sample and score generation batch ``generation`` (any thread; seeds and prompts depend
@@ -336,15 +339,13 @@ class RolloutCallback(HeldOutEvaluation, Callback):
             self._engine_version = step
             with gathered_weights_for_engine(module.policy) as weights:  # snapshot taken inside (FSDP2: gathered)
                 payload = self.engine.prepare_push(weights)
-            check = self._check  # the trainer's side of the push check now, the engine's after the push lands
-            due = check.due()
-            return payload, (check.expect(module, step), check.tolerance_of(self.engine, module)) if due else None
+            return payload, self._check.prepare(module, step)  # the trainer's side of the push check
 
         def send(prepared, step: int) -> None:
-            payload, expected = prepared
-            self.engine.send_push(payload, step)
-            if expected is not None:
-                self._check.verify(self.engine, *expected)
+            self._check.calibrate(self.engine)  # the first push after the probe: the engine holds its weights still
+            self.engine.send_push(prepared[0], step)
+            if prepared[1] is not None:
+                self._check.verify(self.engine, *prepared[1])
 
         steps = self.geometry.optimizer_steps  # per generation batch
         return AsyncRollout(self.max_staleness, steps, prepare, send, lambda g: self._sample(trainer, g))
@@ -366,7 +367,6 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         )
         times["time/prepare"] = time.perf_counter() - start
         module.use_rollout(batch, {**result.metrics, **self.reward_set.totals(), **times})
-        self._check.take_probe(module, batch, self.engine.max_model_len, trainer.global_step)  # the push check's probe
         self.generations += 1
         self.completion_log.new_batch(trainer, module, result, self.reward_set.names)
         for callback in trainer.callbacks:  # guards inspect the fresh batch before it trains

@@ -80,14 +80,20 @@ class WeightSyncSettings:
     vLLM apply it (needs ``rollout.vllm.enable_lora``)."""
     check_every: int = CHECK_EVERY
     """Check that a push landed (`lightning_grpo.callbacks.push_check`): the engine scores a fixed probe (the
-    first rows of the run's first rollout) and its log-probs must equal the trainer's under the pushed weights;
-    a push that did not land stops the run with one line naming the engine, the step and what differs. Runs at
-    the first push after the probe is taken, then at every ``check_every``-th; 0 = off. Each check costs one
-    engine call and one trainer forward on a few short sequences (docs/evidence/benchmarks.md)."""
+    first rows of the run's first rollout) and its log-probs must equal the trainer's under the pushed weights
+    (see ``check_tolerance``); a push that did not land stops the run with one line naming the engine, the step
+    and what differs. Runs at the first push after the probe is taken, then at every ``check_every``-th; 0 =
+    off. Costs one engine call when the probe is taken, then per check one engine call and one trainer forward
+    on a few short sequences, plus one trainer forward at the push before it (none with 1)
+    (docs/evidence/benchmarks.md)."""
     check_tolerance: float | None = None
-    """Largest mean |log-prob difference| on the probe that passes; None = from the run's precision
-    (the least precise of the engine's dtype, the policy's and the Trainer's: float32 1e-5, float16 1e-2,
-    bfloat16 5e-2)."""
+    """Largest mean |log-prob difference| between the engine's and the trainer's scores of the probe that
+    passes. None = calibrated: ``max(floor, 4 x noise)``, where the floor comes from the run's precision (the
+    least precise of the engine's dtype, the policy's and the Trainer's: float32 1e-5, float16 1e-2, bfloat16
+    5e-2) and the noise is that difference measured when the probe is taken, before any push (above 20 x the
+    floor, or 20 x this value when set, it stops the run: the engine holds other weights). Either way a push
+    also passes when the engine's scores are 100x nearer the pushed weights' than the previous push's (a
+    diverging run's noise outgrows any tolerance; its steps outgrow the noise far more)."""
 
     def __post_init__(self) -> None:
         if self.lora not in ("merged", "adapter"):

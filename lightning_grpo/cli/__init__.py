@@ -51,8 +51,8 @@ def main(args: list[str] | None = None) -> int | None:
     """``report``, ``export``, ``serve`` and ``fetch`` go to their own commands (a failure exits with its status),
     ``sft ...`` to the SFT LightningCLI (cli/sft.py); everything else to the LightningCLI (``args``
     None: ``sys.argv``). A configuration error found before training is printed as one line (exit status 2),
-    and so is an error in the run that names its cause, such as a reward function that raised (status 1;
-    ``LIGHTNING_GRPO_DEBUG=1``: its traceback)."""
+    and so is an error in the run that names its cause, such as a reward function that raised or a weight push
+    that did not land (status 1; ``LIGHTNING_GRPO_DEBUG=1``: its traceback)."""
     argv = sys.argv[1:] if args is None else list(args)
     _current_directory_importable()
     quiet_expected_messages()

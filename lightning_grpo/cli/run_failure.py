@@ -2,7 +2,8 @@
 
 The run folder gets ``failed.txt``: the error in one line, then its full traceback
 (``lightning-grpo report`` shows the first line). An error whose message names its cause and fix (a
-reward function that raised on a sample: :class:`~lightning_grpo.data.registry.RewardError`) is
+reward function that raised on a sample: :class:`~lightning_grpo.data.registry.RewardError`; a weight
+push that did not land: :class:`~lightning_grpo.callbacks.push_check.WeightPushError`) is
 printed as that one line, with where the traceback is, and the command exits with status 1; set
 ``LIGHTNING_GRPO_DEBUG=1`` to get the traceback on the console instead. Any other error keeps its
 traceback (it may be a bug)."""
@@ -13,12 +14,15 @@ import os
 import traceback
 from pathlib import Path
 
+from ..callbacks.push_check import WeightPushError
 from ..data.registry import RewardError
 
 #: The environment variable that prints a failed run's traceback instead of its one line.
 DEBUG_ENV = "LIGHTNING_GRPO_DEBUG"
 #: The file a failed run leaves in its run folder.
 FAILED_FILE = "failed.txt"
+#: The errors whose message names their cause and fix: printed as one line, without a traceback.
+EXPLAINED = (RewardError, WeightPushError)
 
 
 class RunFailed(Exception):
@@ -53,7 +57,7 @@ def record_failure(run_dir: str | Path | None, err: BaseException, step: int) ->
 def explained(err: BaseException, written: Path | None) -> RunFailed | None:
     """The one-line :class:`RunFailed` for an error that names its cause (None for any other error,
     and in debug mode)."""
-    if debug_mode() or not isinstance(err, RewardError):
+    if debug_mode() or not isinstance(err, EXPLAINED):
         return None
     where = f"the traceback is in {written}" if written is not None else "the run folder was not written"
     return RunFailed(f"{first_line(err)} (the run stopped; {where}; {DEBUG_ENV}=1 prints it)")

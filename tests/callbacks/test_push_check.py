@@ -1,9 +1,10 @@
-"""The weight push check: a push that did not land stops the run with one line; healthy pushes pass.
+"""The weight push check on real engines: a push that did not land stops the run with one line; healthy pushes
+pass (the rule itself, on hand-set log-probs: test_push_check_rule.py).
 
 Each path is broken on purpose: the HF engine given a copy of the policy, the in-process vLLM engine whose
 push does nothing / skips a layer / renames a tensor, its LoRA adapter never loaded or not reloaded, and a
 vLLM server whose push does nothing. Unit level on the shared engines (no training run) except one short HF
-run that checks the RolloutCallback stops the fit.
+run that checks the RolloutCallback stops the fit. Each check is calibrated on the engine that took the probe.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from lightning_grpo.models.weights import policy_weights_for_engine
 from lightning_grpo.rollout.hf import HFEngine
 
 EOS, PAD = 1, 0
-TOL = 1e-5  # the float32 tolerance (TOLERANCES)
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -63,18 +63,23 @@ def _batch() -> RolloutBatch:
     return RolloutBatch(ids, mask.long(), completion, torch.zeros(3), torch.zeros(3, 3), 3, 3, 1.0)
 
 
-def _probed(module, engine_max_len=None) -> PushCheck:
-    check = PushCheck(every=1, tolerance=TOL, adapter=False)
-    check.take_probe(module, _batch(), engine_max_len, step=0)
+def _probed(module, engine) -> PushCheck:
+    """A check on every push whose probe ``engine`` scores now (it must hold the policy's weights)."""
+    check = PushCheck(every=1)
+    check.take_probe(module, _batch(), engine, step=0)
     return check
 
 
 # ------------------------------------------------------------------------------------ the probe
 def test_the_probe_is_the_first_two_rows_without_padding_cut_below_max_model_len(tiny_model_path):
-    module = _module(_policy(tiny_model_path))
-    check = _probed(module)
+    policy = _policy(tiny_model_path)
+    module = _module(policy)
+    engine = HFEngine(policy, EOS, PAD)
+    check = _probed(module, engine)
     assert check.probe == [[5, 6, 7, 10, 11, 1], [8, 9, 12]]
-    assert _probed(module, engine_max_len=5).probe == [[5, 6, 7, 10], [8, 9, 12]]  # + 1 generated token fits
+    assert check.noise < 1e-6 and check.current_tolerance() == 1e-5  # the engine is the policy: the float32 floor
+    engine.max_model_len = 5
+    assert _probed(module, engine).probe == [[5, 6, 7, 10], [8, 9, 12]]  # + 1 generated token fits
     batch = probe_batch(check.probe, torch.device("cpu"))
     assert batch.prompt_length == 1 and batch.completion_mask.tolist() == [[1.0] * 5, [1.0, 1.0, 0, 0, 0]]
     assert [len(x) for x in check._history[0].logp] == [5, 2]  # the trainer's log-probs at step 0, per token
@@ -112,11 +117,12 @@ def test_hf_engine_on_the_policy_passes_and_on_a_copy_names_the_stale_step(tiny_
     policy = _policy(tiny_model_path)
     module = _module(policy)
     live, frozen = HFEngine(policy, EOS, PAD), HFEngine(copy.deepcopy(policy), EOS, PAD)
-    check = _probed(module)
+    check = _probed(module, live)
+    step0 = check.expect(module, 0)
     _nudge(policy)
-    check.verify(live, check.expect(module, 1), TOL)  # same model: passes
+    check.verify(live, check.expect(module, 1), step0)  # same model: passes
     with pytest.raises(WeightPushError) as err:
-        check.verify(frozen, check.expect(module, 1), TOL)
+        check.verify(frozen, check.expect(module, 1), step0)
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("weight push check: HFEngine (its model) at step 1 does not sample with the pushed")
@@ -160,20 +166,22 @@ def test_vllm_merged_push_passes_and_each_break_is_named(vllm_engine, tiny_model
     policy = _policy(tiny_model_path)
     module = _module(policy)
     vllm_engine.load_weights(policy_weights_for_engine(policy))
-    check = _probed(module)
+    check = _probed(module, vllm_engine)
+    assert check.current_tolerance() == 1e-5  # the float32 floor: this engine's noise is far below it
+    step0 = check.expect(module, 0)
     _nudge(policy)
     vllm_engine.load_weights(policy_weights_for_engine(policy))
     scores = vllm_engine.score(check.probe)["in-process vLLM"]
-    expected = check.expect(module, 1)
-    assert max(float((s - e).abs().max()) for s, e in zip(scores, expected.logp)) < 1e-6
-    check.verify(vllm_engine, expected, TOL)
+    step1 = check.expect(module, 1)
+    assert max(float((s - e).abs().max()) for s, e in zip(scores, step1.logp)) < 1e-6
+    check.verify(vllm_engine, step1, step0)
 
     _nudge(policy, seed=2)  # step 2: the push does nothing
     with monkeypatch.context() as patch:
         patch.setattr(vllm_engine, "load_weights", lambda weights, version=None: None)
         vllm_engine.load_weights(policy_weights_for_engine(policy))
         with pytest.raises(WeightPushError, match=r"VLLMEngine \(in-process vLLM\) at step 2 .*still holds step 1's"):
-            check.verify(vllm_engine, check.expect(module, 2), TOL)
+            check.verify(vllm_engine, check.expect(module, 2), step1)
 
     def skip_one_layer(self, lin, weights, original=CpuInplacePush._load_linear):
         if lin.sources != ["model.layers.1.mlp.down_proj"]:
@@ -183,9 +191,9 @@ def test_vllm_merged_push_passes_and_each_break_is_named(vllm_engine, tiny_model
         patch.setattr(CpuInplacePush, "_load_linear", skip_one_layer)
         vllm_engine.load_weights(policy_weights_for_engine(policy))
         with pytest.raises(WeightPushError, match=r"at step 2 .*match no earlier weights: part of the weights"):
-            check.verify(vllm_engine, check.expect(module, 2), TOL)
+            check.verify(vllm_engine, check.expect(module, 2), step1)
     vllm_engine.load_weights(policy_weights_for_engine(policy))
-    check.verify(vllm_engine, check.expect(module, 2), TOL)  # a push that lands passes again
+    check.verify(vllm_engine, check.expect(module, 2), step1)  # a push that lands passes again
 
 
 # ----------------------------------------------------------------------- in-process vLLM: adapter
@@ -194,26 +202,27 @@ def test_vllm_adapter_not_loaded_and_not_reloaded_are_named(vllm_engine, tiny_mo
     policy = _policy(tiny_model_path, lora=True)
     module = _module(policy)
     push = PolicyPush("adapter")
-    check = PushCheck(every=1, tolerance=TOL, adapter=True)
+    check = PushCheck(every=1, adapter=True)
     try:
-        with monkeypatch.context() as patch:  # the adapter never reaches the engine
+        with monkeypatch.context() as patch:  # the adapter never reaches the engine: the probe finds it out
             patch.setattr(vllm_engine, "load_lora_adapter", lambda path: None)
             push(vllm_engine, policy, 0, first=True)
-            check.take_probe(module, _batch(), None, step=0)
-            _nudge(policy, "lora_B")
-            push(vllm_engine, policy, 1, first=False)
             with pytest.raises(
-                WeightPushError, match=r"at step 1 .*without its LoRA adapter \(\S+\): .*\(adapter not loaded\)$"
+                WeightPushError, match=r"at step 0 .*without its LoRA adapter \(\S+\): .*\(adapter not loaded\)$"
             ):
-                check.verify(vllm_engine, check.expect(module, 1), TOL)
-        push(vllm_engine, policy, 1, first=False)  # the real load: passes
-        check.verify(vllm_engine, check.expect(module, 1), TOL)
+                check.take_probe(module, _batch(), vllm_engine, step=0)
+        push(vllm_engine, policy, 0, first=False)  # the real load: the probe is calibrated
+        check = PushCheck(every=1, adapter=True)
+        check.take_probe(module, _batch(), vllm_engine, step=0)
+        step0 = check.expect(module, 0)
         _nudge(policy, "lora_B", seed=3)
-        with monkeypatch.context() as patch:  # step 2: the new adapter is not handed over
+        with monkeypatch.context() as patch:  # step 1: the new adapter is not handed over
             patch.setattr(vllm_engine, "load_lora_adapter", lambda path: None)
-            push(vllm_engine, policy, 2, first=False)
-            with pytest.raises(WeightPushError, match=r"at step 2 .*still holds step 1's weights"):
-                check.verify(vllm_engine, check.expect(module, 2), TOL)
+            push(vllm_engine, policy, 1, first=False)
+            with pytest.raises(WeightPushError, match=r"at step 1 .*still holds step 0's weights"):
+                check.verify(vllm_engine, check.expect(module, 1), step0)
+        push(vllm_engine, policy, 1, first=False)
+        check.verify(vllm_engine, check.expect(module, 1), step0)  # passes once it is
     finally:
         vllm_engine.unload_lora_adapter()
         push.close()
@@ -222,12 +231,12 @@ def test_vllm_adapter_not_loaded_and_not_reloaded_are_named(vllm_engine, tiny_mo
 # ------------------------------------------------------------------------------- vLLM server
 def pushed_and_checked_once(engine, policy, module) -> PushCheck:
     """Push step 0, take the probe, push a nudged step 1 and check it (it passes); the policy is nudged again
-    for a step 2 the caller pushes. Returns the check."""
+    for a step 2 the caller pushes and checks (``check.after_push(engine, module, 2)``). Returns the check."""
     engine.load_weights(policy_weights_for_engine(policy), version=0)
-    check = _probed(module)
+    check = _probed(module, engine)
     _nudge(policy)
     engine.load_weights(policy_weights_for_engine(policy), version=1)
-    check.verify(engine, check.expect(module, 1), TOL)
+    check.after_push(engine, module, 1)
     _nudge(policy, seed=2)
     return check
 
@@ -245,6 +254,6 @@ def test_server_push_that_does_nothing_is_caught(vllm_server, tiny_model_path, m
         monkeypatch.setattr(engine.transport, "push", lambda client, prepared, version: None)
         engine.load_weights(policy_weights_for_engine(policy), version=2)
         with pytest.raises(WeightPushError, match=rf"ServerEngine \({vllm_server}\) at step 2 .*still holds step 1's"):
-            check.verify(engine, check.expect(module, 2), TOL)
+            check.after_push(engine, module, 2)
     finally:
         engine.close()

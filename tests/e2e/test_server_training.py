@@ -184,3 +184,40 @@ def test_resume_restarts_the_pipeline_with_the_restored_weights(vllm_server, tin
     # left over from before the checkpoint; the next is one step stale again
     assert [s["train/weight_version_min"] for s in recorder.steps] == [2.0, 2.0]
     assert [s["train/staleness_max"] for s in recorder.steps] == [0.0, 1.0]
+
+
+def test_an_async_push_that_does_nothing_stops_the_run(vllm_server, tiny_model_path, tmp_path, monkeypatch):
+    """max_staleness 1: the push check's trainer side runs when a push is prepared, the engine's noise is measured
+    on the rollout thread before the first push after the probe, and a push that never reaches the server stops
+    the run, naming the step the server still holds."""
+    import threading
+
+    from lightning_grpo.callbacks.push_check import PushCheck, WeightPushError
+    from lightning_grpo.rollout.server_engine import ServerEngine
+
+    engine = ServerEngine([ServerClient(vllm_server)])
+    real, versions, calibrated = engine.transport.push, [], []
+    calibrate = PushCheck.calibrate
+
+    def recorded(check, on):  # (thread, versions pushed so far, the noise once measured)
+        calibrate(check, on)
+        calibrated.append((threading.current_thread().name.split("_")[0], list(versions), check.noise))
+
+    monkeypatch.setattr(PushCheck, "calibrate", recorded)
+
+    def first_only(client, prepared, version):  # the step-0 push lands, no later one
+        versions.append(version)
+        if len(versions) == 1:
+            real(client, prepared, version)
+
+    engine.transport.push = first_only
+    rollout = _server_callback(vllm_server, max_staleness=1)
+    rollout.use_engine(engine)
+    try:
+        with pytest.raises(WeightPushError, match=rf"ServerEngine \({vllm_server}\) at step 1 .*still holds step 0's"):
+            _fit([rollout], tiny_model_path, steps=4, root=tmp_path, loss=ASYNC_LOSS)
+    finally:
+        engine.close()
+    assert versions[:2] == [0, 1]
+    (thread, _, _), (_, pushed, noise) = calibrated[:2]  # before push 0 (no probe yet), before push 1: measured
+    assert thread == "lightning-grpo-rollout" and pushed == [0] and noise < 1e-5, calibrated
