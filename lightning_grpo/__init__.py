@@ -48,6 +48,7 @@ _LAZY = {
     "MismatchGuard": "lightning_grpo.callbacks.signal_guards",
     "ZeroStdGuard": "lightning_grpo.callbacks.signal_guards",
     "TruncationGuard": "lightning_grpo.callbacks.signal_guards",
+    "ZeroRewardGuard": "lightning_grpo.callbacks.zero_reward",
     "RewardHackingGuard": "lightning_grpo.callbacks.drift_guards",
     "LengthGuard": "lightning_grpo.callbacks.drift_guards",
     "RewardDropGuard": "lightning_grpo.callbacks.drift_guards",

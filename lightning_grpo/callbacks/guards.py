@@ -30,6 +30,7 @@ gradient norm, entropy, train-inference mismatch).
 | `EntropyGuard` | entropy collapse / explosion (000) | warn |
 | `IdenticalSamplesGuard` | a group's samples token-identical at T > 0 (004) | warn |
 | `MismatchGuard` | rollout vs trainer log-probs drift apart (000) | warn |
+| `ZeroRewardGuard` | every reward 0 in the run's first 10 generation batches (callbacks/zero_reward.py) | warn, once |
 | `ZeroStdGuard` | most groups have zero reward std (no signal) | warn |
 | `TruncationGuard` | most completions cut off by `max_new_tokens`, none better than another | warn |
 """

@@ -22,6 +22,7 @@ import re
 import sys
 from typing import Any, NoReturn
 
+from .misplaced import misplaced_key_hint
 from .renames import renamed_key_message
 
 _STRUCTURE = (
@@ -39,6 +40,7 @@ _GIVEN_CLASS = re.compile(r"class_path='([^']+)'")
 _NOT_ACCEPTED = re.compile(r"[Oo]ption '([^']+)' is not accepted")
 _GROUP_OPTION = re.compile(r"(Group|Subcommand) '([^']+)' does not accept option '([^']+)'")
 _MARK = "_lightning_grpo_config_error"
+_DID_YOU_MEAN = re.compile(r" \(did you mean '[^']*'\?\)$")
 #: The package's own types (``jsonargparse.typing.register_type``) explain a bad value in full: kept alone.
 _OWN_TYPE = re.compile(r"Not of type (?:RewardName): (.*)$")
 
@@ -101,9 +103,14 @@ def condense(message: str, parser: Any = None, config: Any = None) -> str:
     key, sep, text = line.partition(": ")
     if key == "unrecognized arguments":  # --model.num_iterations 2: the first option given
         key = next((a[2:].split("=")[0] for a in text.split() if a.startswith("--")), "")
-    elif not (sep and "not an option" in text):
+        return renamed_key_message(key) or line
+    if not (sep and "not an option" in text):
         return line
-    return renamed_key_message(key) or line
+    renamed = renamed_key_message(key)
+    if renamed:
+        return renamed
+    hint = misplaced_key_hint(key, parser, message)  # the same name one level down / up: a YAML indent slip
+    return _DID_YOU_MEAN.sub("", line) + hint if hint else line
 
 
 def _condense(message: str, parser: Any = None, config: Any = None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -39,7 +40,19 @@ def resolve_callable(name: str | Callable, registry: Registry | None, what: str,
         for attr in attr_path.split("."):
             obj = getattr(obj, attr)
     except (ImportError, AttributeError, ValueError) as err:
-        raise ValueError(f"{what} {name!r} could not be imported: {err}") from err
+        raise ValueError(f"{what} {name!r} could not be imported: {err}{_search_path_hint(err, module_name)}") from err
     if not callable(obj):
         raise TypeError(f"{what} {name!r} resolves to a {type(obj).__name__}, which is not callable")
     return obj
+
+
+def _search_path_hint(err: BaseException, module_name: str) -> str:
+    """Where Python looked, when the module itself (not one it imports) was not found: the current folder
+    and ``PYTHONPATH`` (the ``lightning-grpo`` command puts the current folder on ``sys.path``)."""
+    top = module_name.split(".")[0]
+    if not isinstance(err, ModuleNotFoundError) or err.name != top:
+        return ""
+    return (
+        f"; the current folder is {os.getcwd()}: {top} must be importable from it or from PYTHONPATH (run from "
+        f"the folder that holds {top}.py, or e.g. PYTHONPATH=path/to/that/folder lightning-grpo fit ...)"
+    )

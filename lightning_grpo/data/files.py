@@ -4,6 +4,7 @@ and the file before anything is read (missing, empty, mixed types, not UTF-8), a
 from __future__ import annotations
 
 import codecs
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,5 +78,41 @@ def read_files(
     try:
         data = datasets.load_dataset(builder, data_files=paths, split="train", cache_dir=cache_dir)
     except Exception as err:  # datasets raises many types; name the file
+        located = next((m for m in map(json_error, paths) if m), None) if builder == "json" else None
+        if located is not None:
+            raise ValueError(f"{field}: {located}") from err
         raise ValueError(f"could not read {source} with datasets.load_dataset({builder!r}): {err}") from err
     return data.to_list()
+
+
+def json_error(path: str) -> str | None:
+    """``<path> line L, column C is not valid JSON: ...`` with the fix, for the first line of a ``.json`` /
+    ``.jsonl`` file that does not parse (``datasets`` names only a byte position); None when it parses."""
+    if Path(path).suffix.lower() not in (".json", ".jsonl"):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    if Path(path).suffix.lower() == ".json":
+        try:
+            json.loads(text)
+            return None
+        except json.JSONDecodeError as err:
+            if err.msg != "Extra data":  # one JSON document (not JSON Lines) that is broken
+                return f"{path} line {err.lineno}, column {err.colno} is not valid JSON: {err.msg}; fix the file there"
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            what = f"{err.msg}: the line ends before its object is closed" if err.pos >= len(line.rstrip()) else err.msg
+            return (
+                f"{path} line {number}, column {err.colno} is not valid JSON: {what}; fix that line: each line "
+                'must hold one JSON object, e.g. {"prompt": "12=", "answer": "3"} (strings in double quotes)'
+            )
+        if not isinstance(row, dict):
+            return (
+                f"{path} line {number} holds a JSON {type(row).__name__}, not an object; each line must hold one "
+                'JSON object, e.g. {"prompt": "12=", "answer": "3"}'
+            )
+    return None

@@ -6,7 +6,8 @@ A record is a dict holding every column of its row (after ``data.format.record_m
 * ``"prompt_ids"``: its token ids (``list[int]``);
 * ``"raw_prompt"``: the prompt column's value as the data holds it (text, or chat messages),
   before the chat template: what TRL-style reward functions receive as ``prompts``;
-* ``"answer"``: a copy of ``data.format.answer_column`` (when set).
+* ``"answer"``: ``data.format.answer_column``'s value as text (when set; `answer_text`: a number as it is
+  written, ``8`` -> ``"8"``; ``None`` for a missing one); the column itself keeps the data's value.
 
 Reward functions receive every key of the record as a column of the same name.
 """
@@ -20,6 +21,8 @@ from typing import Any, Literal
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_grpo.core.resolve import resolve_callable
+
+from .columns import answer_text, check_answers, column_fix
 
 #: Record key of the prompt column's value before the chat template (text or messages).
 RAW_PROMPT = "raw_prompt"
@@ -121,8 +124,9 @@ class PromptFormat:
     prompt_column: str = "prompt"
     """Column holding the prompt: a string, or a list of chat messages when ``use_chat_template`` is true."""
     answer_column: str | None = "answer"
-    """Column copied to each record's ``"answer"`` (read by ``exact_match``, ``math_accuracy``; SFT's target);
-    ``None`` for data without answers."""
+    """Column copied to each record's ``"answer"`` as text (numbers as written: ``8`` -> ``"8"``; null stays
+    ``None``; a list or dict is refused), read by ``exact_match``, ``math_accuracy``; SFT's target. ``None``
+    for data without answers."""
     use_chat_template: bool = False
     """Wrap each prompt as a user message and apply the tokenizer's chat template (with the generation
     prompt); false feeds the text as it is."""
@@ -169,19 +173,24 @@ class PromptFormat:
             raise ValueError(f"data.format.on_long_prompt must be 'error' or 'truncate', got {self.on_long_prompt!r}")
 
     def check_columns(self, rows: list[dict[str, Any]], source: str) -> None:
-        """The rows exist and hold the prompt (and answer) column."""
+        """The rows exist and hold the prompt (and answer) column; every answer has a text (no list or dict)."""
         if not rows:
             raise ValueError(f"{source} holds no rows")
         present = list(rows[0])
         if self.prompt_column not in present:
+            fix = column_fix("prompt_column", "prompt", rows, exclude=(self.answer_column,))
             raise ValueError(
-                f"data.format.prompt_column {self.prompt_column!r} not found in {source}; columns present: {present}"
+                f"data.format.prompt_column {self.prompt_column!r} not found in {source}; columns present: {present}; {fix}"
             )
-        if self.answer_column is not None and self.answer_column not in present:
+        if self.answer_column is None:
+            return
+        if self.answer_column not in present:
+            fix = column_fix("answer_column", "answer", rows, exclude=(self.prompt_column,))
             raise ValueError(
-                f"data.format.answer_column {self.answer_column!r} not found in {source}; columns present: {present} "
-                "(set data.format.answer_column: null for data without answers)"
+                f"data.format.answer_column {self.answer_column!r} not found in {source}; columns present: {present}; "
+                f"{fix} (or null for data without answers)"
             )
+        check_answers(rows, self.answer_column, source)
 
     def render(self, prompt: Any, tokenizer: Any, source: str, index: int) -> str:
         """The text fed to the policy for one prompt value (text, or chat messages)."""
@@ -237,7 +246,7 @@ class RecordBuilder:
                 text = tokenizer.decode(ids, skip_special_tokens=False)
             record = {**row, RAW_PROMPT: row[fmt.prompt_column], "prompt": text, "prompt_ids": list(ids)}
             if fmt.answer_column is not None:
-                record["answer"] = row[fmt.answer_column]
+                record["answer"] = answer_text(row[fmt.answer_column])
             records.append(record)
         if truncated and not self._warned_truncation:
             self._warned_truncation = True
@@ -273,7 +282,7 @@ def _texts(row: dict[str, Any], fmt: PromptFormat) -> list[str]:
     prompt = row[fmt.prompt_column]
     texts = [m.get("content") for m in prompt] if is_chat(prompt) else [prompt]
     if fmt.answer_column is not None:
-        texts.append(row[fmt.answer_column])
+        texts.append(answer_text(row[fmt.answer_column]))
     return [t for t in texts if isinstance(t, str)]
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .columns import column_fix
 from .records import is_chat
 
 #: Keys of an SFT example.
@@ -69,10 +70,18 @@ class SFTFormat:
             return "messages"
         missing = [c for c in (self.prompt_column, self.answer_column) if c not in present]
         if missing:
+            fixes = [
+                column_fix(f"{kind}_column", kind, rows, exclude=(other,))
+                for kind, column, other in (
+                    ("prompt", self.prompt_column, self.answer_column),
+                    ("answer", self.answer_column, self.prompt_column),
+                )
+                if column in missing
+            ]
             raise ValueError(
                 f"{source} has neither a data.messages_column {self.messages_column!r} (chat transcripts) nor the "
                 f"data.format.prompt_column {self.prompt_column!r} and data.format.answer_column {self.answer_column!r} (missing {missing}); "
-                f"columns present: {present}"
+                f"columns present: {present}; {'; '.join(fixes)}"
             )
         return "prompt_answer"
 

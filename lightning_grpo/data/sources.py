@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 from lightning_grpo.models.hub import is_local_path
 
-from .files import SUPPORTED_EXTENSIONS, TEXT_BUILDERS, check_files, check_utf8, read_files
+from .files import SUPPORTED_EXTENSIONS, TEXT_BUILDERS, check_files, check_utf8, json_error, read_files
 
 Split = Literal["train", "val", "test"]
 
@@ -308,9 +308,11 @@ class HubDataset(DataSource):
         import datasets
 
         local = Path(self._load_path)
+        files: list[Path] = []
         if local.is_dir() and self.data_files is None:  # a folder of data files: name the one that is not UTF-8
             suffixes = {s for s, builder in SUPPORTED_EXTENSIONS.items() if builder in TEXT_BUILDERS}
-            for path in sorted(p for p in local.rglob("*") if p.suffix.lower() in suffixes and p.is_file()):
+            files = sorted(p for p in local.rglob("*") if p.suffix.lower() in suffixes and p.is_file())
+            for path in files:
                 check_utf8(str(path), "data.source.path")
         try:
             return datasets.load_dataset(
@@ -324,9 +326,9 @@ class HubDataset(DataSource):
         except ValueError as err:
             if str(err).startswith("Unknown split"):
                 raise ValueError(self._unknown_split(field, split, self._split_names())) from err
-            raise ValueError(self._load_error(split, err)) from err
+            raise ValueError(self._load_error(split, err, files)) from err
         except Exception as err:  # datasets raises many types; name the source
-            raise ValueError(self._load_error(split, err)) from err
+            raise ValueError(self._load_error(split, err, files)) from err
 
     def _split_names(self) -> list[str] | str:
         import datasets
@@ -341,7 +343,10 @@ class HubDataset(DataSource):
     def _unknown_split(self, field: str, split: str, present: list[str] | str) -> str:
         return f"data.source.{field} {split!r} not found in {self.path}; its splits: {present}"
 
-    def _load_error(self, split: str, err: Exception) -> str:
+    def _load_error(self, split: str, err: Exception, files: list[Path]) -> str:
+        located = next((m for m in (json_error(str(p)) for p in files) if m), None)  # the broken JSON line, if any
+        if located is not None:
+            return f"data.source.path: {located}"
         config = f", name={self.name!r}" if self.name else ""
         field = "data.source.name" if "BuilderConfig" in str(err) else "data.source"
         return (

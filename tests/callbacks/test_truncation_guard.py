@@ -104,7 +104,8 @@ def test_rollout_statistics_give_the_reward_of_the_cut_off_completions():
 def test_a_budget_too_small_for_the_answers_warns_in_a_short_quickstart_run(tmp_path, caplog):
     """The quickstart recipe (default guards) on prompts whose answers take two characters, scored by exact
     match, with room for one: every completion is cut off and scores 0, and the default TruncationGuard
-    warns once, at the 10th generation batch (step 9)."""
+    warns once, at the 10th generation batch (step 9). So does the default ZeroRewardGuard (every reward 0),
+    which names the truncation among its causes; no other guard fires."""
     import json
 
     from lightning_grpo.callbacks.guards import Guard
@@ -124,7 +125,15 @@ def test_a_budget_too_small_for_the_answers_warns_in_a_short_quickstart_run(tmp_
         built, _ = train_recipe(tmp_path, "quickstart.yaml", 10, extra=extra)
     (guard,) = [c for c in built.trainer.callbacks if isinstance(c, TruncationGuard)]  # attached by default
     assert [a["step"] for a in guard.alarms] == [9]
-    assert [a for g in built.trainer.callbacks if isinstance(g, Guard) and g is not guard for a in g.alarms] == []
+    others = [
+        (g.name, a["step"])
+        for g in built.trainer.callbacks
+        if isinstance(g, Guard) and g is not guard
+        for a in g.alarms
+    ]
+    assert others == [("zero_reward", 9)]
+    (zero,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[zero_reward]")]
+    assert "of completions hit max_new_tokens=1 (raise rollout.sampling.max_new_tokens)" in zero
     (warning,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[truncation]")]
     assert "hit max_new_tokens=1 (10 generation batches in a row above 50%)" in warning
     assert "raise rollout.sampling.max_new_tokens, now 1" in warning and "overlong_filter" in warning

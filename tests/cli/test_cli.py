@@ -64,6 +64,7 @@ def test_rollout_sampling_n_changes_the_group_size(tmp_path):
         "EntropyGuard",
         "IdenticalSamplesGuard",
         "MismatchGuard",
+        "ZeroRewardGuard",
         "ZeroStdGuard",
         "TruncationGuard",
     ]

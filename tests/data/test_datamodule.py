@@ -253,12 +253,14 @@ def test_missing_columns_list_the_columns_present(make_dm, tmp_path):
     path = write([{"q": "1=", "a": "2"}], tmp_path / "train.jsonl", "jsonl")
     with pytest.raises(
         ValueError,
-        match=rf"data.format.prompt_column 'prompt' not found in data.train_files {path}; columns present: \['q', 'a'\]",
+        match=rf"data.format.prompt_column 'prompt' not found in data.train_files {path}; columns present: \['q', 'a'\]; "
+        r"set data.format.prompt_column to the column that holds the prompts, one of \['q', 'a'\]$",
     ):
         make_dm(train_files=path)
     with pytest.raises(
         ValueError,
-        match=r"data.format.answer_column 'answer' not found in data.train_files .*; columns present: \['q', 'a'\] \(set data.format.answer_column: null",
+        match=r"data.format.answer_column 'answer' not found in data.train_files .*; columns present: \['q', 'a'\]; "
+        r"set data.format.answer_column to the column that holds the answers \(or null for data without answers\)$",
     ):
         make_dm(train_files=path, format=PromptFormat(prompt_column="q"))
 

@@ -56,6 +56,7 @@ DEFAULT_GUARDS = [
     ("EntropyGuard", {"floor": 0.05, "max_reward": 0.9}),
     ("IdenticalSamplesGuard", {}),
     ("MismatchGuard", {}),
+    ("ZeroRewardGuard", {}),
     ("ZeroStdGuard", {"max_reward": 0.9}),
     ("TruncationGuard", {"max_reward": 0.9}),
 ]
@@ -82,7 +83,7 @@ def _attached_callbacks(cfg: dict[str, Any], tmp_path: Path, *args: str) -> list
 
 
 def test_the_module_attaches_the_default_guards_unless_the_recipe_names_one(tmp_path, tiny_cache):
-    """quickstart.yaml as written: the seven default guards with their settings, once, next to the recipe's
+    """quickstart.yaml as written: the eight default guards with their settings, once, next to the recipe's
     ModelCheckpoint and RolloutCallback. A recipe that names one guard gets that guard only; with
     ``model.default_guards: false`` it gets none."""
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -97,7 +98,7 @@ def test_the_module_attaches_the_default_guards_unless_the_recipe_names_one(tmp_
     assert [type(g).__name__ for g in guards] == [name for name, _ in DEFAULT_GUARDS]
     for guard, (name, settings) in zip(guards, DEFAULT_GUARDS):  # the state key holds the action and every setting
         assert guard.state_key == getattr(lightning_grpo, name)(**settings).state_key, name
-    assert guards[2].floor == 0.05 and guards[2].max_reward == guards[5].max_reward == 0.9
+    assert guards[2].floor == 0.05 and guards[2].max_reward == guards[6].max_reward == 0.9
     assert (
         sum(isinstance(c, ModelCheckpoint) for c in attached) == 1
         and sum(isinstance(c, RolloutCallback) for c in attached) == 1
