@@ -52,14 +52,15 @@ def evaluate_prompts(
 ) -> dict[str, float]:
     """Greedy accuracy (mean of the first reward function under greedy decoding); with ``samples``
     = n > 0 also the mean total reward of n sampled completions per prompt (``val/reward_mean``),
-    ``val/mean@n`` (mean first reward) and ``val/pass@k`` for each k of ``pass_k`` (default: n).
+    ``val/mean@n`` (mean first reward) and ``val/pass@k`` for each k of ``pass_k`` (default: n). With several
+    reward functions, each one's mean apart: ``val/greedy/<name>`` and ``val/mean@n/<name>``.
     ``split`` prefixes the names (``"test"``: ``test/greedy_accuracy``, ...)."""
     prompt_ids = [r["prompt_ids"] for r in records]
     greedy = engine.generate(
         prompt_ids, SamplingConfig(n=1, temperature=0.0, max_new_tokens=sampling.max_new_tokens), seed
     )
     scores = score_rollout(greedy, reward_set, tokenizer, records)
-    out = {"greedy_accuracy": scores.rewards[:, 0].mean().item()}
+    out = {"greedy_accuracy": scores.rewards[:, 0].mean().item(), **_each_reward(scores, "greedy")}
     if samples > 0:
         cfg = SamplingConfig(
             n=samples,
@@ -72,10 +73,20 @@ def evaluate_prompts(
         out["reward_mean"] = (sampled.rewards @ sampled.weights).mean().item()
         first = sampled.rewards[:, 0].view(len(records), samples)  # [P, n]
         out[f"mean@{samples}"] = first.mean().item()
+        out.update(_each_reward(sampled, f"mean@{samples}"))
         correct = (first >= threshold).sum(-1)  # [P]
         for k in pass_k or [samples]:
             out[f"pass@{k}"] = pass_at_k(correct, samples, k).mean().item()
     return {f"{split}/{name}": value for name, value in out.items()}
+
+
+def _each_reward(scores, what: str) -> dict[str, float]:
+    """``{what}/{name}``: each reward function's mean over the samples it scored, when there are several (a
+    strict and a lenient reading of the answer are then reported apart)."""
+    if len(scores.names) < 2:
+        return {}
+    means = scores.metrics(prefix=f"{what}/")
+    return {key.removesuffix("/mean"): value for key, value in means.items() if key.endswith("/mean")}
 
 
 class HeldOutEvaluation:

@@ -236,15 +236,15 @@ class PromptDataModule(L.LightningDataModule):
         self.setup()
 
     def setup(self, stage: str | None = None) -> None:
-        """Load the tokenizer and the data, check them, and tokenize every prompt (once)."""
+        """Read the data and check its columns, load the tokenizer, and tokenize every prompt (once)."""
         if self.train_records is not None:
             return
-        tokenizer = self._load_tokenizer()
         train, val = self._splits()
         test = self._read("test")
         for split in (train, val, test):
             if split is not None:
                 self._builder.check_columns(*split)
+        tokenizer = self._load_tokenizer()
         train_records = self._train_records(train, tokenizer)
         if val is None and stage in (None, "fit"):
             rank_zero_info(

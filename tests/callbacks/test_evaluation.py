@@ -84,6 +84,13 @@ def test_evaluate_prompts_reports_pass_at_k_and_mean_at_n(tiny_model_path):
     assert out["val/pass@2"] == pytest.approx((1 - 1 / 6 + 0) / 2)  # prompt 0: 1 - C(2, 2) / C(4, 2)
     assert out["val/pass@4"] == pytest.approx(0.5)
     assert out["val/reward_mean"] == pytest.approx((2 * 1.5 + 0) / 8)  # prefix + 0.5 exact on the two "3"
+    # each function apart (two of them): greedy "3" / "9" for answers 3 / 4; sampled "3", "3" right of 8
+    assert {k: v for k, v in out.items() if k.count("/") == 2} == {
+        "val/greedy/prefix_match": 0.5,
+        "val/greedy/exact_match": 0.5,
+        "val/mean@4/prefix_match": 0.25,
+        "val/mean@4/exact_match": 0.25,
+    }
 
 
 def _validate(tmp_path, *args: str) -> dict[str, float]:
