@@ -266,6 +266,7 @@ class GRPOCLI(LightningCLI):
         self._resolve_last_checkpoint()
         if isinstance(self.datamodule, PromptDataModule):
             warnings.filterwarnings("ignore", message=MID_EPOCH_RESUME_WARNING)
+        self._check_model_source()  # the data reads the policy's tokenizer from it
         try:
             datamodule = self.datamodule
             if datamodule is not None and hasattr(datamodule, "train_records"):

@@ -185,7 +185,13 @@ class PromptDataModule(L.LightningDataModule):
         if self.tokenizer is None:
             from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path or self._policy_tokenizer_source())
+            source = self.tokenizer_path or self._policy_tokenizer_source()
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(source)
+            except OSError as err:  # a hub id not cached and not reachable, a folder without tokenizer files
+                field = "data.tokenizer_path" if self.tokenizer_path else "model.model (its tokenizer)"
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise FileNotFoundError(f"{field}: no tokenizer could be loaded from {source}: {first}") from None
         where = self.tokenizer_source or type(self.tokenizer).__name__
         check_tokenizer(self.tokenizer, where, self.format.use_chat_template)
         return self.tokenizer

@@ -51,6 +51,8 @@ class PolicyMixin:
         # a packaged model, a GGUF file or a checkpoint / run folder (an SFT run): made a model folder once
         self._model_source = resolve_model_source(model) if isinstance(model, str) and not builtin else None
         self.policy = model if isinstance(model, nn.Module) else None
+        # a transformers model given as an object remembers the folder or hub id it was loaded from
+        self._given_from = getattr(model, "name_or_path", None) or None if isinstance(model, nn.Module) else None
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
 
@@ -77,8 +79,9 @@ class PolicyMixin:
     @property
     def tokenizer_source(self) -> str | None:
         """Where the policy's own tokenizer is read from: its model folder or hub id (a built-in tiny model's
-        folder holds its tokenizer); None for a policy given as an ``nn.Module``."""
-        return self.model_source
+        folder holds its tokenizer); for a transformers model given as an object, the folder or hub id it was
+        loaded from (``name_or_path``); None for any other ``nn.Module``."""
+        return self.model_source if self.model_source is not None else self._given_from
 
     def _build_policy(self) -> None:
         """Load (or wrap) the policy once, enable gradient checkpointing, and put it in train mode."""

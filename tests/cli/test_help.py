@@ -12,7 +12,7 @@ import pytest
 
 from lightning_grpo.cli import main
 
-COMMANDS = ("fit", "validate", "test", "sft", "export", "serve", "report")
+COMMANDS = ("fit", "validate", "test", "sft", "export", "serve", "report", "fetch")
 
 
 def _help(argv: list[str], capsys) -> str:
@@ -28,7 +28,7 @@ def test_top_level_help_lists_every_command_and_no_predict(capsys):
     text = _help(["--help"], capsys)
     usage = " ".join(text.split("\n\n")[0].split())
     assert usage.startswith("usage: lightning-grpo "), usage
-    assert "{fit,validate,test,sft,export,serve,report}" in usage, usage
+    assert "{fit,validate,test,sft,export,serve,report,fetch}" in usage, usage
     listed = re.findall(r"^    (\w+) ", text, flags=re.MULTILINE)
     assert tuple(listed) == COMMANDS, listed
     assert "predict" not in text

@@ -182,12 +182,13 @@ def test_call_order_in_training(recording_engine, tiny_cache_env, level):
     engine sleeps after every generation batch, and wakes its weights for each push before its KV
     cache. At step 0 the policy has not changed since the evaluation's push: level 1 wakes everything
     without a push, level 2 (weights dropped) pushes again first. The push of step 1 is the push check's
-    first (``rollout.weight_sync.check_every``): the engine scores the probe after it, awake."""
+    first (``rollout.weight_sync.check_every``): the engine scores the probe after it, awake; at step 0 it scores
+    the probe once before it sleeps (the push check's calibration)."""
     recording_engine._sleep = EngineSleep(level)
     _train(recording_engine, steps=3, evaluate_first=True)
     sleep, woken = f"sleep({level})", ["wake_up(['weights'])", "push", "wake_up(['kv_cache'])"]
     evaluation = ["push", "generate", "generate", sleep]  # the first push finds the engine awake
-    step0 = (["wake_up(None)"] if level == 1 else woken) + ["generate", sleep]
+    step0 = (["wake_up(None)"] if level == 1 else woken) + ["generate", "generate", sleep]  # the rollout, the probe
     later = [*woken, "generate", sleep]
     checked = [*woken, "generate", *later[-2:]]  # step 1: the push check scores its probe (a generate) first
     assert recording_engine.calls == evaluation + step0 + checked + later

@@ -229,7 +229,7 @@ def test_gkd_off_policy_batches_use_the_reference_answers(tiny_model_path):
     teacher = _perturbed(_policy(tiny_model_path))
     module = _module(tiny_model_path, DistillSettings(teacher=teacher, gkd_coef=1.0, lmbda=0.0))
     module.trainer = L.Trainer(accelerator="cpu", logger=False)  # the tokenizer comes from the data module
-    dm = PromptDataModule(DigitTask(), batch_size=2)
+    dm = PromptDataModule(DigitTask(), tokenizer_path=str(tiny_model_path), batch_size=2)
     dm.setup("fit")
     module.trainer.datamodule = dm
     records = dm.train_records[:2]

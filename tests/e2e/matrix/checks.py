@@ -112,6 +112,7 @@ def train_prompts() -> set[str]:
     data = yaml.safe_load(RECIPE.read_text())["data"]
     source = data.pop("source")
     assert source["class_path"] == "lightning_grpo.DigitTask", source
+    data.setdefault("tokenizer_path", yaml.safe_load(RECIPE.read_text())["model"]["model"])  # the policy's (tiny:chars)
     dm = PromptDataModule(DigitTask(**source.get("init_args", {})), **data)
     dm.setup("fit")
     return {r["prompt"] for r in dm.train_records}
