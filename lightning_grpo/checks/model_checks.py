@@ -1,5 +1,6 @@
-"""Fit-time checks of the loss and the LoRA settings (part of :func:`lightning_grpo.checks.validation.check_fit_config`):
-both run before any engine starts, and their errors name the option as written in a recipe."""
+"""Fit-time checks of the loss, the LoRA settings and whether a tokenizer belongs to the policy (part of
+:func:`lightning_grpo.checks.validation.check_fit_config`): they run before any engine starts, and their errors
+name the option as written in a recipe."""
 
 from __future__ import annotations
 
@@ -104,3 +105,30 @@ def model_config(module: Any) -> dict[str, Any] | None:
         return None
     config = json.loads(file.read_text())
     return {**config.get("text_config", {}), **config}
+
+
+def tokenizer_mismatch(tokens: int, eos: int | None, rows: int, policy_eos: set[int] | None) -> str | None:
+    """Why a tokenizer of ``tokens`` tokens ending with ``eos`` is not the policy's (``rows`` embedding rows, EOS ids
+    ``policy_eos``; None: the policy's own tokenizer, only the row count is checked), or None. A model's embedding
+    may have a few spare rows (Qwen2.5: 271), never half of them."""
+    if tokens > rows:
+        return f"it has {tokens} tokens, the policy's embedding {rows} rows"
+    if policy_eos is None:
+        return None
+    if tokens < rows // 2:
+        return f"it has {tokens} tokens, the policy's embedding {rows} rows (another vocabulary)"
+    if policy_eos and eos not in policy_eos:
+        return f"its EOS token id is {eos}, the policy's {sorted(policy_eos)}"
+    return None
+
+
+def policy_eos_ids(module: Any) -> set[int]:
+    """The EOS token ids the policy's config.json and generation_config.json state (empty when not on disk)."""
+    source = module.model_source
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        file = Path(source).expanduser() / name if isinstance(source, str) else None
+        if file is not None and file.is_file():
+            value = json.loads(file.read_text()).get("eos_token_id")
+            ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return ids

@@ -41,7 +41,6 @@ names the option as written in a recipe (``data.batch_size``, ``model.algorithm.
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from collections.abc import Sequence
 from importlib.util import find_spec
@@ -52,7 +51,7 @@ import torch
 
 from ..core import ADVANTAGES
 from .chat_template import check_chat_template
-from .model_checks import check_lora, check_loss, model_config
+from .model_checks import check_lora, check_loss, model_config, policy_eos_ids, tokenizer_mismatch
 from .preflight import check_external
 
 CB = "rollout"
@@ -299,33 +298,6 @@ def check_vocabulary(dm: Any, module: Any) -> None:
             f"data.tokenizer_path ({source}) does not belong to the policy ({where}): {problem}; leave "
             "data.tokenizer_path unset to use the policy's own tokenizer, or set it to the policy's folder"
         )
-
-
-def tokenizer_mismatch(tokens: int, eos: int | None, rows: int, policy_eos: set[int] | None) -> str | None:
-    """Why a tokenizer of ``tokens`` tokens ending with ``eos`` is not the policy's (``rows`` embedding rows, EOS ids
-    ``policy_eos``; None: the policy's own tokenizer, only the row count is checked), or None. A model's embedding
-    may have a few spare rows (Qwen2.5: 271), never half of them."""
-    if tokens > rows:
-        return f"it has {tokens} tokens, the policy's embedding {rows} rows"
-    if policy_eos is None:
-        return None
-    if tokens < rows // 2:
-        return f"it has {tokens} tokens, the policy's embedding {rows} rows (another vocabulary)"
-    if policy_eos and eos not in policy_eos:
-        return f"its EOS token id is {eos}, the policy's {sorted(policy_eos)}"
-    return None
-
-
-def policy_eos_ids(module: Any) -> set[int]:
-    """The EOS token ids the policy's config.json and generation_config.json state (empty when not on disk)."""
-    source = module.model_source
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        file = Path(source).expanduser() / name if isinstance(source, str) else None
-        if file is not None and file.is_file():
-            value = json.loads(file.read_text()).get("eos_token_id")
-            ids.update(value if isinstance(value, list) else [] if value is None else [value])
-    return ids
 
 
 def check_optimizer(module: Any) -> None:
