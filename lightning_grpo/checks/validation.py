@@ -78,8 +78,6 @@ def check_fit_config(
     check_external(module, callback, recipes)
     if dm is not None and hasattr(dm, "train_records"):
         if dm.train_records is None:
-            if hasattr(dm, "use_policy_tokenizer"):
-                dm.use_policy_tokenizer(module.tokenizer_source)
             dm.setup("fit")
         check_chat_template(dm, callback)
         check_lengths(dm, module, callback)

@@ -158,8 +158,8 @@ class PromptDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------------------- setup
     def use_policy_tokenizer(self, source: str | None) -> None:
         """Take the policy's tokenizer source (``GRPOModule.tokenizer_source``: its model folder or hub id), read
-        when ``tokenizer_path`` is unset. The fit checks hand it over before they set the data up; a Trainer that
-        fits this data module with a module has it handed over by `setup` itself."""
+        when ``tokenizer_path`` is unset. The command line hands it over when it builds the run; without a call,
+        `setup` reads it from the module the Trainer fits."""
         self._policy_tokenizer = source
 
     @property

@@ -52,7 +52,7 @@ class PolicyMixin:
         self._model_source = resolve_model_source(model) if isinstance(model, str) and not builtin else None
         self.policy = model if isinstance(model, nn.Module) else None
         # a transformers model given as an object remembers the folder or hub id it was loaded from
-        self._given_from = getattr(model, "name_or_path", None) or None if isinstance(model, nn.Module) else None
+        self._given_from = (getattr(model, "name_or_path", None) or None) if isinstance(model, nn.Module) else None
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
 
