@@ -2,12 +2,15 @@
 for several seeds and measure what it learns on the test split, which no setting was chosen on.
 
 For each seed, in its own folder under ``--out``: ``lightning-grpo test`` of the untrained model (before), the
-recipe's ``fit`` (its wall time), and ``lightning-grpo test`` of the run's last checkpoint (after). The table gives
-test accuracy before -> after, greedy and mean@8, with both answer extractions (strict: "Answer: N"; lenient: the
-last number), and the guards that fired during the fit.
+recipe's ``fit`` (its wall time), ``lightning-grpo test`` of the run's last checkpoint (after), then the run exported
+(``lightning-grpo export``), served (``lightning-grpo serve``) and the test split asked over HTTP as chat messages
+(greedy): the served export must score what ``test`` measured. The table gives test accuracy before -> after,
+greedy and mean@8, with both answer extractions (strict: "Answer: N"; lenient: the last number), the served
+export's greedy strict figure, and the guards that fired during the fit.
 
     python benchmarks/smollm2_seeds.py --seeds 0 1 2 --write
     python benchmarks/smollm2_seeds.py --seeds 0 1 2 --collect --write   # the table of runs already in --out
+    python benchmarks/smollm2_seeds.py --seeds 0 --served                # export, serve and score runs in --out
 
 ``--write`` puts the table into docs/evidence/learning.md between the ``<!-- smollm2_arithmetic-results -->``
 markers, under the machine line. Run it alone on the machine: the wall times are those of 2 cores.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import subprocess
 import sys
 import time
@@ -53,6 +57,71 @@ def run_seed(seed: int, folder: Path) -> None:
     checkpoint = "runs/smollm2_arithmetic/version_0/checkpoints/last.ckpt"
     after = ["test", *common, "--trainer.logger.init_args.name", "after", "--ckpt_path", checkpoint]
     _lightning_grpo(after, folder / "after.log", folder)
+    served(folder)
+
+
+def served(folder: Path) -> None:
+    """Export the seed's run, serve the export with ``lightning-grpo serve`` and score the test split over HTTP
+    (chat completions: the exported chat template renders the system prompt and question; greedy, 96 new tokens,
+    the strict and lenient readings); the figures go to ``served.json``."""
+    from lightning_grpo.cli.app import build_cli
+    from lightning_grpo.data.rewards import final_number
+
+    _lightning_grpo(["export", "runs/smollm2_arithmetic", "--out", "model"], folder / "export.log", folder)
+    dm = build_cli(args=["-c", str(RECIPE)], run=False).datamodule
+    dm.setup("test")
+    records = dm.test_records
+    texts = _served_answers(folder, [r["raw_prompt"] for r in records])
+    answers = [r["answer"] for r in records]
+    figures = {
+        f"served/greedy/{kind}": sum(final_number(texts, answer=answers, extraction=kind)) / len(records)
+        for kind in ("strict", "lenient")
+    }
+    (folder / "served.json").write_text(json.dumps(figures))
+
+
+def _served_answers(folder: Path, chats: list[list[dict]]) -> list[str]:
+    """Greedy replies of ``lightning-grpo serve model`` (run in ``folder``) to ``chats``, 8 requests at a time."""
+    import socket
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+
+    def ask(messages: list[dict]) -> str:
+        body = {"model": "model", "messages": messages, "max_tokens": 96, "temperature": 0}
+        request = urllib.request.Request(
+            url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        return json.load(urllib.request.urlopen(request, timeout=600))["choices"][0]["message"]["content"]
+
+    command = [sys.executable, "-m", "lightning_grpo", "serve", "model", "--port", str(port)]
+    with open(folder / "serve.log", "w") as log:
+        server = subprocess.Popen(command, cwd=folder, stdout=log, stderr=log)
+        try:
+            _wait_healthy(url, server)
+            with ThreadPoolExecutor(8) as pool:
+                return list(pool.map(ask, chats))
+        finally:
+            server.terminate()
+            server.wait(60)
+
+
+def _wait_healthy(url: str, server: subprocess.Popen, seconds: int = 600) -> None:
+    import urllib.request
+
+    for _ in range(seconds):
+        if server.poll() is not None:
+            raise SystemExit(f"lightning-grpo serve exited ({server.returncode}); see serve.log")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            return
+        except OSError:
+            time.sleep(1)
+    raise SystemExit(f"no healthy server at {url} after {seconds} s; see serve.log")
 
 
 def _last_row(path: Path) -> dict[str, float]:
@@ -73,7 +142,9 @@ def collect(seed: int, folder: Path) -> dict:
         }
     )
     seconds = folder / "fit_seconds.txt"
+    served_figures = folder / "served.json"
     return {
+        "served": json.loads(served_figures.read_text()) if served_figures.is_file() else None,
         "seed": seed,
         "before": _last_row(runs / "before/version_0/metrics.csv"),
         "after": _last_row(runs / "after/version_0/metrics.csv"),
@@ -83,16 +154,18 @@ def collect(seed: int, folder: Path) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    head = "| seed | " + " | ".join(name for name, _ in FIGURES) + " | strict gain (greedy) | fit minutes | alarms |"
-    lines = [head, "|" + "---|" * (len(FIGURES) + 4)]
+    head = "| seed | " + " | ".join(name for name, _ in FIGURES)
+    head += " | strict gain (greedy) | served export, greedy strict | fit minutes | alarms |"
+    lines = [head, "|" + "---|" * (len(FIGURES) + 5)]
     for r in results:
         cells = [f"{r['before'][key]:.3f} -> {r['after'][key]:.3f}" for _, key in FIGURES]
         gain = r["after"]["test/greedy/strict"] - r["before"]["test/greedy/strict"]
         minutes = f"{r['minutes']:.1f}" if r["minutes"] is not None else "n/a"
+        served = f"{r['served']['served/greedy/strict']:.3f}" if r["served"] else "not run"
         lines.append(
             f"| {r['seed']} | "
             + " | ".join(cells)
-            + f" | **{gain:+.3f}** | {minutes} | {', '.join(r['alarms']) or 'none'} |"
+            + f" | **{gain:+.3f}** | {served} | {minutes} | {', '.join(r['alarms']) or 'none'} |"
         )
     return "\n".join(lines)
 
@@ -102,10 +175,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("/tmp/smollm2_seeds"))
     parser.add_argument("--collect", action="store_true", help="read the runs already in --out, run nothing")
+    parser.add_argument("--served", action="store_true", help="export, serve and score the runs already in --out")
     parser.add_argument("--write", action="store_true", help="write the table into docs/evidence/learning.md")
     args = parser.parse_args()
-    for seed in [] if args.collect else args.seeds:
+    for seed in [] if args.collect or args.served else args.seeds:
         run_seed(seed, args.out / f"seed{seed}")
+    for seed in args.seeds if args.served else []:
+        served(args.out / f"seed{seed}")
     text = table([collect(seed, args.out / f"seed{seed}") for seed in args.seeds])
     print(text)
     if args.write:

@@ -111,3 +111,41 @@ def test_the_derived_context_length_holds_the_longest_chat_prompt(smollm2_path):
     check_lengths(dm, GRPOModule(model=str(smollm2_path)), callback)
     prompt = len(dm.train_records[0]["prompt_ids"])
     assert callback.engine_settings().max_model_len == prompt + 96
+
+
+def test_a_checkpoints_policy_exports_to_a_folder_that_answers_the_same_and_serves(smollm2, tmp_path):
+    """The export path of a checkpoint (the stored config and tokenizer files, the policy rebuilt on meta, its tied
+    head) gives a folder transformers loads with the same chat template and the same log-probs, and ``serve``
+    serves it as it is: float32, its full context, a KV cache of 4 sequences of it (hand-computed)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightning_grpo.cli.serve import serve_command
+    from lightning_grpo.models.export import build_policy, export_info, write_model_folder
+
+    model, tokenizer = smollm2
+    module = SimpleNamespace(
+        policy=model, lora=None, quantization=None, model_source=None, policy_settings=SimpleNamespace(dtype="float32")
+    )
+    info = export_info(module, tokenizer)
+    rebuilt = build_policy({k: v.clone() for k, v in model.state_dict().items()}, info)
+    out = write_model_folder(rebuilt, tokenizer, tmp_path / "model")
+    loaded, loaded_tokenizer = AutoModelForCausalLM.from_pretrained(out).eval(), AutoTokenizer.from_pretrained(out)
+    chat = [{"role": "user", "content": "What is 17 + 25?"}]
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert loaded_tokenizer.chat_template == tokenizer.chat_template
+    assert loaded_tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False).endswith(
+        "<|im_start|>assistant\n"
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**ids).logits, model(**ids).logits, atol=0, rtol=0)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()  # the head stays tied
+    env, command = serve_command(out, "127.0.0.1", 8000, None, None, [])
+
+    def value(flag: str) -> str:
+        return command[command.index(flag) + 1]
+
+    per_token = 2 * 30 * 3 * 64 * 4  # K and V, 30 layers, 3 key-value heads of 64, float32
+    assert value("--dtype") == "float32" and "--enforce-eager" in command and env == {"TORCHDYNAMO_DISABLE": "1"}
+    assert int(value("--kv-cache-memory-bytes")) == 4 * 8192 * per_token  # 8192: SmolLM2's max_position_embeddings
