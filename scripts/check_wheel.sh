@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The package as pip users get it: build the sdist and the wheel, `twine check` them, check that the
-# wheel holds every file of lightning_grpo/ and the LICENSE, install the wheel (not editable) with
-# the cpu extra into a fresh venv, and train 2 quickstart steps with it from outside the checkout.
+# wheel holds every file of lightning_grpo/ and the LICENSE, run the README's install lines as written
+# (build the wheel, install it with the cpu extra into a fresh venv) in a copy of the checkout, and
+# train 2 quickstart steps with it from outside the checkout.
 # Fails unless lightning_grpo is imported from that venv and 2 training steps are logged.
 #
 #   bash scripts/check_wheel.sh     # after scripts/install.sh --dev (CI: a step of .ci/run)
@@ -55,9 +56,22 @@ assert wheel.name.split("-")[1] == version, f"{wheel.name} is not version {versi
 print(f"  {wheel.name}: {len(tracked)} package files + dist-info (LICENSE, entry points); {sdist.name}")
 PY
 
-echo "== fresh venv: pip install <wheel>[cpu]"
-wheel=$(ls "$work"/dist/*.whl)
-cpu_venv_install "$work/venv" "$wheel[cpu]"
+echo "== fresh venv: the README's install lines as written (## Install), in a copy of the checkout"
+mkdir "$work/clone"
+if git ls-files -z > "$work/files.txt" 2>/dev/null && [[ -s "$work/files.txt" ]]; then
+  tar --null -T "$work/files.txt" -cf - | tar -xf - -C "$work/clone"
+else  # a checkout without git metadata
+  tar --exclude=./.venv --exclude=./.git -cf - . | tar -xf - -C "$work/clone"
+fi
+"$TOOLS_VENV/bin/python" - README.md > "$work/readme_install.sh" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+print(re.search(r"```bash\n(.*?)```", text[text.index("## Install\n"):], re.S).group(1))
+PY
+cat "$work/readme_install.sh"
+"${PYTHON:-python3}" -m venv "$work/venv"
+(cd "$work/clone" && source "$work/venv/bin/activate" && bash -euo pipefail "$work/readme_install.sh" > "$work/install.log" 2>&1) \
+  || { tail -40 "$work/install.log"; exit 1; }
 mkdir "$work/run"
 cd "$work/run"  # outside the checkout: nothing of it on sys.path
 cpu_venv_check "$work/venv"
