@@ -54,7 +54,7 @@ def checkpoint_on_server_failure(trainer: L.Trainer) -> Iterator[None]:
         directory = os.path.join(local_log_dir(trainer) or trainer.default_root_dir, "checkpoints")
         path = os.path.join(directory, f"server-failure-step{trainer.global_step}.ckpt")
         try:
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)
         except Exception as save_err:  # noqa: BLE001 - whatever the save raised, the outage is still reported
             raise NoServerLeftError(f"{err}; writing a checkpoint to {path} failed too: {save_err}") from err
         raise NoServerLeftError(

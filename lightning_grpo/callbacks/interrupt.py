@@ -44,7 +44,7 @@ class InterruptCheckpoint(Callback):
             path.unlink()
         self._interrupted = True
         try:
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)
         finally:
             self._interrupted = False
         print(

@@ -9,6 +9,11 @@ uses it whenever the progress bar is on and no other one is configured. :class:`
 does the same for Lightning's Rich bar, which labelled a ``max_steps`` run ``Epoch 2/-2``; in drop-in
 use, :class:`~lightning_grpo.training.module.GRPOModule` swaps Lightning's default bar for the one of
 its kind (:func:`step_bar_for`).
+
+:class:`PolicySummary` puts one line about the policy (class, parameters, how many train) in place of Lightning's
+model summary table, whose FLOPs column reads 0 for every GRPO run (FLOPs are counted on an example input; a
+language model's batches are the rollouts); ``GRPOModule`` swaps Lightning's default summary for the one of its
+kind (:func:`summary_for`); a summary you configure yourself is kept.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import logging
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import ModelSummary, RichModelSummary, RichProgressBar, TQDMProgressBar
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_summary import get_human_readable_count
 from typing_extensions import override
 
 
@@ -108,19 +115,67 @@ def step_bar_for(trainer: L.Trainer) -> StepProgressBar | StepRichProgressBar | 
     kind = type(trainer.progress_bar_callback)
     if kind not in (TQDMProgressBar, RichProgressBar):
         return None
-    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if _skip_bar_override_note not in rank_zero.filters:  # Lightning's note on the swap: expected here
-        rank_zero.addFilter(_skip_bar_override_note)
+    quiet_swap_note()
     return StepProgressBar() if kind is TQDMProgressBar else StepRichProgressBar()
 
 
-def _skip_bar_override_note(record: logging.LogRecord) -> bool:
-    """False for Lightning's note that a module's callback replaces the Trainer's bar alone."""
-    return record.getMessage() not in _BAR_OVERRIDE_NOTES
+def quiet_swap_note() -> None:
+    """Filter Lightning's note that the module's callbacks replace the Trainer's default bar or summary: expected
+    here (:func:`step_bar_for`, :func:`summary_for`); installed once."""
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _skip_swap_note not in rank_zero.filters:
+        rank_zero.addFilter(_skip_swap_note)
 
 
-_BAR_OVERRIDE_NOTES = {
-    "The following callbacks returned in `LightningModule.configure_callbacks` will override existing callbacks "
-    f"passed to Trainer: {name}"
-    for name in ("TQDMProgressBar", "RichProgressBar")
-}
+#: The start of Lightning's note when a module's callback replaces one of the Trainer's.
+_SWAP_NOTE = "The following callbacks returned in `LightningModule.configure_callbacks` will override existing callbacks passed to Trainer: "
+#: The Trainer's defaults the module swaps for its own.
+_SWAPPED = {"TQDMProgressBar", "RichProgressBar", "ModelSummary", "RichModelSummary"}
+
+
+def _skip_swap_note(record: logging.LogRecord) -> bool:
+    """False for Lightning's note when every callback it names is a default the module swaps."""
+    message = record.getMessage()
+    return not (message.startswith(_SWAP_NOTE) and set(message[len(_SWAP_NOTE) :].split(", ")) <= _SWAPPED)
+
+
+# ------------------------------------------------------------------ the model summary
+def summary_line(module: L.LightningModule) -> str:
+    """``policy Qwen2ForCausalLM: 88.8 K parameters, all trainable`` (for a LoRA policy: the trainable count
+    and its share)."""
+    policy = module.policy
+    total = sum(p.numel() for p in policy.parameters())
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    share = (
+        "all trainable"
+        if trainable == total
+        else f"{get_human_readable_count(trainable)} trainable ({trainable / total:.2%})"
+    )
+    return f"policy {type(policy).__name__}: {get_human_readable_count(total)} parameters, {share}"
+
+
+class PolicySummary(ModelSummary):
+    """Lightning's :class:`ModelSummary` as one line (:func:`summary_line`)."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._max_depth and trainer.is_global_zero:
+            rank_zero_info(summary_line(pl_module))
+
+
+class RichPolicySummary(RichModelSummary):
+    """Lightning's :class:`RichModelSummary` (the default next to the Rich bar) as one line."""
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._max_depth and trainer.is_global_zero:
+            rank_zero_info(summary_line(pl_module))
+
+
+def summary_for(trainer: Any) -> PolicySummary | RichPolicySummary | None:
+    """The one-line summary to show instead of the Trainer's: for Lightning's own default summary (exactly
+    ModelSummary or RichModelSummary), ours of its kind; None for any other summary or none."""
+    kinds = {ModelSummary: PolicySummary, RichModelSummary: RichPolicySummary}
+    found = [kinds[type(c)] for c in trainer.callbacks if type(c) in kinds]
+    if not found:
+        return None
+    quiet_swap_note()
+    return found[0]()

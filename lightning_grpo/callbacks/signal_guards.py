@@ -186,7 +186,7 @@ class ZeroStdGuard(Guard):
         matters = sum(self.fractions) / len(self.fractions) >= self.threshold
         if pass_fail and matters and not self.noted and trainer.global_rank == 0:
             p = min(max(reward, 0.0), 1.0)
-            log.warning(  # a note, once: not an alarm
+            log.info(  # a note, once, for a run that logs at INFO: not an alarm, nothing to print in a healthy run
                 f"[{self.name}] note: the reward is pass / fail (two values): all-equal groups of {group_size} are "
                 f"expected ({p**group_size + (1 - p) ** group_size:.2f} at the reward mean {p:.3g}); only all-lowest ones alarm"
             )

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from ..callbacks.distributed import DEFAULT_TIMEOUT_S, RankWatch, set_collective_timeout, warn_if_oversubscribed
 from .errors import condense, mark, print_and_exit
+from .quiet import quiet_dirpath_change
 from .run_failure import explained, record_failure
 
 ROLLOUT_KEY = "rollout"
@@ -141,6 +142,14 @@ _LAST_CHECKPOINT_WORDS = {
 }
 
 
+#: The top-level ``--help`` line of Lightning's subcommands, in our words (Lightning's cuts its docstring mid-sentence).
+SUBCOMMAND_HELP = {
+    "fit": "Train (or resume with --ckpt_path): lightning-grpo fit -c recipes/quickstart.yaml",
+    "validate": "Score a model or checkpoint on the dev split: lightning-grpo validate -c RECIPE --ckpt_path CKPT",
+    "test": "Score a model or checkpoint on the held-out test split: lightning-grpo test -c RECIPE --ckpt_path CKPT",
+}
+
+
 #: Lightning's warning on a mid-epoch resume: not for GRPO's data, whose prompts are a function of the seed and
 #: the step (:mod:`lightning_grpo.data.datamodule`): the resume is exact.
 MID_EPOCH_RESUME_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended"
@@ -163,6 +172,8 @@ class GRPOCLI(LightningCLI):
         """LightningCLI's subcommands, then one entry per :data:`other_commands` (an empty parser that
         only names the command in the help: ``main`` dispatches them before this parser runs)."""
         super()._add_subcommands(parser, **kwargs)
+        for choice in parser._subcommands_action._choices_actions:  # Lightning's text is its docstring's first lines
+            choice.help = SUBCOMMAND_HELP.get(choice.dest, choice.help)
         for name, help_text in self.other_commands.items():
             entry = self.init_parser(description=f"{help_text}. Options: lightning-grpo {name} --help")
             parser._subcommands_action.add_subcommand(name, entry, help=help_text)
@@ -196,6 +207,7 @@ class GRPOCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         """Run ``subcommand``; an error leaves ``failed.txt`` in the run folder (rank zero), and one
         whose message names its cause becomes a one-line :class:`~.run_failure.RunFailed`."""
+        quiet_dirpath_change(subcommand, self.trainer)
         try:
             super()._run_subcommand(subcommand)
         except Exception as err:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from typing import Any
 
 from ..rollout.vllm_env import KNOWN_HARMLESS, prefix_filter, skip_known_harmless
 
@@ -36,3 +37,23 @@ def quiet_expected_messages() -> None:
         logging.getLogger(name).addFilter(_skip_expected)
     for name in KNOWN_HARMLESS:
         logging.getLogger(name).addFilter(skip_known_harmless)
+
+
+#: Lightning's warning when a checkpoint is loaded into a run whose checkpoint folder is another (``test``,
+#: ``validate`` and a resume log into a new version folder): it says the ranked checkpoints' scores are not
+#: reloaded, which matters only to a resumed ``fit`` that keeps ranked checkpoints (``save_top_k`` above 0).
+DIRPATH_CHANGED = r"The dirpath has changed from"
+
+
+def quiet_dirpath_change(subcommand: str, trainer: Any) -> None:
+    """Filter :data:`DIRPATH_CHANGED` unless ``subcommand`` is a ``fit`` that keeps ranked checkpoints."""
+    if subcommand != "fit" or not keeps_ranked_checkpoints(trainer):
+        warnings.filterwarnings("ignore", message=DIRPATH_CHANGED)
+
+
+def keeps_ranked_checkpoints(trainer: Any) -> bool:
+    """Whether any ModelCheckpoint of ``trainer`` ranks checkpoints (``save_top_k`` other than 0: the recipes
+    keep ``last.ckpt`` only)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    return any(c.save_top_k != 0 for c in trainer.callbacks if isinstance(c, ModelCheckpoint))

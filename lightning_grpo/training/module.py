@@ -31,7 +31,10 @@ from .forward import layout_token_logprobs
 from .metrics import StepMetrics, hands_step_metrics_over, quiet_sync_advice, reduce_rollout_metrics, total_grad_norm
 from .policy import PolicyMixin
 from .preparation import RolloutPreparationMixin
+from .quiet import quiet_lightning_tips, quiet_run_warnings
 from .settings import AlgorithmSettings, ForwardSettings, PolicySettings, as_settings, settings_dict
+
+quiet_lightning_tips()  # at import: Lightning advertises when a Trainer is made, before any hook of ours runs
 
 #: ``(module, records, split) -> {"<split>/<metric>": value}``: held-out metrics of a batch of prompt records.
 Evaluator = Callable[[Any, list, str], dict]
@@ -163,12 +166,13 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
 
     def configure_callbacks(self) -> list:
         """The default guards (`default_guards`), when ``default_guards`` is on and the Trainer holds no guard
-        yet: naming any guard in ``trainer.callbacks`` turns the set off; and for a ``max_steps`` run with
-        Lightning's default progress bar, a bar of the run's steps instead (`step_bar_for`: not ``Epoch 2/-2``)."""
+        yet: naming any guard in ``trainer.callbacks`` turns the set off; for a ``max_steps`` run with
+        Lightning's default progress bar, a bar of the run's steps instead (`step_bar_for`: not ``Epoch 2/-2``);
+        for Lightning's default model summary, one line (`summary_for`: no table of zero FLOPs)."""
         from ..callbacks.guard_set import Guard, default_guards  # the imports of callbacks here: the defaults
-        from ..callbacks.progress import step_bar_for
+        from ..callbacks.progress import step_bar_for, summary_for
 
-        bar = [b for b in [step_bar_for(self.trainer)] if b is not None]
+        bar = [b for b in [step_bar_for(self.trainer), summary_for(self.trainer)] if b is not None]
         if not self.default_guards or any(isinstance(c, Guard) for c in self.trainer.callbacks):
             return bar
         return [*default_guards(), *bar]
@@ -187,6 +191,7 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
                 "(RolloutCallback builds its engine lazily) or after Lightning set up the process group."
             )
         quiet_sync_advice(world)  # one process: Lightning's sync_dist advice for the evaluation metrics is wrong
+        quiet_run_warnings()
 
     # ------------------------------------------------------------------------ hand-overs
     def use_rollout(self, batch: RolloutBatch, metrics: dict[str, float] | None = None) -> None:

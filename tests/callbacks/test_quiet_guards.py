@@ -27,9 +27,10 @@ def test_pass_fail_reward_cold_start_and_plateau_are_quiet_and_noted_once(caplog
     guard = ZeroStdGuard(threshold=0.75, window=3)
     cold = [_batch(0.78, 0.78, 0.03)] * 5
     plateau = [_batch(0.98, 0.10, 0.896)] * 5
-    with caplog.at_level(logging.WARNING, logger="lightning_grpo.guards"):
+    with caplog.at_level(logging.INFO, logger="lightning_grpo.guards"):
         assert drive(guard, cold + plateau) == []
     notes = [r.getMessage() for r in caplog.records]
+    assert all(r.levelno == logging.INFO for r in caplog.records)  # a note: nothing on a default console
     assert len(notes) == 1 and notes[0].startswith("[zero_reward_std] note: the reward is pass / fail (two values)")
     assert "(0.78 at the reward mean 0.03)" in notes[0]  # 0.97 ** 8 + 0.03 ** 8 = 0.784
     assert guard.noted
@@ -66,11 +67,11 @@ def test_pass_fail_note_only_when_it_matters_and_in_one_short_line(caplog):
     """A healthy pass / fail run (zero-std groups below ``threshold``) gets no note; one where they reach
     it gets the note once, as one line that fits two terminal lines."""
     healthy = ZeroStdGuard(threshold=0.75, window=3)
-    with caplog.at_level(logging.WARNING, logger="lightning_grpo.guards"):
+    with caplog.at_level(logging.INFO, logger="lightning_grpo.guards"):
         assert drive(healthy, [_batch(0.4, 0.2, 0.5)] * 6) == []
     assert caplog.records == [] and not healthy.noted
     guard = ZeroStdGuard(threshold=0.75, window=3)
-    with caplog.at_level(logging.WARNING, logger="lightning_grpo.guards"):
+    with caplog.at_level(logging.INFO, logger="lightning_grpo.guards"):
         assert drive(guard, [_batch(0.78, 0.78, 0.03)] * 6) == []
     (note,) = [r.getMessage() for r in caplog.records]
     assert "\n" not in note and len(note) <= 160, (len(note), note)

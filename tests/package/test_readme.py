@@ -4,8 +4,10 @@ README's other commands run in ``.ci/run`` (install, quickstart, report, the tes
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from unittest import mock
@@ -43,6 +45,26 @@ def test_the_readme_is_short_and_its_python_example_trains(tmp_path, monkeypatch
     assert namespace["trainer"].global_step == 2
     assert 0.0 <= namespace["before"] <= 1.0 and 0.0 <= namespace["after"] <= 1.0  # what it prints, before -> after
     assert re.search(r"prints `held-out greedy accuracy: 0\.\d\d -> 0\.\d\d`", README.read_text())
+
+
+#: Lines a healthy run must not print (Lightning's adverts and warnings about our objects, our pass / fail note).
+NOISE = ("Tip:", "LeafSpec", "IterableDataset", "Total length of", "FLOPs", "pass / fail", "weights_only", "Warning")
+
+
+def test_the_readme_example_prints_few_lines_and_no_noise(tmp_path, tiny_cache):
+    """The example as a user runs it (its own process, the console as it is), 3 steps: what it prints is the
+    Trainer's start lines, the policy line, the bars and the before -> after line; none of :data:`NOISE`."""
+    (example,) = blocks("python")
+    script = tmp_path / "example.py"
+    script.write_text(re.sub(r"max_steps=\d+", "max_steps=3", example))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # tiny_cache: LIGHTNING_GRPO_CACHE, the session's tiny model
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.stdout.strip().splitlines()[-1].startswith("held-out greedy accuracy: ")
+    noise = [line for line in lines if any(word in line for word in NOISE)]
+    assert not noise, noise
+    assert len(lines) <= 12, lines  # seed, GPU, TPU, weights bar, policy line, 3 bars, fit stopped, the result
 
 
 def test_the_readme_install_lines_are_what_ci_runs():
