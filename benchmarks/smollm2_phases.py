@@ -9,12 +9,13 @@ run of benchmarks/smollm2_vs_trl.py is one). Phases are the medians over steps 6
 (``train/time/<phase>``). Two floors, measured here pinned to ``--cores`` with as many threads (run it pinned as the
 run was, on a quiet machine):
 
-- training (forward, backward, optimizer): ``6 x P x T`` FLOPs for ``T`` tokens in the step's batch (prompt + completion
-  of its 32 samples) and ``P`` the parameters that multiply every token (the 30 layers' linear weights and the tied
-  output head, 134.5M; attention scores add under 0.2% at these lengths and are left out), divided by the float32
-  matrix-multiply rate of this CPU at the model's own shapes (``[T, 576] x [576, 1536]``, ``[T, 576] x [576, 49152]``);
-- generation: one read of the float32 weights per decoding step, ``bytes x steps`` over this CPU's memory copy rate,
-  with the steps the longest completion of the batch (a decoding step is bound by reading the weights, not by FLOPs).
+- training (forward, backward): ``6 x`` the multiply-adds the step cannot skip: the 30 layers' linear weights
+  (106.2M) over each prompt once (a group's 8 samples share it: ``forward.prefix_sharing``) and every completion
+  token, and the tied output head (28.3M) over the completion tokens only (only their log-probs are needed);
+  attention scores add under 0.2% at these lengths and are left out; divided by the float32 matrix-multiply rate
+  of this CPU at the model's own shapes (``[T, 576] x [576, 1536]``, ``[T, 576] x [576, 49152]``);
+- generation: the prefill of each prompt once (prefix caching), then per generated token the whole model, or per
+  decoding step one read of the float32 weights at this CPU's memory copy rate, whichever is slower.
 
 ``--write`` puts the table into docs/evidence/performance.md between the ``<!-- smollm2-phases -->`` markers.
 """
@@ -37,11 +38,14 @@ PHASES = ("generate", "reward", "prepare", "sync", "push_check", "train")
 HIDDEN, MLP, LAYERS, KV, VOCAB = 576, 1536, 30, 192, 49152
 #: The parameters every token multiplies: per layer q, o (576 x 576), k, v (576 x 192), gate, up, down (576 x 1536);
 #: plus the output head (576 x 49152, tied to the embedding).
-MATMUL_PARAMS = LAYERS * (2 * HIDDEN * HIDDEN + 2 * HIDDEN * KV + 3 * HIDDEN * MLP) + HIDDEN * VOCAB
+BODY_PARAMS = LAYERS * (2 * HIDDEN * HIDDEN + 2 * HIDDEN * KV + 3 * HIDDEN * MLP)
+HEAD_PARAMS = HIDDEN * VOCAB
+MATMUL_PARAMS = BODY_PARAMS + HEAD_PARAMS
 WEIGHT_BYTES = 4 * 134_515_008  # float32, every parameter (the embedding is read once as the head)
+PROMPTS, SAMPLES = 4, 32  # the recipe's prompts per step and samples (4 x G = 8)
 
 
-def gemm_rate(tokens: int, repeats: int = 5) -> float:
+def gemm_rate(tokens: int, repeats: int = 20) -> float:
     """Float32 FLOP/s of this CPU's matrix multiply at the model's widest shapes, forward and backward as in
     training: the best of ``repeats`` for ``[tokens, 576] @ [576, 1536]`` and the head ``[tokens, 576] @ [576, 49152]``,
     weighted by their share of the step's FLOPs."""
@@ -51,6 +55,7 @@ def gemm_rate(tokens: int, repeats: int = 5) -> float:
     rates = []
     for width in (MLP, VOCAB):
         w = torch.randn(HIDDEN, width)
+        torch.mm(x, w)  # warm-up: oneDNN picks its kernel on the first call
         best = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
@@ -97,26 +102,31 @@ def prompt_tokens() -> float:
     return statistics.mean(len(r["prompt_ids"]) for g in range(30) for r in dm.generation_prompts(g))
 
 
-def table(phases: dict[str, float], prompt: float, gemm: float, copy: float, samples: int = 32) -> str:
-    tokens = samples * (prompt + phases["completion"])
-    train_floor = 6 * MATMUL_PARAMS * tokens / gemm
-    generate_floor = WEIGHT_BYTES * phases["decode_steps"] / copy
+def floors(phases: dict[str, float], prompt: float, gemm: float, copy: float) -> dict[str, float]:
+    """The least seconds this CPU needs for the step's generation and training (see the module docstring)."""
+    completion = SAMPLES * phases["completion"]  # tokens the step generates and trains on
+    distinct = PROMPTS * prompt  # the prompts' tokens, each prompt once (prefix caching, prefix sharing)
+    prefill = 2 * BODY_PARAMS * distinct / gemm
+    decode = max(2 * MATMUL_PARAMS * completion / gemm, phases["decode_steps"] * WEIGHT_BYTES / copy)
+    train = 6 * (BODY_PARAMS * (distinct + completion) + HEAD_PARAMS * completion) / gemm
+    return {"generate": prefill + decode, "train": train}
+
+
+def table(phases: dict[str, float], prompt: float, gemm: float, copy: float) -> str:
+    floor = floors(phases, prompt, gemm, copy)
     step = sum(phases[k] for k in PHASES)
-    floors = {"generate": generate_floor, "train": train_floor}
     lines = ["| phase | seconds (median) | share of the step | floor on this CPU (s) | measured / floor |"]
     lines.append("|---|---|---|---|---|")
     for name in sorted(PHASES, key=lambda k: -phases[k]):
-        floor = floors.get(name)
-        cells = (f"{floor:.2f}", f"{phases[name] / floor:.1f}x") if floor else ("", "")
+        cells = (f"{floor[name]:.2f}", f"{phases[name] / floor[name]:.1f}x") if name in floor else ("", "")
         lines.append(f"| {name} | {phases[name]:.2f} | {phases[name] / step:.0%} | {cells[0]} | {cells[1]} |")
     lines.append(f"| step | {step:.2f} | 100% | | |")
     lines += [
         "",
-        f"Batch per step: {samples} samples x ({prompt:.0f} prompt + {phases['completion']:.1f} completion tokens) = "
-        f"{tokens:.0f} tokens; {MATMUL_PARAMS / 1e6:.1f}M parameters multiply each: {6 * MATMUL_PARAMS * tokens / 1e12:.2f} "
-        f"TFLOP per training step at {gemm / 1e9:.0f} GFLOP/s (float32 matrix multiply, this CPU); generation "
-        f"reads {WEIGHT_BYTES / 1e6:.0f} MB of weights per decoding step, {phases['decode_steps']:.0f} steps, at "
-        f"{copy / 1e9:.1f} GB/s.",
+        f"A step: {PROMPTS} prompts of {prompt:.0f} tokens (chat template and system prompt), {SAMPLES} samples of "
+        f"{phases['completion']:.1f} tokens (median; the longest {phases['decode_steps']:.0f}). This CPU: "
+        f"{gemm / 1e9:.0f} GFLOP/s float32 matrix multiply at the model's shapes, {copy / 1e9:.1f} GB/s memory copy "
+        f"({WEIGHT_BYTES / 1e6:.0f} MB of float32 weights).",
     ]
     return "\n".join(lines)
 
@@ -134,7 +144,7 @@ def main() -> None:
     torch.set_num_threads(len(cores))
     phases = run_phases(args.run)
     prompt = prompt_tokens()
-    gemm, copy = gemm_rate(int(32 * (prompt + phases["completion"]))), copy_rate()
+    gemm, copy = gemm_rate(int(PROMPTS * prompt + SAMPLES * phases["completion"])), copy_rate()
     text = table(phases, prompt, gemm, copy)
     print(text)
     if args.write:

@@ -11,6 +11,7 @@ export's greedy strict figure, and the guards that fired during the fit.
     python benchmarks/smollm2_seeds.py --seeds 0 1 2 --write
     python benchmarks/smollm2_seeds.py --seeds 0 1 2 --collect --write   # the table of runs already in --out
     python benchmarks/smollm2_seeds.py --seeds 0 --served                # export, serve and score runs in --out
+    python benchmarks/smollm2_seeds.py --served-model DIR                # serve a model folder and score it
 
 ``--write`` puts the table into docs/evidence/learning.md between the ``<!-- smollm2_arithmetic-results -->``
 markers, under the machine line. Run it alone on the machine: the wall times are those of 2 cores.
@@ -64,24 +65,28 @@ def served(folder: Path) -> None:
     """Export the seed's run, serve the export with ``lightning-grpo serve`` and score the test split over HTTP
     (chat completions: the exported chat template renders the system prompt and question; greedy, 96 new tokens,
     the strict and lenient readings); the figures go to ``served.json``."""
+    _lightning_grpo(["export", "runs/smollm2_arithmetic", "--out", "model"], folder / "export.log", folder)
+    (folder / "served.json").write_text(json.dumps(served_figures(folder / "model", folder)))
+
+
+def served_figures(model: Path, folder: Path) -> dict[str, float]:
+    """The test split's greedy accuracy (strict, lenient) of ``lightning-grpo serve MODEL``, asked over HTTP."""
     from lightning_grpo.cli.app import build_cli
     from lightning_grpo.data.rewards import final_number
 
-    _lightning_grpo(["export", "runs/smollm2_arithmetic", "--out", "model"], folder / "export.log", folder)
     dm = build_cli(args=["-c", str(RECIPE)], run=False).datamodule
     dm.setup("test")
     records = dm.test_records
-    texts = _served_answers(folder, [r["raw_prompt"] for r in records])
+    texts = _served_answers(model, folder, [r["raw_prompt"] for r in records])
     answers = [r["answer"] for r in records]
-    figures = {
+    return {
         f"served/greedy/{kind}": sum(final_number(texts, answer=answers, extraction=kind)) / len(records)
         for kind in ("strict", "lenient")
     }
-    (folder / "served.json").write_text(json.dumps(figures))
 
 
-def _served_answers(folder: Path, chats: list[list[dict]]) -> list[str]:
-    """Greedy replies of ``lightning-grpo serve model`` (run in ``folder``) to ``chats``, 8 requests at a time."""
+def _served_answers(model: Path, folder: Path, chats: list[list[dict]]) -> list[str]:
+    """Greedy replies of ``lightning-grpo serve MODEL`` (its log in ``folder``) to ``chats``, 8 requests at a time."""
     import socket
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
@@ -92,13 +97,14 @@ def _served_answers(folder: Path, chats: list[list[dict]]) -> list[str]:
     url = f"http://127.0.0.1:{port}"
 
     def ask(messages: list[dict]) -> str:
-        body = {"model": "model", "messages": messages, "max_tokens": 96, "temperature": 0}
+        name = json.load(urllib.request.urlopen(url + "/v1/models", timeout=60))["data"][0]["id"]
+        body = {"model": name, "messages": messages, "max_tokens": 96, "temperature": 0}
         request = urllib.request.Request(
             url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
         )
         return json.load(urllib.request.urlopen(request, timeout=600))["choices"][0]["message"]["content"]
 
-    command = [sys.executable, "-m", "lightning_grpo", "serve", "model", "--port", str(port)]
+    command = [sys.executable, "-m", "lightning_grpo", "serve", str(model), "--port", str(port)]
     with open(folder / "serve.log", "w") as log:
         server = subprocess.Popen(command, cwd=folder, stdout=log, stderr=log)
         try:
@@ -176,8 +182,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/smollm2_seeds"))
     parser.add_argument("--collect", action="store_true", help="read the runs already in --out, run nothing")
     parser.add_argument("--served", action="store_true", help="export, serve and score the runs already in --out")
+    parser.add_argument("--served-model", type=Path, help="serve this model folder, score it on the test split, exit")
     parser.add_argument("--write", action="store_true", help="write the table into docs/evidence/learning.md")
     args = parser.parse_args()
+    if args.served_model:
+        print(json.dumps(served_figures(args.served_model.resolve(), args.out)))
+        return
     for seed in [] if args.collect or args.served else args.seeds:
         run_seed(seed, args.out / f"seed{seed}")
     for seed in args.seeds if args.served else []:
