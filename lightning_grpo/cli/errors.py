@@ -23,7 +23,6 @@ import sys
 from typing import Any, NoReturn
 
 from .misplaced import misplaced_key_hint
-from .renames import renamed_key_message
 
 _STRUCTURE = (
     "Does not validate against any of the Union subtypes",
@@ -94,21 +93,14 @@ def _suggest(name: str, options: list[str]) -> str:
 
 
 def condense(message: str, parser: Any = None, config: Any = None) -> str:
-    """The one line that says which option is wrong and why (see the module docstring); an option
-    that was renamed when the settings were grouped (:mod:`.renames`) is answered with its new key.
+    """The one line that says which option is wrong and why (see the module docstring).
 
     ``parser``: the parser that failed (suggests group options); ``config``: the parsed config (finds
     the key of a ``class_path`` when the message names none, as instantiation errors do)."""
     line = _condense(message, parser, config)
     key, sep, text = line.partition(": ")
-    if key == "unrecognized arguments":  # --model.num_iterations 2: the first option given
-        key = next((a[2:].split("=")[0] for a in text.split() if a.startswith("--")), "")
-        return renamed_key_message(key) or line
     if not (sep and "not an option" in text):
         return line
-    renamed = renamed_key_message(key)
-    if renamed:
-        return renamed
     hint = misplaced_key_hint(key, parser, message)  # the same name one level down / up: a YAML indent slip
     return _DID_YOU_MEAN.sub("", line) + hint if hint else line
 

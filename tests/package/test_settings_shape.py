@@ -1,4 +1,4 @@
-"""The public constructors stay small and every settings field says what it is (issue 39)."""
+"""The public constructors stay small and every settings field says what it is."""
 
 import ast
 import dataclasses
