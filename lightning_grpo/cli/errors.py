@@ -173,11 +173,8 @@ def _dataclass_option(class_path: str, name: str) -> tuple[str, list[str]] | Non
         return None
     cls = type(param.default)
     package = importlib.import_module("lightning_grpo")
-    path = (
-        f"lightning_grpo.{cls.__name__}"
-        if getattr(package, cls.__name__, None) is cls
-        else f"{cls.__module__}.{cls.__qualname__}"
-    )
+    public = cls.__name__ in package.__all__ and getattr(package, cls.__name__) is cls
+    path = f"lightning_grpo.{cls.__name__}" if public else f"{cls.__module__}.{cls.__qualname__}"
     return path, [f.name for f in dataclasses.fields(cls)]
 
 

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -58,21 +58,31 @@ BASE_FOLDER = "base"
 
 
 # ------------------------------------------------------------------------ stored in checkpoints
-def export_info(module: Any, tokenizer: Any) -> dict[str, Any]:
+class ExportSource(Protocol):
+    """What `export_info` reads of a training module (the policy mixin of GRPOModule and SFTModule)."""
+
+    policy: Any
+    model_source: str | None
+    lora: Any
+    quantization: Any
+    policy_settings: Any
+
+
+def export_info(module: ExportSource, tokenizer: Any) -> dict[str, Any]:
     """What export needs besides the weights: the policy's HF config and generation config, the
     tokenizer's files (bytes; the chat template included), the LoRA settings and the model source."""
     policy = module.policy
-    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy  # a peft model's base
     info: dict[str, Any] = {
-        "model_source": getattr(module, "model_source", None),
+        "model_source": module.model_source,
         "lora": None,
         "tokenizer_files": {},
         "quantization": None,
         "dtype": module.policy_settings.dtype,
     }
-    if getattr(module, "lora", None) is not None:
+    if module.lora is not None:
         info["lora"] = asdict(module.lora)
-    if getattr(module, "quantization", None) is not None:  # QLoRA: the 4-bit layout is rebuilt from these on export
+    if module.quantization is not None:  # QLoRA: the 4-bit layout is rebuilt from these on export
         info["quantization"] = asdict(module.quantization)
     if hasattr(base, "config") and hasattr(base.config, "to_dict"):
         info["config"] = {k: v for k, v in base.config.to_dict().items() if k != "quantization_config"}
