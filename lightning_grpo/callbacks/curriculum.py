@@ -23,7 +23,6 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from ..data.datamodule import PromptDataModule
 from .lookup import find_callback
 
 log = logging.getLogger("lightning_grpo.curriculum")
@@ -75,8 +74,8 @@ class CurriculumCallback(Callback):
     @staticmethod
     def _source(trainer: L.Trainer) -> CurriculumSource:
         dm = trainer.datamodule
-        source = dm.source if isinstance(dm, PromptDataModule) else None
-        if not isinstance(source, CurriculumSource):
+        source = getattr(dm, "source", None)
+        if not isinstance(source, CurriculumSource) or not hasattr(dm, "refresh_train"):
             raise RuntimeError(
                 "CurriculumCallback needs a PromptDataModule whose data.source has curriculum levels "
                 f"(curriculum_tasks, level, max_level, set_level; e.g. ReasoningGymSource), got {type(source).__name__}"

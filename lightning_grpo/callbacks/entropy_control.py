@@ -31,9 +31,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from ..core import GRPOLoss
 from ..training.metrics import hands_step_metrics_over
-from ..training.module import GRPOModule
 
 
 @dataclass(frozen=True)
@@ -128,8 +126,8 @@ class EntropyController(Callback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        loss = pl_module.loss_fn if isinstance(pl_module, GRPOModule) else None
-        if not isinstance(loss, GRPOLoss):
+        loss = getattr(pl_module, "loss_fn", None)
+        if loss is None or not hasattr(loss, "set_knob"):
             raise ValueError("EntropyController needs a GRPOModule whose loss is a lightning_grpo.GRPOLoss")
         if self.knob not in loss.knobs():
             raise ValueError(
