@@ -117,9 +117,10 @@ def _positive_int(value: Any) -> bool:
 
 
 @dataclass
-class PromptFormat:
-    """How rows become prompts (``data.format``): the columns, the mapping hook, the chat template and the
-    length limit. Every field is checked here, so a bad value fails before any data is read."""
+class RowFormat:
+    """How rows become model inputs: the columns, the mapping hook and the chat template. `PromptFormat` (RL
+    prompts) adds a prompt length limit, `lightning_grpo.SFTFormatSettings` (SFT examples) transcripts and an
+    example length limit."""
 
     prompt_column: str = "prompt"
     """Column holding the prompt: a string, or a list of chat messages when ``use_chat_template`` is true."""
@@ -141,11 +142,6 @@ class PromptFormat:
     ``lightning-grpo``) or, from Python, the function itself: ``fn(row) -> row`` applied to every raw row of
     every split before the columns are checked (to rename, add or derive columns; every column reaches the
     reward functions by name)."""
-    max_prompt_length: int | None = None
-    """Longest prompt in tokens; ``None`` for no limit."""
-    on_long_prompt: Literal["error", "truncate"] = "error"
-    """``"error"`` on a prompt over ``max_prompt_length``, or ``"truncate"`` it to its last
-    ``max_prompt_length`` tokens (warns once)."""
     template_check_rows: int = 4
     """Rows (SFT transcripts; the prompts an agent run's episodes open with) whose conversations are rendered
     message by message before the run, to warn when the chat template rewrites earlier turns (e.g. drops their
@@ -162,13 +158,28 @@ class PromptFormat:
             raise ValueError("data.format.system_prompt needs data.format.use_chat_template: true")
         check_template_kwargs(self.chat_template_kwargs, self.use_chat_template)
         resolve_record_map(self.record_map)  # an import path that does not resolve fails here
+        rows = self.template_check_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ValueError(f"data.format.template_check_rows must be an integer >= 0, got {rows!r}")
+
+
+@dataclass
+class PromptFormat(RowFormat):
+    """How rows become prompts (``data.format``): the columns, the mapping hook, the chat template (`RowFormat`'s
+    fields) and the length limit. Every field is checked here, so a bad value fails before any data is read."""
+
+    max_prompt_length: int | None = None
+    """Longest prompt in tokens; ``None`` for no limit."""
+    on_long_prompt: Literal["error", "truncate"] = "error"
+    """``"error"`` on a prompt over ``max_prompt_length``, or ``"truncate"`` it to its last
+    ``max_prompt_length`` tokens (warns once)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.max_prompt_length is not None and not _positive_int(self.max_prompt_length):
             raise ValueError(
                 f"data.format.max_prompt_length must be a positive integer or null, got {self.max_prompt_length!r}"
             )
-        rows = self.template_check_rows
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-            raise ValueError(f"data.format.template_check_rows must be an integer >= 0, got {rows!r}")
         if self.on_long_prompt not in ("error", "truncate"):
             raise ValueError(f"data.format.on_long_prompt must be 'error' or 'truncate', got {self.on_long_prompt!r}")
 
