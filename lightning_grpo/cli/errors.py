@@ -157,6 +157,7 @@ def _condense(message: str, parser: Any = None, config: Any = None) -> str:
         return f"{where}: not an option of '{group or kind.lower()}'" + _suggest(option, _group_options(parser, group))
     if text.startswith("unrecognized arguments:") and parser is not None:
         given = next((a for a in text.split()[2:] if a.startswith("--")), "").split("=")[0]
+        # jsonargparse / argparse internals (third-party)
         text += _suggest(given, list(getattr(parser, "_option_string_actions", {})))
     key = ".".join(keys)
     return f"{key}: {text}" if key and not text.startswith(key) else text
@@ -181,13 +182,14 @@ def _dataclass_option(class_path: str, name: str) -> tuple[str, list[str]] | Non
 def _group_options(parser: Any, group: str) -> list[str]:
     """The option names directly under ``group`` in ``parser`` (and its subcommand parsers)."""
     parsers = [parser] if parser is not None else []
-    sub = getattr(parser, "_subcommands_action", None)
+    sub = getattr(parser, "_subcommands_action", None)  # jsonargparse / argparse internals (third-party)
     if sub is not None:
+        # jsonargparse / argparse internals (third-party)
         parsers += list(getattr(sub, "_name_parser_map", {}).values())
     names = set()
     for p in parsers:
-        for action in getattr(p, "_actions", []):
-            dest = getattr(action, "dest", "")
+        for action in getattr(p, "_actions", []):  # jsonargparse / argparse internals (third-party)
+            dest = getattr(action, "dest", "")  # jsonargparse / argparse internals (third-party)
             if dest.startswith(group + ".") and "." not in dest[len(group) + 1 :]:
                 names.add(dest[len(group) + 1 :])
     return sorted(names)
@@ -195,6 +197,7 @@ def _group_options(parser: Any, group: str) -> list[str]:
 
 def _key_of_class(config: Any, class_path: str) -> str | None:
     """The dotted key whose value has ``class_path`` (the first found) in a parsed config."""
+    # a jsonargparse Namespace or a dict (third-party)
     tree = config.as_dict() if hasattr(config, "as_dict") else config
 
     def walk(node: Any, prefix: str) -> str | None:
@@ -217,7 +220,7 @@ def mark(err: BaseException) -> BaseException:
 
 
 def is_marked(err: BaseException) -> bool:
-    return bool(getattr(err, _MARK, False))
+    return bool(getattr(err, _MARK, False))  # any exception (a library's too): the mark is an attribute set by mark()
 
 
 def print_and_exit(message: str, prog: str = "lightning-grpo", status: int = 2) -> NoReturn:

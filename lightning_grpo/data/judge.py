@@ -303,7 +303,7 @@ class LLMJudge:
                 f"judge at {self.url} answered HTTP {err.code} (a bad request, not retried): {detail}"
             ) from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
-            reason = getattr(err, "reason", err)
+            reason = getattr(err, "reason", err)  # a urllib error (standard library)
             if isinstance(reason, (socket.timeout, TimeoutError)):
                 raise _Transient(f"no answer within timeout_s={self.timeout_s}") from None
             raise _Transient(f"cannot connect: {reason}") from None

@@ -52,6 +52,7 @@ def resolve_record_map(record_map: str | RecordMap | None) -> tuple[RecordMap, s
     if record_map is None:
         return None
     fn = resolve_callable(record_map, None, "data.format.record_map", "my_module.map_row")
+    # a user's record_map function
     name = record_map if isinstance(record_map, str) else getattr(fn, "__qualname__", repr(fn))
     return fn, name
 
@@ -84,14 +85,14 @@ def apply_record_map(
 def check_tokenizer(tokenizer: Any, where: str, use_chat_template: bool) -> None:
     """An EOS token (completions must be able to end), a pad token (the EOS one when it has none),
     and a chat template when ``use_chat_template`` asks for one."""
-    if getattr(tokenizer, "eos_token_id", None) is None:
+    if getattr(tokenizer, "eos_token_id", None) is None:  # a transformers tokenizer (third-party)
         raise ValueError(
             f"the tokenizer at {where} (data.tokenizer_path) has no EOS token, so no completion could end: "
             "use the policy's own tokenizer, or set its eos_token"
         )
-    if getattr(tokenizer, "pad_token_id", None) is None:
+    if getattr(tokenizer, "pad_token_id", None) is None:  # a transformers tokenizer (third-party)
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked out everywhere
-    if use_chat_template and not getattr(tokenizer, "chat_template", None):
+    if use_chat_template and not getattr(tokenizer, "chat_template", None):  # a transformers tokenizer (third-party)
         raise ValueError(
             f"data.format.use_chat_template is true but the tokenizer at {where} has no chat template: set "
             "data.format.use_chat_template: false to feed the prompts as plain text, or point data.tokenizer_path "
@@ -279,6 +280,7 @@ class RecordBuilder:
         self._warned_characters = True
         first = next(t for t in texts if any(c in lost for c in t))
         fed = "".join(c for c in first if c not in lost)
+        # a transformers tokenizer (third-party)
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         rank_zero_warn(
             f"the tokenizer {name} cannot encode {', '.join(map(repr, lost))} of the prompts and answers of {source}: "
@@ -305,5 +307,5 @@ def unencodable_characters(tokenizer: Any, texts: list[str]) -> list[str]:
     if not chars:
         return []
     ids = tokenizer(chars, add_special_tokens=False)["input_ids"]  # one list per character
-    unk = getattr(tokenizer, "unk_token_id", None)
+    unk = getattr(tokenizer, "unk_token_id", None)  # a transformers tokenizer (third-party)
     return [c for c, i in zip(chars, ids) if not i or (unk is not None and list(i) == [unk])]

@@ -49,9 +49,10 @@ class InvalidAction(ValueError):
 
 def _generic_arg(cls: type, origin_name: str, bound: type) -> type | None:
     """The first type argument of ``cls``'s ``origin_name[...]`` base that subclasses ``bound``."""
-    for klass in getattr(cls, "__mro__", ()):
-        for base in getattr(klass, "__orig_bases__", ()):
+    for klass in getattr(cls, "__mro__", ()):  # an OpenEnv class and its typing bases (third-party)
+        for base in getattr(klass, "__orig_bases__", ()):  # an OpenEnv class and its typing bases (third-party)
             origin = typing.get_origin(base)
+            # an OpenEnv class and its typing bases (third-party)
             if getattr(origin, "__name__", None) == origin_name:
                 for arg in typing.get_args(base):
                     if isinstance(arg, type) and issubclass(arg, bound):
@@ -62,7 +63,7 @@ def _generic_arg(cls: type, origin_name: str, bound: type) -> type | None:
 def _step_action(cls: type, bound: type) -> type | None:
     """The class of ``cls.step``'s action (first) parameter, from its type annotation, when it subclasses
     ``bound`` (an environment written as ``class X(Environment)``, as ``openenv init`` writes it)."""
-    step = getattr(cls, "step", None)
+    step = getattr(cls, "step", None)  # an OpenEnv class and its typing bases (third-party)
     params = list(inspect.signature(step).parameters.values())[1:] if callable(step) else []
     if not params:
         return None
@@ -96,7 +97,7 @@ def _text_field(action_cls: type, where: str) -> str:
 
 def default_observation_text(observation: Any) -> str:
     """An observation as text: its one field besides done / reward / metadata, else those fields as JSON."""
-    if hasattr(observation, "model_dump"):
+    if hasattr(observation, "model_dump"):  # an OpenEnv observation (pydantic, third-party)
         observation = observation.model_dump(exclude=_OBS_BOOKKEEPING)
     if not isinstance(observation, dict):
         return str(observation)

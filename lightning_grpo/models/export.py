@@ -84,9 +84,10 @@ def export_info(module: ExportSource, tokenizer: Any) -> dict[str, Any]:
         info["lora"] = asdict(module.lora)
     if module.quantization is not None:  # QLoRA: the 4-bit layout is rebuilt from these on export
         info["quantization"] = asdict(module.quantization)
+    # a transformers / peft / bitsandbytes object (third-party)
     if hasattr(base, "config") and hasattr(base.config, "to_dict"):
         info["config"] = {k: v for k, v in base.config.to_dict().items() if k != "quantization_config"}
-    generation = getattr(base, "generation_config", None)
+    generation = getattr(base, "generation_config", None)  # a transformers / peft / bitsandbytes object (third-party)
     if generation is not None and hasattr(generation, "to_dict"):
         info["generation_config"] = generation.to_dict()
     if tokenizer is not None:
@@ -151,8 +152,9 @@ def write_model_folder(
 
 
 def _write_merged(policy: nn.Module, folder: Path, dtype: str | None, weights: Iterable | None) -> None:
+    # a transformers / peft / bitsandbytes object (third-party)
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-    if not hasattr(base, "save_pretrained"):
+    if not hasattr(base, "save_pretrained"):  # a transformers / peft / bitsandbytes object (third-party)
         raise ExportError(f"the policy ({type(base).__name__}) is not a Hugging Face model (no save_pretrained)")
     save_dense(policy, folder, weights=weights, dtype=dtype)
 
@@ -177,6 +179,7 @@ def save_dense(
 
     from .weights import policy_weights_for_engine
 
+    # a transformers / peft / bitsandbytes object (third-party)
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     target = getattr(torch, dtype) if dtype is not None else None
     pairs = policy_weights_for_engine(policy) if weights is None else weights
@@ -192,6 +195,7 @@ def save_dense(
     with _save_on_every_rank(writer):
         writer.save_pretrained(folder, state_dict=state, safe_serialization=True)
     _set_config_dtype(Path(folder) / "config.json", used)
+    # a transformers / peft / bitsandbytes object (third-party)
     if not (Path(folder) / "generation_config.json").exists() and getattr(base, "generation_config", None) is not None:
         base.generation_config.save_pretrained(folder)
 
@@ -200,7 +204,7 @@ def save_dense(
 def _save_on_every_rank(model: nn.Module) -> Iterator[None]:
     """transformers' ``save_pretrained`` writes nothing on torch.distributed ranks other than 0
     (``should_save_on_this_rank``); lift that: the caller chose the rank that writes."""
-    if not hasattr(model, "should_save_on_this_rank"):
+    if not hasattr(model, "should_save_on_this_rank"):  # a transformers / peft / bitsandbytes object (third-party)
         yield
         return
     model.should_save_on_this_rank = lambda is_main_process: True
@@ -211,7 +215,7 @@ def _save_on_every_rank(model: nn.Module) -> Iterator[None]:
 
 
 def _write_adapter(policy: nn.Module, folder: Path, dtype: str | None, base_model: str | None) -> None:
-    if not hasattr(policy, "peft_config"):
+    if not hasattr(policy, "peft_config"):  # a transformers / peft / bitsandbytes object (third-party)
         raise ExportError("--adapter exports a LoRA adapter, but the policy was trained without model.policy.lora")
     policy.save_pretrained(folder, safe_serialization=True)
     config_file = folder / "adapter_config.json"
@@ -235,6 +239,7 @@ def _write_base(policy: nn.Module, tokenizer: Any, folder: Path, dtype: str | No
     originals = {
         f"{name}.{key}": tensor
         for name, module in base.named_modules()
+        # a transformers / peft / bitsandbytes object (third-party)
         if hasattr(module, "original_module") and hasattr(module, "modules_to_save")
         for key, tensor in module.original_module.state_dict().items()
     }

@@ -34,6 +34,7 @@ def layout_token_logprobs(
     LM head there."""
     score = LOGPROBS.variant(forward.logprob_path)
     # a transformers model's methods: without a decoder / LM head to call apart, score the model's own logits
+    # a transformers model (third-party)
     if score.spec.reads == "hidden" and not (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
         score = LOGPROBS.variant("logits")
     plan = choose_layout(model, batch, forward.packing, forward.prefix_sharing)

@@ -137,7 +137,7 @@ def first_fit_decreasing(lengths: list[int], width: int) -> tuple[list[int], int
 
 def supports_packing(model: nn.Module) -> bool:
     """An HF model whose attention backend honours packed position ids."""
-    config = getattr(model, "config", None)
+    config = getattr(model, "config", None)  # a transformers model or config (third-party)
     return getattr(config, "_attn_implementation", None) in PACKED_ATTENTION and hasattr(model, "get_decoder")
 
 
@@ -151,6 +151,7 @@ def choose_plan(model: nn.Module, batch: RolloutBatch, mode: PackingMode) -> Pac
         return None
     if not supports_packing(model):
         if mode == "on":
+            # a transformers model or config (third-party)
             attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
             raise ValueError(
                 f"GRPOModule packing='on' needs a Hugging Face causal LM whose attention is one of {PACKED_ATTENTION}; "
@@ -213,6 +214,7 @@ def padded_completion_logits(model: nn.Module, batch: RolloutBatch) -> Tensor:
     models are asked for the completion logits only, ``logits_to_keep``). Also GKD's full distributions."""
     ids, lp = batch.input_ids, batch.prompt_length  # [B, L]
     keep = ids.shape[1] - lp + 1
+    # a transformers model or config (third-party)
     kwargs = {"logits_to_keep": keep} if hasattr(model, "get_output_embeddings") else {}
     logits = model(
         input_ids=ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask), **kwargs

@@ -182,6 +182,7 @@ class SFTModule(PolicyMixin, L.LightningModule):
         model, attention = self.policy, batch["attention_mask"]
         kwargs = dict(input_ids=batch["input_ids"], attention_mask=attention, position_ids=position_ids(attention))
         chunked = LOGPROBS.spec(self.forward_settings.logprob_path).reads == "hidden"
+        # a transformers model (third-party)
         if not (chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
             yield model(**kwargs).logits[:, :-1][mask], slice(None)  # [N, V]
             return
