@@ -1,4 +1,4 @@
-"""The long-prompt shape of issue 20's whole-step comparison: the ~10M-parameter Qwen2 of
+"""The long-prompt shape of the whole-step comparison: the ~10M-parameter Qwen2 of
 bench_step.py ("10m") with the printable-ASCII tokenizer (one token per character), prompts of
 ``P`` random characters (exactly ``P`` tokens, no chat template), ragged completions.
 

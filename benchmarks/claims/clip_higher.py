@@ -72,7 +72,7 @@ def main() -> None:
 SECTION = """
 ## DAPO Clip-Higher at a collapsing learning rate
 
-**Claim** (DAPO, Yu et al. 2025; seed 000 section 01): decoupling the clip range (eps_high 0.28
+**Claim** (DAPO, Yu et al. 2025): decoupling the clip range (eps_high 0.28
 above eps_low 0.2) lets low-probability tokens grow, keeps entropy higher and reaches higher
 accuracy. **Setup**: the quickstart at lr 2e-3 with `steps_per_generation: 4`, eps_high 0.2 vs
 0.28. Held-out: **test** = greedy accuracy of each run's last checkpoint on the 50 test prompts

@@ -1,8 +1,8 @@
 """Claim: entropy control (EntropyController, knob entropy_coef) keeps the entropy above its
 floor at a learning rate where the quickstart collapses (2e-3), and learns.
 
-Seed 000 (section 01): entropy must be held in a band; a collapsing policy stops exploring and
-its wrong answers stay wrong. Arms, each on the quickstart recipe with lr 2e-3, 3 seeds:
+Entropy-control literature (e.g. Cui et al. 2025): entropy must be held in a band; a collapsing
+policy stops exploring and its wrong answers stay wrong. Arms, each on the quickstart recipe with lr 2e-3, 3 seeds:
 ``plain`` (no controller) and ``controlled`` (EntropyController floor 0.5, window 5).
 
     python benchmarks/claims/entropy_control.py --write
@@ -73,7 +73,7 @@ def main() -> None:
 SECTION = """
 ## Entropy control at a collapsing learning rate
 
-**Claim** (seed 000, section 01): entropy must be held in a band; once it collapses the policy
+**Claim** (entropy-control literature, e.g. Cui et al. 2025): entropy must be held in a band; once it collapses the policy
 stops exploring and learning stalls. **Setup**: the quickstart at lr 2e-3 (where it collapses;
 `docs/guide/stability.md`), with and without `EntropyController(knob=entropy_coef, floor={floor},
 window=5)`; 1000 steps. Held-out: **test** = greedy accuracy of each run's last checkpoint on the

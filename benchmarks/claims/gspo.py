@@ -76,7 +76,7 @@ def main() -> None:
 SECTION = """
 ## GSPO: sequence-level vs token-level ratios, four updates per batch
 
-**Claim** (GSPO paper; seed 000 section 02): a sequence-level ratio clips far more tokens than
+**Claim** (GSPO paper): a sequence-level ratio clips far more tokens than
 the token-level clip (the paper: about 15% vs 0.1%) yet learns at least as well, because
 token-level ratios accumulate noise. **Setup**: the quickstart with `num_iterations: 4`;
 `token` = ppo, eps 0.2, token_mean; `gspo` = gspo, eps 3e-4 / 4e-4, seq_mean_token_mean. Held-out:

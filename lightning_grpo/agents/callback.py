@@ -105,6 +105,7 @@ class AgentRolloutCallback(RolloutCallback):
         if self._tokenizer is tokenizer:
             return
         tools = list(getattr(self.make_env(), "tools", None) or [])
+        # a transformers tokenizer (third-party)
         self.renderer = ChatRenderer(tokenizer, tools) if getattr(tokenizer, "chat_template", None) else None
         self.sampling.stop_token_ids = self._stop_ids(tokenizer)
         self.limits.max_model_len = engine.max_model_len

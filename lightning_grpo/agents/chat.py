@@ -51,7 +51,7 @@ class ChatRenderer:
     """
 
     def __init__(self, tokenizer: Any, tools: list[Callable | dict] | None = None) -> None:
-        if not getattr(tokenizer, "chat_template", None):
+        if not getattr(tokenizer, "chat_template", None):  # a transformers tokenizer (third-party)
             raise ValueError(
                 "multi-turn chat episodes need a tokenizer with a chat template "
                 f"({type(tokenizer).__name__} has none); return None from Environment.reset to use plain-text prompts"

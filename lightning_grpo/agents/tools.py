@@ -51,7 +51,7 @@ def tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
     try:
         return get_json_schema(fn)
     except Exception as err:  # transformers raises its own DocstringParsingException / TypeHintParsingException
-        name = getattr(fn, "__name__", repr(fn))
+        name = getattr(fn, "__name__", repr(fn))  # a user's tool function
         raise ValueError(f"tool {name!r}: cannot build its JSON schema ({type(err).__name__}: {err})") from err
 
 
@@ -61,6 +61,7 @@ def parse_tool_calls(tokenizer: Any, text: str) -> tuple[dict[str, Any], str | N
     The message holds ``content`` and ``tool_calls`` = ``[{"type": "function", "function":
     {"name": str, "arguments": dict}}]`` in the chat-template format.
     """
+    # a transformers tokenizer (third-party)
     schema = getattr(tokenizer, "response_template", None) or HERMES_RESPONSE_TEMPLATE
     try:
         message = tokenizer.parse_response(text, schema=schema, prefix="")

@@ -72,7 +72,7 @@ def warn_if_oversubscribed(trainer: Any) -> bool:
     devices, cores = trainer.num_devices, available_cpus()
     if not isinstance(trainer.accelerator, CPUAccelerator) or devices <= cores:
         return False
-    if getattr(rank_zero_only, "rank", 0) == 0:
+    if getattr(rank_zero_only, "rank", 0) == 0:  # Lightning's strategy / rank_zero_only (third-party)
         log.warning(
             f"lightning-grpo: trainer.devices={devices} starts {devices} CPU processes on {cores} available core(s): "
             f"they share cores (slower, and collectives may time out); use --trainer.devices {cores} or fewer"
@@ -85,12 +85,12 @@ def set_collective_timeout(trainer: Any, seconds: float) -> None:
     for DDP / FSDP strategies (their ``timeout``); set before ``fit`` creates the process group."""
     if not seconds or seconds <= 0:
         raise ValueError(f"distributed_timeout must be > 0 seconds, got {seconds!r}")
-    if hasattr(trainer.strategy, "_timeout"):
+    if hasattr(trainer.strategy, "_timeout"):  # Lightning's strategy / rank_zero_only (third-party)
         trainer.strategy._timeout = timedelta(seconds=float(seconds))
 
 
 def collective_timeout(trainer: Any) -> float | None:
-    timeout = getattr(trainer.strategy, "_timeout", None)
+    timeout = getattr(trainer.strategy, "_timeout", None)  # Lightning's strategy / rank_zero_only (third-party)
     return timeout.total_seconds() if timeout is not None else None
 
 
@@ -238,6 +238,7 @@ class RankWatch(Callback):
                 self._arm(0.0)
 
     def _exited_long_ago(self, proc: Any) -> bool:
+        # a subprocess.Popen (standard library): the mark is set below
         seen = getattr(proc, "_lightning_grpo_exit_seen", None)
         if seen is None:
             proc._lightning_grpo_exit_seen = seen = time.monotonic()

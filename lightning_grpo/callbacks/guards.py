@@ -23,16 +23,16 @@ non-finite log-probs, identical samples, zero reward std, cut-off completions) a
 (the step's gradients and loss metrics over all micro-batches and ranks: non-finite loss or
 gradient norm, entropy, train-inference mismatch).
 
-| guard | symptom (seed article) | default |
+| guard | what it checks | default |
 |---|---|---|
-| `NonFiniteGuard` | NaN / inf loss or gradient norm | skip; stop after 3 in a row |
-| `LogProbGuard` | NaN old / ref / rollout log-probs, "!!!!" output (003) | stop |
-| `EntropyGuard` | entropy collapse / explosion (000) | warn |
-| `IdenticalSamplesGuard` | a group's samples token-identical at T > 0 (004) | warn |
-| `MismatchGuard` | rollout vs trainer log-probs drift apart (000) | warn |
-| `ZeroRewardGuard` | every reward 0 in the run's first 10 generation batches (callbacks/zero_reward.py) | warn, once |
-| `ZeroStdGuard` | most groups have zero reward std (no signal) | warn |
-| `TruncationGuard` | most completions cut off by `max_new_tokens`, none better than another | warn |
+| `NonFiniteGuard` | the step's loss and gradient norm are finite | skip; stop after 3 in a row |
+| `LogProbGuard` | the rollout / old / reference log-probs are finite on valid completion tokens | stop |
+| `EntropyGuard` | the token entropy stays between a floor and a ceiling and does not collapse or rise by a factor within a window | warn |
+| `IdenticalSamplesGuard` | no group's samples are token-identical at temperature > 0 | warn |
+| `MismatchGuard` | the k3 gap between the engine's and the trainer's log-probs stays under a bound | warn |
+| `ZeroRewardGuard` | some reward is non-zero within the run's first 10 generation batches (callbacks/zero_reward.py) | warn, once |
+| `ZeroStdGuard` | most groups' rewards have a spread (no spread: no signal) | warn |
+| `TruncationGuard` | most completions are not cut off by `max_new_tokens` at one reward | warn |
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ C = TypeVar("C")
 def find_callback(trainer: Any, cls: type[C], *, required: bool = True, needed_by: Any = None) -> C | None:
     """The first callback of ``trainer`` that is a ``cls`` (subclasses included); None when there is
     none and ``required`` is False. ``needed_by``: the callback (or a name) that asks, for the error."""
-    for callback in getattr(trainer, "callbacks", None) or []:
+    for callback in getattr(trainer, "callbacks", None) or []:  # a Lightning Trainer or a stand-in (third-party)
         if isinstance(callback, cls):
             return callback
     if not required:

@@ -31,6 +31,8 @@ from typing_extensions import override
 class StepProgressBar(TQDMProgressBar):
     """TQDM bar of ``global_step / max_steps`` (see the module docstring)."""
 
+    _bar_started = False  # one bar for the whole run: set when the first epoch starts
+
     @override
     def on_train_start(self, *_: Any) -> None:
         super().on_train_start(*_)
@@ -38,7 +40,7 @@ class StepProgressBar(TQDMProgressBar):
 
     @override
     def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
-        if getattr(self, "_bar_started", False):  # one bar for the whole run
+        if self._bar_started:
             return
         self._bar_started = True
         bar = self.train_progress_bar

@@ -23,6 +23,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from ..data.datamodule import PromptDataModule
+
 #: Written into every saved folder: the optimizer step it holds.
 STEP_FILE = "lightning_grpo_step.json"
 
@@ -112,7 +114,7 @@ class SavePretrained(Callback):
         from ..models.weights import gathered_weights_for_engine
 
         out, step = self.folder(trainer), trainer.global_step
-        tokenizer = getattr(trainer.datamodule, "tokenizer", None) if trainer.datamodule is not None else None
+        tokenizer = trainer.datamodule.tokenizer if isinstance(trainer.datamodule, PromptDataModule) else None
         with gathered_weights_for_engine(pl_module.policy) as weights:
             if trainer.is_global_zero:
                 self._shift_previous(out)

@@ -17,6 +17,7 @@ from typing_extensions import override
 
 from ..core import CORRECTIONS, GRPOLoss
 from ..core.batch import RolloutBatch
+from ..training.module import GRPOModule
 from .guards import Action, Guard, log
 from .lookup import find_callback
 from .rollout import RolloutCallback
@@ -332,7 +333,7 @@ class MismatchGuard(Guard):
         self.fire(trainer, pl_module, message)
 
     def remedy(self, trainer: L.Trainer, module: L.LightningModule) -> str | None:
-        loss = getattr(module, "loss_fn", None)
+        loss = module.loss_fn if isinstance(module, GRPOModule) else None
         if not isinstance(loss, GRPOLoss) or loss.correction is not None or loss.bypass:
             return None  # a correction is already on: nothing further to switch on
         loss.set_correction(self.correction, self.correction_args)

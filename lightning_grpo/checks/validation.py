@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from ..core import ADVANTAGES
+from ..core import ADVANTAGES, AdvantageSpec
 from .chat_template import check_chat_template
 from .model_checks import check_lora, check_loss, model_config, policy_eos_ids, tokenizer_mismatch
 from .preflight import check_external
@@ -209,10 +209,9 @@ def check_groups(trainer: Any, module: Any, callback: Any, dm: Any = None) -> No
     keep = callback.selector.keep
     field = f"{CB}.selection.gfpo_keep" if keep is not None else f"{CB}.sampling.n"
     group = callback.selector.out_group_size
-    estimator = ADVANTAGES.get(advantage) if advantage in ADVANTAGES else None
-    if group < 2 and getattr(estimator, "group_relative", False):
-        std = getattr(estimator, "divides_by_group_std", False)
-        how = "normalised by their reward std" if std else "so every advantage would be 0"
+    spec = ADVANTAGES.spec(advantage) if advantage in ADVANTAGES else AdvantageSpec()  # unknown: named elsewhere
+    if group < 2 and spec.group_relative:
+        how = "normalised by their reward std" if spec.divides_by_group_std else "so every advantage would be 0"
         raise ValueError(
             f"{field}={group} leaves 1 completion per prompt, but model.algorithm.advantage={advantage!r} compares each "
             f"completion with the others of its prompt ({how}): set {field} >= 2"

@@ -63,11 +63,12 @@ class GRPOArgumentParser(LightningArgumentParser):
         if not self.exit_on_error or _debug_mode():
             return super().error(message, ex)
         self._logger.error(message)
+        # jsonargparse / argparse internals (third-party)
         print_and_exit(condense(message, getattr(ex, "subcommand_parser", None) or self))
 
     def format_help(self) -> str:
         text = super().format_help()
-        if ROLLOUT_KEY in getattr(self, "callback_keys", []):
+        if ROLLOUT_KEY in getattr(self, "callback_keys", []):  # jsonargparse / argparse internals (third-party)
             text += "\n" + rollout_options_help()
         return text
 
@@ -94,9 +95,10 @@ def check_config_files(args: list[str]) -> None:
 
 def yaml_error(path: str, err: BaseException, content: str) -> str | None:
     """``<path>, line L, column C: <the problem>`` for a YAML error with a position, else None."""
-    mark = getattr(err, "problem_mark", None)
+    mark = getattr(err, "problem_mark", None)  # jsonargparse / argparse internals (third-party)
     if mark is None:
         return None
+    # jsonargparse / argparse internals (third-party)
     problem = getattr(err, "problem", None) or str(err).splitlines()[0]
     lines = content.splitlines()
     line = lines[mark.line] if mark.line < len(lines) else ""
@@ -224,6 +226,7 @@ class GRPOCLI(LightningCLI):
         try:
             super().instantiate_classes()
             if hasattr(self.datamodule, "use_policy_tokenizer"):  # data.tokenizer_path unset: the policy's own
+                # jsonargparse / argparse internals (third-party)
                 self.datamodule.use_policy_tokenizer(getattr(self.model, "tokenizer_source", None))
             config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
             set_collective_timeout(self.trainer, config.get("distributed_timeout") or DEFAULT_TIMEOUT_S)
@@ -281,6 +284,7 @@ class GRPOCLI(LightningCLI):
         self._check_model_source()  # the data reads the policy's tokenizer from it
         try:
             datamodule = self.datamodule
+            # jsonargparse / argparse internals (third-party)
             if datamodule is not None and hasattr(datamodule, "train_records"):
                 datamodule.setup("fit")
             for callback in self.trainer.callbacks:
@@ -315,6 +319,7 @@ class GRPOCLI(LightningCLI):
     def _recipes(self) -> list[str]:
         """The config files given with ``-c`` (their headers may say how to make what the run needs)."""
         config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        # jsonargparse / argparse internals (third-party)
         return [str(getattr(p, "absolute", None) or p) for p in (config.get("config") or []) if p is not None]
 
     def _resolve_last_checkpoint(self) -> None:
@@ -330,6 +335,7 @@ class GRPOCLI(LightningCLI):
         if config.get("ckpt_path") != "last":
             return
         logger = self.trainer.logger
+        # jsonargparse / argparse internals (third-party)
         root = getattr(logger, "root_dir", None) if logger is not None else None
         root = Path(root if root is not None else self.trainer.default_root_dir)
         try:

@@ -23,7 +23,6 @@ import sys
 from typing import Any, NoReturn
 
 from .misplaced import misplaced_key_hint
-from .renames import renamed_key_message
 
 _STRUCTURE = (
     "Does not validate against any of the Union subtypes",
@@ -94,21 +93,14 @@ def _suggest(name: str, options: list[str]) -> str:
 
 
 def condense(message: str, parser: Any = None, config: Any = None) -> str:
-    """The one line that says which option is wrong and why (see the module docstring); an option
-    that was renamed when the settings were grouped (:mod:`.renames`) is answered with its new key.
+    """The one line that says which option is wrong and why (see the module docstring).
 
     ``parser``: the parser that failed (suggests group options); ``config``: the parsed config (finds
     the key of a ``class_path`` when the message names none, as instantiation errors do)."""
     line = _condense(message, parser, config)
     key, sep, text = line.partition(": ")
-    if key == "unrecognized arguments":  # --model.num_iterations 2: the first option given
-        key = next((a[2:].split("=")[0] for a in text.split() if a.startswith("--")), "")
-        return renamed_key_message(key) or line
     if not (sep and "not an option" in text):
         return line
-    renamed = renamed_key_message(key)
-    if renamed:
-        return renamed
     hint = misplaced_key_hint(key, parser, message)  # the same name one level down / up: a YAML indent slip
     return _DID_YOU_MEAN.sub("", line) + hint if hint else line
 
@@ -165,6 +157,7 @@ def _condense(message: str, parser: Any = None, config: Any = None) -> str:
         return f"{where}: not an option of '{group or kind.lower()}'" + _suggest(option, _group_options(parser, group))
     if text.startswith("unrecognized arguments:") and parser is not None:
         given = next((a for a in text.split()[2:] if a.startswith("--")), "").split("=")[0]
+        # jsonargparse / argparse internals (third-party)
         text += _suggest(given, list(getattr(parser, "_option_string_actions", {})))
     key = ".".join(keys)
     return f"{key}: {text}" if key and not text.startswith(key) else text
@@ -181,24 +174,22 @@ def _dataclass_option(class_path: str, name: str) -> tuple[str, list[str]] | Non
         return None
     cls = type(param.default)
     package = importlib.import_module("lightning_grpo")
-    path = (
-        f"lightning_grpo.{cls.__name__}"
-        if getattr(package, cls.__name__, None) is cls
-        else f"{cls.__module__}.{cls.__qualname__}"
-    )
+    public = cls.__name__ in package.__all__ and getattr(package, cls.__name__) is cls
+    path = f"lightning_grpo.{cls.__name__}" if public else f"{cls.__module__}.{cls.__qualname__}"
     return path, [f.name for f in dataclasses.fields(cls)]
 
 
 def _group_options(parser: Any, group: str) -> list[str]:
     """The option names directly under ``group`` in ``parser`` (and its subcommand parsers)."""
     parsers = [parser] if parser is not None else []
-    sub = getattr(parser, "_subcommands_action", None)
+    sub = getattr(parser, "_subcommands_action", None)  # jsonargparse / argparse internals (third-party)
     if sub is not None:
+        # jsonargparse / argparse internals (third-party)
         parsers += list(getattr(sub, "_name_parser_map", {}).values())
     names = set()
     for p in parsers:
-        for action in getattr(p, "_actions", []):
-            dest = getattr(action, "dest", "")
+        for action in getattr(p, "_actions", []):  # jsonargparse / argparse internals (third-party)
+            dest = getattr(action, "dest", "")  # jsonargparse / argparse internals (third-party)
             if dest.startswith(group + ".") and "." not in dest[len(group) + 1 :]:
                 names.add(dest[len(group) + 1 :])
     return sorted(names)
@@ -206,6 +197,7 @@ def _group_options(parser: Any, group: str) -> list[str]:
 
 def _key_of_class(config: Any, class_path: str) -> str | None:
     """The dotted key whose value has ``class_path`` (the first found) in a parsed config."""
+    # a jsonargparse Namespace or a dict (third-party)
     tree = config.as_dict() if hasattr(config, "as_dict") else config
 
     def walk(node: Any, prefix: str) -> str | None:
@@ -228,7 +220,7 @@ def mark(err: BaseException) -> BaseException:
 
 
 def is_marked(err: BaseException) -> bool:
-    return bool(getattr(err, _MARK, False))
+    return bool(getattr(err, _MARK, False))  # any exception (a library's too): the mark is an attribute set by mark()
 
 
 def print_and_exit(message: str, prog: str = "lightning-grpo", status: int = 2) -> NoReturn:

@@ -56,18 +56,20 @@ def valid_keys(parser: Any, key: str, message: str) -> set[str]:
     """Every option key of ``parser`` (and its subcommands' parsers), with the options of the class taken by
     the option ``key`` lies under (the ``class_path`` the message names for it, else its type's class)."""
     parsers = [parser]
-    sub = getattr(parser, "_subcommands_action", None)
+    sub = getattr(parser, "_subcommands_action", None)  # jsonargparse / argparse internals (third-party)
     if sub is not None:
+        # jsonargparse / argparse internals (third-party)
         parsers += list(getattr(sub, "_name_parser_map", {}).values())
     given = _given_class(message)
     keys: set[str] = set()
     for p in parsers:
-        for action in getattr(p, "_actions", []):
-            dest = getattr(action, "dest", "")
+        for action in getattr(p, "_actions", []):  # jsonargparse / argparse internals (third-party)
+            dest = getattr(action, "dest", "")  # jsonargparse / argparse internals (third-party)
             if not dest or dest in _NOT_KEYS or dest.endswith(".help"):
                 continue
             keys.add(dest)
             if key.startswith(dest + "."):
+                # jsonargparse / argparse internals (third-party)
                 cls = given.get(dest) or _class_of(getattr(action, "_typehint", None))
                 keys |= class_keys(cls, dest) if cls is not None else set()
     return keys

@@ -77,6 +77,7 @@ from .registry import (
     TOKEN_MASKS,
     TOKEN_TERMS,
     Registry,
+    Variant,
 )
 from .rejection import RejectionOutput, check_rejection, rejection_mask
 from .settings import KLSettings, LossTerms, OffPolicySettings
@@ -87,6 +88,7 @@ from .shaping import (
     gfpo_reward_per_token_selection,
     soft_overlong_punishment,
 )
+from .specs import AdvantageSpec, CorrectionSpec, LogProbSpec, NoSpec, PolicyLossSpec
 from .terms import entropy_bonus, llds, scale_negative_advantages, top_entropy_mask
 from .trust_region_losses import dppo_kl_loss, dppo_tv_loss, sapo_loss
 
@@ -105,6 +107,11 @@ __all__ = [
     "TOKEN_MASKS",
     "TOKEN_TERMS",
     "AdaptiveKLController",
+    "AdvantageSpec",
+    "CorrectionSpec",
+    "LogProbSpec",
+    "NoSpec",
+    "PolicyLossSpec",
     "CorrectionOutput",
     "FixedKLController",
     "GRPOLoss",
@@ -115,6 +122,7 @@ __all__ = [
     "OffPolicySettings",
     "PolicyLossOutput",
     "Registry",
+    "Variant",
     "RejectionOutput",
     "TokenLogProbs",
     "batch_std_advantages",

@@ -14,7 +14,7 @@ Bessel-corrected standard deviation (``torch.std`` default):
     opo                    A_i = r_i - sum_g(|o_j| r_j) / sum_g |o_j|   (length-weighted baseline, no std)
     gpg                    A_i = alpha (r_i - mean_g) / f_norm,  alpha = B / #{j : r_j != 0} (over the batch)
 
-``opo`` needs the completion lengths: it is marked ``needs_lengths`` and :class:`GRPOModule` passes
+``opo`` needs the completion lengths: its spec says ``needs_lengths`` and :class:`GRPOModule` passes
 ``lengths`` (sampled tokens per row) to such an estimator. verl's opo and gpg use a baseline of 0
 for a group of one completion (A = r); here it gets 0 like every all-equal group. ``gpg``'s alpha
 counts the non-zero rewards of the batch given (one generation batch on one rank; verl: the whole
@@ -29,7 +29,7 @@ Departures from the peers, all deliberate:
   * Statistics are computed per completion, not per token (verl whitens reinforce++ over
     tokens with ``masked_whiten``).
   * Everything is computed in float32 (bf16/fp16/int rewards are upcast); results are float32.
-  * ``scored`` [B] bool (a keyword of every estimator here, marked ``takes_scored``, and of both
+  * ``scored`` [B] bool (a keyword of every estimator here, whose specs say ``takes_scored``, and of both
     aggregations; None = every row): the rows no reward function scored are left out of their group's
     mean, std, quantile, best / second best and counts (and of the batch statistics of ``batch_std``,
     ``reinforce_pp_baseline``, ``gpg`` and GDPO's whitening) and get A = 0; a group with fewer than 2
@@ -62,6 +62,7 @@ from .groups import (
     whiten_signal,
 )
 from .registry import ADVANTAGES, REWARD_AGGREGATIONS
+from .specs import AdvantageSpec
 
 QuantileInterpolation = Literal["inverted_cdf", "linear", "lower", "higher", "midpoint", "nearest"]
 
@@ -77,7 +78,7 @@ def expand_to_tokens(advantages: Tensor, mask: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------------------------
 # single-reward estimators: fn(rewards [B], group_size, **params) -> [B] float32
 # ----------------------------------------------------------------------------------------------
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", spec=AdvantageSpec(group_relative=True, divides_by_group_std=True, takes_scored=True))
 def grpo_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6, scored: Tensor | None = None) -> Tensor:
     """GRPO: A_i = (r_i - mean_g r) / (std_g r + eps), std Bessel-corrected. [B] -> [B]
 
@@ -90,7 +91,7 @@ def grpo_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6, scor
     return (centred / (bessel_std(groups, dim=1, mask=mask) + eps)).reshape(-1)
 
 
-@ADVANTAGES.register("dr_grpo")
+@ADVANTAGES.register("dr_grpo", spec=AdvantageSpec(group_relative=True, takes_scored=True))
 def dr_grpo_advantages(rewards: Tensor, group_size: int, *, scored: Tensor | None = None) -> Tensor:
     """Dr. GRPO (no std): A_i = r_i - mean_g r. [B] -> [B]"""
     groups = as_groups(rewards, group_size)  # [P, G]
@@ -98,7 +99,7 @@ def dr_grpo_advantages(rewards: Tensor, group_size: int, *, scored: Tensor | Non
     return center_groups(groups, group_mean(groups, mask), mask).reshape(-1)
 
 
-@ADVANTAGES.register("batch_std")
+@ADVANTAGES.register("batch_std", spec=AdvantageSpec(group_relative=True, takes_scored=True))
 def batch_std_advantages(
     rewards: Tensor, group_size: int, *, eps: float = 1e-6, scored: Tensor | None = None
 ) -> Tensor:
@@ -113,7 +114,7 @@ def batch_std_advantages(
     return (centred / (bessel_std(groups, mask=mask) + eps)).reshape(-1)
 
 
-@ADVANTAGES.register("rloo")
+@ADVANTAGES.register("rloo", spec=AdvantageSpec(group_relative=True, takes_scored=True))
 def rloo_advantages(rewards: Tensor, group_size: int, *, scored: Tensor | None = None) -> Tensor:
     """RLOO: A_i = r_i - mean_{j != i} r_j = G/(G-1) * (r_i - mean_g r); G = 1 -> 0. [B] -> [B]
 
@@ -128,7 +129,7 @@ def rloo_advantages(rewards: Tensor, group_size: int, *, scored: Tensor | None =
     return (centred * (n / (n - 1).clamp(min=1))).reshape(-1)
 
 
-@ADVANTAGES.register("reinforce_pp_baseline")
+@ADVANTAGES.register("reinforce_pp_baseline", spec=AdvantageSpec(group_relative=True, takes_scored=True))
 def reinforce_pp_baseline_advantages(
     rewards: Tensor, group_size: int, *, eps: float = 1e-6, scored: Tensor | None = None
 ) -> Tensor:
@@ -145,7 +146,7 @@ def reinforce_pp_baseline_advantages(
     return whiten_signal(x, constant_rows(groups, mask), eps, included)
 
 
-@ADVANTAGES.register("opo")
+@ADVANTAGES.register("opo", spec=AdvantageSpec(group_relative=True, takes_scored=True, needs_lengths=True))
 def opo_advantages(rewards: Tensor, group_size: int, *, lengths: Tensor, scored: Tensor | None = None) -> Tensor:
     """OPO (arXiv 2505.23585; verl ``opo``): A_i = r_i - sum_g(|o_j| r_j) / sum_g |o_j|. [B] -> [B]
 
@@ -164,10 +165,7 @@ def opo_advantages(rewards: Tensor, group_size: int, *, lengths: Tensor, scored:
     return center_groups(groups, baseline, mask).reshape(-1)
 
 
-opo_advantages.needs_lengths = True
-
-
-@ADVANTAGES.register("gpg")
+@ADVANTAGES.register("gpg", spec=AdvantageSpec(group_relative=True, takes_scored=True))
 def gpg_advantages(rewards: Tensor, group_size: int, *, f_norm: float = 1.0, scored: Tensor | None = None) -> Tensor:
     """GPG (arXiv 2504.02546; verl ``gpg``): A_i = alpha (r_i - mean_g) / f_norm. [B] -> [B]
 
@@ -214,7 +212,7 @@ _QUANTILE_FNS = {"inverted_cdf": _inverted_cdf_quantile} | {
 }
 
 
-@ADVANTAGES.register("qae")
+@ADVANTAGES.register("qae", spec=AdvantageSpec(group_relative=True, takes_scored=True))
 def qae_advantages(
     rewards: Tensor,
     group_size: int,
@@ -324,31 +322,13 @@ def normalize_then_sum(
 
 def _resolve_estimator(name: str, scored: Tensor | None, params: dict):
     """The ``ADVANTAGES`` entry ``name``; with ``scored`` set, put into ``params`` for it (an estimator
-    that cannot leave unscored rows out, not marked ``takes_scored``, raises instead)."""
-    fn = ADVANTAGES.get(name)
+    whose spec does not say ``takes_scored`` cannot leave unscored rows out and raises instead)."""
+    variant = ADVANTAGES.variant(name)
     if scored is not None:
-        if not getattr(fn, "takes_scored", False):
+        if not variant.spec.takes_scored:
             raise ValueError(
                 f"advantage estimator {name!r} cannot leave out the samples no reward function scored "
                 "(it is not marked takes_scored): set model.algorithm.unscored: zero to score them 0"
             )
         params["scored"] = scored
-    return fn
-
-
-# Read by the fit-time checks (lightning_grpo.checks.validation) instead of branching on names: each of
-# these estimators compares a completion with the others of its group, so it needs G >= 2 to give
-# any signal; grpo also divides by the group's reward std. A custom estimator may set them too.
-for _estimator in (
-    grpo_advantages,
-    dr_grpo_advantages,
-    batch_std_advantages,
-    rloo_advantages,
-    reinforce_pp_baseline_advantages,
-    qae_advantages,
-    opo_advantages,
-    gpg_advantages,
-):
-    _estimator.group_relative = True
-    _estimator.takes_scored = True  # leaves unscored rows (``scored``) out of its group statistics
-grpo_advantages.divides_by_group_std = True
+    return variant.fn

@@ -36,6 +36,7 @@ from torch import Tensor
 from .guards import clamp_log_ratio
 from .logprobs import masked_mean
 from .registry import CORRECTIONS, TOKEN_MASKS
+from .specs import CorrectionSpec, Level
 
 
 class CorrectionOutput(NamedTuple):
@@ -67,7 +68,7 @@ def _truncated(log_w: Tensor, m: Tensor, cap: float, valid: Tensor) -> Correctio
     return CorrectionOutput(w, m, metrics)
 
 
-@CORRECTIONS.register("tis_token")
+@CORRECTIONS.register("tis_token", spec=CorrectionSpec(level="token"))
 def tis_token(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, cap: float = 2.0) -> CorrectionOutput:
     """Token-level truncated IS: w_t = min(exp(old_t - roll_t), cap). [B, T] in, [B, T] weight.
 
@@ -78,7 +79,7 @@ def tis_token(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, cap: floa
     return _truncated(d, m, cap, m)
 
 
-@CORRECTIONS.register("tis_seq")
+@CORRECTIONS.register("tis_seq", spec=CorrectionSpec(level="sequence"))
 def tis_seq(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, cap: float = 2.0) -> CorrectionOutput:
     """Sequence-level truncated IS, product form: w_i = min(exp(clamp(sum_t (old - roll), +-20)), cap).
 
@@ -90,7 +91,7 @@ def tis_seq(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, cap: float 
     return _truncated(d.sum(-1, keepdim=True), m, cap, _seq_valid(m))  # log_w [B, 1]
 
 
-@CORRECTIONS.register("tis_seq_geo")
+@CORRECTIONS.register("tis_seq_geo", spec=CorrectionSpec(level="sequence"))
 def tis_seq_geo(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, cap: float = 2.0) -> CorrectionOutput:
     """Sequence-level truncated IS, geometric mean: w_i = min(exp(mean_t (old - roll)), cap).
 
@@ -121,7 +122,7 @@ def _band(log_w: Tensor, m: Tensor, low: float | None, high: float | None, valid
     return CorrectionOutput(w, keep, metrics)
 
 
-@CORRECTIONS.register("mis_token")
+@CORRECTIONS.register("mis_token", spec=CorrectionSpec(level="token"))
 def mis_token(
     old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, low: float | None = 0.5, high: float | None = 5.0
 ) -> CorrectionOutput:
@@ -137,7 +138,7 @@ def mis_token(
     return _band(d, m, low, high, m)
 
 
-@CORRECTIONS.register("mis_seq")
+@CORRECTIONS.register("mis_seq", spec=CorrectionSpec(level="sequence"))
 def mis_seq(
     old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, low: float | None = None, high: float | None = 3.0
 ) -> CorrectionOutput:
@@ -151,40 +152,29 @@ def mis_seq(
     return _band(d.sum(-1, keepdim=True), m, low, high, _seq_valid(m))
 
 
-# Read by GRPOLoss instead of branching on names: the level a weight lives at (batch normalisation
-# averages tokens or sequences).
-for _fn, _level in (
-    (tis_token, "token"),
-    (tis_seq, "sequence"),
-    (tis_seq_geo, "sequence"),
-    (mis_token, "token"),
-    (mis_seq, "sequence"),
-):
-    _fn.level = _level
-
-
-def is_weight_sums(weight: Tensor, mask: Tensor, correction=None) -> Tensor:
+def is_weight_sums(weight: Tensor, mask: Tensor, level: Level = "token") -> Tensor:
     """[2] float32 (sum, count) whose ratio is the batch-normalisation mean of ``weight`` [B, T].
 
     Token level: (sum of the weights of the valid tokens of ``mask``, their number); sequence
-    level (``correction.level == "sequence"``): (sum over non-empty rows of the row's weight,
+    level (the correction's ``CorrectionSpec.level``): (sum over non-empty rows of the row's weight,
     the number of non-empty rows). Zero weights (MIS outside its band) count, as in verl. Sums
     add up over micro-batches and ranks, so the mean of a whole optimizer-step batch is the
     ratio of the summed sums. Detached.
     """
     m = mask.detach().float()
     w = weight.detach().float()
-    if getattr(correction, "level", "token") == "sequence":
+    if level == "sequence":
         rows = (m.sum(-1) > 0).float()  # [B]
         return torch.stack([(masked_mean(w, m, dim=-1) * rows).sum(), rows.sum()])
     return torch.stack([(w * m).sum(), m.sum()])
 
 
 def normalize_is_weight(
-    weight: Tensor, mask: Tensor, correction=None, mean: Tensor | None = None
+    weight: Tensor, mask: Tensor, level: Level = "token", mean: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """IS-weight batch normalisation (verl ``rollout_is_batch_normalize``): w / mean(w), so the
-    weights average 1. weight, mask [B, T] -> (normalised weight [B, T], factor []).
+    weights average 1. weight, mask [B, T] -> (normalised weight [B, T], factor []); ``level``: the
+    correction's ``CorrectionSpec.level``.
 
     ``mean``: the mean to divide by, e.g. of the whole optimizer-step batch over all micro-batches
     and ranks (from summed :func:`is_weight_sums`, as verl's all-reduced mean); None: the mean of
@@ -193,7 +183,7 @@ def normalize_is_weight(
     """
     m = mask.detach().float()
     if mean is None:
-        total, count = is_weight_sums(weight, m, correction)
+        total, count = is_weight_sums(weight, m, level)
         mean = total / count.clamp(min=1.0)
     mean = torch.as_tensor(mean, dtype=torch.float32, device=m.device)
     factor = torch.where(mean > 1e-8, mean, torch.ones_like(mean))

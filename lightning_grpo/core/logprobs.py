@@ -26,7 +26,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from lightning_grpo.core.registry import LOGPROBS
+from .registry import LOGPROBS
+from .specs import LogProbSpec
 
 __all__ = [
     "TokenLogProbs",
@@ -57,7 +58,7 @@ def _check_temperature(temperature: float) -> None:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
-@LOGPROBS.register("logits")
+@LOGPROBS.register("logits", spec=LogProbSpec(reads="logits"))
 def logprobs_from_logits(
     logits: Tensor, ids: Tensor, *, temperature: float = 1.0, compute_entropy: bool = False
 ) -> TokenLogProbs:
@@ -243,7 +244,7 @@ def _grad_wrt_logits(
     return dz
 
 
-@LOGPROBS.register("chunked_hidden")
+@LOGPROBS.register("chunked_hidden", spec=LogProbSpec(reads="hidden"))
 def logprobs_from_hidden(
     hidden: Tensor,
     weight: Tensor,
@@ -299,10 +300,6 @@ def logprobs_from_hidden(
     )
     entropy = ent.reshape(ids.shape) if compute_entropy else None
     return TokenLogProbs(logp.reshape(ids.shape), entropy)
-
-
-logprobs_from_logits.reads = "logits"  # what the LOGPROBS entry scores: the model's logits [..., V]
-logprobs_from_hidden.reads = "hidden"  # final hidden states [..., H] and the LM head (weight, bias)
 
 
 def _masked_parts(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -17,7 +17,7 @@ MIS (IcePop) gives a token outside its band weight 0 and leaves it in loss_mask,
 ``off_policy.is_batch_normalize`` the weights are divided by their mean over the valid tokens (zeros
 included) of the whole optimizer-step batch when the trainer passes ``is_weight_mean`` (the
 ratio of `GRPOLoss.is_weight_sums` summed over micro-batches and ranks), else of the batch
-given. A loss with a ``sequence_is_weight`` (geo_mean) turns the token weights into one weight per
+given. A loss whose spec has a ``sequence_is_weight`` (geo_mean) turns the token weights into one weight per
 row (verl: their geometric mean).
 
 Bypass mode (``off_policy.bypass=True``, verl ``bypass_mode``, AReaL's decoupled loss): old := roll, the
@@ -46,6 +46,7 @@ from torch import Tensor
 from .corrections import is_weight_sums, mismatch_metrics, normalize_is_weight
 from .guards import check_finite
 from .logprobs import masked_mean
+from .objective_checks import check_loss_args, check_type, in_field, resolve_aggregation
 from .registry import AGGREGATIONS, CORRECTIONS, KL_ESTIMATORS, POLICY_LOSSES, TOKEN_MASKS, TOKEN_TERMS
 from .rejection import check_rejection, rejection_mask
 from .settings import KLSettings, LossTerms, OffPolicySettings
@@ -93,23 +94,24 @@ class GRPOLoss:
         off_policy: OffPolicySettings = OffPolicySettings(),
         terms: LossTerms = LossTerms(),
     ) -> None:
-        self.policy_loss_fn = POLICY_LOSSES.get(policy_loss)
+        self._policy_loss = POLICY_LOSSES.variant(policy_loss)
+        self.policy_loss_fn = self._policy_loss.fn
         self.policy_loss_args = dict(policy_loss_args or {})
-        _check_loss_args(policy_loss, self.policy_loss_fn, self.policy_loss_args)
-        self.aggregation = _resolve_aggregation(policy_loss, self.policy_loss_fn, aggregation)
+        check_loss_args(policy_loss, self.policy_loss_fn, self.policy_loss_args)
+        self.aggregation = resolve_aggregation(self._policy_loss, aggregation)
         self.aggregate_fn = AGGREGATIONS.get(self.aggregation)
         self.aggregation_args = dict(aggregation_args or {})
-        _check_type("kl", kl, KLSettings)
-        _check_type("off_policy", off_policy, OffPolicySettings)
-        _check_type("terms", terms, LossTerms)
-        self._kl, self._kl_fn = kl, _in_field("kl.estimator", KL_ESTIMATORS.get, kl.estimator)
+        check_type("kl", kl, KLSettings)
+        check_type("off_policy", off_policy, OffPolicySettings)
+        check_type("terms", terms, LossTerms)
+        self._kl, self._kl_fn = kl, in_field("kl.estimator", KL_ESTIMATORS.get, kl.estimator)
         self._off_policy = off_policy
         correction, rejection = off_policy.correction, off_policy.rejection
-        self._correction_fn = (
-            _in_field("off_policy.correction", CORRECTIONS.get, correction) if correction is not None else None
+        self._correction = (
+            in_field("off_policy.correction", CORRECTIONS.variant, correction) if correction is not None else None
         )
         self._rejection = (
-            _in_field("off_policy.rejection", check_rejection, rejection) if rejection is not None else None
+            in_field("off_policy.rejection", check_rejection, rejection) if rejection is not None else None
         )
         self._terms = terms
         self._off_policy_mask = TOKEN_MASKS.get("off_policy_sequence")
@@ -156,8 +158,8 @@ class GRPOLoss:
             "aggregation_args": self.aggregate_fn,
             "kl.estimator": self._kl_fn,
         }
-        if self._correction_fn is not None:
-            parts["off_policy.correction_args"] = self._correction_fn
+        if self._correction is not None:
+            parts["off_policy.correction_args"] = self._correction.fn
         return parts
 
     # ------------------------------------------------------------------ knobs (controllers)
@@ -193,7 +195,7 @@ class GRPOLoss:
             raise ValueError(
                 f"GRPOLoss off_policy.bypass=True: the ratio already is pi / pi_roll, no correction can be added (got {name!r})"
             )
-        self._correction_fn = CORRECTIONS.get(name) if name is not None else None
+        self._correction = CORRECTIONS.variant(name) if name is not None else None
         self._off_policy = replace(self._off_policy, correction=name, correction_args=dict(args) if args else None)
 
     def _check_knob(self, name: str) -> None:
@@ -217,7 +219,7 @@ class GRPOLoss:
         """Whether a call needs ``rollout_logp`` (a correction, rejection, bypass or the sequence mask)."""
         off = self._off_policy
         return (
-            self._correction_fn is not None
+            self._correction is not None
             or off.sequence_mask_delta is not None
             or self._rejection is not None
             or self.bypass
@@ -234,7 +236,7 @@ class GRPOLoss:
     def normalizes_is_weights(self) -> bool:
         """Whether the correction's weights are batch-normalised: a trainer then sums
         `is_weight_sums` over the optimizer-step batch and passes ``is_weight_mean``."""
-        return self._off_policy.is_batch_normalize and self._correction_fn is not None and not self.bypass
+        return self._off_policy.is_batch_normalize and self._correction is not None and not self.bypass
 
     @property
     def needs_old_before_training(self) -> bool:
@@ -256,8 +258,8 @@ class GRPOLoss:
         ``is_weight_mean``. old_logp, rollout_logp, mask [B, T]."""
         if not self.normalizes_is_weights:
             return torch.zeros(2, device=mask.device)
-        corr = self._correction_fn(old_logp, rollout_logp, mask, **(self._off_policy.correction_args or {}))
-        return is_weight_sums(corr.weight, mask, self._correction_fn)
+        corr = self._correction.fn(old_logp, rollout_logp, mask, **(self._off_policy.correction_args or {}))
+        return is_weight_sums(corr.weight, mask, self._correction.spec.level)
 
     def __call__(
         self,
@@ -331,17 +333,17 @@ class GRPOLoss:
 
     def _weight(self, mask, loss_mask, old, rollout_logp, is_weight_mean, metrics) -> Tensor:
         """The correction's weight [B, T] (1 without one), batch-normalised, and made one per row for a
-        loss with a ``sequence_is_weight`` (geo_mean: verl's geometric mean over the row's tokens)."""
-        if self._correction_fn is None:
+        loss whose spec has a ``sequence_is_weight`` (geo_mean: verl's geometric mean over the row's tokens)."""
+        if self._correction is None:
             return torch.ones_like(mask)
-        corr = self._correction_fn(old, rollout_logp, mask, **(self._off_policy.correction_args or {}))
+        corr = self._correction.fn(old, rollout_logp, mask, **(self._off_policy.correction_args or {}))
         weight = corr.weight
         metrics.update(corr.metrics)
         if self._off_policy.is_batch_normalize:
             weight, metrics["is_batch_norm_factor"] = normalize_is_weight(
-                weight, mask, self._correction_fn, is_weight_mean
+                weight, mask, self._correction.spec.level, is_weight_mean
             )
-        per_row = getattr(self.policy_loss_fn, "sequence_is_weight", None)
+        per_row = self._policy_loss.spec.sequence_is_weight
         return weight if per_row is None else per_row(weight, loss_mask)
 
     def _check_inputs(self, logp, mask, old, ref_logp, rollout_logp, entropy) -> None:
@@ -358,45 +360,3 @@ class GRPOLoss:
         for name, t in (("logp", logp), ("old_logp", old), ("ref_logp", ref_logp), ("rollout_logp", rollout_logp)):
             if t is not None:
                 check_finite(name, t.detach(), mask)
-
-
-def _resolve_aggregation(policy_loss: str, fn, aggregation: str | None) -> str:
-    """The aggregation to use: the one named, else the loss's default, else token_mean; a loss with a
-    ``required_aggregation`` (geo_mean) refuses any other."""
-    required = getattr(fn, "required_aggregation", None)
-    if required is not None and aggregation not in (None, required):
-        raise ValueError(
-            f"GRPOLoss policy_loss {policy_loss!r} aggregates per sequence itself and needs aggregation "
-            f"{required!r} (or none named), got {aggregation!r}"
-        )
-    return aggregation or required or getattr(fn, "default_aggregation", "token_mean")
-
-
-def _check_loss_args(policy_loss: str, fn, args: dict[str, Any]) -> None:
-    """policy_loss_args are keyword arguments of the loss: unknown and missing required ones fail now."""
-    params = {
-        p.name: p
-        for p in inspect.signature(fn).parameters.values()
-        if p.kind is p.KEYWORD_ONLY and p.name != "generator"
-    }
-    unknown = sorted(set(args) - set(params))
-    if unknown:
-        raise ValueError(
-            f"GRPOLoss policy_loss_args {unknown} are not parameters of policy loss {policy_loss!r}; it takes {sorted(params)}"
-        )
-    missing = [n for n, p in params.items() if p.default is p.empty and n not in args]
-    if missing:
-        raise ValueError(f"GRPOLoss policy loss {policy_loss!r} needs policy_loss_args {missing} (no default)")
-
-
-def _check_type(field: str, value: Any, expected: type) -> None:
-    if not isinstance(value, expected):
-        raise TypeError(f"GRPOLoss {field} must be a {expected.__name__}, got {type(value).__name__} {value!r}")
-
-
-def _in_field(field: str, build: Callable[[Any], Any], value: Any) -> Any:
-    """``build(value)``, a ValueError prefixed with the settings field (``off_policy.correction: unknown ...``)."""
-    try:
-        return build(value)
-    except ValueError as err:
-        raise ValueError(f"{field}: {err}") from None

@@ -19,11 +19,12 @@ from torch import Tensor
 
 from .groups import as_groups, as_mask, bessel_std, center_groups, check_std_group, group_mean
 from .registry import ADVANTAGES
+from .specs import AdvantageSpec
 
 __all__ = ["passk_advantages", "max_rl_advantages"]
 
 
-@ADVANTAGES.register("passk")
+@ADVANTAGES.register("passk", spec=AdvantageSpec(group_relative=True, divides_by_group_std=True, takes_scored=True))
 def passk_advantages(
     rewards: Tensor, group_size: int, *, scale_by_std: bool = True, eps: float = 1e-6, scored: Tensor | None = None
 ) -> Tensor:
@@ -49,7 +50,7 @@ def passk_advantages(
     return torch.where(best, gap, torch.zeros_like(groups)).reshape(-1)
 
 
-@ADVANTAGES.register("max_rl")
+@ADVANTAGES.register("max_rl", spec=AdvantageSpec(group_relative=True, takes_scored=True))
 def max_rl_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6, scored: Tensor | None = None) -> Tensor:
     """MaxRL (arXiv 2602.02710; prime-rl / SkyRL ``max_rl``): A_i = (r_i - mean_g) / (mean_g + eps). [B] -> [B]
 
@@ -60,10 +61,3 @@ def max_rl_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6, sc
     mask = as_mask(scored, groups)
     mean = group_mean(groups, mask)
     return (center_groups(groups, mean, mask) / (mean + eps)).reshape(-1)
-
-
-# read by the fit-time checks (lightning_grpo.checks.validation): these compare a completion with its group
-for _estimator in (passk_advantages, max_rl_advantages):
-    _estimator.group_relative = True
-    _estimator.takes_scored = True  # leaves unscored rows (``scored``) out of its group statistics
-passk_advantages.divides_by_group_std = True

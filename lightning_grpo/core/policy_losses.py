@@ -40,7 +40,7 @@ Departures from the peers (verl ``core_algos.py``, TRL ``GRPOTrainer._compute_lo
   unclamped); its clip fractions count tokens where the clamp is *active* (it blocks the gradient on
   the side of sign(A)); verl counts every token outside the band. It puts its per-sequence loss L_i
   on every valid token of row i, so seq_mean_token_mean is exactly GMPO's ``mean_i(L_i)``; it
-  declares ``required_aggregation`` and ``GRPOLoss`` refuses any other. With a rollout correction,
+  declares ``required_aggregation`` in its spec and ``GRPOLoss`` refuses any other. With a rollout correction,
   ``GRPOLoss`` scales row i by the geometric mean of its token IS weights,
   ``exp(mean_t log(w_t + 1e-10))`` (``sequence_is_weight``, as verl's geo_mean), not by their
   arithmetic mean (weights [2, 0.5]: 1, not 1.25).
@@ -73,6 +73,7 @@ from .ratios import (
     valid_fraction,
 )
 from .registry import POLICY_LOSSES
+from .specs import PolicyLossSpec
 
 __all__ = [
     "PolicyLossOutput",
@@ -341,7 +342,18 @@ def kl_cov_loss(
     return loss_output(loss, x.valid, metrics)
 
 
-@POLICY_LOSSES.register("geo_mean")
+def _row_geometric_mean(weight: Tensor, mask: Tensor) -> Tensor:
+    """GMPO's IS weight per row (verl): exp(mean_t log(w_t + 1e-10)) over the valid tokens of ``mask``,
+    broadcast to them. weight, mask [B, T] -> [B, T] (0 on padding and on empty rows); detached."""
+    m = mask.detach().float()
+    log_w = torch.log(weight.detach().float() + 1e-10)  # [B, T]; a zero weight (MIS) counts as 1e-10
+    return torch.exp(masked_mean(log_w, m, dim=-1, keepdim=True)) * m
+
+
+@POLICY_LOSSES.register(
+    "geo_mean",
+    spec=PolicyLossSpec(required_aggregation="seq_mean_token_mean", sequence_is_weight=_row_geometric_mean),
+)
 def geo_mean_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -372,15 +384,3 @@ def geo_mean_loss(
     metrics["clip_frac_high"] = valid_fraction(active & (x.adv > 0), x.valid)
     metrics["clip_frac_low"] = valid_fraction(active & (x.adv < 0), x.valid)
     return loss_output(loss, x.valid, metrics)
-
-
-def _row_geometric_mean(weight: Tensor, mask: Tensor) -> Tensor:
-    """GMPO's IS weight per row (verl): exp(mean_t log(w_t + 1e-10)) over the valid tokens of ``mask``,
-    broadcast to them. weight, mask [B, T] -> [B, T] (0 on padding and on empty rows); detached."""
-    m = mask.detach().float()
-    log_w = torch.log(weight.detach().float() + 1e-10)  # [B, T]; a zero weight (MIS) counts as 1e-10
-    return torch.exp(masked_mean(log_w, m, dim=-1, keepdim=True)) * m
-
-
-geo_mean_loss.required_aggregation = "seq_mean_token_mean"
-geo_mean_loss.sequence_is_weight = _row_geometric_mean

@@ -11,7 +11,7 @@ advantage ``A`` ([B] or [B, T]):
                                                            p - p_old >= -delta_low (A <= 0)
     dppo_kl   as dppo_tv with valid_t: binary KL(p_old || p) <= delta, or p moved the safe way
 
-Aggregation: ``sapo`` names seq_mean_token_mean as its default (``default_aggregation``: verl
+Aggregation: ``sapo`` names seq_mean_token_mean as its default (its spec's ``default_aggregation``: verl
 always aggregates it so; ``GRPOLoss`` uses it when no aggregation is named, another can be named).
 
 Departures from verl (``core_algos.py``), all deliberate:
@@ -46,11 +46,12 @@ from .ratios import (
     valid_fraction,
 )
 from .registry import POLICY_LOSSES
+from .specs import PolicyLossSpec
 
 __all__ = ["sapo_loss", "dppo_tv_loss", "dppo_kl_loss"]
 
 
-@POLICY_LOSSES.register("sapo")
+@POLICY_LOSSES.register("sapo", spec=PolicyLossSpec(default_aggregation="seq_mean_token_mean"))
 def sapo_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -82,9 +83,6 @@ def sapo_loss(
     metrics["gate_weight_min"] = torch.where(x.valid.any(), torch.where(x.valid, weight, inf).amin(), 0.0)
     metrics["gate_frac_below_half"] = valid_fraction(weight < 0.5, x.valid)
     return loss_output(loss, x.valid, metrics)
-
-
-sapo_loss.default_aggregation = "seq_mean_token_mean"
 
 
 def _dppo(x: LossInputs, valid_pos: Tensor, valid_neg: Tensor, clip_ratio_c: float) -> PolicyLossOutput:

@@ -40,13 +40,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, NamedTuple
 
+from lightning_grpo.data.judge_settings import JudgeRequests, JudgeSampling, as_group
 from lightning_grpo.data.options import (
     check_bool,
     check_choice,
-    check_int,
-    check_number,
     fail,
-    is_int,
     is_number,
     prompt_column,
 )
@@ -162,15 +160,6 @@ def _check_clamp(clamp: Any, normalize: Any) -> tuple[float, float] | None:
     return float(clamp[0]), float(clamp[1])
 
 
-def _check_requests(max_concurrency: Any, timeout_s: Any, retries: Any, backoff_s: Any, on_failure: Any) -> None:
-    check_int("max_concurrency", max_concurrency, 1)
-    check_number("timeout_s", timeout_s, 0, strict=True, unit=" (seconds)")
-    check_int("retries", retries, 0)
-    check_number("backoff_s", backoff_s, 0, unit=" (seconds)")
-    if on_failure != "raise" and not is_number(on_failure):
-        fail("on_failure", "'raise' or a finite number (the reward of a failed row)", on_failure)
-
-
 @REWARDS.register("llm_judge")
 class LLMJudge:
     """An LLM judge as a reward (options are the ``kwargs`` of its ``RewardSpec``; see the module doc).
@@ -188,12 +177,10 @@ class LLMJudge:
             e.g. ``"<score>(.*?)</score>"``; default: the last number.
         clamp: ``[low, high]``: scores are clipped into this range.
         normalize: map ``clamp``'s range onto [0, 1] (needs ``clamp``).
-        max_concurrency: requests in flight at once (per rank).
-        timeout_s: seconds one request may wait for the connection or for each read.
-        retries: further attempts after a failed one; ``backoff_s * 2**k`` seconds before retry k.
-        on_failure: ``"raise"``, or the reward given to a row the judge failed on (counted).
-        temperature, max_tokens, seed: sampling parameters of each request.
-        extra_body: more request fields, e.g. ``{"structured_outputs": {"regex": "[0-9]"}}`` (vLLM).
+        requests: concurrency, timeout, retries and backoff, and what a failed row gets (`JudgeRequests`,
+            or a mapping of its fields: ``{timeout_s: 30, on_failure: 0.0}``).
+        sampling: temperature, max_tokens, seed and extra request fields of each request (`JudgeSampling`,
+            or a mapping of its fields).
         api_key_env: name of an environment variable holding a bearer token (keys stay out of recipes).
     """
 
@@ -207,15 +194,8 @@ class LLMJudge:
         score_pattern: str = NUMBER,
         clamp: Sequence[float] | None = None,
         normalize: bool = False,
-        max_concurrency: int = 8,
-        timeout_s: float = 60.0,
-        retries: int = 2,
-        backoff_s: float = 0.5,
-        on_failure: Literal["raise"] | float = "raise",
-        temperature: float = 0.0,
-        max_tokens: int = 512,
-        seed: int | None = None,
-        extra_body: dict[str, Any] | None = None,
+        requests: JudgeRequests | dict[str, Any] = JudgeRequests(),  # noqa: B008 - frozen settings, never mutated
+        sampling: JudgeSampling | dict[str, Any] = JudgeSampling(),  # noqa: B008 - frozen settings, never mutated
         api_key_env: str | None = None,
     ) -> None:
         if not isinstance(base_url, str) or not re.match(r"https?://[^/]", base_url):
@@ -229,27 +209,21 @@ class LLMJudge:
         self.url = f"{base_url.rstrip('/')}/{ENDPOINTS[endpoint].path}"
         self.pattern = _compile(score_pattern)
         self.clamp = _check_clamp(clamp, normalize)
-        _check_requests(max_concurrency, timeout_s, retries, backoff_s, on_failure)
-        check_number("temperature", temperature, 0)
-        check_int("max_tokens", max_tokens, 1)
-        if seed is not None and not is_int(seed):
-            fail("seed", "an integer or null", seed)
-        if extra_body is not None and not isinstance(extra_body, dict):
-            fail("extra_body", "a mapping of extra request fields", extra_body)
+        send, sample = as_group(JudgeRequests, requests, "requests"), as_group(JudgeSampling, sampling, "sampling")
         self.headers = {"Content-Type": "application/json"}
         if api_key_env is not None:
             if not isinstance(api_key_env, str) or not os.environ.get(api_key_env):
                 fail("api_key_env", "the name of a set environment variable holding the API key", api_key_env)
             self.headers["Authorization"] = f"Bearer {os.environ[api_key_env]}"
         self.template, self.system, self.endpoint, self.model = template, system, endpoint, model
-        self.normalize, self.max_concurrency, self.timeout_s = normalize, max_concurrency, float(timeout_s)
-        self.retries, self.backoff_s, self.on_failure = retries, float(backoff_s), on_failure
+        self.normalize, self.max_concurrency, self.timeout_s = normalize, send.max_concurrency, float(send.timeout_s)
+        self.retries, self.backoff_s, self.on_failure = send.retries, float(send.backoff_s), send.on_failure
         self.sampling = {
-            "temperature": temperature,
-            "max_tokens": max_tokens,
-            **({"seed": seed} if seed is not None else {}),
+            "temperature": sample.temperature,
+            "max_tokens": sample.max_tokens,
+            **({"seed": sample.seed} if sample.seed is not None else {}),
         }
-        self.extra_body = dict(extra_body or {})
+        self.extra_body = dict(sample.extra_body or {})
         self.failures = 0  # rows scored with on_failure's value, since construction
         self.retried = 0  # extra attempts made, since construction
         self._lock = threading.Lock()
@@ -329,7 +303,7 @@ class LLMJudge:
                 f"judge at {self.url} answered HTTP {err.code} (a bad request, not retried): {detail}"
             ) from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
-            reason = getattr(err, "reason", err)
+            reason = getattr(err, "reason", err)  # a urllib error (standard library)
             if isinstance(reason, (socket.timeout, TimeoutError)):
                 raise _Transient(f"no answer within timeout_s={self.timeout_s}") from None
             raise _Transient(f"cannot connect: {reason}") from None

@@ -52,6 +52,7 @@ def resolve_record_map(record_map: str | RecordMap | None) -> tuple[RecordMap, s
     if record_map is None:
         return None
     fn = resolve_callable(record_map, None, "data.format.record_map", "my_module.map_row")
+    # a user's record_map function
     name = record_map if isinstance(record_map, str) else getattr(fn, "__qualname__", repr(fn))
     return fn, name
 
@@ -84,14 +85,14 @@ def apply_record_map(
 def check_tokenizer(tokenizer: Any, where: str, use_chat_template: bool) -> None:
     """An EOS token (completions must be able to end), a pad token (the EOS one when it has none),
     and a chat template when ``use_chat_template`` asks for one."""
-    if getattr(tokenizer, "eos_token_id", None) is None:
+    if getattr(tokenizer, "eos_token_id", None) is None:  # a transformers tokenizer (third-party)
         raise ValueError(
             f"the tokenizer at {where} (data.tokenizer_path) has no EOS token, so no completion could end: "
             "use the policy's own tokenizer, or set its eos_token"
         )
-    if getattr(tokenizer, "pad_token_id", None) is None:
+    if getattr(tokenizer, "pad_token_id", None) is None:  # a transformers tokenizer (third-party)
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked out everywhere
-    if use_chat_template and not getattr(tokenizer, "chat_template", None):
+    if use_chat_template and not getattr(tokenizer, "chat_template", None):  # a transformers tokenizer (third-party)
         raise ValueError(
             f"data.format.use_chat_template is true but the tokenizer at {where} has no chat template: set "
             "data.format.use_chat_template: false to feed the prompts as plain text, or point data.tokenizer_path "
@@ -117,9 +118,10 @@ def _positive_int(value: Any) -> bool:
 
 
 @dataclass
-class PromptFormat:
-    """How rows become prompts (``data.format``): the columns, the mapping hook, the chat template and the
-    length limit. Every field is checked here, so a bad value fails before any data is read."""
+class RowFormat:
+    """How rows become model inputs: the columns, the mapping hook and the chat template. `PromptFormat` (RL
+    prompts) adds a prompt length limit, `lightning_grpo.SFTFormatSettings` (SFT examples) transcripts and an
+    example length limit."""
 
     prompt_column: str = "prompt"
     """Column holding the prompt: a string, or a list of chat messages when ``use_chat_template`` is true."""
@@ -141,11 +143,6 @@ class PromptFormat:
     ``lightning-grpo``) or, from Python, the function itself: ``fn(row) -> row`` applied to every raw row of
     every split before the columns are checked (to rename, add or derive columns; every column reaches the
     reward functions by name)."""
-    max_prompt_length: int | None = None
-    """Longest prompt in tokens; ``None`` for no limit."""
-    on_long_prompt: Literal["error", "truncate"] = "error"
-    """``"error"`` on a prompt over ``max_prompt_length``, or ``"truncate"`` it to its last
-    ``max_prompt_length`` tokens (warns once)."""
     template_check_rows: int = 4
     """Rows (SFT transcripts; the prompts an agent run's episodes open with) whose conversations are rendered
     message by message before the run, to warn when the chat template rewrites earlier turns (e.g. drops their
@@ -162,13 +159,28 @@ class PromptFormat:
             raise ValueError("data.format.system_prompt needs data.format.use_chat_template: true")
         check_template_kwargs(self.chat_template_kwargs, self.use_chat_template)
         resolve_record_map(self.record_map)  # an import path that does not resolve fails here
+        rows = self.template_check_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+            raise ValueError(f"data.format.template_check_rows must be an integer >= 0, got {rows!r}")
+
+
+@dataclass
+class PromptFormat(RowFormat):
+    """How rows become prompts (``data.format``): the columns, the mapping hook, the chat template (`RowFormat`'s
+    fields) and the length limit. Every field is checked here, so a bad value fails before any data is read."""
+
+    max_prompt_length: int | None = None
+    """Longest prompt in tokens; ``None`` for no limit."""
+    on_long_prompt: Literal["error", "truncate"] = "error"
+    """``"error"`` on a prompt over ``max_prompt_length``, or ``"truncate"`` it to its last
+    ``max_prompt_length`` tokens (warns once)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.max_prompt_length is not None and not _positive_int(self.max_prompt_length):
             raise ValueError(
                 f"data.format.max_prompt_length must be a positive integer or null, got {self.max_prompt_length!r}"
             )
-        rows = self.template_check_rows
-        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
-            raise ValueError(f"data.format.template_check_rows must be an integer >= 0, got {rows!r}")
         if self.on_long_prompt not in ("error", "truncate"):
             raise ValueError(f"data.format.on_long_prompt must be 'error' or 'truncate', got {self.on_long_prompt!r}")
 
@@ -268,6 +280,7 @@ class RecordBuilder:
         self._warned_characters = True
         first = next(t for t in texts if any(c in lost for c in t))
         fed = "".join(c for c in first if c not in lost)
+        # a transformers tokenizer (third-party)
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         rank_zero_warn(
             f"the tokenizer {name} cannot encode {', '.join(map(repr, lost))} of the prompts and answers of {source}: "
@@ -294,5 +307,5 @@ def unencodable_characters(tokenizer: Any, texts: list[str]) -> list[str]:
     if not chars:
         return []
     ids = tokenizer(chars, add_special_tokens=False)["input_ids"]  # one list per character
-    unk = getattr(tokenizer, "unk_token_id", None)
+    unk = getattr(tokenizer, "unk_token_id", None)  # a transformers tokenizer (third-party)
     return [c for c, i in zip(chars, ids) if not i or (unk is not None and list(i) == [unk])]

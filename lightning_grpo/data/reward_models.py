@@ -59,7 +59,7 @@ def _load_config(model: Any):
         config = AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as err:
         raise ValueError(f"kwargs.model {model!r} is not a model directory with a config.json: {err}") from None
-    architectures = list(getattr(config, "architectures", None) or [])
+    architectures = list(getattr(config, "architectures", None) or [])  # a transformers config (third-party)
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise ValueError(
             f"kwargs.model {model!r} is a {architectures[0]} checkpoint, not a sequence classifier "

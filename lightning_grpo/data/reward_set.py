@@ -143,7 +143,7 @@ def _uses_trl(spec: RewardSpec, fn: RewardFn) -> bool | None:
     says (TRL's way when a batch's prompts are chat messages)."""
     if spec.convention != "auto":
         return spec.convention == "trl"
-    module = getattr(fn, "__module__", None) or ""
+    module = getattr(fn, "__module__", None) or ""  # a user's reward function
     if module == "trl" or module.startswith("trl."):
         return True
     if module == "lightning_grpo" or module.startswith("lightning_grpo."):  # the package's own rewards read text
@@ -196,7 +196,7 @@ class RewardSet:
                 raise ValueError(
                     f"reward {spec.label!r}: unknown kwargs {unknown}; its named parameters are {sorted(params.named)}"
                 )
-            check = getattr(fn, "validate_kwargs", None)
+            check = getattr(fn, "validate_kwargs", None)  # a reward is any callable: the hook is optional
             if check is not None:
                 check(**spec.kwargs)
         #: Timed-out calls per function name since construction (``on_timeout="zero"``).
@@ -216,7 +216,7 @@ class RewardSet:
         (``fn.totals()``, e.g. ``llm_judge``'s ``judge_failures``) as ``{prefix}{name}/{key}``."""
         out = self.timeout_totals(prefix)
         for spec, fn in zip(self.specs, self.fns):
-            counters = getattr(fn, "totals", None)
+            counters = getattr(fn, "totals", None)  # a reward is any callable: the counters are optional
             if callable(counters):
                 out.update({f"{prefix}{spec.label}/{key}": float(v) for key, v in counters().items()})
         return out
@@ -224,7 +224,7 @@ class RewardSet:
     def _check_inputs(self, completions: Sequence[str], columns: Mapping[str, Any]) -> None:
         batch = len(completions)
         for key, value in columns.items():
-            size = len(value) if hasattr(value, "__len__") else None
+            size = len(value) if hasattr(value, "__len__") else None  # a user's reward output
             if size != batch:
                 raise ValueError(
                     f"column {key!r} has {size} entries for {batch} completions; expected one per completion"
@@ -346,7 +346,7 @@ class RewardSet:
         if isinstance(out, torch.Tensor):
             out = out.tolist()
         expected = len(completions)
-        if isinstance(out, (str, bytes, Mapping)) or not hasattr(out, "__len__"):
+        if isinstance(out, (str, bytes, Mapping)) or not hasattr(out, "__len__"):  # a user's reward output
             raise RewardError(
                 f"reward function {label!r} returned a {type(out).__name__}; expected a list of {expected} numbers"
             )

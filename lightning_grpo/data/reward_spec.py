@@ -92,7 +92,7 @@ class RewardSpec:
         if self.alias:
             return self.alias
         if callable(self.name):
-            return getattr(self.name, "__name__", type(self.name).__name__)
+            return getattr(self.name, "__name__", type(self.name).__name__)  # a user's reward callable
         return re.split(r"[.:]", self.name)[-1]
 
 

@@ -11,6 +11,7 @@ token's loss weight, 0 off the assistant turns).
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from .chat_prefix import rewrite_warning
 from .datamodule import PromptDataModule
-from .records import PromptFormat
+from .records import PromptFormat, RowFormat
 from .sft_format import INPUT_IDS, LOSS_MASK, SFTFormat
 from .sources import DataSource
 
@@ -31,6 +32,47 @@ SFT_CONSEQUENCE = (
 )
 
 
+@dataclass
+class SFTFormatSettings(RowFormat):
+    """How rows become SFT examples (``data.format`` of `SFTDataModule`): `RowFormat`'s columns, mapping hook and
+    chat template, the transcript columns, the last turn's weight and the example length limit.
+
+    ``answer_column`` is the answer the policy is taught to give (it cannot be null); with ``use_chat_template``
+    the answer is the assistant turn, without it the prompt tokens come as GRPO feeds them, then the answer and
+    EOS. With ``chat_template_kwargs: {enable_thinking: false}`` Qwen3's generation prompt and last turn share the
+    empty ``<think>`` block, which falls outside the loss.
+    """
+
+    messages_column: str = "messages"
+    """Column of whole chat transcripts (used instead of prompt / answer when the rows hold it; needs
+    ``use_chat_template``)."""
+    tools_column: str = "tools"
+    """Column of the tool schemas a transcript's template announces (optional)."""
+    last_turn_weight: float = 1.0
+    """Loss weight of the last assistant turn's tokens (the other assistant tokens weigh 1; the loss is the
+    weighted token mean): above 1, a transcript's final answer counts for more than the tool-call text before
+    it (ms-swift's ``loss_scale``). 1: every assistant token alike."""
+    max_length: int | None = None
+    """Longest example in tokens (an error names a longer row); ``None`` for no limit."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.answer_column is None:
+            raise ValueError("data.format.answer_column names the answer SFT teaches; it cannot be null")
+        for name in ("messages_column", "tools_column"):
+            if not (isinstance(getattr(self, name), str) and getattr(self, name)):
+                raise ValueError(f"data.format.{name} must name a column, got {getattr(self, name)!r}")
+        max_length = self.max_length
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+        ):
+            raise ValueError(f"data.format.max_length must be a positive integer or null, got {max_length!r}")
+
+    def prompt_format(self) -> PromptFormat:
+        """The `PromptFormat` with these columns, hook and template (no prompt limit): how the rows are read."""
+        return PromptFormat(**{f.name: getattr(self, f.name) for f in fields(RowFormat)})
+
+
 class SFTDataModule(PromptDataModule):
     """Supervised examples, tokenized once with the policy's tokenizer (guide: docs/guide/sft.md).
 
@@ -39,20 +81,8 @@ class SFTDataModule(PromptDataModule):
     ``val_fraction``, ``shuffle`` and ``seed`` are as in ``PromptDataModule``.
 
     Args:
-        format: The prompt and answer columns, mapping hook and chat template, as ``PromptDataModule``'s
-            (`PromptFormat`): ``answer_column`` is the answer the policy
-            is taught to give; with ``use_chat_template`` the answer is the assistant turn, without it the
-            prompt tokens come as GRPO feeds them, then the answer and EOS. With
-            ``chat_template_kwargs: {enable_thinking: false}`` Qwen3's generation prompt and last turn share
-            the empty ``<think>`` block, which falls outside the loss. Its ``max_prompt_length`` /
-            ``on_long_prompt`` do not apply (``max_length`` limits a whole example).
-        messages_column: Column of whole chat transcripts (used instead of prompt / answer when the
-            rows hold it; needs ``format.use_chat_template``).
-        tools_column: Column of the tool schemas a transcript's template announces (optional).
-        last_turn_weight: Loss weight of the last assistant turn's tokens (the other assistant tokens weigh 1;
-            the loss is the weighted token mean): above 1, a transcript's final answer counts for more than
-            the tool-call text before it (ms-swift's ``loss_scale``). Default 1: every assistant token alike.
-        max_length: Longest example in tokens (an error names a longer row); ``None`` for no limit.
+        format: How rows become examples (`SFTFormatSettings`): the prompt, answer and transcript columns,
+            mapping hook and chat template, the last assistant turn's loss weight and the example length limit.
     """
 
     def __init__(
@@ -63,58 +93,40 @@ class SFTDataModule(PromptDataModule):
         val_files: str | list[str] | None = None,
         test_files: str | list[str] | None = None,
         tokenizer_path: str | None = None,
-        format: PromptFormat = PromptFormat(),  # noqa: B008 - a settings value shown by --help, read and never mutated
-        messages_column: str = "messages",
-        tools_column: str = "tools",
-        last_turn_weight: float = 1.0,
-        max_length: int | None = None,
+        format: SFTFormatSettings = SFTFormatSettings(),  # noqa: B008 - a settings value shown by --help, read and never mutated
         batch_size: int = 8,
         val_batch_size: int | None = None,
         val_fraction: float | None = None,
         shuffle: bool = True,
         seed: int = 0,
     ) -> None:
-        changed = [
-            n
-            for n, v, d in (
-                ("max_prompt_length", format.max_prompt_length, None),
-                ("on_long_prompt", format.on_long_prompt, "error"),
-            )
-            if v != d
-        ]
-        if changed:
-            raise ValueError(
-                f"data.format.{changed[0]} limits RL prompts; an SFT example is limited by data.max_length"
-            )
-        if format.answer_column is None:
-            raise ValueError("data.format.answer_column names the answer SFT teaches; it cannot be null")
-        if max_length is not None and (
-            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
-        ):
-            raise ValueError(f"data.max_length must be a positive integer or null, got {max_length!r}")
+        if not isinstance(format, SFTFormatSettings):
+            raise TypeError(f"data.format must be a lightning_grpo.SFTFormatSettings, got {type(format).__name__}")
         super().__init__(
             source,
             train_files=train_files,
             val_files=val_files,
             test_files=test_files,
             tokenizer_path=tokenizer_path,
-            format=format,
+            format=format.prompt_format(),
             batch_size=batch_size,
             val_batch_size=val_batch_size,
             val_fraction=val_fraction,
             shuffle=shuffle,
             seed=seed,
         )
+        if not callable(format.record_map):
+            self.hparams["format"] = asdict(format)  # plain values
         self._builder = SFTFormat(
             prompt_column=format.prompt_column,
             answer_column=format.answer_column,
-            messages_column=messages_column,
-            tools_column=tools_column,
+            messages_column=format.messages_column,
+            tools_column=format.tools_column,
             use_chat_template=format.use_chat_template,
             system_prompt=format.system_prompt,
-            max_length=max_length,
+            max_length=format.max_length,
             chat_template_kwargs=format.chat_template_kwargs,
-            last_turn_weight=last_turn_weight,
+            last_turn_weight=format.last_turn_weight,
         )
 
     def setup(self, stage: str | None = None) -> None:

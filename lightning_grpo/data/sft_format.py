@@ -38,7 +38,7 @@ INPUT_IDS, LOSS_MASK = "input_ids", "loss_mask"
 
 @dataclass
 class SFTFormat:
-    """How rows become supervised examples (``SFTDataModule``'s ``data.format`` fields and its own of the same names)."""
+    """How rows become supervised examples (the fields of ``SFTDataModule``'s ``data.format``, ``SFTFormatSettings``)."""
 
     prompt_column: str = "prompt"
     answer_column: str = "answer"
@@ -54,7 +54,7 @@ class SFTFormat:
         weight = self.last_turn_weight
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0 or weight == float("inf"):
             raise ValueError(
-                f"data.last_turn_weight must be a finite number > 0 (the last assistant turn's loss weight), got {weight!r}"
+                f"data.format.last_turn_weight must be a finite number > 0 (the last assistant turn's loss weight), got {weight!r}"
             )
 
     def kind(self, rows: list[dict[str, Any]], source: str) -> str:
@@ -65,7 +65,7 @@ class SFTFormat:
         if self.messages_column in present:
             if not self.use_chat_template:
                 raise ValueError(
-                    f"data.messages_column {self.messages_column!r} of {source} holds chat transcripts; set data.format.use_chat_template: true"
+                    f"data.format.messages_column {self.messages_column!r} of {source} holds chat transcripts; set data.format.use_chat_template: true"
                 )
             return "messages"
         missing = [c for c in (self.prompt_column, self.answer_column) if c not in present]
@@ -79,7 +79,7 @@ class SFTFormat:
                 if column in missing
             ]
             raise ValueError(
-                f"{source} has neither a data.messages_column {self.messages_column!r} (chat transcripts) nor the "
+                f"{source} has neither a data.format.messages_column {self.messages_column!r} (chat transcripts) nor the "
                 f"data.format.prompt_column {self.prompt_column!r} and data.format.answer_column {self.answer_column!r} (missing {missing}); "
                 f"columns present: {present}; {'; '.join(fixes)}"
             )
@@ -117,7 +117,7 @@ class SFTFormat:
             if not any(mask):
                 raise ValueError(f"{where} has no assistant tokens to train on (an empty answer, or no assistant turn)")
             if self.max_length is not None and len(ids) > self.max_length:
-                raise ValueError(f"{where} has {len(ids)} tokens, more than data.max_length={self.max_length}")
+                raise ValueError(f"{where} has {len(ids)} tokens, more than data.format.max_length={self.max_length}")
             examples.append({**row, INPUT_IDS: ids, LOSS_MASK: mask})
         return examples
 

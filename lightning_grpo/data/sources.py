@@ -77,7 +77,7 @@ class DataSource(ABC):
 # ------------------------------------------------------------------------------- in memory
 def dataset_rows(data: Any, field: str) -> list[dict[str, Any]]:
     """Rows of a ``datasets.Dataset`` or a list of dicts."""
-    if hasattr(data, "to_list"):
+    if hasattr(data, "to_list"):  # a Hugging Face datasets object (third-party)
         return data.to_list()
     if isinstance(data, Sequence) and all(isinstance(r, dict) for r in data):
         return [dict(r) for r in data]
@@ -182,7 +182,7 @@ class Rows(_SplitSource):
             )
         given = {"train": train, "val": val, "test": test}
         for split, data in given.items():
-            if data is not None and not hasattr(data, "to_list"):
+            if data is not None and not hasattr(data, "to_list"):  # a Hugging Face datasets object (third-party)
                 dataset_rows(data, f"data.source.{split}")  # a wrong type fails here, before any work
         super().__init__({s: _RowsSplit(d, f"data.source.{s}") if d is not None else None for s, d in given.items()})
 

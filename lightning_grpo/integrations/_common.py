@@ -1,4 +1,4 @@
-"""Helpers shared by the adapters: optional imports, import paths, coroutines from sync code."""
+"""Helpers shared by the adapters: optional imports, import paths, coroutines from sync code, session timeouts."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import functools
 import importlib
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -14,6 +15,34 @@ from lightning_grpo.core.registry import Registry
 from lightning_grpo.core.resolve import resolve_callable
 
 _NO_NAMES: Registry = Registry("adapter argument")  # adapters take import paths only
+
+
+@dataclass(frozen=True)
+class SessionTimeouts:
+    """How long a remote environment's session may take (``environment_args.timeouts``)."""
+
+    connect_s: float = 10.0
+    """Seconds to open a session."""
+    message_s: float = 60.0
+    """Seconds to wait for each reset / step answer."""
+
+    def __post_init__(self) -> None:
+        for name in ("connect_s", "message_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"timeouts.{name} must be a number of seconds > 0, got {value!r}")
+
+    @classmethod
+    def of(cls, value: SessionTimeouts | dict[str, float]) -> SessionTimeouts:
+        """``value`` as settings: an instance as is, a mapping of its fields (as a recipe writes it) built into one."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {"connect_s", "message_s"})
+            if unknown:
+                raise ValueError(f"timeouts: unknown field(s) {', '.join(unknown)}; valid: connect_s, message_s")
+            return cls(**value)
+        raise TypeError(f"timeouts must be a SessionTimeouts or a mapping of its fields, got {type(value).__name__}")
 
 
 def require(module: str, extra: str, what: str) -> ModuleType:

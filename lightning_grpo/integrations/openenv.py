@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from ..agents.environment import Environment, Messages, Step, Turn
 from ..data.records import dataset_row, is_chat
-from ._common import optional, require, resolve
+from ._common import SessionTimeouts, optional, require, resolve
 
 EXTRA = "openenv"
 _OBS_BOOKKEEPING = {"done", "reward", "metadata"}
@@ -49,9 +49,10 @@ class InvalidAction(ValueError):
 
 def _generic_arg(cls: type, origin_name: str, bound: type) -> type | None:
     """The first type argument of ``cls``'s ``origin_name[...]`` base that subclasses ``bound``."""
-    for klass in getattr(cls, "__mro__", ()):
-        for base in getattr(klass, "__orig_bases__", ()):
+    for klass in getattr(cls, "__mro__", ()):  # an OpenEnv class and its typing bases (third-party)
+        for base in getattr(klass, "__orig_bases__", ()):  # an OpenEnv class and its typing bases (third-party)
             origin = typing.get_origin(base)
+            # an OpenEnv class and its typing bases (third-party)
             if getattr(origin, "__name__", None) == origin_name:
                 for arg in typing.get_args(base):
                     if isinstance(arg, type) and issubclass(arg, bound):
@@ -62,7 +63,7 @@ def _generic_arg(cls: type, origin_name: str, bound: type) -> type | None:
 def _step_action(cls: type, bound: type) -> type | None:
     """The class of ``cls.step``'s action (first) parameter, from its type annotation, when it subclasses
     ``bound`` (an environment written as ``class X(Environment)``, as ``openenv init`` writes it)."""
-    step = getattr(cls, "step", None)
+    step = getattr(cls, "step", None)  # an OpenEnv class and its typing bases (third-party)
     params = list(inspect.signature(step).parameters.values())[1:] if callable(step) else []
     if not params:
         return None
@@ -96,7 +97,7 @@ def _text_field(action_cls: type, where: str) -> str:
 
 def default_observation_text(observation: Any) -> str:
     """An observation as text: its one field besides done / reward / metadata, else those fields as JSON."""
-    if hasattr(observation, "model_dump"):
+    if hasattr(observation, "model_dump"):  # an OpenEnv observation (pydantic, third-party)
         observation = observation.model_dump(exclude=_OBS_BOOKKEEPING)
     if not isinstance(observation, dict):
         return str(observation)
@@ -320,8 +321,8 @@ class OpenEnvClientEnvironment(_OpenEnvBase):
         base_url: the server (``http://127.0.0.1:8000``; ``ws://`` works too).
         client: the client class (or its import path): ``openenv.core.GenericEnvClient`` (plain
             dicts; set ``action_field``) or the environment's typed ``EnvClient`` subclass.
-        connect_timeout_s: seconds to open a session.
-        message_timeout_s: seconds to wait for each reset / step answer.
+        timeouts: seconds to open a session (``connect_s``) and to wait for each reset / step answer
+            (``message_s``): a `SessionTimeouts` or a mapping of its fields.
         action, action_field, action_from_text, observation_to_text, prompt_key, system_prompt,
             reset_kwargs, reset_columns, invalid_action: as in :class:`OpenEnvEnvironment`; the
             action class defaults to the typed client's ``EnvClient[Action, ...]`` parameter.
@@ -340,9 +341,9 @@ class OpenEnvClientEnvironment(_OpenEnvBase):
         reset_kwargs: dict[str, Any] | None = None,
         reset_columns: list[str] | None = None,
         invalid_action: Literal["message", "raise"] = "message",
-        connect_timeout_s: float = 10.0,
-        message_timeout_s: float = 60.0,
+        timeouts: SessionTimeouts | dict[str, float] = SessionTimeouts(),  # noqa: B008 - frozen settings, never mutated
     ) -> None:
+        self.timeouts = SessionTimeouts.of(timeouts)
         core = require("openenv.core", EXTRA, "OpenEnvClientEnvironment")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://", "ws://", "wss://")):
             raise ValueError(
@@ -356,7 +357,7 @@ class OpenEnvClientEnvironment(_OpenEnvBase):
         from pydantic import BaseModel
 
         self.action_cls = _generic_arg(self.client_cls, "EnvClient", BaseModel)
-        self.base_url, self.timeouts = base_url, (connect_timeout_s, message_timeout_s)
+        self.base_url = base_url
         self.client: Any = None
         super().__init__(
             action,
@@ -372,7 +373,7 @@ class OpenEnvClientEnvironment(_OpenEnvBase):
 
     def _reset(self, seed: int, kwargs: dict[str, Any]) -> Any:
         self.client = self.client_cls(
-            base_url=self.base_url, connect_timeout_s=self.timeouts[0], message_timeout_s=self.timeouts[1]
+            base_url=self.base_url, connect_timeout_s=self.timeouts.connect_s, message_timeout_s=self.timeouts.message_s
         ).sync()
         try:
             self.client.connect()

@@ -63,11 +63,11 @@ class TRLEnvironment(ToolEnvironment):
         make = resolve(factory, "TRLEnvironment.factory", "'my_pkg.envs.WordleEnv'")
         self.env = make(**dict(factory_args or {}))
         name = type(self.env).__name__
-        if not callable(getattr(self.env, "reset", None)):
+        if not callable(getattr(self.env, "reset", None)):  # a user's TRL environment (third-party contract)
             raise TypeError(
                 f"TRLEnvironment: {name} has no reset(**kwargs) method (TRL's environment_factory contract)"
             )
-        get_reward = getattr(self.env, "get_reward", None)
+        get_reward = getattr(self.env, "get_reward", None)  # a user's TRL environment (third-party contract)
         if get_reward is not None and not callable(get_reward):
             raise TypeError(f"TRLEnvironment: {name}.get_reward must be a method, got a {type(get_reward).__name__}")
         self._reset = synchronous(self.env.reset)

@@ -216,7 +216,7 @@ def taskset_reward_specs(taskset: Any, taskset_args: dict[str, Any] | None = Non
     return [
         RewardSpec(
             verifiers_reward,
-            weight=float(getattr(fn, "_vf_weight", 1.0)),
+            weight=float(getattr(fn, "_vf_weight", 1.0)),  # a verifiers reward function (third-party)
             kwargs={"reward": fn.__name__},
             alias=fn.__name__,
         )

@@ -200,14 +200,18 @@ def build_policy(weights: dict[str, torch.Tensor], info: dict[str, Any]) -> nn.M
         model = get_peft_model(model, LoraSettings(**info["lora"]).to_peft())
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
     missing = [
-        k for k in missing if not k.endswith("lm_head.weight") or not getattr(config, "tie_word_embeddings", False)
+        # a transformers / peft / bitsandbytes object (third-party)
+        k
+        for k in missing
+        if not k.endswith("lm_head.weight") or not getattr(config, "tie_word_embeddings", False)
     ]
     if missing or unexpected:
         raise ExportError(
             f"the checkpoint's policy does not match its stored config: missing {missing[:4]}, unexpected {unexpected[:4]}"
         )
+    # a transformers / peft / bitsandbytes object (third-party)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if getattr(config, "tie_word_embeddings", False):
+    if getattr(config, "tie_word_embeddings", False):  # a transformers / peft / bitsandbytes object (third-party)
         base.tie_weights()
     _materialise_buffers(base)
     return model.eval()
@@ -231,7 +235,7 @@ def _materialise_buffers(model: nn.Module) -> None:
     from a fresh instance of their module (transformers 5 rotary modules take only the config)."""
     for module in model.modules():
         meta = [name for name, buf in module.named_buffers(recurse=False) if buf.is_meta]
-        if not meta or not hasattr(module, "config"):
+        if not meta or not hasattr(module, "config"):  # a transformers / peft / bitsandbytes object (third-party)
             continue  # the weights export without them; only a forward on this policy needs them
         with torch.device("cpu"):
             fresh = type(module)(module.config)
@@ -240,6 +244,7 @@ def _materialise_buffers(model: nn.Module) -> None:
         for name, value in vars(fresh).items():  # plain tensor attributes some versions keep (original_inv_freq)
             if (
                 isinstance(value, torch.Tensor)
+                # a transformers / peft / bitsandbytes object (third-party)
                 and getattr(module, name, None) is not None
                 and getattr(module, name).is_meta
             ):

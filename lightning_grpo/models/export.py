@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -58,25 +58,36 @@ BASE_FOLDER = "base"
 
 
 # ------------------------------------------------------------------------ stored in checkpoints
-def export_info(module: Any, tokenizer: Any) -> dict[str, Any]:
+class ExportSource(Protocol):
+    """What `export_info` reads of a training module (the policy mixin of GRPOModule and SFTModule)."""
+
+    policy: Any
+    model_source: str | None
+    lora: Any
+    quantization: Any
+    policy_settings: Any
+
+
+def export_info(module: ExportSource, tokenizer: Any) -> dict[str, Any]:
     """What export needs besides the weights: the policy's HF config and generation config, the
     tokenizer's files (bytes; the chat template included), the LoRA settings and the model source."""
     policy = module.policy
-    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy  # a peft model's base
     info: dict[str, Any] = {
-        "model_source": getattr(module, "model_source", None),
+        "model_source": module.model_source,
         "lora": None,
         "tokenizer_files": {},
         "quantization": None,
         "dtype": module.policy_settings.dtype,
     }
-    if getattr(module, "lora", None) is not None:
+    if module.lora is not None:
         info["lora"] = asdict(module.lora)
-    if getattr(module, "quantization", None) is not None:  # QLoRA: the 4-bit layout is rebuilt from these on export
+    if module.quantization is not None:  # QLoRA: the 4-bit layout is rebuilt from these on export
         info["quantization"] = asdict(module.quantization)
+    # a transformers / peft / bitsandbytes object (third-party)
     if hasattr(base, "config") and hasattr(base.config, "to_dict"):
         info["config"] = {k: v for k, v in base.config.to_dict().items() if k != "quantization_config"}
-    generation = getattr(base, "generation_config", None)
+    generation = getattr(base, "generation_config", None)  # a transformers / peft / bitsandbytes object (third-party)
     if generation is not None and hasattr(generation, "to_dict"):
         info["generation_config"] = generation.to_dict()
     if tokenizer is not None:
@@ -141,8 +152,9 @@ def write_model_folder(
 
 
 def _write_merged(policy: nn.Module, folder: Path, dtype: str | None, weights: Iterable | None) -> None:
+    # a transformers / peft / bitsandbytes object (third-party)
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-    if not hasattr(base, "save_pretrained"):
+    if not hasattr(base, "save_pretrained"):  # a transformers / peft / bitsandbytes object (third-party)
         raise ExportError(f"the policy ({type(base).__name__}) is not a Hugging Face model (no save_pretrained)")
     save_dense(policy, folder, weights=weights, dtype=dtype)
 
@@ -167,6 +179,7 @@ def save_dense(
 
     from .weights import policy_weights_for_engine
 
+    # a transformers / peft / bitsandbytes object (third-party)
     base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
     target = getattr(torch, dtype) if dtype is not None else None
     pairs = policy_weights_for_engine(policy) if weights is None else weights
@@ -182,6 +195,7 @@ def save_dense(
     with _save_on_every_rank(writer):
         writer.save_pretrained(folder, state_dict=state, safe_serialization=True)
     _set_config_dtype(Path(folder) / "config.json", used)
+    # a transformers / peft / bitsandbytes object (third-party)
     if not (Path(folder) / "generation_config.json").exists() and getattr(base, "generation_config", None) is not None:
         base.generation_config.save_pretrained(folder)
 
@@ -190,7 +204,7 @@ def save_dense(
 def _save_on_every_rank(model: nn.Module) -> Iterator[None]:
     """transformers' ``save_pretrained`` writes nothing on torch.distributed ranks other than 0
     (``should_save_on_this_rank``); lift that: the caller chose the rank that writes."""
-    if not hasattr(model, "should_save_on_this_rank"):
+    if not hasattr(model, "should_save_on_this_rank"):  # a transformers / peft / bitsandbytes object (third-party)
         yield
         return
     model.should_save_on_this_rank = lambda is_main_process: True
@@ -201,7 +215,7 @@ def _save_on_every_rank(model: nn.Module) -> Iterator[None]:
 
 
 def _write_adapter(policy: nn.Module, folder: Path, dtype: str | None, base_model: str | None) -> None:
-    if not hasattr(policy, "peft_config"):
+    if not hasattr(policy, "peft_config"):  # a transformers / peft / bitsandbytes object (third-party)
         raise ExportError("--adapter exports a LoRA adapter, but the policy was trained without model.policy.lora")
     policy.save_pretrained(folder, safe_serialization=True)
     config_file = folder / "adapter_config.json"
@@ -225,6 +239,7 @@ def _write_base(policy: nn.Module, tokenizer: Any, folder: Path, dtype: str | No
     originals = {
         f"{name}.{key}": tensor
         for name, module in base.named_modules()
+        # a transformers / peft / bitsandbytes object (third-party)
         if hasattr(module, "original_module") and hasattr(module, "modules_to_save")
         for key, tensor in module.original_module.state_dict().items()
     }

@@ -46,6 +46,7 @@ def shard_policy(model: nn.Module, mesh: Any) -> nn.Module:
     (the data-parallel dimension). Returns the (same, now sharded) model."""
     from torch.distributed.fsdp import fully_shard
 
+    # a transformers / peft / bitsandbytes object (third-party)
     layers = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
     if layers is None:
         raise TypeError(

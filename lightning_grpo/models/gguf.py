@@ -70,6 +70,6 @@ def load_dequantized(gguf: Path):
     # transformers marks a model read from GGUF as quantized and refuses to save it: the weights are plain floats now
     model.hf_quantizer = None
     model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
+    if hasattr(model.config, "quantization_config"):  # a transformers / peft / bitsandbytes object (third-party)
         del model.config.quantization_config
     return model, tokenizer

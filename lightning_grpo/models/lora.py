@@ -68,7 +68,7 @@ def adaptable_module_names(model: nn.Module) -> list[str]:
     in the model's order."""
     found: dict[str, None] = {}
     for name, module in model.named_modules():
-        weight = getattr(module, "weight", None)
+        weight = getattr(module, "weight", None)  # a transformers / peft / bitsandbytes object (third-party)
         if name and not any(True for _ in module.children()) and isinstance(weight, torch.Tensor) and weight.dim() >= 2:
             found.setdefault(name.rsplit(".", 1)[-1], None)
     return list(found)

@@ -127,7 +127,7 @@ def keep_float_kernels(model: nn.Module) -> None:
     """Stop bitsandbytes from repacking ``model``'s 4-bit layers for its bfloat16 CPU kernel
     (see the module docstring); on GPU the flag is unused."""
     for module in model.modules():
-        if hasattr(module, "support_avx512bf16_for_cpu"):
+        if hasattr(module, "support_avx512bf16_for_cpu"):  # a transformers / peft / bitsandbytes object (third-party)
             module.support_avx512bf16_for_cpu = False
 
 
@@ -202,6 +202,7 @@ def take_quant_state(checkpoint_state: dict[str, torch.Tensor], module: nn.Modul
 def is_quantized(param: torch.Tensor) -> bool:
     """True for a bitsandbytes 4-bit weight (``Params4bit`` with its quantisation state): the one
     check (the weight push and the model-folder writer dequantise exactly these)."""
+    # a transformers / peft / bitsandbytes object (third-party)
     return getattr(param, "quant_state", None) is not None
 
 
@@ -212,7 +213,7 @@ def dequantized(param: torch.Tensor, name: str) -> torch.Tensor:
     Raises a ValueError naming the parameter if bitsandbytes repacked it for its CPU inference
     kernel (scales rounded to bfloat16: the policy no longer computes with the weights it trains on)."""
     state = param.quant_state
-    if getattr(state, "packing_format_for_cpu", False):
+    if getattr(state, "packing_format_for_cpu", False):  # a transformers / peft / bitsandbytes object (third-party)
         raise ValueError(
             f"{name} was repacked by bitsandbytes for its bfloat16 CPU kernel (an eval-mode forward without "
             "gradients), which rounds its scales and passes no gradient to the layer's input: load the model with "

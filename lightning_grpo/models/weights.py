@@ -60,6 +60,7 @@ def _unwrap_peft(model: nn.Module) -> nn.Module:
     """The HF model inside a ``torch.compile`` and/or peft wrapper (``PeftModel.base_model.model``)."""
     model = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
     # any class of the MRO: FSDP2's fully_shard swaps the class for FSDP<cls>, defined in torch's module
+    # a transformers / peft / bitsandbytes object (third-party)
     if any(c.__module__.startswith("peft.") for c in type(model).__mro__) and hasattr(model, "get_base_model"):
         return model.get_base_model()
     return model
@@ -138,6 +139,7 @@ def _merged_lora_tensor(layer: nn.Module, name: str, param: torch.Tensor, prefix
     if layer.disable_adapters or layer.merged or name not in ("weight", "bias"):
         return tensor
     for adapter in layer.active_adapters:
+        # a transformers / peft / bitsandbytes object (third-party)
         if adapter not in layer.lora_A and adapter not in getattr(layer, "lora_embedding_A", {}):
             continue  # this adapter does not touch this layer
         if name == "bias":

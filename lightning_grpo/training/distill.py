@@ -175,7 +175,7 @@ class Distiller:
         if isinstance(spec, nn.Module):
             return spec.eval().requires_grad_(False)
         if spec == "base" or spec.startswith("adapter:"):
-            if not hasattr(self.ctx.policy(), "disable_adapter"):
+            if not hasattr(self.ctx.policy(), "disable_adapter"):  # a transformers / peft model (third-party)
                 raise ValueError(
                     f"{where} = {spec!r} needs a LoRA policy (model.policy.lora): the teacher is the policy's base model"
                 )
@@ -362,7 +362,9 @@ def check_teacher(where: str, spec: TeacherSpec, teacher: nn.Module, tokenizer: 
                 f"{where} {spec!r} has another tokenizer than the student's ({len(differ)} tokens differ, {example}): "
                 "on-policy distillation scores the student's token ids with the teacher, so both must share one tokenizer"
             )
+    # a transformers / peft model (third-party)
     head = teacher.get_output_embeddings() if hasattr(teacher, "get_output_embeddings") else None
+    # a transformers / peft model (third-party)
     rows = head.weight.shape[0] if head is not None else getattr(getattr(teacher, "config", None), "vocab_size", None)
     if rows is not None and rows < len(tokenizer):
         raise ValueError(

@@ -13,7 +13,7 @@ from functools import partial
 
 from torch import nn
 
-from ..core import LOGPROBS, TokenLogProbs, logprobs_from_logits
+from ..core import LOGPROBS, TokenLogProbs
 from ..core.batch import RolloutBatch
 from ..models.fsdp import run_as_forward
 from .packing import packed_token_logprobs, padded_token_logprobs, sampled_positions
@@ -32,15 +32,17 @@ def layout_token_logprobs(
     the chunked path keeps its softmax for backward, :func:`~lightning_grpo.core.logprobs.logprobs_from_hidden`).
     Every path gives 0 where no token was sampled (padding, environment tokens): the chunked path never runs the
     LM head there."""
-    score = LOGPROBS.get(forward.logprob_path)
-    if score.reads == "hidden" and not (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
-        score = logprobs_from_logits  # no decoder / LM head to call apart: the model's own logits
+    score = LOGPROBS.variant(forward.logprob_path)
+    # a transformers model's methods: without a decoder / LM head to call apart, score the model's own logits
+    # a transformers model (third-party)
+    if score.spec.reads == "hidden" and not (hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
+        score = LOGPROBS.variant("logits")
     plan = choose_layout(model, batch, forward.packing, forward.prefix_sharing)
     fn = padded_token_logprobs if plan is None else partial(packed_token_logprobs, plan=plan)
     kwargs = dict(
         score=score, compute_entropy=compute_entropy, chunk_size=forward.chunk_size, save_probs=forward.save_probs
     )
-    if score.reads == "hidden":  # decoder and LM head called directly: run them as a root forward for FSDP2
+    if score.spec.reads == "hidden":  # decoder and LM head called directly: run them as a root forward for FSDP2
         return run_as_forward(model, fn, model, batch, **kwargs)
     out = fn(model, batch, **kwargs)
     keep = sampled_positions(batch)  # [B, Lc]

@@ -108,7 +108,7 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
             }
         )
         self.loss_fn = loss if loss is not None else GRPOLoss()
-        self._advantage_fn = ADVANTAGES.get(self.algorithm.advantage)
+        self._advantage = ADVANTAGES.variant(self.algorithm.advantage)
         self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(self.algorithm.reward_aggregation)
         #: the coefficient of KL in reward (``value``), fixed or adaptive (``algorithm.kl_in_reward``)
         self.kl_ctrl = self.algorithm.kl_in_reward.build()

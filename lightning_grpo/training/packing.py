@@ -20,7 +20,6 @@ loss and everything after it is unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 
 from ..core import TokenLogProbs
 from ..core.batch import RolloutBatch, position_ids
+from ..core.registry import Variant
 
 #: transformers attention backends that build their mask through ``create_causal_mask`` and so
 #: honour packed position ids.
@@ -137,7 +137,7 @@ def first_fit_decreasing(lengths: list[int], width: int) -> tuple[list[int], int
 
 def supports_packing(model: nn.Module) -> bool:
     """An HF model whose attention backend honours packed position ids."""
-    config = getattr(model, "config", None)
+    config = getattr(model, "config", None)  # a transformers model or config (third-party)
     return getattr(config, "_attn_implementation", None) in PACKED_ATTENTION and hasattr(model, "get_decoder")
 
 
@@ -151,6 +151,7 @@ def choose_plan(model: nn.Module, batch: RolloutBatch, mode: PackingMode) -> Pac
         return None
     if not supports_packing(model):
         if mode == "on":
+            # a transformers model or config (third-party)
             attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
             raise ValueError(
                 f"GRPOModule packing='on' needs a Hugging Face causal LM whose attention is one of {PACKED_ATTENTION}; "
@@ -178,22 +179,22 @@ def padded_token_logprobs(
     model: nn.Module,
     batch: RolloutBatch,
     *,
-    score: Callable,
+    score: Variant,
     compute_entropy: bool,
     chunk_size: int,
     save_probs: bool = False,
 ) -> TokenLogProbs:
     """Completion log-probs (and entropy) of ``batch`` from the padded ``[B, L]`` forward, ``[B, Lc]``, scored by
-    ``score`` (a ``LOGPROBS`` entry). One that reads hidden states (``chunked_hidden``): decoder, then the LM head in
+    ``score`` (a ``LOGPROBS`` variant). One that reads hidden states (``chunked_hidden``): decoder, then the LM head in
     chunks (the [B, Lc, V] logits never exist); one that reads logits: the model's own forward, HF models asked for
     the completion logits only (``logits_to_keep``)."""
     ids, lp = batch.input_ids, batch.prompt_length  # [B, L]
     pos = position_ids(batch.attention_mask)  # [B, L]
-    if score.reads == "hidden":
+    if score.spec.reads == "hidden":
         out = model.get_decoder()(input_ids=ids, attention_mask=batch.attention_mask, position_ids=pos, use_cache=False)
         head = model.get_output_embeddings()
         keep = sampled_positions(batch)  # [B, Lc] the head skips padding and environment tokens
-        res = score(
+        res = score.fn(
             out.last_hidden_state[:, lp - 1 : -1][keep],  # [N, H] states that predict the sampled tokens
             head.weight,
             ids[:, lp:][keep],
@@ -205,7 +206,7 @@ def padded_token_logprobs(
         )
         return TokenLogProbs(_scatter(keep, res.logp), _scatter(keep, res.entropy) if compute_entropy else None)
     logits = padded_completion_logits(model, batch)  # [B, Lc, V]
-    return score(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
+    return score.fn(logits, ids[:, lp:], temperature=batch.temperature, compute_entropy=compute_entropy)
 
 
 def padded_completion_logits(model: nn.Module, batch: RolloutBatch) -> Tensor:
@@ -213,6 +214,7 @@ def padded_completion_logits(model: nn.Module, batch: RolloutBatch) -> Tensor:
     models are asked for the completion logits only, ``logits_to_keep``). Also GKD's full distributions."""
     ids, lp = batch.input_ids, batch.prompt_length  # [B, L]
     keep = ids.shape[1] - lp + 1
+    # a transformers model or config (third-party)
     kwargs = {"logits_to_keep": keep} if hasattr(model, "get_output_embeddings") else {}
     logits = model(
         input_ids=ids, attention_mask=batch.attention_mask, position_ids=position_ids(batch.attention_mask), **kwargs
@@ -225,13 +227,13 @@ def packed_token_logprobs(
     batch: RolloutBatch,
     *,
     plan: PackPlan,
-    score: Callable,
+    score: Variant,
     compute_entropy: bool,
     chunk_size: int,
     save_probs: bool = False,
 ) -> TokenLogProbs:
     """Completion log-probs (and entropy) of ``batch`` from one packed forward, in the padded
-    ``[B, Lc]`` layout (0 on padding), scored by ``score`` (a ``LOGPROBS`` entry). Reading hidden states: decoder,
+    ``[B, Lc]`` layout (0 on padding), scored by ``score`` (a ``LOGPROBS`` variant). Reading hidden states: decoder,
     then the LM head in chunks on the real completion tokens only; reading logits: the model's own forward (what
     FSDP2 / ZeRO-3 gather in)."""
     ids = plan.pack(batch.input_ids)  # [R, W]
@@ -240,11 +242,11 @@ def packed_token_logprobs(
     )
     pred = plan.predictor_index()  # [Nc]
     targets = plan.completion_tokens(batch.completion_ids)  # [Nc]
-    if score.reads == "hidden":
+    if score.spec.reads == "hidden":
         hidden = model.get_decoder()(**kwargs).last_hidden_state  # [R, W, H]
         head = model.get_output_embeddings()
         keep = plan.completion_tokens(sampled_positions(batch))  # [Nc] the head skips environment tokens
-        res = score(
+        res = score.fn(
             hidden.reshape(-1, hidden.shape[-1])[pred[keep]],  # [N, H]
             head.weight,
             targets[keep],
@@ -258,6 +260,6 @@ def packed_token_logprobs(
     else:
         logits = model(**kwargs).logits  # [R, W, V]
         logits = logits.reshape(-1, logits.shape[-1])[pred]  # [Nc, V]
-        out = score(logits, targets, temperature=batch.temperature, compute_entropy=compute_entropy)
+        out = score.fn(logits, targets, temperature=batch.temperature, compute_entropy=compute_entropy)
     entropy = plan.scatter_completion(out.entropy) if compute_entropy else None
     return TokenLogProbs(plan.scatter_completion(out.logp), entropy)  # [B, Lc] each

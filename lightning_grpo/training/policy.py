@@ -52,6 +52,7 @@ class PolicyMixin:
         self._model_source = resolve_model_source(model) if isinstance(model, str) and not builtin else None
         self.policy = model if isinstance(model, nn.Module) else None
         # a transformers model given as an object remembers the folder or hub id it was loaded from
+        # a transformers model (third-party)
         self._given_from = (getattr(model, "name_or_path", None) or None) if isinstance(model, nn.Module) else None
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
@@ -87,8 +88,9 @@ class PolicyMixin:
         """Load (or wrap) the policy once, enable gradient checkpointing, and put it in train mode."""
         if self.policy is None:
             self.policy = self._load_policy()
-        elif self.lora is not None and not hasattr(self.policy, "disable_adapter"):
+        elif self.lora is not None and not hasattr(self.policy, "disable_adapter"):  # a peft model (third-party)
             self.policy = apply_lora(self.policy, self.lora)
+        # a transformers model (third-party)
         if self.policy_settings.gradient_checkpointing and hasattr(self.policy, "gradient_checkpointing_enable"):
             self.policy.gradient_checkpointing_enable()
         self.policy.train()  # from_pretrained returns eval mode and Lightning leaves it so
@@ -119,6 +121,7 @@ class PolicyMixin:
         trainer = self.attached_trainer
         datamodule = trainer.datamodule if trainer is not None else None
         if self.policy is not None:
+            # a user's LightningDataModule may hold no tokenizer
             checkpoint[EXPORT_KEY] = export_info(self, getattr(datamodule, "tokenizer", None))
 
     def _load_quant_state(self, checkpoint: dict[str, Any]) -> None:

@@ -113,7 +113,7 @@ class SharedPrefixPlan(PackPlan):
         allowed = (seg[:, :, None] == seg[:, None, :]) & visible & causal  # [R, W, W]
         allowed = allowed[:, None]  # [R, 1, W, W]
         if attention_backend(model) == "eager":
-            dtype = getattr(model, "dtype", torch.float32)
+            dtype = getattr(model, "dtype", torch.float32)  # a transformers model or config (third-party)
             return torch.zeros(allowed.shape, dtype=dtype, device=seg.device).masked_fill_(
                 ~allowed, torch.finfo(dtype).min
             )
@@ -121,18 +121,20 @@ class SharedPrefixPlan(PackPlan):
 
 
 def attention_backend(model: nn.Module) -> str | None:
+    # a transformers model or config (third-party)
     return getattr(getattr(model, "config", None), "_attn_implementation", None)
 
 
 def supports_prefix_sharing(model: nn.Module) -> bool:
     """An HF decoder with sdpa / eager attention and no sliding-window layer (a custom 4D mask
     replaces the model's own, window included)."""
-    config = getattr(model, "config", None)
+    config = getattr(model, "config", None)  # a transformers model or config (third-party)
     if attention_backend(model) not in SHARED_ATTENTION or not hasattr(model, "get_decoder"):
         return False
-    layer_types = getattr(config, "layer_types", None)
+    layer_types = getattr(config, "layer_types", None)  # a transformers model or config (third-party)
     if layer_types is not None:
         return all(t == "full_attention" for t in layer_types)
+    # a transformers model or config (third-party)
     return getattr(config, "sliding_window", None) is None or getattr(config, "use_sliding_window", True) is False
 
 
@@ -140,7 +142,7 @@ def forward_cost(model: nn.Module, rows: int, width: int) -> float:
     """Multiply-adds of a decoder forward over ``rows`` x ``width`` slots with a dense attention mask,
     per layer: projections and MLP per slot (4 h^2 + 3 h f), scores and weighted values per slot pair
     of a row (2 h). A model without these config fields counts slots only."""
-    config = getattr(model, "config", None)
+    config = getattr(model, "config", None)  # a transformers model or config (third-party)
     h, f = getattr(config, "hidden_size", 0), getattr(config, "intermediate_size", 0)
     if not h:
         return float(rows * width)

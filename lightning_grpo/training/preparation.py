@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from ..core import KL_ESTIMATORS, GRPOLoss, masked_sum
 from ..core.batch import RolloutBatch
 from ..core.kl import kl_penalty_in_reward
+from ..core.registry import Variant
 from .settings import AlgorithmSettings
 
 
@@ -32,7 +33,7 @@ class RolloutPreparationMixin:
     kl_ctrl: Any
     reference_mode: str
     uses_reference: bool
-    _advantage_fn: Callable
+    _advantage: Variant
     _reward_aggregation_fn: Callable
     _reward_kl: float
     _reward_kl_coef: float
@@ -52,11 +53,11 @@ class RolloutPreparationMixin:
         scored: Tensor | None = None,
     ) -> Tensor:
         """rewards [B, R] (one column per reward function), weights [R] -> advantages [B]. ``lengths``
-        [B] (completion tokens) go to an estimator marked ``needs_lengths`` (opo). ``scored`` [B] bool:
+        [B] (completion tokens) go to an estimator whose spec says ``needs_lengths`` (opo). ``scored`` [B] bool:
         the rows some reward function scored (None: all); with ``algorithm.unscored: exclude`` the others
         are left out of the group statistics and get 0."""
         params = dict(self.algorithm.advantage_args or {})
-        if getattr(self._advantage_fn, "needs_lengths", False):
+        if self._advantage.spec.needs_lengths:
             params["lengths"] = lengths
         if self.algorithm.unscored == "exclude" and scored is not None and not bool(scored.all()):
             params["scored"] = scored

@@ -119,8 +119,38 @@ class AlgorithmSettings:
 
 
 @dataclass
-class PolicySettings:
-    """How the policy (and its reference) is loaded and trained.
+class SFTPolicySettings:
+    """How the policy is loaded and trained by `SFTModule` (GRPO's `PolicySettings` adds its reference).
+
+    Example:
+        ```python
+        from lightning_grpo import LoraSettings, SFTModule, SFTPolicySettings
+
+        module = SFTModule(model="Qwen/Qwen2.5-0.5B-Instruct", policy=SFTPolicySettings(lora=LoraSettings(r=16)))
+        ```
+    """
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The dtype to load a model path in."""
+    lora: LoraSettings | None = None
+    """LoRA settings, or None for full fine-tuning."""
+    quantization: QuantizationSettings | None = None
+    """QLoRA: the base model's linear layers in 4 bits (bitsandbytes nf4 / fp4; needs ``lora`` and a model path).
+    Engines get the dequantised weights."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward (saves memory)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):
+            self.lora = LoraSettings(**self.lora)
+        if isinstance(self.quantization, dict):
+            self.quantization = QuantizationSettings(**self.quantization)
+        _check_choice("model.policy.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+
+
+@dataclass
+class PolicySettings(SFTPolicySettings):
+    """How the policy (and its reference) is loaded and trained: `SFTPolicySettings`' fields and ``reference``.
 
     Example:
         ```python
@@ -136,25 +166,12 @@ class PolicySettings:
         ```
     """
 
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """The dtype to load a model path in."""
-    lora: LoraSettings | None = None
-    """LoRA settings, or None for full fine-tuning."""
-    quantization: QuantizationSettings | None = None
-    """QLoRA: the base model's linear layers in 4 bits (bitsandbytes nf4 / fp4; needs ``lora`` and a model path).
-    Engines get the dequantised weights."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward (saves memory)."""
     reference: Literal["auto", "none", "copy", "adapter"] = "auto"
     """The reference model: ``auto`` (none when no KL is used, the adapter-disabled model with LoRA, a frozen copy
-    otherwise), or force ``none`` / ``copy`` / ``adapter``. GRPOModule only."""
+    otherwise), or force ``none`` / ``copy`` / ``adapter``."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.lora, dict):
-            self.lora = LoraSettings(**self.lora)
-        if isinstance(self.quantization, dict):
-            self.quantization = QuantizationSettings(**self.quantization)
-        _check_choice("model.policy.dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        super().__post_init__()
         _check_choice("model.policy.reference", self.reference, ("auto", "none", "copy", "adapter"))
         if self.reference == "adapter" and self.lora is None:
             raise ValueError(
@@ -163,8 +180,9 @@ class PolicySettings:
 
 
 @dataclass
-class ForwardSettings:
-    """The layout of the policy, reference, old and teacher forwards (docs/evidence/performance.md): same numbers, other costs."""
+class SFTForwardSettings:
+    """The layout of `SFTModule`'s forward (docs/evidence/performance.md): same numbers, other costs. GRPO's
+    `ForwardSettings` adds prompt sharing and the no-grad passes."""
 
     logprob_path: Literal["chunked_hidden", "logits"] = "chunked_hidden"
     """``LOGPROBS`` entry: ``chunked_hidden`` (decoder, then the LM head in chunks: the full logits never exist; run as
@@ -178,11 +196,6 @@ class ForwardSettings:
     packing: Literal["auto", "on", "off"] = "auto"
     """Padding-free packed rows (``lightning_grpo.training.packing``): ``auto`` when the model supports it and it saves
     at least a quarter; ``on`` / ``off`` force it."""
-    prefix_sharing: Literal["auto", "on", "off"] = "auto"
-    """Each prompt computed once per micro-batch, its keys / values shared by its group's completions
-    (``lightning_grpo.training.prefix``, sdpa / eager attention); ``auto`` / ``on`` / ``off`` as ``packing``. GRPOModule only."""
-    rows_per_pass: int = 64
-    """Rows per no-grad forward (reference, old and teacher log-probs). GRPOModule only."""
 
     def __post_init__(self) -> None:
         if self.logprob_path not in LOGPROBS:
@@ -190,11 +203,26 @@ class ForwardSettings:
                 f"model.forward.logprob_path: unknown {LOGPROBS.kind} {self.logprob_path!r}; valid names: {', '.join(LOGPROBS.names())}"
             )
         _check_choice("model.forward.packing", self.packing, MODES)
+        if not (isinstance(self.chunk_size, int) and self.chunk_size >= 1):
+            raise ValueError(f"model.forward.chunk_size must be an integer >= 1, got {self.chunk_size!r}")
+
+
+@dataclass
+class ForwardSettings(SFTForwardSettings):
+    """The layout of the policy, reference, old and teacher forwards (docs/evidence/performance.md): same numbers,
+    other costs. `SFTForwardSettings`' fields, ``prefix_sharing`` and ``rows_per_pass``."""
+
+    prefix_sharing: Literal["auto", "on", "off"] = "auto"
+    """Each prompt computed once per micro-batch, its keys / values shared by its group's completions
+    (``lightning_grpo.training.prefix``, sdpa / eager attention); ``auto`` / ``on`` / ``off`` as ``packing``."""
+    rows_per_pass: int = 64
+    """Rows per no-grad forward (reference, old and teacher log-probs)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         _check_choice("model.forward.prefix_sharing", self.prefix_sharing, MODES)
-        for name in ("chunk_size", "rows_per_pass"):
-            value = getattr(self, name)
-            if not (isinstance(value, int) and value >= 1):
-                raise ValueError(f"model.forward.{name} must be an integer >= 1, got {value!r}")
+        if not (isinstance(self.rows_per_pass, int) and self.rows_per_pass >= 1):
+            raise ValueError(f"model.forward.rows_per_pass must be an integer >= 1, got {self.rows_per_pass!r}")
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -205,7 +233,7 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 def as_settings(cls: type, value: Any) -> Any:
     """``value`` as a ``cls`` instance: an instance as is, a dict (hyper-parameters, a checkpoint) built into one;
     anything else is one error naming the class."""
-    if isinstance(value, cls):
+    if type(value) is cls:  # exactly: GRPO's settings (a subclass) carry fields SFT does not take
         return copy.deepcopy(value)  # a default instance in a signature is shared: each module gets its own
     if isinstance(value, dict):
         names = {f.name for f in fields(cls)}

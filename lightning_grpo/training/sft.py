@@ -11,7 +11,7 @@ The loss is the token mean of the cross-entropy over the assistant tokens (``los
 
     loss = - sum_{b, t} mask[b, t] * log p(x[b, t] | x[b, <t]) / sum_{b, t} mask[b, t]
 
-(``mask`` is 1 on assistant tokens unless ``SFTDataModule(last_turn_weight=w)`` gives the last assistant
+(``mask`` is 1 on assistant tokens unless ``SFTFormatSettings(last_turn_weight=w)`` gives the last assistant
 turn's tokens weight ``w``: then a weighted token mean.)
 
 With ``accumulate_grad_batches`` > 1 each micro-batch is such a token mean and Lightning averages them
@@ -24,7 +24,6 @@ same forward layouts as GRPO's (`lightning_grpo.training.packing`): a batch is a
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import lightning as L
@@ -37,7 +36,7 @@ from ..core.batch import RolloutBatch, position_ids
 from .forward import layout_token_logprobs
 from .metrics import hands_step_metrics_over, total_grad_norm
 from .policy import PolicyMixin
-from .settings import ForwardSettings, PolicySettings, as_settings, settings_dict
+from .settings import ForwardSettings, SFTForwardSettings, SFTPolicySettings, as_settings, settings_dict
 
 
 class SFTModule(PolicyMixin, L.LightningModule):
@@ -47,11 +46,9 @@ class SFTModule(PolicyMixin, L.LightningModule):
         model: a Hugging Face model directory / hub name, an ``nn.Module``, a checkpoint / run folder
             (`lightning_grpo.models.checkpoint_source`), or ``"tiny:<variant>[@<seed>]"`` (the built-in
             tiny model, initialised from the run's seed unless pinned). Required.
-        policy: dtype, LoRA, QLoRA and gradient checkpointing
-            (`PolicySettings`; ``reference`` does not apply).
-        forward: the log-prob path, its chunking and packing
-            (`ForwardSettings`; ``prefix_sharing`` and ``rows_per_pass``
-            do not apply: SFT rows share no prompt and have no no-grad pass).
+        policy: dtype, LoRA, QLoRA and gradient checkpointing (`SFTPolicySettings`: no reference model).
+        forward: the log-prob path, its chunking and packing (`SFTForwardSettings`: SFT rows share no
+            prompt and have no no-grad pass).
         optimizer: a LightningCLI-style callable taking the parameters.
         lr_scheduler: a LightningCLI-style callable taking the optimizer, or None.
 
@@ -69,29 +66,19 @@ class SFTModule(PolicyMixin, L.LightningModule):
     def __init__(
         self,
         model: str | nn.Module,
-        policy: PolicySettings = PolicySettings(),  # noqa: B008 - a settings value shown by --help, read and never mutated
-        forward: ForwardSettings = ForwardSettings(),  # noqa: B008 - a settings value shown by --help, read and never mutated
+        policy: SFTPolicySettings = SFTPolicySettings(),  # noqa: B008 - a settings value shown by --help, read and never mutated
+        forward: SFTForwardSettings = SFTForwardSettings(),  # noqa: B008 - a settings value shown by --help, read and never mutated
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__()
-        self.policy_settings = as_settings(PolicySettings, policy)
-        self.forward_settings = as_settings(ForwardSettings, forward)
-        defaults = (PolicySettings(), ForwardSettings())
-        for section, settings, default, name in (
-            ("policy", self.policy_settings, defaults[0], "reference"),
-            ("forward", self.forward_settings, defaults[1], "prefix_sharing"),
-            ("forward", self.forward_settings, defaults[1], "rows_per_pass"),
-        ):
-            if getattr(settings, name) != getattr(default, name):
-                raise ValueError(
-                    f"model.{section}.{name} does not apply to SFTModule (GRPOModule only): leave it unset"
-                )
+        self.policy_settings = as_settings(SFTPolicySettings, policy)
+        self.forward_settings = as_settings(SFTForwardSettings, forward)
         self.save_hyperparameters(
             {"policy": settings_dict(self.policy_settings), "forward": settings_dict(self.forward_settings)}
         )
         self._init_policy(model, self.policy_settings, optimizer, lr_scheduler)
-        self._layout = replace(self.forward_settings, prefix_sharing="off")  # SFT rows share no prompt
+        self._layout = ForwardSettings(**settings_dict(self.forward_settings), prefix_sharing="off")  # no shared prompt
         self._val_sums: Tensor | None = None  # [4] loss sum, tokens, right tokens, right rows / rows (see validation)
 
     def configure_model(self) -> None:
@@ -194,7 +181,8 @@ class SFTModule(PolicyMixin, L.LightningModule):
         head: the model's own logits)."""
         model, attention = self.policy, batch["attention_mask"]
         kwargs = dict(input_ids=batch["input_ids"], attention_mask=attention, position_ids=position_ids(attention))
-        chunked = LOGPROBS.get(self.forward_settings.logprob_path).reads == "hidden"
+        chunked = LOGPROBS.spec(self.forward_settings.logprob_path).reads == "hidden"
+        # a transformers model (third-party)
         if not (chunked and hasattr(model, "get_decoder") and hasattr(model, "get_output_embeddings")):
             yield model(**kwargs).logits[:, :-1][mask], slice(None)  # [N, V]
             return

@@ -57,7 +57,7 @@ def test_untied_variant_has_its_own_head_and_a_unit_embedding(tmp_path, qwen_tok
     monkeypatch.setenv("LIGHTNING_GRPO_CACHE", str(tmp_path))
     tied, untied = builtin_model_path("tiny:qwen3@2"), builtin_model_path("tiny:qwen3-untied@2")
     assert tied != untied and tied.endswith(f"tiny-qwen3-{TinyQwen3Config(seed=2).key()}")
-    assert TinyQwen3Config().key() == "7a444227003e"  # the key (folder) the seed-0 tied model had before the new fields
+    assert TinyQwen3Config().key() == "7a444227003e"  # the seed-0 tied model's key (its cache folder) is pinned
     assert not AutoConfig.from_pretrained(untied).tie_word_embeddings
     a, b = load_file(f"{tied}/model.safetensors"), load_file(f"{untied}/model.safetensors")
     assert "lm_head.weight" in b and "lm_head.weight" not in a

@@ -141,7 +141,7 @@ def test_nan_gradient_with_stop_action_stops_at_once(tiny_model_path):
     assert guard.stop_message == "[non_finite] step 1: gradient norm is nan"
 
 
-# -------------------------------------------------------------- non-finite log-probs (seed 003)
+# -------------------------------------------------------------- non-finite log-probs
 def _two_iteration_module(
     path, default_guards: bool = True
 ):  # num_iterations=2: old log-probs are computed by the trainer
@@ -184,9 +184,9 @@ def test_without_the_guard_the_loss_names_tensor_rows_and_step(tiny_model_path):
         _fit(module, [NaNLogProbs(step=2)], steps=4)
 
 
-# ----------------------------------------------------------------- identical samples (seed 004)
+# ----------------------------------------------------------------- identical samples
 class SharedSeedEngine(RolloutEngine):
-    """The seeding bug of seed 004: every sample of a group replays the same random draws (here: one
+    """A seeding bug: every sample of a group replays the same random draws (here: one
     sample per prompt, repeated G times, with its genuine log-probs)."""
 
     needs_weight_sync = False
@@ -289,7 +289,7 @@ def test_guard_settings_are_checked(build, message):
         build()
 
 
-# ------------------------------------------------------------------ entropy collapse (seed 000)
+# ------------------------------------------------------------------ entropy collapse
 @pytest.mark.parametrize(("lr", "fires"), [(1e-2, True), (1e-3, False)])
 def test_destructive_learning_rate_trips_the_entropy_alarm(tiny_model_path, lr, fires):
     """lr 1e-2 drives the entropy from 3.9 to ~0.03 within 50 steps while the reward stays near

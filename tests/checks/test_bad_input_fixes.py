@@ -69,7 +69,7 @@ def test_a_missing_column_names_the_column_that_looks_like_it(rows, fmt, fix):
 def test_sft_names_both_missing_columns():
     dm = SFTDataModule(source=Rows([{"question": "1=", "solution": "2"}] * 2), batch_size=1)
     assert _setup_error(dm) == (
-        "data.source.train has neither a data.messages_column 'messages' (chat transcripts) nor the "
+        "data.source.train has neither a data.format.messages_column 'messages' (chat transcripts) nor the "
         "data.format.prompt_column 'prompt' and data.format.answer_column 'answer' (missing ['prompt', 'answer']); "
         "columns present: ['question', 'solution']; set data.format.prompt_column: question; "
         "set data.format.answer_column: solution"

@@ -1,4 +1,4 @@
-"""Pre-flight (issue 26, "Seams"): a server the run depends on that refuses connections, or a
+"""Pre-flight: a server the run depends on that refuses connections, or a
 teacher folder that is missing, is one line from ``lightning-grpo fit`` (the URL or the path, and
 what to do), within seconds and before any engine is built (:mod:`lightning_grpo.checks.preflight`)."""
 

@@ -1,4 +1,4 @@
-"""Bad input files and resume folders (issue 26, "Seams"): a data file that is not UTF-8 names the
+"""Bad input files and resume folders: a data file that is not UTF-8 names the
 file and the line; a recipe with a tab names the recipe file and the line; ``--ckpt_path last``
 with no checkpoint to resume from refuses to start (Lightning would warn and train from scratch)."""
 

@@ -114,8 +114,8 @@ def test_all_equal_groups_are_exactly_zero(name):
 
 
 def test_opo_is_marked_as_needing_lengths_and_requires_them():
-    assert getattr(ADVANTAGES.get("opo"), "needs_lengths", False)
-    assert not any(getattr(ADVANTAGES.get(n), "needs_lengths", False) for n in ADVANTAGES.names() if n != "opo")
+    assert ADVANTAGES.spec("opo").needs_lengths
+    assert not any(ADVANTAGES.spec(n).needs_lengths for n in ADVANTAGES.names() if n != "opo")
     with pytest.raises(TypeError, match="lengths"):
         opo_advantages(t([1, 0]), 2)
 

@@ -343,8 +343,8 @@ def test_aggregations_edges():
 
 
 def test_batch_whitened_estimators_keep_all_equal_groups_at_exactly_zero():
-    """The batch mean of the centred rewards is 0 only up to float rounding (here -1.2e-8 after
-    whitening, measured before the fix); the all-equal group [0.3, 0.3, 0.3] must stay at 0."""
+    """The batch mean of the centred rewards is 0 only up to float rounding (-1.2e-8 after
+    whitening these rewards without the exact-zero step); the all-equal group [0.3, 0.3, 0.3] must stay at 0."""
     r = t([0.1, 0.2, 0.7, 0.3, 0.3, 0.3, 0.9, 0.05, 0.33])
     assert reinforce_pp_baseline_advantages(r, 3)[3:6].tolist() == [0.0, 0.0, 0.0]
     rw = torch.stack([r, t([0.3, 0.7, 0.11, 0.5, 0.5, 0.5, 0.2, 0.9, 0.4])], 1)

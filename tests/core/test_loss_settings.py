@@ -134,16 +134,3 @@ def test_bad_settings_name_the_field(build, message):
 def test_a_dict_for_a_group_is_refused_naming_it():
     with pytest.raises(TypeError, match=r"GRPOLoss kl must be a KLSettings, got dict"):
         GRPOLoss(kl={"beta": 0.04})  # type: ignore[arg-type]
-
-
-def test_every_renamed_loss_key_names_a_settings_field():
-    """cli/renames.py: each old GRPOLoss keyword maps to a field of its group, and none is still a parameter."""
-    from lightning_grpo.cli.renames import LOSS_RENAMES
-
-    groups = {"kl": KLSettings, "off_policy": OffPolicySettings, "terms": LossTerms}
-    prefix = "model.loss.init_args."
-    assert len(LOSS_RENAMES) == 12  # the 16 parameters less the 4 kept
-    for old, new in LOSS_RENAMES.items():
-        group, name = new.removeprefix(prefix).split(".")
-        assert name in {f.name for f in dataclasses.fields(groups[group])}, new
-        assert old.removeprefix(prefix) not in inspect.signature(GRPOLoss).parameters, old

@@ -131,7 +131,7 @@ def test_every_policy_loss_and_aggregation_composes(name, aggregation):
         aggregation=aggregation,
         aggregation_args={"max_length": 6} if aggregation.endswith("norm") else None,
     )
-    required = getattr(REGISTRIES["policy_loss"].get(name), "required_aggregation", None)
+    required = REGISTRIES["policy_loss"].spec(name).required_aggregation
     if required not in (None, aggregation):  # geo_mean aggregates per sequence itself
         with pytest.raises(ValueError, match=f"needs aggregation '{required}'"):
             GRPOLoss(**kwargs)

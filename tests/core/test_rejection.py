@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_grpo.core import REJECTIONS, GRPOLoss, OffPolicySettings
-from lightning_grpo.core.corrections import normalize_is_weight, tis_seq, tis_token
+from lightning_grpo.core.corrections import normalize_is_weight
 from lightning_grpo.core.rejection import check_rejection, rejection_mask
 
 L3, L15 = math.log(3.0), math.log(1.5)
@@ -162,11 +162,11 @@ def test_rejected_tokens_leave_the_loss_and_its_normaliser():
 def test_is_batch_normalisation_token_and_sequence_level():
     w = torch.tensor([[1.0, 2.0, 0.0], [0.5, 0.5, 0.5]])
     m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
-    out, factor = normalize_is_weight(w, m, tis_token)  # token mean = 4.5 / 5 = 0.9
+    out, factor = normalize_is_weight(w, m, "token")  # token mean = 4.5 / 5 = 0.9
     close(factor, 0.9)
     close(out, [[1 / 0.9, 2 / 0.9, 0.0], [0.5 / 0.9] * 3])
     ws = torch.tensor([[2.0, 2.0, 0.0], [0.5, 0.5, 0.5]])
-    out, factor = normalize_is_weight(ws, m, tis_seq)  # sequence mean = (2 + 0.5) / 2 = 1.25
+    out, factor = normalize_is_weight(ws, m, "sequence")  # sequence mean = (2 + 0.5) / 2 = 1.25
     close(factor, 1.25)
     close(out, [[1.6, 1.6, 0.0], [0.4] * 3])
     # in the objective: old - roll = log 2 on one row, 0 on the other, tis_token cap 3

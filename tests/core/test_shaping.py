@@ -194,7 +194,7 @@ def test_gfpo_advantages_loop_reference():
     close(gfpo_advantages(rewards, keep, g), expected)
     # k = G' equals the plain estimator
     for name in ADVANTAGES.names():
-        params = {"lengths": lengths.float()} if getattr(ADVANTAGES.get(name), "needs_lengths", False) else {}
+        params = {"lengths": lengths.float()} if ADVANTAGES.spec(name).needs_lengths else {}
         close(
             gfpo_advantages(rewards, torch.ones(6 * g, dtype=torch.bool), g, name, **params),
             ADVANTAGES.get(name)(rewards, g, **params),

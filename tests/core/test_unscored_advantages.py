@@ -9,14 +9,14 @@ import math
 import pytest
 import torch
 
-from lightning_grpo.core import ADVANTAGES, REWARD_AGGREGATIONS
+from lightning_grpo.core import ADVANTAGES, REWARD_AGGREGATIONS, AdvantageSpec, Variant
 
 #: the package's estimators (other tests may register their own in the shared registry)
 BUILT_IN = [n for n in ADVANTAGES.names() if ADVANTAGES.get(n).__module__.startswith("lightning_grpo.")]
 
 
 def _params(name: str, lengths: torch.Tensor) -> dict:
-    return {"lengths": lengths} if getattr(ADVANTAGES.get(name), "needs_lengths", False) else {}
+    return {"lengths": lengths} if ADVANTAGES.spec(name).needs_lengths else {}
 
 
 def test_grpo_group_of_four_with_one_unscored_by_hand():
@@ -45,7 +45,7 @@ def test_rloo_counts_only_the_scored_in_the_leave_one_out_mean():
 def test_every_estimator_equals_itself_on_the_scored_rows_alone(name):
     """Groups of 5 with exactly 3 scored each (random places): the masked estimate on the scored rows equals
     the estimator run on those rows alone as groups of 3 (batch statistics included), 0 on the others."""
-    assert getattr(ADVANTAGES.get(name), "takes_scored", False), name
+    assert ADVANTAGES.spec(name).takes_scored, name
     gen = torch.Generator().manual_seed(7)
     P, G, n = 6, 5, 3
     rewards = torch.randint(0, 4, (P * G,), generator=gen).float() / 2  # ties and all-equal groups happen
@@ -95,7 +95,7 @@ def test_an_estimator_without_takes_scored_is_refused_naming_the_setting():
 
     match = r"'plain_test' cannot leave out .* model.algorithm.unscored: zero"
     with pytest.MonkeyPatch.context() as patch, pytest.raises(ValueError, match=match):
-        patch.setattr(ADVANTAGES, "get", lambda name: plain)
+        patch.setattr(ADVANTAGES, "variant", lambda name: Variant(name, plain, AdvantageSpec()))
         REWARD_AGGREGATIONS.get("sum_then_normalize")(
             torch.ones(4, 1), [1.0], 4, "plain_test", scored=torch.tensor([True, False, True, True])
         )

@@ -1,4 +1,4 @@
-"""Seams between our compositions and verl's own functions (issue 26): hand-computed numbers that
+"""Seams between our compositions and verl's own functions: hand-computed numbers that
 pin where the composed loss must agree with verl (geo_mean's IS weight, IcePop-style MIS and its
 batch normalisation, one ratio direction for every rejection criterion, DPPO's clip fractions)."""
 

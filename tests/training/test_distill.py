@@ -23,7 +23,7 @@ from lightning_grpo import (
     RolloutCallback,
     SamplingConfig,
 )
-from lightning_grpo.core import logprobs_from_logits
+from lightning_grpo.core import LOGPROBS
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.training.packing import padded_token_logprobs
 from tests.helpers.agents import BatchCatcher
@@ -51,7 +51,7 @@ def _perturbed(policy, seed=1, scale=0.5):
 def _direct_logp(model, batch):
     with torch.no_grad():
         return padded_token_logprobs(
-            model, batch, score=logprobs_from_logits, compute_entropy=False, chunk_size=1024
+            model, batch, score=LOGPROBS.variant("logits"), compute_entropy=False, chunk_size=1024
         ).logp
 
 

@@ -189,7 +189,7 @@ def test_environment_tokens_skip_the_lm_head(tiny_model_path, monkeypatch, packi
     """Multi-turn rows: environment tokens (turn_ids -1) are context, so their log-probs are 0 and the chunked
     path runs the LM head on the sampled tokens only; the sampled tokens' log-probs are unchanged."""
     import lightning_grpo.training.forward as forward_module
-    from lightning_grpo.core import logprobs_from_hidden, logprobs_from_logits
+    from lightning_grpo.core import LogProbSpec, logprobs_from_hidden, logprobs_from_logits
     from lightning_grpo.core.registry import Registry
 
     policy = _policy(tiny_model_path, "sdpa")
@@ -203,12 +203,14 @@ def test_environment_tokens_skip_the_lm_head(tiny_model_path, monkeypatch, packi
     )
     batch.turn_ids[0, 2:6] = -1  # a tool response inside row 0's completion
     batch.turn_ids[4, 1] = -1
-    rows, paths = [], Registry("log-prob path")  # the LOGPROBS entries, the chunked one counting the rows it scores
-    counting = paths.register("chunked_hidden")(
+    rows, paths = (
+        [],
+        Registry("log-prob path", LogProbSpec),
+    )  # the LOGPROBS entries, the chunked one counting the rows it scores
+    paths.register("chunked_hidden", spec=LogProbSpec(reads="hidden"))(
         lambda hidden, *a, **k: rows.append(len(hidden)) or logprobs_from_hidden(hidden, *a, **k)
     )
-    counting.reads = "hidden"
-    paths.register("logits")(logprobs_from_logits)
+    paths.register("logits", spec=LogProbSpec(reads="logits"))(logprobs_from_logits)
     monkeypatch.setattr(forward_module, "LOGPROBS", paths)
     out = GRPOModule(model=policy, forward=ForwardSettings(packing=packing, logprob_path=path)).token_logprobs(
         policy, batch, compute_entropy=True

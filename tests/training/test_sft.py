@@ -3,6 +3,7 @@ two stages: SFT through ``lightning-grpo sft``, export, GRPO from the exported f
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from functools import partial
 from pathlib import Path
@@ -11,7 +12,7 @@ import lightning as L
 import pytest
 import torch
 
-from lightning_grpo import ForwardSettings, LoraSettings, PolicySettings, SFTDataModule, SFTModule
+from lightning_grpo import LoraSettings, SFTDataModule, SFTForwardSettings, SFTModule, SFTPolicySettings
 from lightning_grpo.data.sft import collate
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.training.packing import choose_plan
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _module(path, **forward) -> SFTModule:
-    module = SFTModule(model=str(path), forward=ForwardSettings(**forward))
+    module = SFTModule(model=str(path), forward=SFTForwardSettings(**forward))
     module.configure_model()
     return module
 
@@ -154,7 +155,7 @@ def test_lora_trains_the_adapter_only(tiny_model_path, quantized):
         pytest.skip("QLoRA needs bitsandbytes (the qlora extra, part of dev)")
     module = SFTModule(
         model=str(tiny_model_path),
-        policy=PolicySettings(
+        policy=SFTPolicySettings(
             lora=LoraSettings(r=4, alpha=8), quantization=QuantizationSettings() if quantized else None
         ),
         optimizer=partial(torch.optim.AdamW, lr=1e-2),
@@ -267,19 +268,23 @@ def test_grpo_model_from_an_sft_checkpoint(tiny_model_path, tmp_path, monkeypatc
         GRPOModule(model=str(tmp_path / "notes.txt"))
 
 
-def test_grpo_only_settings_are_refused_by_sft():
-    """SFTModule shares the policy and forward sections; the fields only GRPO uses are one error each."""
-    from lightning_grpo import PolicySettings
+def test_grpo_only_settings_are_not_offered_to_sft():
+    """SFTModule's settings types hold no GRPO-only field; GRPO's own settings are refused naming the type."""
+    from lightning_grpo import ForwardSettings, PolicySettings
 
-    for kwargs, field in (
-        (dict(policy=PolicySettings(reference="copy")), "model.policy.reference"),
-        (dict(forward=ForwardSettings(prefix_sharing="on")), "model.forward.prefix_sharing"),
-        (dict(forward=ForwardSettings(rows_per_pass=8)), "model.forward.rows_per_pass"),
+    for cls, field in (
+        (SFTPolicySettings, "reference"),
+        (SFTForwardSettings, "prefix_sharing"),
+        (SFTForwardSettings, "rows_per_pass"),
     ):
-        with pytest.raises(
-            ValueError, match=rf"^{field} does not apply to SFTModule \(GRPOModule only\): leave it unset$"
-        ):
+        assert field not in {f.name for f in dataclasses.fields(cls)}
+        with pytest.raises(TypeError, match=field):
+            cls(**{field: "on"})
+    for kwargs, expected in (
+        (dict(policy=PolicySettings()), "expected SFTPolicySettings .* got PolicySettings"),
+        (dict(forward=ForwardSettings()), "expected SFTForwardSettings .* got ForwardSettings"),
+    ):
+        with pytest.raises(TypeError, match=expected):
             SFTModule(model="tiny:chars", **kwargs)
-    assert SFTModule(
-        model="tiny:chars", forward=ForwardSettings(packing="off", save_probs=True)
-    ).forward_settings.save_probs
+    module = SFTModule(model="tiny:chars", forward=SFTForwardSettings(packing="off", save_probs=True))
+    assert module.forward_settings.save_probs and module._layout.prefix_sharing == "off"
