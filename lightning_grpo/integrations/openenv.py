@@ -48,11 +48,11 @@ class InvalidAction(ValueError):
 
 
 def _generic_arg(cls: type, origin_name: str, bound: type) -> type | None:
-    """The first type argument of ``cls``'s ``origin_name[...]`` base that subclasses ``bound``."""
-    for klass in getattr(cls, "__mro__", ()):  # an OpenEnv class and its typing bases (third-party)
-        for base in getattr(klass, "__orig_bases__", ()):  # an OpenEnv class and its typing bases (third-party)
+    """The first type argument of ``cls``'s ``origin_name[...]`` base that subclasses ``bound``
+    (the probes read an OpenEnv class and its typing bases: third-party objects)."""
+    for klass in getattr(cls, "__mro__", ()):
+        for base in getattr(klass, "__orig_bases__", ()):
             origin = typing.get_origin(base)
-            # an OpenEnv class and its typing bases (third-party)
             if getattr(origin, "__name__", None) == origin_name:
                 for arg in typing.get_args(base):
                     if isinstance(arg, type) and issubclass(arg, bound):
@@ -321,8 +321,7 @@ class OpenEnvClientEnvironment(_OpenEnvBase):
         base_url: the server (``http://127.0.0.1:8000``; ``ws://`` works too).
         client: the client class (or its import path): ``openenv.core.GenericEnvClient`` (plain
             dicts; set ``action_field``) or the environment's typed ``EnvClient`` subclass.
-        timeouts: seconds to open a session (``connect_s``) and to wait for each reset / step answer
-            (``message_s``): a `SessionTimeouts` or a mapping of its fields.
+        timeouts: seconds to open a session and per reset / step answer (`SessionTimeouts`, or a mapping).
         action, action_field, action_from_text, observation_to_text, prompt_key, system_prompt,
             reset_kwargs, reset_columns, invalid_action: as in :class:`OpenEnvEnvironment`; the
             action class defaults to the typed client's ``EnvClient[Action, ...]`` parameter.
