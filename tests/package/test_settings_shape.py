@@ -20,6 +20,7 @@ SETTINGS = [
     "ForwardSettings",
     "VLLMArgs",
     "ServerSettings",
+    "HFSettings",
     "SelectionSettings",
     "EvaluationSettings",
     "WeightSyncSettings",
