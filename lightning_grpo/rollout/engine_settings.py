@@ -9,7 +9,7 @@ states what its engine can do (the class attributes below), checks its own field
 
 A new engine is its module (a `RolloutEngine`), its settings (a dataclass subclassing `EngineSettings`
 with ``name``, the capabilities and ``build``) and one registration (:func:`register_engine`, for the
-short name; docs/guide/contributing.md).
+short name; the steps: docs/reference/rollout.md, "Adding an engine").
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ class VLLMArgs(EngineSettings):
     ``rollout.engine: {class_path: lightning_grpo.VLLMArgs, init_args: {...}}`` sets its fields.
 
     Its weights are a copy of the policy's, pushed after every optimizer step. The fields left at None follow
-    the device and the model when the engine is built (:mod:`~lightning_grpo.rollout.engine_defaults`): on CPU
+    the device and the model when the engine is built (`lightning_grpo.rollout.engine_defaults`): on CPU
     float32 and a KV cache sized for one generation's sequences at full length (64 MiB at least); on a GPU
     bfloat16 (float16 where bfloat16 is not supported) and a KV cache from ``gpu_memory_utilization``."""
 
@@ -36,7 +36,7 @@ class VLLMArgs(EngineSettings):
     kv_cache_memory_bytes: int | None = None
     """KV-cache size in bytes (2 x layers x kv_heads x head_dim x dtype bytes per token). None = on CPU room for
     one generation's sequences (prompts x ``sampling.n``) at ``max_model_len``, 64 MiB at least
-    (:mod:`~lightning_grpo.rollout.engine_defaults`); on a GPU vLLM sizes it from ``gpu_memory_utilization``."""
+    (`lightning_grpo.rollout.engine_defaults`); on a GPU vLLM sizes it from ``gpu_memory_utilization``."""
     block_size: int | None = None
     """KV block size in tokens (CPU: a multiple of 32); None = vLLM's default (128 on CPU)."""
     enable_lora: bool = False
@@ -87,7 +87,7 @@ class VLLMArgs(EngineSettings):
 
     def check(self, *, weight_sync_enabled: bool, max_model_len: int | None) -> None:
         """Sleep level 2 drops the weights, so they must be pushed again; on CPU the prefill budget must hold
-        ``max_model_len`` (set, else the derived one) and chunked prefill stay off (:mod:`.prefill`)."""
+        ``max_model_len`` (set, else the derived one) and chunked prefill stay off (`lightning_grpo.rollout.prefill`)."""
         if self.sleep_level == 2 and not weight_sync_enabled:
             raise ValueError(
                 f"{ENGINE_ARGS}.sleep_level=2 discards the engine's weights at every sleep, so it needs "
@@ -108,7 +108,7 @@ class VLLMArgs(EngineSettings):
 
     def for_device(self, cpu: bool, config: dict[str, Any], max_model_len: int, sequences: int) -> VLLMArgs:
         """A copy with the fields left at None decided for the device and the model (``config``: its
-        ``config.json``; :mod:`~lightning_grpo.rollout.engine_defaults`)."""
+        ``config.json``; `lightning_grpo.rollout.engine_defaults`)."""
         from .engine_defaults import cpu_kv_cache_bytes, default_dtype
 
         dtype = self.dtype or default_dtype(cpu)

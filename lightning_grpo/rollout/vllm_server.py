@@ -35,7 +35,7 @@ class ServerSettings(EngineSettings):
 
     Weights are pushed through vLLM's RL API after every optimizer step; the servers can sample ahead while
     the trainer trains (``rollout.max_staleness``). Started servers' fields left at None follow the device and
-    the model as `VLLMArgs`' do (:mod:`~lightning_grpo.rollout.engine_defaults`)."""
+    the model as `VLLMArgs`' do (`lightning_grpo.rollout.engine_defaults`)."""
 
     name: ClassVar[str] = "vllm_server"
     async_capable: ClassVar[bool] = True
@@ -58,7 +58,7 @@ class ServerSettings(EngineSettings):
     records) + ``rollout.sampling.max_new_tokens``; a value set smaller than that is refused."""
     kv_cache_memory_bytes: int | None = None
     """KV cache of a started server in bytes. None = on CPU room for one generation's sequences at
-    ``max_model_len``, 64 MiB at least (:mod:`~lightning_grpo.rollout.engine_defaults`); on a GPU vLLM sizes
+    ``max_model_len``, 64 MiB at least (`lightning_grpo.rollout.engine_defaults`); on a GPU vLLM sizes
     it from its memory share."""
     max_num_batched_tokens: int | None = None
     """Tokens one scheduler step of a started server may prefill. On CPU chunked prefill is off
@@ -121,7 +121,7 @@ class ServerSettings(EngineSettings):
 
     def for_device(self, cpu: bool, config: dict[str, Any], sequences: int) -> ServerSettings:
         """A copy with the fields left at None decided for the device and the model (``config``: its
-        ``config.json``, for servers started here; :mod:`~lightning_grpo.rollout.engine_defaults`)."""
+        ``config.json``, for servers started here; `lightning_grpo.rollout.engine_defaults`)."""
         from .engine_defaults import cpu_kv_cache_bytes, default_dtype
 
         dtype = self.dtype or default_dtype(cpu)
