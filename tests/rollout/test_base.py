@@ -121,9 +121,9 @@ def test_check_fits_names_the_lengths_the_engine_and_the_setting():
             max_new_tokens=7,
             max_model_len=16,
             whose="servers'",
-            remedy="rollout.server.max_model_len",
+            remedy="rollout.engine.init_args.max_model_len",
         )
     assert str(err.value) == (
         "longest prompt (10 tokens) + max_new_tokens (7) exceeds the servers' max_model_len (16); "
-        "raise rollout.server.max_model_len"
+        "raise rollout.engine.init_args.max_model_len"
     )
