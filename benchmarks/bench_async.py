@@ -66,9 +66,7 @@ def child(row: str, steps: int, warmup: int) -> None:
 
     path = str(tiny_model_dir(TinyModelConfig(**SHAPE)))
     args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20}
-    server = (
-        ServerSettings(**args, server_cpus=[0] if pinned else None) if engine == "vllm_server" else ServerSettings()
-    )
+    settings = ServerSettings(**args, server_cpus=[0] if pinned else None) if engine == "vllm_server" else None
     marks: dict[str, float] = {}
     syncs: list[float] = []
     phases: list[dict] = []
@@ -85,11 +83,9 @@ def child(row: str, steps: int, warmup: int) -> None:
             marks["end"] = time.perf_counter()
 
     callback = RolloutCallback(
-        engine=engine,
+        engine=settings or (VLLMArgs(**args) if engine == "vllm" else engine),
         sampling=SamplingConfig(n=GROUP, max_new_tokens=NEW_TOKENS),
         rewards=[RewardSpec("prefix_match")],
-        vllm=VLLMArgs(**args) if engine == "vllm" else VLLMArgs(),
-        server=server,
         seed=0,
         max_staleness=k,
     )

@@ -1,5 +1,5 @@
 """vLLM-CPU linear kernels by model width: oneDNN-packed (repacked at each weight push) vs plain
-``F.linear`` (a push is a copy), in the quickstart setting. Backs ``rollout.vllm.cpu_gemm: auto``.
+``F.linear`` (a push is a copy), in the quickstart setting. Backs `VLLMArgs.cpu_gemm` "auto".
 
     python benchmarks/bench_cpu_gemm.py                  # hidden 64 (the quickstart model), 256, 512
 
@@ -67,11 +67,10 @@ def child(hidden: int, gemm: str) -> None:
 
     settings = VLLMArgs(max_model_len=128, kv_cache_memory_bytes=256 * 2**20, cpu_gemm=gemm)
     callback = RolloutCallback(
-        engine="vllm",
+        engine=settings,
         sampling=SamplingConfig(n=8, max_new_tokens=2),
         rewards=[RewardSpec("prefix_match")],
         seed=0,
-        vllm=settings,
     )
     module = GRPOModule(model=path, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     trainer = L.Trainer(

@@ -175,10 +175,9 @@ def child(
     kv_bytes = max(256 * 2**20, 2 * kv_cache_bytes(path, prompts * 8, max_len))  # room for every sequence, twice
     settings = VLLMArgs(max_model_len=max_len, kv_cache_memory_bytes=kv_bytes, weight_push=push, cpu_gemm=gemm)
     callback = RolloutCallback(
-        engine=engine,
+        engine=settings if engine == "vllm" else engine,
         sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens),
         rewards=[RewardSpec("prefix_match")],
-        vllm=settings if engine == "vllm" else VLLMArgs(),
         seed=0,
     )
     module = GRPOModule(

@@ -215,7 +215,8 @@ def budget(row: dict, recipe_dir: Path = ROOT / "recipes") -> dict:
     """``row`` with vLLM's share as its recipe file sets it now, and the totals on the card its name gives."""
     name = row["recipe"]
     recipe = yaml.safe_load((recipe_dir / name).read_text())
-    vllm = recipe["rollout"].get("init_args", recipe["rollout"]).get("vllm", {})
+    engine = recipe["rollout"].get("init_args", recipe["rollout"]).get("engine", "vllm")
+    vllm = engine.get("init_args", {}) if isinstance(engine, dict) else {}
     util, sleeps = vllm.get("gpu_memory_utilization", 0.5), bool(vllm.get("sleep_level"))
     card = next((v for k, v in CARD_GIB.items() if k in name), None)
     # vLLM takes util x the card: the trainer's side must fit in the rest, at both phases

@@ -68,10 +68,9 @@ def run(shape: str, steps: int) -> dict:
     max_len = max(128, 1 << (spec["prompt_tokens"] + spec["max_new_tokens"] - 1).bit_length())
     kv_bytes = max(64 * 2**20, 2 * kv_cache_bytes(path, spec["prompts"] * 8, max_len))
     callback = RolloutCallback(
-        engine="vllm",
+        engine=VLLMArgs(dtype="float32", max_model_len=max_len, kv_cache_memory_bytes=kv_bytes),
         sampling=SamplingConfig(n=8, max_new_tokens=spec["max_new_tokens"]),
         rewards=[RewardSpec("prefix_match")],
-        vllm=VLLMArgs(dtype="float32", max_model_len=max_len, kv_cache_memory_bytes=kv_bytes),
         weight_sync=WeightSyncSettings(check_every=1),
         seed=0,
     )

@@ -28,6 +28,8 @@ _LAZY = {
     "AgentRolloutCallback": "lightning_grpo.agents.callback",
     "VLLMArgs": "lightning_grpo.rollout.vllm_args",
     "ServerSettings": "lightning_grpo.rollout.vllm_server",
+    "HFSettings": "lightning_grpo.rollout.hf",
+    "EngineSettings": "lightning_grpo.rollout.engine_settings",
     "SelectionSettings": "lightning_grpo.callbacks.settings",
     "EvaluationSettings": "lightning_grpo.callbacks.settings",
     "WeightSyncSettings": "lightning_grpo.callbacks.settings",

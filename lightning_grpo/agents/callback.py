@@ -45,8 +45,8 @@ class AgentRolloutCallback(RolloutCallback):
         allow_mixed_task_groups: with ``reset_seed: episode`` and ``n > 1``, accept that a group's
             episodes may face different tasks, so its baseline is the mean reward over those tasks
             (refused otherwise; docs/guide/agents.md).
-        **kwargs: the arguments of `RolloutCallback` (engine, sampling,
-            vllm, server, sampling, rewards (default: ``env_reward``), selection, evaluation, seed, ...).
+        **kwargs: the arguments of `RolloutCallback` (engine, sampling, rewards (default: ``env_reward``),
+            selection, evaluation, seed, ...).
             The engine's ``max_model_len``, when not set, is the longest prompt + ``max_episode_tokens`` +
             ``sampling.max_new_tokens`` (one turn: + ``max_new_tokens``); with several turns and no
             ``max_episode_tokens`` set it must be set.

@@ -1,47 +1,28 @@
-"""Setup for server and asynchronous rollouts: config checks (staleness, the loss's off-policy correction,
-engine sections) and a checkpoint written before a run stops because no vLLM server answers any more."""
+"""Setup for server and asynchronous rollouts: config checks (staleness, the loss's off-policy correction)
+and a checkpoint written before a run stops because no vLLM server answers any more."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import fields
-from typing import Any
 
 import lightning as L
 
+from ..rollout.engine_settings import EngineSettings
 from ..rollout.server_engine import NoServerLeftError
-from ..rollout.vllm_args import VLLMArgs
-from ..rollout.vllm_server import ServerSettings
 from .distributed import local_log_dir
 
 
-def check_async_config(engine: str, max_staleness: int) -> None:
+def check_async_config(engine: EngineSettings, max_staleness: int) -> None:
     """One clear error for a bad ``max_staleness`` before any work."""
     if not isinstance(max_staleness, int) or max_staleness < 0:
         raise ValueError(f"rollout.max_staleness must be an integer >= 0 (0 = synchronous), got {max_staleness!r}")
-    if max_staleness > 0 and engine != "vllm_server":
+    if max_staleness > 0 and not engine.async_capable:
         raise ValueError(
-            f"rollout.max_staleness={max_staleness} (asynchronous rollouts) needs engine: vllm_server, got {engine!r}"
+            f"rollout.max_staleness={max_staleness} (asynchronous rollouts) needs an engine that samples on other "
+            f"processes (engine: vllm_server), got {engine.name!r}"
         )
-
-
-def unused_engine_sections(engine: str, vllm: VLLMArgs, server: ServerSettings) -> list[str]:
-    """One line per section set for an engine the run does not use (a recipe switched to ``--rollout.engine hf``
-    keeps its ``vllm`` section: said, not refused)."""
-    lines = []
-    for key, owner, settings in (("vllm", "vllm", vllm), ("server", "vllm_server", server)):
-        changed = _changed_fields(settings, type(settings)())
-        if engine != owner and changed:
-            values = ", ".join(f"{name}={value!r}" for name, value in changed)
-            lines.append(f"rollout.{key} is set ({values}) but not used: rollout.engine is {engine!r}")
-    return lines
-
-
-def _changed_fields(settings: Any, default: Any) -> list[tuple[str, Any]]:
-    values = [(f.name, getattr(settings, f.name), getattr(default, f.name)) for f in fields(settings)]
-    return [(name, value) for name, value, default_value in values if value != default_value]
 
 
 @contextlib.contextmanager

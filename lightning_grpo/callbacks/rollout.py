@@ -17,11 +17,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from ..checks.validation import check_fit_config
@@ -30,10 +29,9 @@ from ..core.batch import BatchGeometry, RolloutBatch
 from ..data.reward_set import RewardSet, RewardSpec
 from ..data.reward_spec import RewardName
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
-from ..rollout.vllm_args import VLLMArgs
-from ..rollout.vllm_server import ServerSettings
+from ..rollout.factory import EngineContext, EngineSettings, resolve_engine
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
-from .async_setup import check_async_config, checkpoint_on_server_failure, unused_engine_sections
+from .async_setup import check_async_config, checkpoint_on_server_failure
 from .completions import CompletionLog, CompletionLogSettings
 from .evaluation import HeldOutEvaluation
 from .push_check import PushCheck
@@ -53,13 +51,12 @@ class RolloutCallback(HeldOutEvaluation, Callback):
     """Drives rollouts for `GRPOModule`.
 
     Args:
-        engine: "vllm" (in-process vLLM, weights pushed after each optimizer step; settings in ``vllm``),
-            "vllm_server" (vLLM servers, started here or given as ``server.urls``; weights pushed through
-            vLLM's RL API; settings in ``server``; docs/guide/scaling.md) or "hf" (transformers ``generate``
-            on the live policy; no settings).
-        vllm: the in-process engine's settings (`VLLMArgs`: dtype, max_model_len,
-            kv_cache_memory_bytes, gpu_memory_utilization, enable_lora, sleep_level, ...).
-        server: the vLLM servers' settings (`ServerSettings`: urls, num_servers, ...).
+        engine: the engine and its settings: `VLLMArgs` (vLLM in this process, weights pushed after each
+            optimizer step: dtype, max_model_len, kv_cache_memory_bytes, gpu_memory_utilization, enable_lora,
+            sleep_level, ...), `ServerSettings` (vLLM servers, started here or given as ``urls``; weights
+            pushed through vLLM's RL API; docs/guide/scaling.md) or `HFSettings` (transformers ``generate`` on
+            the live policy). A short name, "vllm", "vllm_server" or "hf", is that engine with its defaults,
+            which follow the device and the model (`VLLMArgs`).
         sampling: group size ``n`` (G, or G' with GFPO), temperature, top_p, top_k, max_new_tokens.
         rewards: reward functions with weights (default: exact match against ``answer``); a name alone
             (``my_rewards.fn``, or a list of names and specs) stands for ``{name: my_rewards.fn}``.
@@ -70,7 +67,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         weight_sync: pushing the policy into the engine (`WeightSyncSettings`):
             on / off, LoRA merged or as an adapter.
         max_staleness: k >= 1 samples the next k generation batches on the servers while the
-            trainer trains (engine "vllm_server"); a batch never trains with weights more than k
+            trainer trains (an engine that can: "vllm_server"); a batch never trains with weights more than k
             optimizer steps newer than those that sampled it. It needs an off-policy correction in the
             loss (``model.loss.init_args.off_policy.correction``). 0 = synchronous.
         log_completions: every how many optimizer steps, and how many groups of, the sampled
@@ -95,9 +92,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
 
     def __init__(
         self,
-        engine: Literal["vllm", "vllm_server", "hf"] = "vllm",
-        vllm: VLLMArgs = VLLMArgs(),  # noqa: B008 - copied below; shown by --help / --print_config
-        server: ServerSettings = ServerSettings(),  # noqa: B008 - copied below
+        engine: EngineSettings | str = "vllm",
         sampling: SamplingConfig = SamplingConfig(),  # noqa: B008 - copied below
         rewards: list[RewardSpec | RewardName] | RewardName | None = None,
         selection: SelectionSettings = SelectionSettings(),  # noqa: B008 - copied below
@@ -107,12 +102,8 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         log_completions: CompletionLogSettings = CompletionLogSettings(),  # noqa: B008 - copied below
         seed: int | None = None,
     ) -> None:
-        check_async_config(engine, max_staleness)
-        for line in unused_engine_sections(engine, vllm, server):
-            rank_zero_info(line)
-        self.engine_name = engine
-        self.vllm = replace(vllm)
-        self.server = replace(server)
+        self.engine_settings = resolve_engine(engine)  # a copy, or the defaults a short name stands for
+        check_async_config(self.engine_settings, max_staleness)
         self.sampling = replace(sampling or SamplingConfig())  # a copy: guards and agents change it
         if self.sampling.greedy:
             raise ValueError("rollout.sampling.temperature must be > 0 for training (0 is greedy decoding)")
@@ -167,27 +158,26 @@ class RolloutCallback(HeldOutEvaluation, Callback):
 
     def _ensure_engine(self, trainer: L.Trainer, module: L.LightningModule) -> RolloutEngine:
         if self.engine is None:
-            from ..rollout.factory import EngineContext, build_engine
-
             broadcast = (
                 (lambda obj: trainer.strategy.broadcast(obj, src=0)) if trainer.world_size > 1 else (lambda obj: obj)
             )
             context = EngineContext(trainer.global_rank, trainer.world_size, trainer.log_dir, broadcast)
-            self.engine = build_engine(
-                self.engine_name, module, trainer.datamodule.tokenizer, self.seed, self.engine_settings(), context
+            dm = trainer.datamodule
+            self.engine = self.engine_settings.build(
+                module,
+                dm.tokenizer,
+                self.seed,
+                context,
+                max_model_len=self._max_model_len,
+                sequences=dm.batch_size * self.sampling.n,
             )
             self._owns_engine = True
         return self.engine
 
-    def engine_settings(self) -> VLLMArgs | ServerSettings | None:
-        """The settings the engine is built with: ``rollout.vllm`` / ``rollout.server`` with ``max_model_len``
-        derived from the data (in `setup`) when it is not set; None for engine "hf"."""
-        if self.engine_name == "hf":
-            return None
-        settings = self.vllm if self.engine_name == "vllm" else self.server
-        if settings.max_model_len is None and self._max_model_len is not None:
-            return replace(settings, max_model_len=self._max_model_len)
-        return settings
+    @property
+    def context_length(self) -> int | None:
+        """The engine's ``max_model_len`` derived from the data in `setup`, for settings that leave it unset."""
+        return self._max_model_len
 
     def completion_budget(self) -> tuple[int | None, str]:
         """Tokens a sample may take after its prompt, and the option that sets them (None: no bound known,
@@ -307,7 +297,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
             sync = self.sync_weights(module)
             result = self._sample(trainer, generation)
             self._check.take_probe(module, result.tensors, self.engine, trainer.global_step)  # awake: it scores it
-            self.engine.sleep()  # a colocated engine gives its memory back to the trainer (rollout.vllm.sleep_level)
+            self.engine.sleep()  # a colocated engine gives its memory back to the trainer (VLLMArgs.sleep_level)
             return result, {"time/sync": sync, "time/push_check": self._check.take_seconds()}
         if self._pipeline is None:
             self._pipeline = self._async_pipeline(trainer, module)

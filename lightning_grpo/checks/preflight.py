@@ -5,7 +5,7 @@ connection to every server the run will talk to and looks for every folder it wi
 that an unreachable server or a missing folder is one line at start-up (the URL or the path, and
 what to do) rather than a failure after the engine started:
 
-* ``rollout.server.urls`` (``engine: vllm_server`` with servers you run);
+* ``rollout.engine.init_args.urls`` (`ServerSettings` with servers you run);
 * ``rollout.environment_args.base_url`` (or any ``*_url`` there: an OpenEnv server, ...);
 * reward objects with a ``url`` / ``base_url`` (``llm_judge``, a reward-model server of your own);
 * distillation teachers given as folders (``model.distillation.teacher``): a missing folder names
@@ -49,13 +49,13 @@ def check_external(module: Any, callback: Any, recipes: Sequence[str | Path] = (
 # ------------------------------------------------------------------------------------ servers
 def servers(callback: Any) -> Iterator[tuple[str, str, str]]:
     """(field, URL, what to do when it is down) of every server the run's rollout talks to."""
-    if callback.engine is None and callback.engine_name == "vllm_server":
-        for url in callback.server.urls or []:
-            yield (
-                "rollout.server.urls",
-                str(url),
-                "start the vLLM server first (docs/guide/scaling.md), or drop rollout.server.urls to have the run start its own",
-            )
+    for url in callback.engine_settings.server_urls() if callback.engine is None else []:
+        yield (
+            "rollout.engine.init_args.urls",
+            str(url),
+            "start the vLLM server first (docs/guide/scaling.md), or drop rollout.engine.init_args.urls to have the "
+            "run start its own",
+        )
     for key, value in (getattr(callback, "environment_args", None) or {}).items():
         if key == "url" or key.endswith("_url"):
             yield (

@@ -9,18 +9,17 @@ on every rank (also for drop-in use without the CLI). Each problem is one except
 names the option as written in a recipe (``data.batch_size``, ``model.algorithm.advantage``,
 ``rollout.sampling.n``, ...) and what was expected. It checks:
 
-* the engine: a known name; ``engine: vllm`` with vLLM installed; on CPU a KV cache size
-  (``rollout.vllm.kv_cache_memory_bytes``, ``rollout.server.kv_cache_memory_bytes``), a prefill budget
-  (``max_num_batched_tokens``) of at least ``max_model_len`` and no chunked prefill (``rollout/prefill.py``);
-  ``weight_sync.lora: adapter`` with engine vllm, ``rollout.vllm.enable_lora`` and ``model.policy.lora``;
-  ``rollout.vllm.sleep_level: 2`` only with ``weight_sync.enabled``; ``max_staleness >= 1`` only with a loss
-  that corrects for the behaviour policy;
+* the engine (``rollout.engine``, the settings' own ``check``): vLLM installed for the in-process engine; on
+  CPU a prefill budget (``max_num_batched_tokens``) of at least ``max_model_len`` and no chunked prefill
+  (``rollout/prefill.py``); ``weight_sync.lora: adapter`` with an engine that serves adapters (vllm, with
+  ``enable_lora``) and ``model.policy.lora``; ``sleep_level: 2`` only with ``weight_sync.enabled``;
+  ``max_staleness >= 1`` only with a loss that corrects for the behaviour policy;
 * the layout: no ``model.policy.quantization`` (QLoRA) and no ``engine: hf`` with ``trainer.strategy``
   ModelParallelStrategy (FSDP2);
 * the groups: at least 2 completions per prompt for a group-relative advantage (all built-in
   ones); no more training steps per generation batch than it has completions;
 * the reference: ``kl.beta > 0`` or ``algorithm.kl_in_reward.coef`` with ``policy.reference: none``;
-* lengths: the engine's ``max_model_len`` (``rollout.vllm`` / ``rollout.server``) is derived when not set
+* lengths: the engine's ``max_model_len`` (``rollout.engine.init_args``) is derived when not set
   (``data.format.max_prompt_length``, else the longest prompt of the data, + ``sampling.max_new_tokens``,
   handed to the callback); a set one, or the policy's ``max_position_embeddings`` for ``hf``, must hold it;
 * the model: a local ``model.model`` directory holds ``config.json``; the tokenizer's vocabulary
@@ -104,59 +103,26 @@ def check_async_loss(max_staleness: int, loss: Any) -> None:
 
 # ------------------------------------------------------------------------------------ engine
 def check_engine(module: Any, callback: Any) -> None:
-    """Engine name, vLLM installed, engine settings, the LoRA sync mode and the staleness's correction."""
-    from ..rollout.factory import ENGINES
-
-    name = callback.engine_name
-    if name not in ENGINES:
-        raise ValueError(f"{CB}.engine: unknown rollout engine {name!r}; valid names: {', '.join(ENGINES.names())}")
-    if callback.engine is None and name == "vllm" and not _vllm_installed():
+    """vLLM installed where the engine runs it, the engine settings against the weight sync, the LoRA sync mode
+    and the staleness's correction."""
+    settings = callback.engine_settings
+    if callback.engine is None and settings.runs_vllm_here and not _vllm_installed():
         from ..rollout.vllm import MISSING_VLLM
 
         raise ImportError(f"{MISSING_VLLM}; or set {CB}.engine: hf (transformers generate, no vLLM)")
     if callback.engine is None:
-        _check_kv_cache(callback)
-    if name == "vllm" and callback.vllm.sleep_level == 2 and not callback.weight_sync.enabled:
-        raise ValueError(
-            f"{CB}.vllm.sleep_level=2 discards the engine's weights at every sleep, so it needs "
-            f"{CB}.weight_sync.enabled: true (or use sleep_level: 1, which keeps them in CPU memory)"
-        )
+        settings.check(weight_sync_enabled=callback.weight_sync.enabled, max_model_len=None)
     _check_lora_sync(module, callback)
     check_async_loss(callback.max_staleness, module.loss_fn)
 
 
-def _check_kv_cache(callback: Any) -> None:
-    """On CPU a KV cache left to vLLM takes about 90% of a NUMA node: the size must be set."""
-    import os
-
-    from ..rollout.prefill import is_cpu_platform
-
-    if callback.engine_name == "vllm":
-        size, field = callback.vllm.kv_cache_memory_bytes, f"{CB}.vllm.kv_cache_memory_bytes"
-    elif callback.engine_name == "vllm_server" and callback.server.urls is None:
-        size, field = callback.server.kv_cache_memory_bytes, f"{CB}.server.kv_cache_memory_bytes"
-    else:
-        return
-    if size is None and "VLLM_CPU_KVCACHE_SPACE" not in os.environ and is_cpu_platform():
-        raise ValueError(
-            f"{field} is not set: on CPU vLLM would reserve about 90% of a NUMA node for the KV cache; set it "
-            "(67108864, 64 MiB, suits the tiny models)"
-        )
-
-
 def check_prefill(callback: Any) -> None:
-    """On CPU the engine prefills every prompt whole: its budget must hold ``max_model_len`` and chunked
-    prefill must stay off (:mod:`~lightning_grpo.rollout.prefill`). Needs ``max_model_len`` (set or derived)."""
-    from ..rollout.prefill import cpu_llm_kwargs, is_cpu_platform
-
-    if callback.engine is not None or callback.engine_name == "hf":
+    """The engine settings against the context length derived from the data (on CPU the engine prefills every
+    prompt whole: its budget must hold ``max_model_len``, :mod:`~lightning_grpo.rollout.prefill`)."""
+    if callback.engine is not None:
         return
-    settings = callback.engine_settings()
-    if callback.engine_name == "vllm_server":
-        settings.check_prefill()
-    elif settings.max_model_len is not None and is_cpu_platform():
-        extra = dict(settings.extra_llm_kwargs or {})
-        cpu_llm_kwargs(settings.max_model_len, settings.max_num_batched_tokens, extra, f"{CB}.vllm")
+    enabled = callback.weight_sync.enabled
+    callback.engine_settings.check(weight_sync_enabled=enabled, max_model_len=callback.context_length)
 
 
 def _vllm_installed() -> bool:
@@ -168,18 +134,15 @@ def _vllm_installed() -> bool:
 def _check_lora_sync(module: Any, callback: Any) -> None:
     if callback.weight_sync.lora != "adapter":
         return
-    if callback.engine_name != "vllm":
+    settings = callback.engine_settings
+    if not settings.serves_lora_adapters:
         raise ValueError(
             f"{CB}.weight_sync.lora='adapter' hands the LoRA adapter to vLLM, but {CB}.engine is "
-            f"{callback.engine_name!r} (it samples from the live policy): use weight_sync.lora: merged or engine: vllm"
+            f"{settings.name!r}, which takes merged weights only: use weight_sync.lora: merged or engine: vllm"
         )
     if module.lora is None:
         raise ValueError(f"{CB}.weight_sync.lora='adapter' needs a LoRA policy, but model.policy.lora is not set")
-    if not callback.vllm.enable_lora:
-        raise ValueError(
-            f"{CB}.weight_sync.lora='adapter' needs {CB}.vllm.enable_lora: true (vLLM serves adapters only "
-            "when built with it), or use weight_sync.lora: merged"
-        )
+    settings.check_lora_adapter()
 
 
 # ------------------------------------------------------------------------------------ layout
@@ -194,9 +157,9 @@ def check_layout(trainer: Any, module: Any, callback: Any = None) -> None:
             "model.policy.quantization (QLoRA) does not shard with trainer.strategy ModelParallelStrategy (FSDP2): "
             "use strategy ddp or one device, or train without model.policy.quantization"
         )
-    if callback is not None and callback.engine is None and callback.engine_name == "hf":
+    if callback is not None and callback.engine is None and callback.engine_settings.samples_live_policy:
         raise ValueError(
-            f"{CB}.engine 'hf' generates with the live policy, which trainer.strategy ModelParallelStrategy (FSDP2) "
+            f"{CB}.engine {callback.engine_settings.name!r} generates with the live policy, which trainer.strategy ModelParallelStrategy (FSDP2) "
             "shards (its forward fails on the sharded weights): use engine vllm or vllm_server (they get the gathered "
             "weights), or strategy ddp"
         )
@@ -337,7 +300,7 @@ def check_lengths(dm: Any, module: Any, callback: Any) -> None:
     what = "data.format.max_prompt_length" if dm.max_prompt_length else "the longest prompt"
     limit, limit_field = _engine_max_length(module, callback)
     if limit is None:
-        if callback.engine is not None or callback.engine_name == "hf":
+        if callback.engine is not None or callback.engine_settings.samples_live_policy:
             return
         budget, budget_field = callback.completion_budget()
         if budget is None:
@@ -358,13 +321,12 @@ def _engine_max_length(module: Any, callback: Any) -> tuple[int | None, str]:
     """(longest prompt + completion the engine takes as set (None: derived), the option that sets it)."""
     if callback.engine is not None:  # an engine given with use_engine()
         return callback.engine.max_model_len, "the engine's max_model_len"
-    if callback.engine_name == "vllm":
-        return callback.vllm.max_model_len, f"{CB}.vllm.max_model_len"
-    if callback.engine_name == "vllm_server":
-        return callback.server.max_model_len, f"{CB}.server.max_model_len"
+    settings = callback.engine_settings
+    if not settings.samples_live_policy:
+        return settings.context_limit()
     policy = module.policy
     config = getattr(policy, "config", None)
     positions = getattr(config, "max_position_embeddings", None)
     if positions is None:
         positions = (model_config(module) or {}).get("max_position_embeddings")
-    return positions, "the policy's max_position_embeddings (engine 'hf')"
+    return positions, f"the policy's max_position_embeddings (engine {settings.name!r})"

@@ -34,7 +34,8 @@ ROLLOUT_KEY = "rollout"
 ROLLOUT_DEFAULT = "lightning_grpo.RolloutCallback"
 EPILOG = (
     "The rollout options (--rollout.*) are listed at the end of 'lightning-grpo fit --help'; another rollout "
-    "class: --rollout.help CLASS. Each command's own options: lightning-grpo COMMAND --help."
+    "class: --rollout.help CLASS; an engine's settings: --rollout.engine.help VLLMArgs (or ServerSettings). "
+    "Each command's own options: lightning-grpo COMMAND --help."
 )
 PROG = "lightning-grpo"
 DESCRIPTION = "GRPO-family reinforcement learning of language models with PyTorch Lightning."
@@ -364,8 +365,15 @@ class GRPOCLI(LightningCLI):
 
 
 def _shows_help(argv: list[str]) -> bool:
-    """True when the command prints the options' help (``-h``, ``--help``, ``--print_config=comments``)."""
-    return any(a in ("-h", "--help") or (a.startswith("--print_config") and "comments" in a) for a in argv)
+    """True when the command prints the options' help (``-h``, ``--help``, a class's ``--rollout.engine.help``,
+    ``--print_config=comments``)."""
+    return any(
+        a in ("-h", "--help")
+        or a.endswith(".help")
+        or ".help=" in a
+        or (a.startswith("--print_config") and "comments" in a)
+        for a in argv
+    )
 
 
 def build_cli(

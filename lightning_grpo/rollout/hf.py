@@ -1,4 +1,5 @@
-"""Rollouts with transformers ``generate`` on the live policy (no weight sync needed).
+"""Rollouts with transformers ``generate`` on the live policy (no weight sync needed): `HFEngine`, and its
+settings `HFSettings` (``rollout.engine: hf``).
 
 Slower than vLLM for larger models, but exact by construction: it samples from the very module
 that is being trained, so :attr:`HFEngine.needs_weight_sync` is False and
@@ -9,11 +10,14 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from lightning_grpo.rollout.base import Rollout, RolloutEngine, SamplingConfig, validate_prompts
+from lightning_grpo.rollout.engine_settings import EngineContext, EngineSettings, register_engine
 
 
 class HFEngine(RolloutEngine):
@@ -173,3 +177,28 @@ def _seed_device(device: torch.device, seed: int) -> None:
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         torch.cuda.default_generators[index].manual_seed(seed)
+
+
+@register_engine
+@dataclass
+class HFSettings(EngineSettings):
+    """The transformers engine (`HFEngine`), ``rollout.engine: hf``.
+
+    It samples from the policy being trained,
+    so there is no weight copy and nothing to push; its context limit is the policy's
+    ``max_position_embeddings``. No settings: slower than vLLM beyond the tiny models, exact by construction."""
+
+    name: ClassVar[str] = "hf"
+    samples_live_policy: ClassVar[bool] = True
+
+    def build(
+        self,
+        module: Any,
+        tokenizer: Any,
+        seed: int,
+        context: EngineContext,
+        *,
+        max_model_len: int | None,
+        sequences: int,
+    ) -> RolloutEngine:
+        return HFEngine(module.policy, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)

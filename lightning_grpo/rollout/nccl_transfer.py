@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from lightning_grpo.rollout.engine_settings import ENGINE_ARGS
+
 from .tcp_transfer import local_address_towards
 
 BACKEND = "nccl"
@@ -49,7 +51,7 @@ class NcclTransport:
         weights: the pipeline may train on while it is sent)."""
         if not torch.cuda.is_available():
             raise RuntimeError(
-                "rollout.server.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp for CPU"
+                f"{ENGINE_ARGS}.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp for CPU"
             )
         device = torch.device("cuda", torch.cuda.current_device())
         out = []

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .engine_settings import ENGINE_ARGS
+
 #: Prefill budget (tokens per scheduler step) on CPU when the user sets none: vLLM's own default
 #: for in-process engines, raised to ``max_model_len`` when that is longer.
 DEFAULT_CPU_PREFILL_TOKENS = 4096
@@ -52,7 +54,7 @@ def cpu_prefill_budget(max_model_len: int, max_num_batched_tokens: int | None, f
 
 
 def cpu_llm_kwargs(
-    max_model_len: int, max_num_batched_tokens: int | None, extra: dict[str, Any], where: str = "rollout.vllm"
+    max_model_len: int, max_num_batched_tokens: int | None, extra: dict[str, Any], where: str = ENGINE_ARGS
 ) -> dict[str, Any]:
     """``vllm.LLM`` scheduler arguments for a CPU engine: chunked prefill off, the prefill budget of
     :func:`cpu_prefill_budget`. ``extra`` (the user's other ``LLM`` arguments, ``{where}.extra_llm_kwargs``)
@@ -73,13 +75,13 @@ def cpu_server_args(max_model_len: int, max_num_batched_tokens: int | None, serv
     for arg in server_args:
         name = str(arg).split("=", 1)[0]
         if name in ("--enable-chunked-prefill", "--enable_chunked_prefill"):
-            raise ValueError(f"rollout.server.server_args {arg!r}: {CHUNKED_PREFILL_ON_CPU}; remove the option")
+            raise ValueError(f"{ENGINE_ARGS}.server_args {arg!r}: {CHUNKED_PREFILL_ON_CPU}; remove the option")
         if name in ("--max-num-batched-tokens", "--max_num_batched_tokens"):
             raise ValueError(
-                f"rollout.server.server_args {arg!r}: set the prefill budget with rollout.server.max_num_batched_tokens "
+                f"{ENGINE_ARGS}.server_args {arg!r}: set the prefill budget with {ENGINE_ARGS}.max_num_batched_tokens "
                 "(checked against max_model_len before the server starts)"
             )
-    budget = cpu_prefill_budget(max_model_len, max_num_batched_tokens, "rollout.server.max_num_batched_tokens")
+    budget = cpu_prefill_budget(max_model_len, max_num_batched_tokens, f"{ENGINE_ARGS}.max_num_batched_tokens")
     return ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from lightning_grpo.rollout.engine_settings import ENGINE_ARGS
+
 from .base import Rollout, RolloutEngine, SamplingConfig, check_fits, request_seed, validate_prompts
 from .server_client import Sample, ServerClient, ServerUnavailableError, version_number
 from .shm_transfer import BUCKET_BYTES, ShmTransport
@@ -115,7 +117,7 @@ class ServerEngine(RolloutEngine):
         validate_prompts(prompt_ids)
         if self.max_model_len is not None:
             check_fits(
-                prompt_ids, sampling.max_new_tokens, self.max_model_len, "servers'", "rollout.server.max_model_len"
+                prompt_ids, sampling.max_new_tokens, self.max_model_len, "servers'", f"{ENGINE_ARGS}.max_model_len"
             )
         stop_token_ids = sampling.stop_token_ids
         base = {
@@ -148,7 +150,7 @@ class ServerEngine(RolloutEngine):
         """Log-probs of ``sequences[i][1:]`` on every live server (its prompt log-probs), keyed by URL."""
         validate_prompts(sequences)
         if self.max_model_len is not None:
-            check_fits(sequences, 1, self.max_model_len, "servers'", "rollout.server.max_model_len")
+            check_fits(sequences, 1, self.max_model_len, "servers'", f"{ENGINE_ARGS}.max_model_len")
         scores: dict[str, list[torch.Tensor]] = {}
         for client in self.live_clients():
             try:

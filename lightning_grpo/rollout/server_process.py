@@ -6,7 +6,7 @@ A :class:`ServerProcess` runs vLLM's own API server module (what ``vllm serve`` 
 - ``VLLM_SERVER_DEV_MODE=1``: exposes the RL endpoints (``/pause``, ``/start_weight_update``, ...);
 - ``--enable-scale-out``: the token-in / token-out endpoint ``/inference/v1/generate``;
 - ``--weight-transfer-config {"backend": "lightning_grpo_shm"}`` (our plugin backend; or
-  ``lightning_grpo_tcp`` / vLLM's ``nccl`` as ``rollout.server.transfer`` says);
+  ``lightning_grpo_tcp`` / vLLM's ``nccl`` as ``rollout.engine.init_args.transfer`` says);
 - ``--logprobs-mode processed_logprobs``: log-probs after temperature, as the trainer computes them.
 
 The child's stdout and stderr go to ``<log_dir>/vllm-server-<port>.log``. The server finds the

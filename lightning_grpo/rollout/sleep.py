@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_grpo.rollout.engine_settings import ENGINE_ARGS
+
 SLEEP_LEVELS = (0, 1, 2)
 
 
@@ -37,7 +39,7 @@ class EngineSleep:
 
     def __init__(self, level: int) -> None:
         if level not in SLEEP_LEVELS:
-            raise ValueError(f"rollout.vllm.sleep_level must be 0 (off), 1 or 2, got {level!r}")
+            raise ValueError(f"{ENGINE_ARGS}.sleep_level must be 0 (off), 1 or 2, got {level!r}")
         self.level = level
         self.asleep = False
         """Some of the engine's memory is released (set by :meth:`sleep`, cleared by :meth:`before_generate`)."""
@@ -69,7 +71,7 @@ class EngineSleep:
             return
         if self.weights_discarded:
             raise RuntimeError(
-                "the vLLM engine slept at level 2 (rollout.vllm.sleep_level: 2), which discards its weights, and no "
+                "the vLLM engine slept at level 2 (rollout.engine.init_args.sleep_level: 2), which discards its weights, and no "
                 "weights were pushed since: push them (load_weights) before generating, or use sleep_level: 1"
             )
         llm.wake_up(tags=["kv_cache"] if self.weights_awake else None)

@@ -27,7 +27,7 @@ import contextlib
 import os
 import shutil
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,8 +39,10 @@ from lightning_grpo.rollout.base import (
     request_seed,
     validate_prompts,
 )
+from lightning_grpo.rollout.engine_defaults import model_config
+from lightning_grpo.rollout.engine_settings import ENGINE_ARGS
 from lightning_grpo.rollout.native_stderr import skip_native_lines
-from lightning_grpo.rollout.vllm_args import VLLMArgs
+from lightning_grpo.rollout.prefill import is_cpu_platform
 from lightning_grpo.rollout.vllm_env import (
     export_rank_for_external_launcher,
     keep_default_process_group,
@@ -49,6 +51,9 @@ from lightning_grpo.rollout.vllm_env import (
     quiet_known_harmless,
     sleep_kwargs,
 )
+
+if TYPE_CHECKING:
+    from lightning_grpo.rollout.vllm_args import VLLMArgs
 
 MISSING_VLLM = "engine='vllm' needs vLLM: pip install 'lightning-grpo[cpu]' (CPU) or 'lightning-grpo[gpu]' (CUDA)"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -82,35 +87,47 @@ class VLLMEngine(RolloutEngine):
     needs_weight_sync = True
 
     def __init__(
-        self, model_path: str, settings: VLLMArgs | None = None, *, seed: int = 0, owns_model_dir: bool = False
+        self,
+        model_path: str,
+        settings: VLLMArgs | None = None,
+        *,
+        seed: int = 0,
+        owns_model_dir: bool = False,
+        sequences: int = 1,
     ) -> None:
         """
         Args:
             model_path: directory of an HF checkpoint (config, weights); its architecture must be one vLLM supports.
             settings: the engine's settings (:class:`~lightning_grpo.rollout.vllm_args.VLLMArgs`, one docstring per
                 field); ``max_model_len`` None = the model's ``max_position_embeddings`` (the RolloutCallback sets it
-                from the data). The defaults suit a GPU: on CPU set ``kv_cache_memory_bytes``.
+                from the data). Fields left at None follow the device and the model (`VLLMArgs.for_device`).
             seed: vLLM's engine seed (requests are seeded per call anyway).
             owns_model_dir: ``model_path`` is a copy made for this engine (an in-memory policy saved to a
                 temporary folder): :meth:`close` removes it.
+            sequences: how many sequences one generation samples at once (sizes a CPU KV cache left unset).
         """
         self._owned_dir = str(model_path) if owns_model_dir else None
-        args = settings if settings is not None else VLLMArgs()
-        dtype, weight_push, cpu_gemm = args.dtype, args.weight_push, args.cpu_gemm
-        if dtype not in _DTYPES:
-            raise ValueError(f"VLLMEngine dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-        if weight_push not in ("auto", "reload", "inplace"):
-            raise ValueError(f"VLLMEngine weight_push must be one of auto, reload, inplace; got {weight_push!r}")
-        if cpu_gemm not in ("auto", "packed", "plain"):
-            raise ValueError(f"VLLMEngine cpu_gemm must be one of auto, packed, plain; got {cpu_gemm!r}")
+        if settings is None:
+            from lightning_grpo.rollout.vllm_args import VLLMArgs
+
+            settings = VLLMArgs()
+        args = settings
+        if args.dtype is not None and args.dtype not in _DTYPES:
+            raise ValueError(f"VLLMEngine dtype must be one of {sorted(_DTYPES)}, got {args.dtype!r}")
+        if args.weight_push not in ("auto", "reload", "inplace"):
+            raise ValueError(f"VLLMEngine weight_push must be one of auto, reload, inplace; got {args.weight_push!r}")
+        if args.cpu_gemm not in ("auto", "packed", "plain"):
+            raise ValueError(f"VLLMEngine cpu_gemm must be one of auto, packed, plain; got {args.cpu_gemm!r}")
         if not os.path.isfile(os.path.join(str(model_path), "config.json")):
             raise FileNotFoundError(
                 f"VLLMEngine model_path {model_path!s} has no config.json (expected an HF checkpoint directory)"
             )
+        max_model_len = args.max_model_len if args.max_model_len is not None else model_max_length(model_path)
+        args = args.for_device(is_cpu_platform(), model_config(model_path), max_model_len, sequences)
+        dtype, weight_push, cpu_gemm = args.dtype, args.weight_push, args.cpu_gemm
         from lightning_grpo.rollout.sleep import EngineSleep
 
         self._sleep = EngineSleep(args.sleep_level)  # checks the level before vLLM is imported
-        max_model_len = args.max_model_len if args.max_model_len is not None else model_max_length(model_path)
         vllm = import_vllm()
         self.dtype = _DTYPES[dtype]
         self.max_model_len = max_model_len
@@ -159,7 +176,7 @@ class VLLMEngine(RolloutEngine):
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int) -> Rollout:
         validate_prompts(prompt_ids)
-        check_fits(prompt_ids, sampling.max_new_tokens, self.max_model_len, "engine's", "rollout.vllm.max_model_len")
+        check_fits(prompt_ids, sampling.max_new_tokens, self.max_model_len, "engine's", f"{ENGINE_ARGS}.max_model_len")
         from vllm import SamplingParams
 
         params = [
@@ -187,7 +204,7 @@ class VLLMEngine(RolloutEngine):
         logits, before any temperature), one greedy token generated per sequence (so each must be shorter than
         ``max_model_len``)."""
         validate_prompts(sequences)
-        check_fits(sequences, 1, self.max_model_len, "engine's", "rollout.vllm.max_model_len")
+        check_fits(sequences, 1, self.max_model_len, "engine's", f"{ENGINE_ARGS}.max_model_len")
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
@@ -321,7 +338,7 @@ def model_max_length(model_path: str) -> int:
     length = config.get("max_position_embeddings") or (config.get("text_config") or {}).get("max_position_embeddings")
     if not isinstance(length, int):
         raise ValueError(
-            f"VLLMEngine: {model_path}/config.json has no max_position_embeddings: set rollout.vllm.max_model_len"
+            f"VLLMEngine: {model_path}/config.json has no max_position_embeddings: set {ENGINE_ARGS}.max_model_len"
         )
     return length
 

@@ -1,26 +1,42 @@
-"""The settings of the in-process vLLM engine (``rollout.vllm``), importable without vLLM."""
+"""The settings of the in-process vLLM engine (``rollout.engine: vllm``), importable without vLLM."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from .engine_settings import ENGINE_ARGS, EngineContext, EngineSettings, register_engine
+
+if TYPE_CHECKING:
+    from .base import RolloutEngine
 
 
+@register_engine
 @dataclass
-class VLLMArgs:
-    """The in-process engine (``engine: vllm``): `VLLMEngine`'s settings.
+class VLLMArgs(EngineSettings):
+    """The in-process vLLM engine (`VLLMEngine`), ``rollout.engine: vllm``.
 
-    The defaults suit a GPU. On CPU set ``kv_cache_memory_bytes`` (vLLM would otherwise reserve about 90% of
-    a NUMA node for the KV cache); the CPU recipes use 67108864 (64 MiB)."""
+    ``rollout.engine: {class_path: lightning_grpo.VLLMArgs, init_args: {...}}`` sets its fields.
 
-    dtype: Literal["float32", "float16", "bfloat16"] = "float32"
-    """Engine dtype; pushed weights are cast to it."""
+    Its weights are a copy of the policy's, pushed after every optimizer step. The fields left at None follow
+    the device and the model when the engine is built (`lightning_grpo.rollout.engine_defaults`): on CPU
+    float32 and a KV cache sized for one generation's sequences at full length (64 MiB at least); on a GPU
+    bfloat16 (float16 where bfloat16 is not supported) and a KV cache from ``gpu_memory_utilization``."""
+
+    name: ClassVar[str] = "vllm"
+    serves_lora_adapters: ClassVar[bool] = True
+    runs_vllm_here: ClassVar[bool] = True
+
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    """Engine dtype; pushed weights are cast to it. None = float32 on CPU; on a GPU bfloat16 where supported,
+    else float16."""
     max_model_len: int | None = None
     """Longest prompt + completion in tokens. None = the longest prompt of the data (train, val and test
     records) + ``rollout.sampling.max_new_tokens``; a value set smaller than that is refused."""
     kv_cache_memory_bytes: int | None = None
-    """KV-cache size in bytes (about 2 x layers x kv_heads x head_dim x dtype bytes per token). None = vLLM
-    sizes it from ``gpu_memory_utilization`` (GPU). Set it on CPU (e.g. 67108864, 64 MiB, for the tiny models)."""
+    """KV-cache size in bytes (2 x layers x kv_heads x head_dim x dtype bytes per token). None = on CPU room for
+    one generation's sequences (prompts x ``sampling.n``) at ``max_model_len``, 64 MiB at least
+    (`lightning_grpo.rollout.engine_defaults`); on a GPU vLLM sizes it from ``gpu_memory_utilization``."""
     block_size: int | None = None
     """KV block size in tokens (CPU: a multiple of 32); None = vLLM's default (128 on CPU)."""
     enable_lora: bool = False
@@ -31,7 +47,9 @@ class VLLMArgs:
     """Fraction of GPU memory vLLM may use (the rest is the trainer's); ignored on CPU, and for the KV
     cache ignored when ``kv_cache_memory_bytes`` is set."""
     enforce_eager: bool = True
-    """No CUDA graphs / compilation (keep True on CPU)."""
+    """No CUDA graphs / compilation, on CPU and GPU alike: the engine's process runs with
+    ``TORCHDYNAMO_DISABLE=1`` (no compile at the first log-probs), under which vLLM's compiled mode does not
+    start. False on a GPU needs ``TORCHDYNAMO_DISABLE=0`` set before the run."""
     weight_push: Literal["auto", "reload", "inplace"] = "auto"
     """How pushed weights get in. "reload": vLLM's ``reload_weights`` (any model, quantisation,
     parallelism). "inplace": copy into the loaded model and repack its CPU GEMM weights (CPU, one process,
@@ -52,14 +70,77 @@ class VLLMArgs:
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
-            raise ValueError(f"rollout.vllm.max_model_len must be an integer >= 1 or null, got {self.max_model_len!r}")
+            raise ValueError(f"{ENGINE_ARGS}.max_model_len must be an integer >= 1 or null, got {self.max_model_len!r}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError(
-                f"rollout.vllm.kv_cache_memory_bytes must be > 0 or null, got {self.kv_cache_memory_bytes!r}"
+                f"{ENGINE_ARGS}.kv_cache_memory_bytes must be > 0 or null, got {self.kv_cache_memory_bytes!r}"
             )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
-                f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+                f"{ENGINE_ARGS}.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
             )
         if "max_model_len" in (self.extra_llm_kwargs or {}):
-            raise ValueError("rollout.vllm.extra_llm_kwargs.max_model_len: set rollout.vllm.max_model_len instead")
+            raise ValueError(f"{ENGINE_ARGS}.extra_llm_kwargs.max_model_len: set {ENGINE_ARGS}.max_model_len instead")
+
+    def context_limit(self) -> tuple[int | None, str]:
+        return self.max_model_len, f"{ENGINE_ARGS}.max_model_len"
+
+    def check(self, *, weight_sync_enabled: bool, max_model_len: int | None) -> None:
+        """Sleep level 2 drops the weights, so they must be pushed again; on CPU the prefill budget must hold
+        ``max_model_len`` (set, else the derived one) and chunked prefill stay off (`lightning_grpo.rollout.prefill`)."""
+        if self.sleep_level == 2 and not weight_sync_enabled:
+            raise ValueError(
+                f"{ENGINE_ARGS}.sleep_level=2 discards the engine's weights at every sleep, so it needs "
+                "rollout.weight_sync.enabled: true (or use sleep_level: 1, which keeps them in CPU memory)"
+            )
+        from .prefill import cpu_llm_kwargs, is_cpu_platform
+
+        length = self.max_model_len if self.max_model_len is not None else max_model_len
+        if length is not None and is_cpu_platform():
+            cpu_llm_kwargs(length, self.max_num_batched_tokens, dict(self.extra_llm_kwargs or {}), ENGINE_ARGS)
+
+    def check_lora_adapter(self) -> None:
+        if not self.enable_lora:
+            raise ValueError(
+                f"rollout.weight_sync.lora='adapter' needs {ENGINE_ARGS}.enable_lora: true (vLLM serves adapters "
+                "only when built with it), or use weight_sync.lora: merged"
+            )
+
+    def for_device(self, cpu: bool, config: dict[str, Any], max_model_len: int, sequences: int) -> VLLMArgs:
+        """A copy with the fields left at None decided for the device and the model (``config``: its
+        ``config.json``; `lightning_grpo.rollout.engine_defaults`)."""
+        from .engine_defaults import cpu_kv_cache_bytes, default_dtype
+
+        dtype = self.dtype or default_dtype(cpu)
+        kv = self.kv_cache_memory_bytes
+        if kv is None and cpu:
+            kv = cpu_kv_cache_bytes(config, dtype, max_model_len, sequences, self.block_size)
+        return replace(self, dtype=dtype, kv_cache_memory_bytes=kv)
+
+    def build(
+        self,
+        module: Any,
+        tokenizer: Any,
+        seed: int,
+        context: EngineContext,
+        *,
+        max_model_len: int | None,
+        sequences: int,
+    ) -> RolloutEngine:
+        """vLLM loads the architecture from a checkpoint directory: the module's model path when it has one,
+        otherwise the live policy saved to a temporary directory, which the engine removes when it is closed (or
+        here, when it fails to start). The current weights are pushed right after (the callback does it before
+        the first generation)."""
+        import shutil
+
+        from .model_dir import engine_model_dir
+        from .vllm import VLLMEngine
+
+        settings = self if self.max_model_len is not None else replace(self, max_model_len=max_model_len)
+        path, temporary = engine_model_dir(module, tokenizer)
+        try:
+            return VLLMEngine(path, settings, seed=seed, owns_model_dir=temporary, sequences=sequences)
+        except BaseException:
+            if temporary:
+                shutil.rmtree(path, ignore_errors=True)
+            raise

@@ -85,7 +85,7 @@ def sleep_kwargs(sleep_level: int) -> dict[str, Any]:
     if current_platform.is_sleep_mode_available():
         return {"enable_sleep_mode": True}
     logging.getLogger(__name__).warning(
-        "rollout.vllm.sleep_level=%d: vLLM has no sleep mode on %s, so sleeping frees no memory here",
+        "rollout.engine.init_args.sleep_level=%d: vLLM has no sleep mode on %s, so sleeping frees no memory here",
         sleep_level,
         current_platform.device_type,
     )

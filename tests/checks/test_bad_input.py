@@ -83,12 +83,14 @@ def test_unknown_variant_name_lists_the_valid_ones(build, message):
         build()
 
 
-def test_unknown_engine_name_fails_at_fit_setup():
-    fit_error(
+def test_unknown_engine_name_fails_when_the_callback_is_built():
+    with pytest.raises(
         ValueError,
-        r"rollout.engine: unknown rollout engine 'vlm'; valid names: hf, vllm",
-        callback=hf_callback(engine="vlm"),
-    )
+        match=r"^rollout.engine: unknown rollout engine 'vlm'; expected one of hf, (.*, )?vllm, vllm_server or",
+    ):
+        hf_callback(engine="vlm")
+    with pytest.raises(ValueError, match=r"^rollout.engine: unknown rollout engine int; expected one of hf, "):
+        hf_callback(engine=3)
 
 
 # ================================================================ 2. YAML (LightningCLI)

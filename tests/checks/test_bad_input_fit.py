@@ -22,7 +22,6 @@ from lightning_grpo import (
     PromptDataModule,
     SamplingConfig,
     SelectionSettings,
-    ServerSettings,
     VLLMArgs,
     WeightSyncSettings,
 )
@@ -116,22 +115,18 @@ def test_vllm_not_installed_fails_at_fit_setup(monkeypatch):
 
 def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
-    callback = hf_callback(
-        engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12)
-    )
+    callback = hf_callback(engine=cpu_vllm(max_model_len=12), sampling=SamplingConfig(n=4, max_new_tokens=10))
     fit_error(
         ValueError,
-        r"^rollout.vllm.max_model_len=12 is smaller than data.format.max_prompt_length \(6 tokens\) \+ "
+        r"^rollout.engine.init_args.max_model_len=12 is smaller than data.format.max_prompt_length \(6 tokens\) \+ "
         r"rollout.sampling.max_new_tokens \(10\) = 16$",
         callback=callback,
         dm=PromptDataModule(DigitTask(), batch_size=4, format=PromptFormat(max_prompt_length=6)),
     )
-    callback = hf_callback(
-        engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12)
-    )
+    callback = hf_callback(engine=cpu_vllm(max_model_len=12), sampling=SamplingConfig(n=4, max_new_tokens=10))
     fit_error(
         ValueError,
-        r"^rollout.vllm.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
+        r"^rollout.engine.init_args.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
         r"rollout.sampling.max_new_tokens \(10\) = 15$",
         callback=callback,
     )
@@ -140,12 +135,10 @@ def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
 def test_max_model_len_derived_from_the_data(monkeypatch):
     """Not set: the longest prompt of train / val / test (5 tokens: "1234=") + max_new_tokens, for the engine."""
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
-    callback = hf_callback(
-        engine="vllm", sampling=SamplingConfig(n=4, max_new_tokens=10), vllm=cpu_vllm(max_model_len=12)
-    )
+    callback = hf_callback(engine=cpu_vllm(max_model_len=12), sampling=SamplingConfig(n=4, max_new_tokens=10))
     fit_error(
         ValueError,
-        r"^rollout.vllm.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
+        r"^rollout.engine.init_args.max_model_len=12 is smaller than the longest prompt \(5 tokens\) \+ "
         r"rollout.sampling.max_new_tokens \(10\) = 15$",
         callback=callback,
     )
@@ -156,16 +149,16 @@ def test_max_model_len_derived_from_the_data(monkeypatch):
     [
         (
             {"max_num_batched_tokens": 256, "max_model_len": 512},
-            r"rollout.vllm.max_num_batched_tokens \(256\) is below max_model_len \(512\): "
-            r"on CPU every prompt is prefilled whole in one scheduler step .*raise rollout.vllm.max_num_batched_tokens to at least 512",
+            r"rollout.engine.init_args.max_num_batched_tokens \(256\) is below max_model_len \(512\): "
+            r"on CPU every prompt is prefilled whole in one scheduler step .*raise rollout.engine.init_args.max_num_batched_tokens to at least 512",
         ),
         (
             {"max_model_len": 8192, "extra_llm_kwargs": {"max_num_batched_tokens": 4096}},
-            r"rollout.vllm.extra_llm_kwargs.max_num_batched_tokens \(4096\) is below max_model_len \(8192\)",
+            r"rollout.engine.init_args.extra_llm_kwargs.max_num_batched_tokens \(4096\) is below max_model_len \(8192\)",
         ),
         (
             {"extra_llm_kwargs": {"enable_chunked_prefill": True}},
-            r"rollout.vllm.extra_llm_kwargs.enable_chunked_prefill=True: "
+            r"rollout.engine.init_args.extra_llm_kwargs.enable_chunked_prefill=True: "
             r"chunked prefill is not supported with per-request seeds on CPU .*'CPU Generator does not use offset'.*; remove the option",
         ),
     ],
@@ -173,7 +166,7 @@ def test_max_model_len_derived_from_the_data(monkeypatch):
 )
 def test_cpu_prefill_settings_rejected_before_the_engine_starts(monkeypatch, settings, message):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
-    fit_error(ValueError, message, callback=hf_callback(engine="vllm", vllm=cpu_vllm(**settings)))
+    fit_error(ValueError, message, callback=hf_callback(engine=cpu_vllm(**settings)))
 
 
 @pytest.mark.parametrize(
@@ -181,37 +174,22 @@ def test_cpu_prefill_settings_rejected_before_the_engine_starts(monkeypatch, set
     [
         (
             {"max_num_batched_tokens": 100, "max_model_len": 512},
-            r"rollout.server.max_num_batched_tokens \(100\) is below max_model_len \(512\)",
+            r"rollout.engine.init_args.max_num_batched_tokens \(100\) is below max_model_len \(512\)",
         ),
         (
             {"server_args": ["--enable-chunked-prefill"]},
-            r"rollout.server.server_args '--enable-chunked-prefill': chunked prefill is not supported",
+            r"rollout.engine.init_args.server_args '--enable-chunked-prefill': chunked prefill is not supported",
         ),
         (
             {"server_args": ["--max-num-batched-tokens=64"]},
-            r"rollout.server.server_args '--max-num-batched-tokens=64': set the prefill budget with "
-            r"rollout.server.max_num_batched_tokens",
+            r"rollout.engine.init_args.server_args '--max-num-batched-tokens=64': set the prefill budget with "
+            r"rollout.engine.init_args.max_num_batched_tokens",
         ),
     ],
     ids=["budget", "chunked-prefill-on", "budget-in-server-args"],
 )
 def test_cpu_server_prefill_settings_rejected_before_any_server_starts(settings, message):
-    fit_error(ValueError, message, callback=hf_callback(engine="vllm_server", server=cpu_server(**settings)))
-
-
-def test_cpu_kv_cache_must_be_set(monkeypatch):
-    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
-    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    fit_error(
-        ValueError,
-        r"^rollout.vllm.kv_cache_memory_bytes is not set: on CPU vLLM would reserve about 90% of a NUMA node",
-        callback=hf_callback(engine="vllm", vllm=VLLMArgs()),
-    )
-    fit_error(
-        ValueError,
-        r"^rollout.server.kv_cache_memory_bytes is not set",
-        callback=hf_callback(engine="vllm_server", server=ServerSettings()),
-    )
+    fit_error(ValueError, message, callback=hf_callback(engine=cpu_server(**settings)))
 
 
 def test_max_new_tokens_beyond_hf_policy_positions():
@@ -239,23 +217,11 @@ def test_vllm_engine_bad_argument(monkeypatch, tiny_model_path, kwargs, message)
         VLLMEngine(str(tiny_model_path), VLLMArgs(**kwargs))
 
 
-def test_engine_sections_of_another_engine_are_said_not_refused(caplog):
-    """A recipe switched to another engine on the command line keeps working; the unused section is one line."""
-    from lightning_grpo.callbacks.async_setup import unused_engine_sections
-
-    assert unused_engine_sections("hf", VLLMArgs(max_model_len=64), ServerSettings()) == [
-        "rollout.vllm is set (max_model_len=64) but not used: rollout.engine is 'hf'"
-    ]
-    assert unused_engine_sections("vllm", VLLMArgs(), ServerSettings(num_servers=2)) == [
-        "rollout.server is set (num_servers=2) but not used: rollout.engine is 'vllm'"
-    ]
-    assert unused_engine_sections("vllm_server", cpu_vllm(), ServerSettings()) == [
-        "rollout.vllm is set (kv_cache_memory_bytes=67108864) but not used: rollout.engine is 'vllm_server'"
-    ]
-    assert unused_engine_sections("vllm", cpu_vllm(), ServerSettings()) == []
-    with caplog.at_level("INFO"):
-        callback = hf_callback(vllm=VLLMArgs(max_model_len=64))
-    assert callback.engine_name == "hf"
+def test_asynchronous_rollouts_need_an_engine_that_can():
+    with pytest.raises(
+        ValueError, match=r"^rollout.max_staleness=1 \(asynchronous rollouts\) needs an engine .*got 'hf'$"
+    ):
+        hf_callback(max_staleness=1)
 
 
 @pytest.mark.parametrize(
@@ -277,10 +243,13 @@ def test_engine_sections_of_another_engine_are_said_not_refused(caplog):
             lambda: WeightSyncSettings(lora="both"),
             r"^rollout.weight_sync.lora must be 'merged' or 'adapter', got 'both'$",
         ),
-        (lambda: VLLMArgs(max_model_len=0), r"^rollout.vllm.max_model_len must be an integer >= 1 or null, got 0$"),
+        (
+            lambda: VLLMArgs(max_model_len=0),
+            r"^rollout.engine.init_args.max_model_len must be an integer >= 1 or null, got 0$",
+        ),
         (
             lambda: VLLMArgs(extra_llm_kwargs={"max_model_len": 64}),
-            r"^rollout.vllm.extra_llm_kwargs.max_model_len: set rollout.vllm.max_model_len instead$",
+            r"^rollout.engine.init_args.extra_llm_kwargs.max_model_len: set rollout.engine.init_args.max_model_len instead$",
         ),
     ],
     ids=["samples", "pass_k", "rounds", "lora", "max_model_len", "extra-max_model_len"],
@@ -291,7 +260,7 @@ def test_rollout_sections_reject_bad_values_with_the_field(build, message):
 
 
 def test_max_staleness_needs_the_loss_correction():
-    callback = hf_callback(engine="vllm_server", max_staleness=1, server=cpu_server(urls=["http://127.0.0.1:9"]))
+    callback = hf_callback(engine=cpu_server(urls=["http://127.0.0.1:9"]), max_staleness=1)
     fit_error(
         ValueError,
         r"^rollout.max_staleness=1 trains on batches sampled by older weights, but the loss has no off-policy "
@@ -318,7 +287,7 @@ def test_lora_sync_adapter_without_enable_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
     fit_error(
         ValueError,
-        r"rollout.weight_sync.lora='adapter' needs rollout.vllm.enable_lora: true",
+        r"rollout.weight_sync.lora='adapter' needs rollout.engine.init_args.enable_lora: true",
         module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))),
         callback=hf_callback(engine="vllm", weight_sync=WeightSyncSettings(lora="adapter")),
     )
@@ -335,9 +304,7 @@ def test_lora_sync_adapter_with_hf_engine():
 
 def test_lora_sync_adapter_without_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
-    callback = hf_callback(
-        engine="vllm", weight_sync=WeightSyncSettings(lora="adapter"), vllm=cpu_vllm(enable_lora=True)
-    )
+    callback = hf_callback(engine=cpu_vllm(enable_lora=True), weight_sync=WeightSyncSettings(lora="adapter"))
     fit_error(
         ValueError,
         r"rollout.weight_sync.lora='adapter' needs a LoRA policy, but model.policy.lora is not set",

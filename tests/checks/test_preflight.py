@@ -36,7 +36,7 @@ def fit_lines(tmp_path: Path, capsys, **overrides) -> list[str]:
     start = time.perf_counter()
     with (
         mock.patch.object(sys, "argv", ["lightning-grpo"]),
-        mock.patch("lightning_grpo.rollout.factory.build_engine") as build,
+        mock.patch("lightning_grpo.callbacks.rollout.RolloutCallback._ensure_engine") as build,
         pytest.raises(SystemExit) as exit_,
     ):
         main(["fit", "-c", str(path)])
@@ -49,10 +49,15 @@ def fit_lines(tmp_path: Path, capsys, **overrides) -> list[str]:
 
 def test_vllm_server_url_refusing_connections(tmp_path, capsys):
     url = refusing_url()
-    lines = fit_lines(tmp_path, capsys, **{"rollout.engine": "vllm_server", "rollout.server": {"urls": [url]}})
+    lines = fit_lines(
+        tmp_path,
+        capsys,
+        **{"rollout.engine": {"class_path": "lightning_grpo.ServerSettings", "init_args": {"urls": [url]}}},
+    )
     assert lines[-1] == (
-        f"lightning-grpo: error: rollout.server.urls: {url} refused the connection (nothing listens there): start the "
-        "vLLM server first (docs/guide/scaling.md), or drop rollout.server.urls to have the run start its own"
+        f"lightning-grpo: error: rollout.engine.init_args.urls: {url} refused the connection (nothing listens there): "
+        "start the vLLM server first (docs/guide/scaling.md), or drop rollout.engine.init_args.urls to have the run "
+        "start its own"
     )
     assert len(lines) <= 3, lines
 

@@ -55,7 +55,7 @@ def test_rollout_sampling_n_changes_the_group_size(tmp_path):
     ]
     built = cli(args, run=False)
     callback = _rollout(built.trainer)
-    assert callback.engine_name == "hf" and callback.sampling.n == 16 and callback.sampling.max_new_tokens == 2
+    assert callback.engine_settings.name == "hf" and callback.sampling.n == 16 and callback.sampling.max_new_tokens == 2
     assert not [c for c in built.trainer.callbacks if type(c).__name__.endswith("Guard")]  # the recipe names none
     built.trainer.fit(built.model, datamodule=built.datamodule)
     assert [type(c).__name__ for c in built.trainer.callbacks if type(c).__name__.endswith("Guard")] == [
@@ -117,26 +117,34 @@ def test_help_lists_the_rollout_options_not_every_torch_module(capsys):
         "--rollout.engine",
         "--rollout.sampling.n N",
         "--rollout.rewards",
-        "--rollout.vllm.max_model_len MAX_MODEL_LEN",
-        "--rollout.vllm.gpu_memory_utilization GPU_MEMORY_UTILIZATION",
-        "--rollout.server.urls",
+        "--rollout.engine.help",
         "--model.model MODEL",
     ):
         assert option in out, option
     assert "torch.nn.Linear" not in out and "--model.model.help" not in out
-    # a settings field's own docstring (read only when help is shown: the other commands skip it)
-    assert "Longest prompt + completion in tokens." in " ".join(out.split())
+    assert "--rollout.vllm" not in out and "--rollout.server" not in out  # the engine's fields: its own help
     # --model.model listed about 450 torch.nn classes (some 500 lines more); every option is one to a few lines
-    # (1,073 lines with the typed rollout.vllm / rollout.server sections)
-    assert len(out.splitlines()) < 1300
+    assert len(out.splitlines()) < 1100
+
+
+def test_an_engines_help_lists_its_fields_with_their_docstrings(capsys):
+    from lightning_grpo.cli import main
+
+    with mock.patch.object(sys, "argv", ["lightning-grpo"]), pytest.raises(SystemExit) as exit_:
+        main(["fit", "--rollout.engine.help", "VLLMArgs"])
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for option in ("--engine.max_model_len MAX_MODEL_LEN", "--engine.kv_cache_memory_bytes", "--engine.sleep_level"):
+        assert option in out, option
+    # a settings field's own docstring (read only when help is shown: the other commands skip it)
+    assert "Longest prompt + completion in tokens." in out
 
 
 @pytest.mark.vllm
 def test_print_config_without_a_recipe_is_a_recipe_that_trains(tmp_path, monkeypatch, capsys, vllm_engine):
     """``fit --model.model tiny:chars --data.source lightning_grpo.DigitTask --print_config > x.yaml`` then
-    ``fit -c x.yaml --trainer.max_steps 2`` (the printed engine is vLLM: the rollout callback gets the session's
-    engine instead of building a second one). The engine's defaults suit a GPU: on CPU the KV cache is set on
-    the command line."""
+    ``fit -c x.yaml --trainer.max_steps 2`` (the printed engine is vLLM, the short name: the rollout callback gets
+    the session's engine instead of building a second one)."""
     from lightning_grpo import RolloutCallback
     from lightning_grpo.cli import main
 
@@ -156,8 +164,8 @@ def test_print_config_without_a_recipe_is_a_recipe_that_trains(tmp_path, monkeyp
         return self.engine
 
     monkeypatch.setattr(RolloutCallback, "_ensure_engine", session_engine)
-    built = cli(["fit", "-c", "x.yaml", "--trainer.max_steps", "2", "--rollout.vllm.kv_cache_memory_bytes", "67108864"])
-    assert built.trainer.global_step == 2 and _rollout(built.trainer).engine_name == "vllm"
+    built = cli(["fit", "-c", "x.yaml", "--trainer.max_steps", "2"])
+    assert built.trainer.global_step == 2 and _rollout(built.trainer).engine_settings.name == "vllm"
     loss = float(built.trainer.callback_metrics["train/loss"])
     assert math.isfinite(loss)  # the run trained
 

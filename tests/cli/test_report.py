@@ -228,7 +228,6 @@ def test_report_from_quickstart_run(tmp_path, tiny_cache):
     trainer.update(max_steps=30, val_check_interval=10, log_every_n_steps=1, enable_progress_bar=False)
     trainer["logger"]["init_args"]["save_dir"] = str(tmp_path / "runs")
     cfg["rollout"].update(engine="hf")
-    cfg["rollout"].pop("vllm")  # engine hf takes no engine section
     if not any(c["class_path"].endswith("ZeroStdGuard") for c in trainer["callbacks"]):
         trainer["callbacks"].append({"class_path": "lightning_grpo.ZeroStdGuard"})  # it fires early on this task
     cfg["data"]["val_batch_size"] = 50  # the 50 held-out prompts in one batch

@@ -87,8 +87,7 @@ def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None, 
 
 def _server_callback(url, transfer="shm", weight_sync=True, **kwargs):
     return RolloutCallback(
-        engine="vllm_server",
-        server=ServerSettings(urls=[url], transfer=transfer),
+        engine=ServerSettings(urls=[url], transfer=transfer),
         sampling=SamplingConfig(n=4, max_new_tokens=3),
         rewards=[RewardSpec("prefix_match")],
         seed=3,

@@ -1,6 +1,6 @@
 """Weight pushes to vLLM servers on other machines.
 
-TCP (``rollout.server.transfer: tcp``): the server runs in its own IPC and mount namespaces with a private
+TCP (`ServerSettings.transfer` tcp): the server runs in its own IPC and mount namespaces with a private
 ``/dev/shm`` (``unshare``), so it shares no memory with the trainer, as a server on another machine
 would, and talks to it over loopback TCP only. After each push its log-probs equal the trainer's;
 without the push they drift apart. NCCL (``transfer: nccl``, vLLM's own backend): the same run with

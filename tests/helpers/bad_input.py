@@ -22,12 +22,8 @@ from lightning_grpo import (
 from lightning_grpo.data.tasks import DigitTask
 
 ROWS = [{"prompt": "12=", "answer": "3"}, {"prompt": "4821=", "answer": "2"}]
-#: Command-line options that switch a recipe to engine hf: its rollout.vllm section back to the defaults
-#: (engine hf refuses a set one).
-HF_ENGINE = [
-    "--rollout.engine=hf",
-    '--rollout.vllm={"kv_cache_memory_bytes": null, "max_model_len": null, "max_num_batched_tokens": null}',
-]
+#: Command-line options that switch a recipe to engine hf.
+HF_ENGINE = ["--rollout.engine=hf"]
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -45,23 +41,24 @@ CPU_KV_CACHE = 64 * 1024**2
 
 
 def cpu_vllm(**kwargs) -> VLLMArgs:
-    """``rollout.vllm`` with the tests' CPU KV cache."""
+    """`VLLMArgs` with the tests' CPU KV cache."""
     return VLLMArgs(**{"kv_cache_memory_bytes": CPU_KV_CACHE, **kwargs})
 
 
 def cpu_server(**kwargs) -> ServerSettings:
-    """``rollout.server`` with the tests' CPU KV cache (servers started here)."""
+    """`ServerSettings` with the tests' CPU KV cache (servers started here)."""
     return ServerSettings(**{"kv_cache_memory_bytes": CPU_KV_CACHE, **kwargs})
 
 
 def hf_callback(**kwargs) -> RolloutCallback:
-    """A RolloutCallback (engine hf unless given; engine vllm / vllm_server with the CPU KV cache)."""
+    """A RolloutCallback (engine hf unless given; "vllm" / "vllm_server" get the CPU KV cache)."""
     kwargs.setdefault("sampling", SamplingConfig(n=4, max_new_tokens=3))
     engine = kwargs.pop("engine", "hf")
-    if engine == "vllm":
-        kwargs.setdefault("vllm", cpu_vllm())
-    if engine == "vllm_server":
-        kwargs.setdefault("server", cpu_server())
+    engine = (
+        {"vllm": cpu_vllm, "vllm_server": cpu_server}.get(engine, lambda: engine)()
+        if isinstance(engine, str)
+        else engine
+    )
     return RolloutCallback(engine=engine, rewards=[RewardSpec("prefix_match")], seed=0, **kwargs)
 
 

@@ -269,15 +269,15 @@ def run_e2e(model_dir: str, out: Path, steps: int, engine: str, policy: str = "p
     dm = PromptDataModule(DigitTask(num_train=64, num_val=8), tokenizer_path=model_dir, batch_size=4)
     model = model_dir if policy == "path" else module_from(model_dir)
     module = GRPOModule(model=model, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    settings = {
+        "vllm": lambda: VLLMArgs(kv_cache_memory_bytes=32 * 1024**2),
+        "vllm_server": lambda: ServerSettings(urls=[url] if url else None),
+    }
     rollout = RolloutCallback(
-        engine=engine,
+        engine=settings[engine]() if engine in settings else engine,
         sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=4),
         rewards=[RewardSpec(digit_fraction)],  # varies between samples: nonzero advantages
         seed=7,
-        vllm=VLLMArgs(kv_cache_memory_bytes=32 * 1024**2) if engine == "vllm" else VLLMArgs(),
-        server=ServerSettings(urls=[url] if url else None, kv_cache_memory_bytes=None if url else 64 * 1024**2)
-        if engine == "vllm_server"
-        else ServerSettings(),
     )
     trainer = L.Trainer(
         accelerator="cpu",

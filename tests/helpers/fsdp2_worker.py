@@ -142,11 +142,10 @@ def run_e2e(model_dir: str, out: Path, steps: int) -> None:
         model=model_dir, loss=GRPOLoss(kl=KLSettings(beta=0.04)), optimizer=lambda p: torch.optim.SGD(p, lr=0.1)
     )
     rollout = RolloutCallback(
-        engine="vllm",
+        engine=VLLMArgs(kv_cache_memory_bytes=32 * 1024**2),
         sampling=SamplingConfig(n=4, temperature=1.0, max_new_tokens=6),
         rewards=[RewardSpec(digit_fraction)],
         seed=7,
-        vllm=VLLMArgs(kv_cache_memory_bytes=32 * 1024**2),
     )
     trainer = _trainer(steps, [rollout, Record()])
     trainer.fit(module, datamodule=dm)

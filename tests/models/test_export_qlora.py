@@ -25,7 +25,7 @@ def test_qlora_run_exports_a_dense_folder_that_serves_the_runs_accuracy(tmp_path
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from lightning_grpo.rollout.factory import _save_for_engine
+    from lightning_grpo.rollout.model_dir import _save_for_engine
 
     # the QLoRA quickstart on the digit teacher (a policy that knows the task, quantised to nf4)
     built, run_dir = train_recipe(

@@ -203,12 +203,11 @@ def test_qlora_training_keeps_engine_and_policy_together(vllm_engine, tiny_model
         optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2),
     )
     callback = RolloutCallback(
-        engine="vllm",
+        engine=VLLMArgs(enable_lora=True),
         sampling=SamplingConfig(n=4, max_new_tokens=3),
         rewards=[RewardSpec("prefix_match")],
         seed=3,
         weight_sync=WeightSyncSettings(lora=lora_sync),
-        vllm=VLLMArgs(enable_lora=True),
     )
     callback.use_engine(vllm_engine)
     _, recorder = _fit(module, callback, steps=3)

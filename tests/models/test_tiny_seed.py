@@ -46,7 +46,7 @@ def test_each_seed_has_its_own_initialisation_and_seed_0_keeps_its_folder(monkey
 def test_the_command_line_seed_picks_the_initialisation_the_policy_and_the_engine_load(tmp_path, monkeypatch):
     """``seed_everything: 1`` in a recipe: the module, its loaded policy and the rollout engine's folder
     are the seed-1 initialisation; the data reads the policy's tokenizer from that folder."""
-    from lightning_grpo.rollout.factory import _model_dir
+    from lightning_grpo.rollout.model_dir import engine_model_dir
 
     monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # restored afterwards: the CLI sets it
     path = write_config(tmp_path, seed_everything=1)
@@ -54,7 +54,7 @@ def test_the_command_line_seed_picks_the_initialisation_the_policy_and_the_engin
     assert run.model.model_source == builtin_model_path("tiny:chars@1") != builtin_model_path("tiny:chars@0")
     run.trainer.fit(run.model, datamodule=run.datamodule)
     assert run.trainer.global_step == 1 and run.model.model_source == builtin_model_path("tiny:chars@1")
-    assert _model_dir(run.model, None) == (run.model.model_source, False)  # the folder itself, not a copy
+    assert engine_model_dir(run.model, None) == (run.model.model_source, False)  # the folder itself, not a copy
     assert run.datamodule.tokenizer_source == run.model.model_source  # the policy's own (the same for every seed)
     fresh = GRPOModule(model="tiny:chars")
     fresh.configure_model()

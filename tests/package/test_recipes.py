@@ -139,6 +139,22 @@ def _rollout_args(cfg: dict[str, Any]) -> dict[str, Any]:
     return section["init_args"] if "class_path" in section else section
 
 
+#: ``rollout.engine``'s settings classes by the short name they are registered under.
+ENGINE_CLASSES = {
+    "lightning_grpo.VLLMArgs": "vllm",
+    "lightning_grpo.ServerSettings": "vllm_server",
+    "lightning_grpo.HFSettings": "hf",
+}
+
+
+def _engine(cfg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(The engine's short name, its settings as written) of a recipe's ``rollout.engine``."""
+    engine = _rollout_args(cfg).get("engine", "vllm")
+    if isinstance(engine, str):
+        return engine, {}
+    return ENGINE_CLASSES[engine["class_path"]], engine.get("init_args") or {}
+
+
 def _loss_args(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg["model"]["loss"]["init_args"]
 
@@ -164,7 +180,8 @@ def tiny_substitute(cfg: dict[str, Any]) -> dict[str, Any]:
     cfg["trainer"].update(accelerator="cpu", precision="32-true")
     rollout = _rollout_args(cfg)
     rollout["sampling"]["max_new_tokens"] = 4
-    rollout["vllm"] = {"dtype": "float32", "kv_cache_memory_bytes": 64 * 1024**2}  # max_model_len: derived
+    if _engine(cfg)[0] == "vllm":  # the engine's defaults on CPU (max_model_len: derived)
+        rollout["engine"] = "vllm"
     if "environment_args" in rollout:  # agent recipes: the digit task's prompts open the episodes
         rollout["environment_args"].update(prompt_key="prompt", system_prompt=None)
     return cfg
@@ -201,8 +218,6 @@ def _prepared(
     other_vocabulary = cfg["model"].get("model") in ("tiny:tools", "tiny:text")  # than the session engine's model
     if not HAS_VLLM or (train and other_vocabulary):
         _rollout_args(cfg).update(engine="hf")
-        _rollout_args(cfg).pop("vllm", None)  # the engines' sections (engine hf refuses them)
-        _rollout_args(cfg).pop("server", None)
         _rollout_args(cfg).pop("max_staleness", None)  # asynchronous rollouts need vLLM servers
         changed = True
     if not changed:
@@ -233,7 +248,7 @@ def _shares(path: Path) -> list[pytest.MarkDecorator]:
     or the digit teacher (a distillation recipe whose teacher folder is absent, ``_teacher_for``)."""
     cfg = _load(path)
     distillation = cfg["model"].get("distillation")
-    if _rollout_args(cfg).get("engine") == "vllm_server":
+    if _engine(cfg)[0] == "vllm_server":
         return [pytest.mark.shares("vllm_server")]
     if distillation is not None and not (ROOT / str(distillation["teacher"])).is_dir():
         return [pytest.mark.shares("digit_teacher_path")]
@@ -285,30 +300,45 @@ def test_recipe_lengths_agree(path):
     for reward in rollout.get("rewards") or []:
         if reward["name"] == "soft_overlong":
             assert reward["kwargs"]["max_length"] == max_new
-    engine = rollout.get("vllm") or rollout.get("server") or {}
+    engine = _engine(cfg)[1]
     prompt = cfg["data"].get("format", {}).get("max_prompt_length") or 5  # the digit task: "4821="
     if engine.get("max_model_len") is not None:  # else derived from the data
         assert engine["max_model_len"] >= prompt + max_new
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=IDS)
-def test_cpu_recipes_size_the_kv_cache(path):
-    """The engine defaults suit a GPU (vLLM sizes the KV cache); a CPU recipe sets its KV cache."""
-    cfg = _load(path)
-    rollout = _rollout_args(cfg)
-    if cfg["trainer"].get("accelerator") != "cpu" or rollout.get("engine", "vllm") == "hf":
-        return
-    section = "server" if rollout.get("engine") == "vllm_server" else "vllm"
-    assert isinstance((rollout.get(section) or {}).get("kv_cache_memory_bytes"), int), (
-        f"rollout.{section}.kv_cache_memory_bytes"
+def test_cpu_recipes_kv_cache_holds_a_generation(path, tiny_cache):
+    """A CPU recipe's KV cache, set or the default for the device and the model, holds every sequence of one
+    generation at the engine's full length (the tiny models' recipes get the default, 64 MiB)."""
+    from lightning_grpo.models.tiny import builtin_model_path
+    from lightning_grpo.rollout.engine_defaults import (
+        CPU_BLOCK_SIZE,
+        KV_CACHE_FLOOR_BYTES,
+        cpu_kv_cache_bytes,
+        kv_bytes_per_token,
+        model_config,
     )
+
+    cfg = _load(path)
+    name, settings = _engine(cfg)
+    model = cfg["model"]["model"]
+    if cfg["trainer"].get("accelerator") != "cpu" or name == "hf" or not model.startswith("tiny:"):
+        return
+    config = model_config(builtin_model_path(model))
+    # derived: the tiny tasks' prompt + completion fit one KV block (the quickstart's 7 tokens, reasoning gym's 7)
+    length = settings.get("max_model_len") or CPU_BLOCK_SIZE
+    sequences = cfg["data"]["batch_size"] * _rollout_args(cfg)["sampling"]["n"]
+    size = settings.get("kv_cache_memory_bytes") or cpu_kv_cache_bytes(config, "float32", length, sequences)
+    assert size >= kv_bytes_per_token(config, "float32") * length * sequences
+    if "kv_cache_memory_bytes" not in settings:
+        assert size == KV_CACHE_FLOOR_BYTES
 
 
 @pytest.mark.parametrize("path", [p for p in RUN_RECIPES if _is_real_model(_load(p))], ids=lambda p: p.stem)
 def test_real_model_recipe_settings(path):
     cfg = _load(path)
     data, trainer, policy = cfg["data"], cfg["trainer"], _policy_args(cfg)
-    vllm_args = _rollout_args(cfg)["vllm"]
+    vllm_args = _engine(cfg)[1]
     assert data.get("tokenizer_path") is None, (
         "the policy's own tokenizer and chat template (data.tokenizer_path unset)"
     )
@@ -343,12 +373,12 @@ def test_recipe_trains(path, tmp_path, tiny_cache, request):
     cli = _cli(["-c", str(config_file), *_run_args(tmp_path, steps)])
     trainer, module = cli.trainer, cli.model
     (callback,) = [c for c in trainer.callbacks if isinstance(c, RolloutCallback)]
-    if HAS_VLLM and callback.engine_name == "vllm_server":  # the session's server, not a new one
+    if HAS_VLLM and callback.engine_settings.name == "vllm_server":  # the session's server, not a new one
         from lightning_grpo.rollout.server_client import ServerClient
         from lightning_grpo.rollout.server_engine import ServerEngine
 
         callback.use_engine(ServerEngine([ServerClient(request.getfixturevalue("vllm_server"))]))
-    elif HAS_VLLM and callback.engine_name == "vllm":
+    elif HAS_VLLM and callback.engine_settings.name == "vllm":
         callback.use_engine(request.getfixturevalue("vllm_engine"))
     module.configure_model()  # build the policy now to snapshot its weights (fit reuses it)
     before = _trainable(module)
@@ -362,7 +392,7 @@ def test_recipe_trains(path, tmp_path, tiny_cache, request):
     moved = max((after[n] - before[n]).abs().max().item() for n in before)
     assert moved > 0, "no trainable weight changed"
     _check_algorithm_metrics(cfg, module, metrics)
-    if _rollout_args(cfg).get("engine", "vllm") == "vllm" and cfg["model"]["model"] == "tiny:chars":
+    if _engine(cfg)[0] == "vllm" and cfg["model"]["model"] == "tiny:chars":
         _check_engine_checkpoint(module, cli.datamodule.tokenizer)
 
 
@@ -374,7 +404,7 @@ def _check_engine_checkpoint(module, tokenizer) -> None:
     from safetensors import safe_open
 
     from lightning_grpo.models.weights import policy_weights_for_engine
-    from lightning_grpo.rollout.factory import _save_for_engine
+    from lightning_grpo.rollout.model_dir import _save_for_engine
 
     directory = Path(_save_for_engine(module.policy, tokenizer))
     try:

@@ -100,7 +100,7 @@ def test_vllm_engine_from_a_hub_id_that_cannot_be_fetched_names_it(monkeypatch):
 
     import pytest
 
-    from lightning_grpo.rollout.factory import build_engine
+    from lightning_grpo.rollout.model_dir import engine_model_dir
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     module = SimpleNamespace(model_source="lightning-grpo-test/no-such-model", policy=None)
@@ -108,7 +108,7 @@ def test_vllm_engine_from_a_hub_id_that_cannot_be_fetched_names_it(monkeypatch):
         FileNotFoundError,
         match=r"model.model 'lightning-grpo-test/no-such-model' is not a local directory and could not be fetched",
     ):
-        build_engine("vllm", module, tokenizer=None, seed=0)
+        engine_model_dir(module, tokenizer=None)
 
 
 def test_check_fits_names_the_lengths_the_engine_and_the_setting():
@@ -121,9 +121,9 @@ def test_check_fits_names_the_lengths_the_engine_and_the_setting():
             max_new_tokens=7,
             max_model_len=16,
             whose="servers'",
-            remedy="rollout.server.max_model_len",
+            remedy="rollout.engine.init_args.max_model_len",
         )
     assert str(err.value) == (
         "longest prompt (10 tokens) + max_new_tokens (7) exceeds the servers' max_model_len (16); "
-        "raise rollout.server.max_model_len"
+        "raise rollout.engine.init_args.max_model_len"
     )

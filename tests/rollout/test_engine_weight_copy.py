@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lightning_grpo.rollout.vllm as vllm_module
 from lightning_grpo import GRPOModule
-from lightning_grpo.rollout.factory import EngineContext, build_engine
+from lightning_grpo.rollout.engine_settings import EngineContext
 from lightning_grpo.rollout.vllm_args import VLLMArgs
 from lightning_grpo.rollout.vllm_server import ServerSettings
 from tests.helpers.bad_input import hf_callback
@@ -51,7 +51,7 @@ def _module_and_tokenizer(tiny_model_path):
 
 def _build(tiny_model_path):
     module, tokenizer = _module_and_tokenizer(tiny_model_path)
-    return build_engine("vllm", module, tokenizer, 0, VLLMArgs(max_model_len=64))
+    return VLLMArgs(max_model_len=64).build(module, tokenizer, 0, EngineContext(), max_model_len=None, sequences=1)
 
 
 def test_the_weight_copy_is_removed_when_the_engine_closes(temp_dir, tiny_model_path):
@@ -72,9 +72,12 @@ def test_the_weight_copy_is_removed_when_the_engine_fails_to_start(temp_dir, tin
 def test_an_interrupted_run_closes_the_engine_and_removes_the_copy(temp_dir, tiny_model_path):
     module, tokenizer = _module_and_tokenizer(tiny_model_path)
     trainer = types.SimpleNamespace(  # what the callback reads from its Trainer to build the engine
-        global_rank=0, world_size=1, log_dir=str(temp_dir), datamodule=types.SimpleNamespace(tokenizer=tokenizer)
+        global_rank=0,
+        world_size=1,
+        log_dir=str(temp_dir),
+        datamodule=types.SimpleNamespace(tokenizer=tokenizer, batch_size=4),
     )
-    callback = hf_callback(engine="vllm", vllm=VLLMArgs(max_model_len=64))
+    callback = hf_callback(engine=VLLMArgs(max_model_len=64))
     callback._ensure_engine(trainer, module)
     assert len(_copies(temp_dir)) == 1
     callback.on_exception(trainer, module, KeyboardInterrupt())
@@ -94,9 +97,9 @@ def test_started_servers_weight_copy_is_removed_too(temp_dir, tiny_model_path, m
     settings, context = ServerSettings(max_model_len=64), EngineContext(log_dir=str(temp_dir / "logs"))
     if fails:
         with pytest.raises(RuntimeError, match="the server did not start"):
-            build_engine("vllm_server", module, tokenizer, 0, settings, context)
+            settings.build(module, tokenizer, 0, context, max_model_len=None, sequences=1)
     else:
-        engine = build_engine("vllm_server", module, tokenizer, 0, settings, context)
+        engine = settings.build(module, tokenizer, 0, context, max_model_len=None, sequences=1)
         assert len(_copies(temp_dir)) == 1
         engine.close()
     assert _copies(temp_dir) == []

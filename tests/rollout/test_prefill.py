@@ -58,6 +58,7 @@ def test_drop_in_engine_rejects_chunked_prefill(tiny_model_path):
     from lightning_grpo.rollout.vllm_args import VLLMArgs
 
     with pytest.raises(
-        ValueError, match=r"rollout.vllm.extra_llm_kwargs.enable_chunked_prefill=True: chunked prefill is not supported"
+        ValueError,
+        match=r"rollout.engine.init_args.extra_llm_kwargs.enable_chunked_prefill=True: chunked prefill is not supported",
     ):
         VLLMEngine(str(tiny_model_path), VLLMArgs(extra_llm_kwargs={"enable_chunked_prefill": True}))

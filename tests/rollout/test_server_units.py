@@ -38,11 +38,13 @@ def test_buckets_round_trip_names_shapes_values(tmp_path, dtype):
 
 
 def test_server_settings_reject_bad_values_with_the_field_name():
-    with pytest.raises(ValueError, match="rollout.server.urls: 'localhost:8000' is not an http"):
+    with pytest.raises(ValueError, match="rollout.engine.init_args.urls: 'localhost:8000' is not an http"):
         ServerSettings(urls=["localhost:8000"])
-    with pytest.raises(ValueError, match="rollout.server.num_servers must be >= 1"):
+    with pytest.raises(ValueError, match="rollout.engine.init_args.num_servers must be >= 1"):
         ServerSettings(num_servers=0)
-    with pytest.raises(ValueError, match=r"rollout.server.max_model_len must be an integer >= 1 or null, got 0"):
+    with pytest.raises(
+        ValueError, match=r"rollout.engine.init_args.max_model_len must be an integer >= 1 or null, got 0"
+    ):
         ServerSettings(max_model_len=0)
 
 

@@ -1,4 +1,4 @@
-"""Sleep mode of the colocated vLLM engine (``rollout.vllm.sleep_level``): the order of the calls.
+"""Sleep mode of the colocated vLLM engine (`VLLMArgs.sleep_level`): the order of the calls.
 
 On CPU vLLM's sleep / wake_up free nothing, but the engine makes the same calls as on a GPU, so the
 order is checked here: a recording double of ``vllm.LLM`` (the session engine's own LLM behind a
@@ -78,7 +78,7 @@ def test_level_0_makes_no_call():
 
 @pytest.mark.parametrize("level", [3, -1, "1"])
 def test_bad_sleep_level(level):
-    with pytest.raises(ValueError, match=r"rollout.vllm.sleep_level must be 0 \(off\), 1 or 2"):
+    with pytest.raises(ValueError, match=r"rollout.engine.init_args.sleep_level must be 0 \(off\), 1 or 2"):
         EngineSleep(level)
 
 
@@ -88,10 +88,8 @@ def test_sleep_level_2_without_weight_sync_is_refused():
 
     fit_error(
         ValueError,
-        r"rollout.vllm.sleep_level=2 discards the engine's weights .* needs rollout.weight_sync.enabled: true",
-        callback=hf_callback(
-            engine="vllm", weight_sync=WeightSyncSettings(enabled=False), vllm=cpu_vllm(sleep_level=2)
-        ),
+        r"rollout.engine.init_args.sleep_level=2 discards the engine's weights .* needs rollout.weight_sync.enabled: true",
+        callback=hf_callback(engine=cpu_vllm(sleep_level=2), weight_sync=WeightSyncSettings(enabled=False)),
     )
 
 

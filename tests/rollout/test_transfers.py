@@ -110,7 +110,7 @@ def test_tcp_connect_reports_missing_workers():
     try:
         with pytest.raises(
             ConnectionError,
-            match=r"0 of 2 workers connected to 127.0.0.1:\d+ within 0 s \(can the server reach this address\? rollout.server.transfer_host\)",
+            match=r"0 of 2 workers connected to 127.0.0.1:\d+ within 0 s \(can the server reach this address\? rollout.engine.init_args.transfer_host\)",
         ):
             transport.push(Silent(world=2), transport.prepare(_weights(), torch.float32, 1 << 20), 0)
     finally:
@@ -120,10 +120,10 @@ def test_tcp_connect_reports_missing_workers():
 @pytest.mark.parametrize(
     "args, message",
     [
-        ({"transfer": "rdma"}, r"rollout.server.transfer must be one of shm, tcp, nccl, got 'rdma'"),
+        ({"transfer": "rdma"}, r"rollout.engine.init_args.transfer must be one of shm, tcp, nccl, got 'rdma'"),
         (
             {"transfer": "tcp", "transfer_port": 70000},
-            r"rollout.server.transfer_port must be a TCP port \(0 = any free one\), got 70000",
+            r"rollout.engine.init_args.transfer_port must be a TCP port \(0 = any free one\), got 70000",
         ),
     ],
 )
@@ -218,6 +218,7 @@ def test_nccl_needs_cuda_in_the_trainer():
     from lightning_grpo.rollout.nccl_transfer import NcclTransport
 
     with pytest.raises(
-        RuntimeError, match=r"rollout.server.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp"
+        RuntimeError,
+        match=r"rollout.engine.init_args.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp",
     ):
         NcclTransport().prepare([("w", torch.zeros(2))], torch.bfloat16, 1 << 20)

@@ -69,13 +69,6 @@ def test_construction_passes_the_engine_settings_and_keeps_the_global_rng(fake_v
     assert kwargs["max_model_len"] == config["max_position_embeddings"]  # not set: the model's own
 
 
-def test_defaults_leave_the_kv_cache_to_vllm(fake_vllm, tiny_model_path):
-    """The defaults suit a GPU: vLLM sizes the KV cache from gpu_memory_utilization."""
-    engine = VLLMEngine(str(tiny_model_path), VLLMArgs(max_model_len=40))
-    kwargs = _ReseedingLLM.last_kwargs
-    assert "kv_cache_memory_bytes" not in kwargs and kwargs["max_model_len"] == engine.max_model_len == 40
-
-
 def test_lora_settings_are_passed_when_enabled(fake_vllm, tiny_model_path):
     VLLMEngine(str(tiny_model_path), VLLMArgs(enable_lora=True, max_lora_rank=32))
     kwargs = _ReseedingLLM.last_kwargs
