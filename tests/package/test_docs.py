@@ -95,3 +95,24 @@ def test_the_published_text_tells_no_project_history():
         if history.search(line)
     ]
     assert not found, "\n".join(found)
+
+
+def test_mkdocs_yml_quiets_the_theme_notice_and_names_existing_stylesheets():
+    """Reading mkdocs.yml sets NO_MKDOCS_2_WARNING before the Material theme loads (no 10-line notice at each build),
+    and every ``extra_css`` file it names is in docs/."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("mkdocs")
+    code = (
+        "import os; from mkdocs.utils.yaml import yaml_load; config = yaml_load(open('mkdocs.yml'));"
+        "print(os.environ.get('NO_MKDOCS_2_WARNING'), *config['extra_css'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NO_MKDOCS_2_WARNING"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=DOCS.parent, env=env, capture_output=True, text=True, check=True
+    )
+    flag, *stylesheets = out.stdout.split()
+    assert flag == "1", out.stdout
+    assert stylesheets and all((DOCS / path).is_file() for path in stylesheets), stylesheets
