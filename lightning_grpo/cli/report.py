@@ -10,7 +10,9 @@ rows are merged by ``step``), the guards' optional ``alarms.jsonl`` (one
 by step). Writes ``report.png`` (reward,
 entropy, KL, clip fractions, completion lengths, mismatch, zero-std / identical groups, gradient
 norm, skipped steps; every ``alarm/<guard>`` firing drawn as a vertical marker on all panels) and
-``report.txt`` (also printed). Needs only the standard library and matplotlib (Agg backend).
+``report.txt`` (also printed), which closes with a ``look at:`` section naming each figure outside its
+healthy range (:mod:`lightning_grpo.cli.report_health`; absent when all are healthy). Needs only the
+standard library and matplotlib (Agg backend).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 import sys
 from pathlib import Path
 
+from .report_health import look_at_lines
 from .run_failure import FAILED_FILE, failed_line
 from .run_files import Run, RunDirError, load_run, points as _points, read_alarms, read_metrics, resolve_run_dir  # noqa: F401 - the readers, re-exported
 
@@ -115,6 +118,10 @@ def _metric_lines(run: Run) -> list[str]:
     for column, name in fractions:
         values = run.values(column)
         lines.append(f"{name}: mean fraction {_mean(values):.3f}" if values else f"{name}: not logged")
+    cut, spread = run.values("train/truncation_ratio"), run.values("train/truncated_reward_std")
+    if cut:
+        their = f" (their reward std, mean {_mean(spread):.3f})" if spread else ""
+        lines.append(f"cut-off completions (max_new_tokens reached): mean fraction {_mean(cut):.3f}{their}")
     from ..agents.report import summary_lines  # multi-turn episodes (agents): turns, tool calls, faults
 
     return lines + summary_lines(run)
@@ -199,6 +206,7 @@ def summarize(run: Run) -> str:
         f"what the detectors saw ({source}):",
         *_alarm_lines(run),
         *_completion_lines(run),
+        *look_at_lines(run),
     ]
     return "\n".join(lines) + "\n"
 

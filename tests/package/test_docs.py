@@ -80,3 +80,24 @@ def test_the_public_docstrings_are_google_style_and_their_examples_compile(name)
     assert not roles, f"lightning_grpo.{name}: Sphinx roles render as text in the API reference; use `Name`"
     for code in re.findall(r"```python\n(.*?)```", doc, flags=re.S):
         compile(inspect.cleandoc(code), f"lightning_grpo.{name} Example", "exec")
+
+
+def test_mkdocs_yml_quiets_the_theme_notice_and_names_existing_stylesheets():
+    """Reading mkdocs.yml sets NO_MKDOCS_2_WARNING before the Material theme loads (no 10-line notice at each build),
+    and every ``extra_css`` file it names is in docs/."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("mkdocs")
+    code = (
+        "import os; from mkdocs.utils.yaml import yaml_load; config = yaml_load(open('mkdocs.yml'));"
+        "print(os.environ.get('NO_MKDOCS_2_WARNING'), *config['extra_css'])"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NO_MKDOCS_2_WARNING"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=DOCS.parent, env=env, capture_output=True, text=True, check=True
+    )
+    flag, *stylesheets = out.stdout.split()
+    assert flag == "1", out.stdout
+    assert stylesheets and all((DOCS / path).is_file() for path in stylesheets), stylesheets
