@@ -36,32 +36,3 @@ def episode_metrics(states: list[EpisodeState], env_time: float, prefix: str = "
         if key in counters:
             out[key] = counters[key]
     return {prefix + k: v for k, v in out.items()}
-
-
-def summary_lines(run) -> list[str]:
-    """Lines of ``lightning-grpo report`` about episodes (none when the run logged no agent metrics)."""
-    if not run.values("train/agent/turns_mean"):
-        return []
-
-    def tenths(column: str) -> str:
-        values = run.values(column)
-        n = max(1, len(values) // 10)
-        return f"{sum(values[:n]) / n:.2f} -> {sum(values[-n:]) / n:.2f}" if values else "not logged"
-
-    faults = {
-        k: sum(run.values(f"train/agent/{k}"))
-        for k in ("tool_errors", "tool_timeouts", "malformed_calls", "unknown_tools")
-    }
-    env_time = run.values("train/agent/env_time")
-    lines = [
-        f"episodes (first tenth -> last tenth): turns {tenths('train/agent/turns_mean')}, "
-        f"tool calls {tenths('train/agent/tool_calls_mean')}, tool-call rate {tenths('train/agent/tool_call_rate')}",
-        f"tokens per episode: sampled {tenths('train/agent/completion_tokens')}, environment {tenths('train/agent/env_tokens')}",
-        "tool faults over the logged steps: "
-        + ", ".join(f"{k} {v:.0f}" for k, v in faults.items())
-        + (f"; environment time {sum(env_time) / len(env_time):.4f} s per logged step" if env_time else ""),
-    ]
-    rate = run.values("val/tool_call_rate")
-    if rate:
-        lines.append(f"held-out tool-call rate: {rate[0]:.3f} -> {rate[-1]:.3f}")
-    return lines

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-from .app import GRPOCLI, GRPOArgumentParser, build_cli as _build_cli
-from .errors import is_marked, print_and_exit
-from .quiet import quiet_expected_messages
-from .run_failure import RunFailed
+# Nothing here imports torch or Lightning at import time: `--help`, `report`, `export --help`, `serve` and `fetch`
+# answer without them; the Lightning commands import cli/app.py when they run.
 
 
 def _prepare_environment() -> None:
@@ -41,10 +40,21 @@ def _current_directory_importable() -> None:
         sys.path.insert(0, cwd)
 
 
-def build_cli(args: list[str] | None = None, run: bool = True, cli_class=GRPOCLI):
+def build_cli(args: list[str] | None = None, run: bool = True, cli_class: Any = None):
     """The CLI over GRPOModule and PromptDataModule (``run=False``: parse and instantiate only)."""
+    from .app import GRPOCLI, build_cli as _build_cli
+
     _prepare_environment()
-    return _build_cli(args, run=run, cli_class=cli_class)
+    return _build_cli(args, run=run, cli_class=cli_class or GRPOCLI)
+
+
+def __getattr__(name: str) -> Any:
+    """``GRPOCLI`` and ``GRPOArgumentParser`` from cli/app.py, imported on first use (it imports Lightning)."""
+    if name in ("GRPOCLI", "GRPOArgumentParser"):
+        from . import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main(args: list[str] | None = None) -> int | None:
@@ -55,7 +65,11 @@ def main(args: list[str] | None = None) -> int | None:
     that did not land (status 1; ``LIGHTNING_GRPO_DEBUG=1``: its traceback)."""
     argv = sys.argv[1:] if args is None else list(args)
     _current_directory_importable()
-    quiet_expected_messages()
+    if argv in (["-h"], ["--help"]):
+        from .commands import top_level_help
+
+        print(top_level_help(), end="")
+        raise SystemExit(0)
     if argv[:1] in (["report"], ["export"], ["serve"], ["fetch"]):
         if argv[0] == "report":
             from .report import main as command
@@ -69,6 +83,11 @@ def main(args: list[str] | None = None) -> int | None:
         if status:
             raise SystemExit(status)
         return status
+    from .errors import is_marked, print_and_exit
+    from .quiet import quiet_expected_messages
+    from .run_failure import RunFailed
+
+    quiet_expected_messages()
     try:
         if argv[:1] == ["sft"]:
             from .sft import build_sft_cli

