@@ -52,10 +52,14 @@ class GRPOArgumentParser(LightningArgumentParser):
         print_and_exit(condense(message, getattr(ex, "subcommand_parser", None) or self))
 
     def format_help(self) -> str:
+        """The help, with the default rollout class's options after the package's groups, before Lightning's."""
         text = super().format_help()
-        if ROLLOUT_KEY in getattr(self, "callback_keys", []):  # jsonargparse / argparse internals (third-party)
-            text += "\n" + rollout_options_help()
-        return text
+        if ROLLOUT_KEY not in getattr(self, "callback_keys", []):  # jsonargparse / argparse internals (third-party)
+            return text
+        rollout = rollout_options_help()
+        first = next((g.title for g in self._action_groups if _lightnings(g) and g.title), None)
+        at = text.find(f"\n{first}:") if first else -1
+        return f"{text[:at]}\n\n{rollout}{text[at:]}" if at >= 0 else f"{text}\n{rollout}"
 
 
 def check_config_files(args: list[str]) -> None:
@@ -120,6 +124,37 @@ def _plain_model_option(parser: LightningArgumentParser) -> None:
                 parser._option_string_actions.pop(option, None)
 
 
+#: The classes ``--help`` names for the optimizer and the scheduler (jsonargparse lists every subclass it finds).
+COMMON_CLASSES = {
+    "model.optimizer": "torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, or any class path",
+    "model.lr_scheduler": "torch.optim.lr_scheduler.LambdaLR, CosineAnnealingLR, LinearLR, StepLR, or any class path",
+}
+#: The usage line of ``fit`` / ``validate`` / ``test --help``: the groups, ours first (their options follow it).
+USAGE = "%(prog)s [-c CONFIG] [--print_config] [--model.* ...] [--data.* ...] [--rollout.* ...] [--trainer.* ...]"
+
+
+def _short_class_lists(parser: LightningArgumentParser) -> None:
+    """The optimizer's and the scheduler's help name the common classes (:data:`COMMON_CLASSES`)."""
+    for action in parser._actions:
+        if action.dest in COMMON_CLASSES:
+            text = COMMON_CLASSES[action.dest]
+            action.extra_help = lambda text=text: f", for example {text}"  # in place of every known subclass
+
+
+def _ours_first(parser: LightningArgumentParser) -> None:
+    """A subcommand's ``--help``: a short usage line, then the package's groups (model, data, rollout) before the
+    Trainer's and ``--ckpt_path``'s, which LightningCLI adds first."""
+    parser.usage = USAGE
+    groups = parser._action_groups
+    parser._action_groups = [g for g in groups if not _lightnings(g)] + [g for g in groups if _lightnings(g)]
+
+
+def _lightnings(group: Any) -> bool:
+    """Whether an option group of a subcommand is Lightning's: the Trainer's, or ``--ckpt_path``'s."""
+    dests = [a.dest for a in group._group_actions]
+    return bool(dests) and all(d.split(".")[0] in ("trainer", "ckpt_path", "weights_only") for d in dests)
+
+
 #: Per subcommand that resolves ``--ckpt_path last``: (what the checkpoint is for, the log's words, the hint
 #: when there is none).
 _LAST_CHECKPOINT_WORDS = {
@@ -153,6 +188,8 @@ class GRPOCLI(LightningCLI):
         super()._add_subcommands(parser, **kwargs)
         for choice in parser._subcommands_action._choices_actions:  # Lightning's text is its docstring's first lines
             choice.help = SUBCOMMAND_HELP.get(choice.dest, choice.help)
+        for name in SUBCOMMAND_HELP:
+            _ours_first(parser._subcommands_action._name_parser_map[name])
         for name, help_text in self.other_commands.items():
             entry = self.init_parser(description=f"{help_text}. Options: lightning-grpo {name} --help")
             parser._subcommands_action.add_subcommand(name, entry, help=help_text)
@@ -175,6 +212,7 @@ class GRPOCLI(LightningCLI):
     def add_common_arguments(self, parser: LightningArgumentParser) -> None:
         """``--model.model`` as a path, and ``--distributed_timeout`` (also the ``sft`` command's)."""
         _plain_model_option(parser)
+        _short_class_lists(parser)
         parser.add_argument(
             "--distributed_timeout",
             type=PositiveFloat,

@@ -9,8 +9,8 @@ import argparse
 PROG = "lightning-grpo"
 DESCRIPTION = "GRPO-family reinforcement learning of language models with PyTorch Lightning."
 EPILOG = (
-    "Each command's own options: lightning-grpo COMMAND --help (for fit: the Trainer's, then --model.*, --data.* "
-    "and --rollout.*); another rollout class: --rollout.help CLASS; an engine's settings: --rollout.engine.help "
+    "Each command's own options: lightning-grpo COMMAND --help (for fit: --model.*, --data.* and --rollout.* first, "
+    "the Trainer's last); another rollout class: --rollout.help CLASS; an engine's settings: --rollout.engine.help "
     "VLLMArgs (or ServerSettings, HFSettings)."
 )
 

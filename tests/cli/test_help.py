@@ -52,3 +52,15 @@ def test_sft_help_has_its_usage_line_and_no_warning(capsys):
     first = " ".join(text.split("\n\n")[0].split())
     assert first.startswith("usage: lightning-grpo sft "), first
     assert "{fit,validate,test}" in first and "predict" not in text and "serve" not in first
+
+
+def test_fit_help_puts_our_groups_first_with_a_short_usage_and_the_common_optimizers(capsys):
+    """``fit --help``: model, data and rollout options before the Trainer's; a one-line usage; the optimizer's and
+    the scheduler's help name common classes, not every subclass jsonargparse finds."""
+    text = _help(["fit", "--help"], capsys)
+    lines = text.splitlines()
+    assert lines[0].startswith("usage: lightning-grpo") and "--trainer.* ..." in lines[0] and not lines[1].strip()
+    where = [text.index(f"\n  {option} ") for option in ("--model.model", "--data.batch_size", "--rollout.sampling.n")]
+    assert where == sorted(where) and where[-1] < text.index("\n  --trainer.max_steps ")
+    assert "torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, or any class path" in " ".join(text.split())
+    assert "Adadelta" not in text and "MultiplicativeLR" not in text
