@@ -258,7 +258,8 @@ def collect(args: argparse.Namespace, out: Path, sides: tuple[str, ...] = ("ours
                     **evaluate(args, str(folder / f"step{step}"), f"{side}_step{step}", out),
                 }
             )
-        total = float((folder / "total_seconds.txt").read_text())
+        timed = folder / "total_seconds.txt"  # absent while the run trains (--eval-only scores what is saved)
+        total = float(timed.read_text()) if timed.is_file() else clock[-1]["seconds"]
         result[side] = {
             "clock": clock,
             "points": points,
