@@ -53,10 +53,15 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "engine": {
         "hf": {"rollout": {"init_args": {"engine": "hf"}}},
-        "vllm": {"rollout": {"init_args": {"engine": "vllm", "vllm": VLLM_ARGS}}},
+        "vllm": {"rollout": {"init_args": {"engine": {"class_path": "lightning_grpo.VLLMArgs", "init_args": VLLM_ARGS}}}},
         "vllm_server": {
             "rollout": {
-                "init_args": {"engine": "vllm_server", "server": {"urls": ["{server_url}"], "max_model_len": 128}}
+                "init_args": {
+                    "engine": {
+                        "class_path": "lightning_grpo.ServerSettings",
+                        "init_args": {"urls": ["{server_url}"], "max_model_len": 128},
+                    }
+                }
             }
         },
     },

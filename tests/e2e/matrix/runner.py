@@ -124,7 +124,7 @@ def cell_config(cell: dict[str, str], folder: Path, version: str, server_url: st
     at every step, every completion logged, the logits probe)."""
     config = yaml.safe_load(RECIPE.read_text())
     rollout = dict(config.pop("rollout"))
-    rollout.pop("vllm", None)  # every engine value sets its own section
+    rollout.pop("engine", None)  # every engine value sets its own
     config["rollout"] = {"class_path": "lightning_grpo.RolloutCallback", "init_args": rollout}
     for dimension, value in cell.items():
         config = merge(config, DIMENSIONS[dimension][value])
