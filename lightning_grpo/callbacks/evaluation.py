@@ -96,7 +96,7 @@ class HeldOutEvaluation:
     engine, rewards, sampling and evaluation settings, seed and asynchronous pipeline."""
 
     _eval_batch: int  # the index of the validation / test batch being evaluated (test batches' seeds)
-    seed: int | None
+    sampling_seed: int
     reward_set: Any
     sampling: SamplingConfig
     evaluation: Any  # callbacks.settings.EvaluationSettings
@@ -122,8 +122,8 @@ class HeldOutEvaluation:
         training generation's seed, and the same whatever checkpoint is tested)."""
         rank = module.trainer.global_rank
         if split == "test":
-            return test_seed(self.seed, rank, self._eval_batch)
-        return derive_seed(self.seed + 1, rank, module.trainer.global_step)
+            return test_seed(self.sampling_seed, rank, self._eval_batch)
+        return derive_seed(self.sampling_seed + 1, rank, module.trainer.global_step)
 
     def evaluate(self, module: L.LightningModule, records: list[dict], split: str = "val") -> dict[str, float]:
         """Held-out metrics (``<split>/...``) of a batch of prompt records (called by ``GRPOModule.validation_step``

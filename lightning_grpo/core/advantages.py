@@ -336,7 +336,7 @@ def _resolve_estimator(name: str, scored: Tensor | None, params: dict):
     return fn
 
 
-# Read by the fit-time checks (lightning_grpo.checks.validation) instead of branching on names: each of
+# Read by the run plan's checks (lightning_grpo.plan.run_plan) instead of branching on names: each of
 # these estimators compares a completion with the others of its group, so it needs G >= 2 to give
 # any signal; grpo also divides by the group's reward std. A custom estimator may set them too.
 for _estimator in (

@@ -62,7 +62,7 @@ def max_rl_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6, sc
     return (center_groups(groups, mean, mask) / (mean + eps)).reshape(-1)
 
 
-# read by the fit-time checks (lightning_grpo.checks.validation): these compare a completion with its group
+# read by the run plan's checks (lightning_grpo.plan.run_plan): these compare a completion with its group
 for _estimator in (passk_advantages, max_rl_advantages):
     _estimator.group_relative = True
     _estimator.takes_scored = True  # leaves unscored rows (``scored``) out of its group statistics

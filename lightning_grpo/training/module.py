@@ -26,6 +26,7 @@ from ..core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
 from ..core.batch import BatchGeometry, RolloutBatch
 from ..core.guards import NonFiniteError
 from ..models.fsdp import fsdp_units, shard_policy
+from .defaults import MODULE_CALLBACKS
 from .distill import DistillContext, Distiller, DistillSettings
 from .forward import layout_token_logprobs
 from .metrics import StepMetrics, hands_step_metrics_over, quiet_sync_advice, reduce_rollout_metrics, total_grad_norm
@@ -118,6 +119,7 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
         self._rollout_batch: RolloutBatch | None = None
         self._rollout_metrics: dict[str, float] = {}
         self._evaluator: Evaluator | None = None
+        self._geometry: BatchGeometry | None = None  # the run plan's, handed over with use_geometry
         #: The loss metrics of the current optimizer step, over all its micro-batches and ranks.
         self.step_metrics = StepMetrics()
         #: Optimizer steps skipped so far (guards; see `skip_optimizer_step`).
@@ -162,16 +164,11 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
                 shard_policy(model, dp_mesh)
 
     def configure_callbacks(self) -> list:
-        """The default guards (`default_guards`), when ``default_guards`` is on and the Trainer holds no guard
-        yet: naming any guard in ``trainer.callbacks`` turns the set off; and for a ``max_steps`` run with
-        Lightning's default progress bar, a bar of the run's steps instead (`step_bar_for`: not ``Epoch 2/-2``)."""
-        from ..callbacks.guard_set import Guard, default_guards  # the imports of callbacks here: the defaults
-        from ..callbacks.progress import step_bar_for
-
-        bar = [b for b in [step_bar_for(self.trainer)] if b is not None]
-        if not self.default_guards or any(isinstance(c, Guard) for c in self.trainer.callbacks):
-            return bar
-        return [*default_guards(), *bar]
+        """The callbacks this module brings (`lightning_grpo.training.defaults.MODULE_CALLBACKS`, filled by
+        ``lightning_grpo.callbacks``): the default guards, when ``default_guards`` is on and the Trainer holds no
+        guard yet (naming any guard in ``trainer.callbacks`` turns the set off); and for a ``max_steps`` run with
+        Lightning's default progress bar, a bar of the run's steps instead (not ``Epoch 2/-2``)."""
+        return [callback for name in MODULE_CALLBACKS for callback in MODULE_CALLBACKS.get(name)(self.trainer, self)]
 
     def setup(self, stage: str) -> None:
         """Fail fast when torch.distributed was initialised before Lightning's launcher ran (e.g. by a
@@ -210,19 +207,23 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
         ``validation_step`` / ``test_step`` (RolloutCallback passes its own: it owns the engine)."""
         self._evaluator = evaluator
 
-    def batch_geometry(self, prompts: int, group_size: int) -> BatchGeometry:
-        """The run's batch geometry: ``prompts`` x ``group_size`` rows per generation and rank, this
-        module's ``num_iterations`` / ``steps_per_generation`` and the Trainer's ``accumulate_grad_batches``."""
-        return BatchGeometry(
-            prompts=prompts,
-            group_size=group_size,
-            num_iterations=self.algorithm.num_iterations,
-            steps_per_generation=self.algorithm.steps_per_generation,
-            accumulate=self.trainer.accumulate_grad_batches,
-        )
+    def use_geometry(self, geometry: BatchGeometry) -> None:
+        """Split each generation batch into optimizer and training steps by ``geometry`` (the run plan's;
+        RolloutCallback hands it over in ``setup``)."""
+        self._geometry = geometry
 
-    def _geometry_of(self, batch: RolloutBatch) -> BatchGeometry:
-        return self.batch_geometry(max(1, len(batch) // batch.group_size), batch.group_size)
+    @property
+    def geometry(self) -> BatchGeometry:
+        """The run's batch geometry: the one handed over, else (rollouts driven by hand) one step per generation
+        batch of this module's ``num_iterations`` / ``steps_per_generation`` and the Trainer's
+        ``accumulate_grad_batches``, built once."""
+        if self._geometry is None:
+            self._geometry = BatchGeometry(
+                num_iterations=self.algorithm.num_iterations,
+                steps_per_generation=self.algorithm.steps_per_generation,
+                accumulate=self.trainer.accumulate_grad_batches,
+            )
+        return self._geometry
 
     # ------------------------------------------------------------------------- log-probs
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
@@ -248,7 +249,7 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
                 "Trainer's callbacks, or call module.use_rollout(batch) yourself before each generation's steps"
             )
         accumulate = self.trainer.accumulate_grad_batches
-        step = self._geometry_of(full).micro_step(len(full), int(batch["micro"]))
+        step = self.geometry.micro_step(len(full), int(batch["micro"]))
         micro = full.select(step.micro)
         # one all-reduce for the global normalisers of the mini-batch (tokens, sequences, IS-weight mean)
         kept = full.completion_mask if full.keep_mask is None else full.completion_mask * full.keep_mask
@@ -323,7 +324,7 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
             device=lambda: self.device,
             step=lambda: self.trainer.global_step,
             dtype=self.policy_settings.dtype,
-            micro_step=lambda rows, i: self._geometry_of(self._rollout_batch).micro_step(rows, i),
+            micro_step=lambda rows, i: self.geometry.micro_step(rows, i),
         )
 
     # -------------------------------------------------------------- optimizer step, guards
