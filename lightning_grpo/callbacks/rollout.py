@@ -259,9 +259,11 @@ class RolloutCallback(HeldOutEvaluation, Callback):
 
     @property
     def sampling_seed(self) -> int:
-        """The seed every rank's and generation's sampling seed derives from: the plan's (``rollout.seed``, else
-        the run seed), or the one a resumed run's checkpoint holds."""
-        return self.plan.sampling_seed if self._resumed_seed is None else self._resumed_seed
+        """The seed every rank's and generation's sampling seed derives from: the one a resumed run's checkpoint
+        holds, else the plan's (``rollout.seed``, else the run seed; a set ``rollout.seed`` needs no plan)."""
+        if self._resumed_seed is not None:
+            return self._resumed_seed
+        return self.seed if self._plan is None and self.seed is not None else self.plan.sampling_seed
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
