@@ -274,7 +274,6 @@ class RolloutCallback(HeldOutEvaluation, Callback):
             )
         self._plan = self._handed_plan or RunPlan.resolve(trainer, pl_module, dm, self.plan_side())
         self._handed_plan = None
-        pl_module.use_evaluator(self.evaluate)
         pl_module.use_geometry(self._plan.geometry)
         dm.set_geometry(self._plan.geometry)
 

@@ -14,8 +14,7 @@ reads the micro-step index from the dataloader batch (``batch["micro"]``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -34,8 +33,13 @@ from .policy import PolicyMixin
 from .preparation import RolloutPreparationMixin
 from .settings import AlgorithmSettings, ForwardSettings, PolicySettings, as_settings, settings_dict
 
-#: ``(module, records, split) -> {"<split>/<metric>": value}``: held-out metrics of a batch of prompt records.
-Evaluator = Callable[[Any, list, str], dict]
+
+@runtime_checkable
+class HeldOutEvaluator(Protocol):
+    """A Trainer callback that scores held-out prompt records in its own validation and test hooks
+    (RolloutCallback: it owns the engine)."""
+
+    def evaluate(self, module: Any, records: list, split: str) -> dict[str, float]: ...
 
 
 class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
@@ -118,7 +122,6 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
         self.reference: nn.Module | None = None
         self._rollout_batch: RolloutBatch | None = None
         self._rollout_metrics: dict[str, float] = {}
-        self._evaluator: Evaluator | None = None
         self._geometry: BatchGeometry | None = None  # the run plan's, handed over with use_geometry
         #: The loss metrics of the current optimizer step, over all its micro-batches and ranks.
         self.step_metrics = StepMetrics()
@@ -202,11 +205,6 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
         """The statistics of that batch's rollout (rewards, lengths, timings), as handed over."""
         return self._rollout_metrics
 
-    def use_evaluator(self, evaluator: Evaluator | None) -> None:
-        """Score held-out prompts with ``evaluator(module, records, split) -> metrics`` in
-        ``validation_step`` / ``test_step`` (RolloutCallback passes its own: it owns the engine)."""
-        self._evaluator = evaluator
-
     def use_geometry(self, geometry: BatchGeometry) -> None:
         """Split each generation batch into optimizer and training steps by ``geometry`` (the run plan's;
         RolloutCallback hands it over in ``setup``)."""
@@ -288,22 +286,17 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
         return loss * accumulate * self.trainer.world_size
 
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
-        """Greedy accuracy and mean sampled reward on the dev prompts (``val/*``, through the evaluator
-        that RolloutCallback installs, since it owns the rollout engine)."""
-        self._evaluate(batch, "val")
+        """Nothing to compute here: the rollout callback scores the dev prompts in its own validation hooks (greedy
+        accuracy and mean sampled reward, ``val/*``), since it owns the engine; one error when no callback does."""
+        self._check_evaluator("validation")
 
     def test_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
-        """The same metrics on the test split (``test/*``; ``lightning-grpo test --ckpt_path ...``)."""
-        self._evaluate(batch, "test")
+        """The same for the test split (``test/*``; ``lightning-grpo test --ckpt_path ...``)."""
+        self._check_evaluator("test")
 
-    def _evaluate(self, batch: list[dict[str, Any]], split: str) -> None:
-        if self._evaluator is None:
-            stage = "validation" if split == "val" else "test"
-            raise RuntimeError(
-                f"{stage} needs lightning_grpo.RolloutCallback in the Trainer's callbacks (or module.use_evaluator(fn))"
-            )
-        metrics = self._evaluator(self, batch, split)
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True)
+    def _check_evaluator(self, stage: str) -> None:
+        if not any(isinstance(callback, HeldOutEvaluator) for callback in self.trainer.callbacks):
+            raise RuntimeError(f"{stage} needs lightning_grpo.RolloutCallback in the Trainer's callbacks")
 
     def _is_weight_sums(self, full: RolloutBatch, rows: Tensor) -> Tensor:
         """[2] (sum, count) of the loss's IS-weight mean over the optimizer-step batch (zeros: none)."""
