@@ -174,15 +174,8 @@ class RolloutCallback(HeldOutEvaluation, Callback):
                 (lambda obj: trainer.strategy.broadcast(obj, src=0)) if trainer.world_size > 1 else (lambda obj: obj)
             )
             context = EngineContext(trainer.global_rank, trainer.world_size, trainer.log_dir, broadcast)
-            plan = self.plan
-            self.engine = build_engine(
-                self.engine_name,
-                module,
-                trainer.datamodule.tokenizer,
-                self.sampling_seed,
-                plan.engine_settings,
-                context,
-            )
+            tokenizer, settings = trainer.datamodule.tokenizer, self.plan.engine_settings
+            self.engine = build_engine(self.engine_name, module, tokenizer, self.sampling_seed, settings, context)
             self._owns_engine = True
         return self.engine
 
