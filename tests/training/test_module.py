@@ -150,6 +150,17 @@ def test_training_step_without_rollouts_explains_the_fix(tiny_model_path):
         trainer.fit(module, train_dataloaders=_ticks(1))
 
 
+def test_validation_without_a_rollout_callback_explains_the_fix(tiny_model_path):
+    """The rollout callback scores held-out prompts in its own hooks: without one, validation is one error."""
+    module = GRPOModule(model=_policy(tiny_model_path))
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    records = DataLoader([{"prompt": "12=", "prompt_ids": [1, 2, 3]}], batch_size=1, collate_fn=lambda rows: rows)
+    with pytest.raises(
+        RuntimeError, match=r"^validation needs lightning_grpo.RolloutCallback in the Trainer's callbacks$"
+    ):
+        trainer.validate(module, dataloaders=records)
+
+
 def test_logits_path_equals_chunked_path(tiny_model_path):
     policy = _policy(tiny_model_path)
     batch = _rollout_batch(policy.config.vocab_size)
