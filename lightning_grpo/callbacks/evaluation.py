@@ -90,10 +90,10 @@ def _each_reward(scores, what: str) -> dict[str, float]:
 
 
 class HeldOutEvaluation:
-    """The held-out evaluation of :class:`~lightning_grpo.callbacks.rollout.RolloutCallback`: the module's
-    the callback's own ``on_validation_batch_end`` / ``on_test_batch_end`` call `evaluate`, which samples the
-    records on the callback's engine with the seed of the batch being evaluated, and log its metrics. Reads the callback's
-    engine, rewards, sampling and evaluation settings, seed and asynchronous pipeline."""
+    """The held-out evaluation of :class:`~lightning_grpo.callbacks.rollout.RolloutCallback`: the callback's own
+    ``on_validation_batch_end`` / ``on_test_batch_end`` call `evaluate`, which samples the records on the callback's
+    engine with the seed of the batch being evaluated, and log its metrics through the module. Reads the callback's
+    engine, rewards, sampling and evaluation settings, sampling seed and asynchronous pipeline."""
 
     _eval_batch: int  # the index of the validation / test batch being evaluated (test batches' seeds)
     sampling_seed: int
