@@ -19,10 +19,10 @@ what follows from several of them together has one home here:
 groups and the geometry's limits, the reference, the model, the loss, LoRA, the optimizer
 (:mod:`~lightning_grpo.checks.model_checks`), the servers and teachers (:mod:`~lightning_grpo.checks.preflight`),
 the chat template (a warning), the lengths, the vocabulary, the rewards (every reward function on stand-in
-completions of the first training rows) and the engine settings against the context length (the prefill budget). Each problem is one exception whose
-message names the option as written in a recipe. ``lightning-grpo fit`` resolves the plan before ``trainer.fit``
-(before the loggers create their run directory) and hands it to the rollout callback; a rollout callback used
-without the command line resolves it in its ``setup``.
+completions of the first training rows) and the engine settings against the context length (the prefill budget).
+Each problem is one exception whose message names the option as written in a recipe. ``lightning-grpo fit``
+resolves the plan before ``trainer.fit`` (before the loggers create their run directory) and hands it to the
+rollout callback; a rollout callback used without the command line resolves it in its ``setup``.
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ class RunPlan:
 
     context_length: int | None
     """The longest prompt + completion one engine sequence holds, by one rule: the engine's ``max_model_len`` when
-    set (``rollout.engine.init_args.max_model_len``, or an engine handed over with ``use_engine``), which must hold the
-    prompt bound + ``rollout.sampling.max_new_tokens``; else the prompt bound + the rollout's completion budget
+    set (``rollout.engine.init_args.max_model_len``, or an engine handed over with ``use_engine``), which must hold
+    the prompt bound + ``rollout.sampling.max_new_tokens``; else the prompt bound + the rollout's completion budget
     (``sampling.max_new_tokens``; episodes: ``max_episode_tokens`` + ``max_new_tokens``). The prompt bound is
     ``data.format.max_prompt_length``, else the longest tokenized prompt of the train, validation and test splits.
     None for an engine on the live policy (``hf``, whose ``max_position_embeddings`` must hold the same sum) and for
@@ -76,8 +76,8 @@ class RunPlan:
     tokenizer_source: str | None
     """Where the data's tokenizer was read: ``data.tokenizer_path``, else the policy's folder or hub id."""
     engine_settings: EngineSettings
-    """``rollout.engine`` as set (not copied with the context length: the engine is built with
-    ``max_model_len=context_length``, which it uses where the settings leave theirs unset)."""
+    """``rollout.engine`` as set: the typed settings the rollout callback builds its engine from, with
+    ``max_model_len=context_length`` (used where the settings leave their own unset)."""
 
     @classmethod
     def resolve(
