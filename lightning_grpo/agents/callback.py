@@ -7,6 +7,7 @@ engine (``hf`` or ``vllm``) samples every live episode's next turn in one call.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 import lightning as L
@@ -100,15 +101,14 @@ class AgentRolloutCallback(RolloutCallback):
         super().setup(trainer, pl_module, stage)
         self.make_env()
 
-    def _prepare(self, tokenizer: Any, engine: RolloutEngine) -> None:
-        """Renderer, stop tokens and the engine's length limit (once per tokenizer)."""
+    def _prepare(self, tokenizer: Any) -> None:
+        """Renderer and stop tokens (once per tokenizer)."""
         if self._tokenizer is tokenizer:
             return
         tools = list(getattr(self.make_env(), "tools", None) or [])
         # a transformers tokenizer (third-party)
         self.renderer = ChatRenderer(tokenizer, tools) if getattr(tokenizer, "chat_template", None) else None
         self.sampling.stop_token_ids = self._stop_ids(tokenizer)
-        self.limits.max_model_len = engine.max_model_len
         self._tokenizer = tokenizer
 
     def probe_rewards(self, records: list[dict], tokenizer: Any) -> None:
@@ -163,8 +163,9 @@ class AgentRolloutCallback(RolloutCallback):
     def run(
         self, engine: RolloutEngine, tokenizer: Any, records: list[dict], sampling: SamplingConfig, seed: int
     ) -> EpisodeRollout:
-        """Episodes for ``records`` (``sampling.n`` per record) with this callback's environment."""
-        self._prepare(tokenizer, engine)
+        """Episodes for ``records`` (``sampling.n`` per record) with this callback's environment, each held to the
+        run's context length (`RunPlan.context_length`)."""
+        self._prepare(tokenizer)
         sampling.stop_token_ids = self.sampling.stop_token_ids
         return run_episodes(
             engine,
@@ -174,7 +175,7 @@ class AgentRolloutCallback(RolloutCallback):
             records,
             sampling,
             seed,
-            self.limits,
+            replace(self.limits, max_model_len=self.plan.context_length),
             reset_seed=self.reset_seed,
         )
 

@@ -90,13 +90,13 @@ def _each_reward(scores, what: str) -> dict[str, float]:
 
 
 class HeldOutEvaluation:
-    """The held-out evaluation of :class:`~lightning_grpo.callbacks.rollout.RolloutCallback`: the module's
-    ``validation_step`` / ``test_step`` call `evaluate` (the callback hands it over in ``setup``), which samples
-    the records on the callback's engine with the seed of the batch being evaluated. Reads the callback's
-    engine, rewards, sampling and evaluation settings, seed and asynchronous pipeline."""
+    """The held-out evaluation of :class:`~lightning_grpo.callbacks.rollout.RolloutCallback`: the callback's own
+    ``on_validation_batch_end`` / ``on_test_batch_end`` call `evaluate`, which samples the records on the callback's
+    engine with the seed of the batch being evaluated, and log its metrics through the module. Reads the callback's
+    engine, rewards, sampling and evaluation settings, sampling seed and asynchronous pipeline."""
 
     _eval_batch: int  # the index of the validation / test batch being evaluated (test batches' seeds)
-    seed: int | None
+    sampling_seed: int
     reward_set: Any
     sampling: SamplingConfig
     evaluation: Any  # callbacks.settings.EvaluationSettings
@@ -116,18 +116,47 @@ class HeldOutEvaluation:
     ) -> None:
         self._eval_batch = batch_idx
 
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._log_held_out(pl_module, batch, "val")
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._log_held_out(pl_module, batch, "test")
+
+    def _log_held_out(self, module: L.LightningModule, records: list[dict], split: str) -> None:
+        """`evaluate` a batch of held-out records and log its metrics, averaged over the batches and ranks."""
+        metrics = self.evaluate(module, records, split)
+        module.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(records), sync_dist=True)
+
     def eval_seed(self, module: L.LightningModule, split: str) -> int:
         """The seed of the held-out batch being evaluated: a dev (``val``) check draws from the run seed + 1 at
         the optimizer step; a test batch from `test_seed` (never a
         training generation's seed, and the same whatever checkpoint is tested)."""
         rank = module.trainer.global_rank
         if split == "test":
-            return test_seed(self.seed, rank, self._eval_batch)
-        return derive_seed(self.seed + 1, rank, module.trainer.global_step)
+            return test_seed(self.sampling_seed, rank, self._eval_batch)
+        return derive_seed(self.sampling_seed + 1, rank, module.trainer.global_step)
 
     def evaluate(self, module: L.LightningModule, records: list[dict], split: str = "val") -> dict[str, float]:
-        """Held-out metrics (``<split>/...``) of a batch of prompt records (called by ``GRPOModule.validation_step``
-        with ``split="val"``, the dev split, and ``GRPOModule.test_step`` with ``"test"``)."""
+        """Held-out metrics (``<split>/...``) of a batch of prompt records (``split="val"``: the dev split, from the
+        validation hooks; ``"test"`` from the test hooks)."""
         trainer = module.trainer
         engine = self._ensure_engine(trainer, module)
         seed = self.eval_seed(module, split)

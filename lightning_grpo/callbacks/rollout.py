@@ -14,7 +14,6 @@ Every phase is timed (``time/generate``, ``time/reward``, ``time/prepare``, ``ti
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
@@ -23,11 +22,12 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from ..checks.validation import check_fit_config
+from ..checks.preflight import servers
 from ..core import SELECTIONS
-from ..core.batch import BatchGeometry, RolloutBatch
+from ..core.batch import RolloutBatch
 from ..data.reward_set import RewardSet, RewardSpec
 from ..data.reward_spec import RewardName
+from ..plan.run_plan import RolloutSide, RunPlan
 from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
 from ..rollout.factory import EngineContext, EngineSettings, resolve_engine
 from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
@@ -72,8 +72,9 @@ class RolloutCallback(HeldOutEvaluation, Callback):
             loss (``model.loss.init_args.off_policy.correction``). 0 = synchronous.
         log_completions: every how many optimizer steps, and how many groups of, the sampled
             completions go to ``completions.jsonl`` and the logger's table (`.completions`).
-        seed: run seed; each rank and generation samples with a seed derived from it. None: the
-            seed given to ``seed_everything`` (LightningCLI's ``--seed_everything``), else 0.
+        seed: sampling seed; each rank and generation samples with a seed derived from it. None: the
+            run seed (``seed_everything``, LightningCLI's ``--seed_everything``; else 0), which the data's
+            prompt order and the built-in tiny model's initialisation follow too (`RunPlan`).
 
     Example:
         ```python
@@ -131,9 +132,9 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         self._pipeline: AsyncRollout | None = None
         self.completion_log = CompletionLog(replace(log_completions or CompletionLogSettings()))
         self._eval_batch = 0  # index of the validation / test batch being evaluated (test batches' seeds)
-        self._rewards_probed = False  # the CLI probes them before fit, setup would again
-        self._max_model_len: int | None = None  # derived from the data in setup when not set
-        self.geometry: BatchGeometry | None = None  #: the run's (core.batch.BatchGeometry), built in `setup`
+        self._plan: RunPlan | None = None  # the run's, resolved (or taken over from `use_plan`) in setup
+        self._handed_plan: RunPlan | None = None  # resolved by the command line for the next setup
+        self._resumed_seed: int | None = None  # the sampling seed a resumed run's checkpoint holds
 
     @property
     def max_generation_rounds(self) -> int:
@@ -162,42 +163,28 @@ class RolloutCallback(HeldOutEvaluation, Callback):
                 (lambda obj: trainer.strategy.broadcast(obj, src=0)) if trainer.world_size > 1 else (lambda obj: obj)
             )
             context = EngineContext(trainer.global_rank, trainer.world_size, trainer.log_dir, broadcast)
-            dm = trainer.datamodule
-            self.engine = self.engine_settings.build(
+            dm, plan = trainer.datamodule, self.plan
+            self.engine = plan.engine_settings.build(
                 module,
                 dm.tokenizer,
-                self.seed,
+                self.sampling_seed,
                 context,
-                max_model_len=self._max_model_len,
-                sequences=dm.batch_size * self.sampling.n,
+                max_model_len=plan.context_length,
+                sequences=plan.geometry.prompts * self.sampling.n,
             )
             self._owns_engine = True
         return self.engine
-
-    @property
-    def context_length(self) -> int | None:
-        """The engine's ``max_model_len`` derived from the data in `setup`, for settings that leave it unset."""
-        return self._max_model_len
 
     def completion_budget(self) -> tuple[int | None, str]:
         """Tokens a sample may take after its prompt, and the option that sets them (None: no bound known,
         so ``max_model_len`` must be set)."""
         return self.sampling.max_new_tokens, "rollout.sampling.max_new_tokens"
 
-    def use_context_length(self, max_model_len: int | None) -> None:
-        """The engine's ``max_model_len`` when the settings leave it unset (derived from the data by
-        `check_lengths`)."""
-        self._max_model_len = max_model_len
-
     def probe_rewards(self, records: list[dict], tokenizer: Any) -> None:
-        """Run every reward function on stand-in completions of ``records`` (`reward_probe`)
-        once; later calls do nothing (the CLI probes before fit, `setup` again)."""
-        if self._rewards_probed:
-            return
+        """Run every reward function on stand-in completions of ``records`` (`reward_probe`)."""
         from ..data.reward_probe import probe_rewards
 
         probe_rewards(self.reward_set, records, tokenizer)
-        self._rewards_probed = True
 
     def template_conversations(self, records: list[dict]) -> list[tuple[list[dict], Any, str]]:
         """The multi-turn conversations the chat-template check renders (`check_chat_template`): none here, a
@@ -224,6 +211,48 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         self._check.after_push(self.engine, module, step)  # raises WeightPushError when the push did not land
         return seconds
 
+    # -------------------------------------------------------------------------- plan
+    def plan_side(self) -> RolloutSide:
+        """This callback's settings as the run plan reads them."""
+        budget, budget_field = self.completion_budget()
+        keep = self.selection.gfpo_keep
+        return RolloutSide(
+            engine_settings=self.engine_settings,
+            engine=self.engine,
+            sampling=self.sampling,
+            group_size=self.selector.out_group_size,
+            group_field="rollout.selection.gfpo_keep" if keep is not None else "rollout.sampling.n",
+            completion_budget=budget,
+            budget_field=budget_field,
+            seed=self.seed,
+            max_staleness=self.max_staleness,
+            lora_sync=self.weight_sync.lora,
+            sync_enabled=self.weight_sync.enabled,
+            servers=tuple(servers(self)),
+            conversations=self.template_conversations,
+            probe_rewards=self.probe_rewards,
+        )
+
+    def use_plan(self, plan: RunPlan) -> None:
+        """Run the next fit by ``plan`` (the command line resolves it before ``trainer.fit``); without a call,
+        `setup` resolves it (every fit, validate or test resolves its own)."""
+        self._handed_plan = plan
+
+    @property
+    def plan(self) -> RunPlan:
+        """The run plan (resolved in `setup`)."""
+        if self._plan is None:
+            raise RuntimeError("RolloutCallback.plan is resolved in setup: trainer.fit(module, datamodule=...)")
+        return self._plan
+
+    @property
+    def sampling_seed(self) -> int:
+        """The seed every rank's and generation's sampling seed derives from: the one a resumed run's checkpoint
+        holds, else the plan's (``rollout.seed``, else the run seed; a set ``rollout.seed`` needs no plan)."""
+        if self._resumed_seed is not None:
+            return self._resumed_seed
+        return self.seed if self._plan is None and self.seed is not None else self.plan.sampling_seed
+
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         dm = trainer.datamodule
@@ -231,12 +260,10 @@ class RolloutCallback(HeldOutEvaluation, Callback):
             raise RuntimeError(
                 "RolloutCallback needs a lightning_grpo PromptDataModule: trainer.fit(module, datamodule=...)"
             )
-        pl_module.use_evaluator(self.evaluate)
-        if self.seed is None:
-            self.seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
-        check_fit_config(trainer, pl_module, self)
-        self.geometry = pl_module.batch_geometry(dm.batch_size, self.selector.out_group_size)
-        dm.set_geometry(self.geometry)
+        self._plan = self._handed_plan or RunPlan.resolve(trainer, pl_module, dm, self.plan_side())
+        self._handed_plan = None
+        pl_module.use_geometry(self._plan.geometry)
+        dm.set_geometry(self._plan.geometry)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -292,7 +319,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
 
     def _next_batch(self, trainer: L.Trainer, module: L.LightningModule) -> tuple[SampleResult, dict[str, float]]:
         """The generation batch for this step: sampled now (synchronous) or by the pipeline."""
-        generation = self.geometry.generation(trainer.global_step)
+        generation = self.plan.geometry.generation(trainer.global_step)
         if self.max_staleness == 0:
             sync = self.sync_weights(module)
             result = self._sample(trainer, generation)
@@ -316,7 +343,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
             return dm.generation_prompts(generation, rank, world, round_, self.max_generation_rounds)
 
         def seed_for(round_: int) -> int:
-            return derive_seed(self.seed, rank, generation * self.max_generation_rounds + round_)
+            return derive_seed(self.sampling_seed, rank, generation * self.max_generation_rounds + round_)
 
         result = self._sample_groups(trainer, engine, prompts_for, seed_for)
         result.metrics.update(engine.metrics())
@@ -337,7 +364,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
             if prepared[1] is not None:
                 self._check.verify(self.engine, *prepared[1])
 
-        steps = self.geometry.optimizer_steps  # per generation batch
+        steps = self.plan.geometry.optimizer_steps  # per generation batch
         return AsyncRollout(self.max_staleness, steps, prepare, send, lambda g: self._sample(trainer, g))
 
     def _use_batch(
@@ -397,7 +424,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {
-            "seed": self.seed,
+            "seed": self.sampling_seed,
             "generations": self.generations,
             "dynamic_sampling": self.dynamic_sampling,
             "temperature": self.sampling.temperature,
@@ -405,7 +432,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.seed = state_dict["seed"]
+        self._resumed_seed = state_dict["seed"]
         self.generations = state_dict["generations"]
         self.set_dynamic_sampling(
             state_dict.get("dynamic_sampling", self.dynamic_sampling)

@@ -1,4 +1,4 @@
-"""The chat-template check of multi-turn rollouts (part of :func:`~lightning_grpo.checks.validation.check_fit_config`,
+"""The chat-template check of multi-turn rollouts (run by :meth:`~lightning_grpo.plan.run_plan.RunPlan.resolve`,
 before any engine starts): made-up episodes opened by the first training rows are rendered message by message
 (:mod:`lightning_grpo.data.chat_prefix`), and a template that renders an earlier turn differently once more
 messages follow it (Qwen3's drops the ``<think>`` blocks before the last user message) is one warning.
@@ -10,7 +10,8 @@ trained model another history, and SFT transcripts rendered with it train those 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -27,15 +28,15 @@ AGENT_CONSEQUENCE = (
 )
 
 
-def check_chat_template(dm: PromptDataModule, callback: Any) -> None:
+def check_chat_template(dm: PromptDataModule, conversations_of: Callable[[list[dict]], list]) -> None:
     """Warn (rank zero) when the run's multi-turn episodes meet a chat template that rewrites earlier turns; the
-    episodes are the callback's ``template_conversations`` of the first ``data.format.template_check_rows``
-    training records (single-turn rollouts have none: a prompt is rendered once, a completion never).
-    ``callback``: the run's :class:`~lightning_grpo.RolloutCallback` (a layer above this one)."""
+    episodes are ``conversations_of`` (the rollout callback's ``template_conversations``) the first
+    ``data.format.template_check_rows`` training records (single-turn rollouts have none: a prompt is rendered
+    once, a completion never)."""
     rows, tokenizer = dm.format.template_check_rows, dm.tokenizer
     if not rows or tokenizer is None or not getattr(tokenizer, "chat_template", None):  # a transformers tokenizer
         return
-    conversations = callback.template_conversations(dm.train_records[:rows])
+    conversations = conversations_of(dm.train_records[:rows])
     if not conversations:
         return
     line = rewrite_warning(tokenizer, conversations, AGENT_CONSEQUENCE)

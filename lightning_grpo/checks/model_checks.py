@@ -1,9 +1,10 @@
-"""Fit-time checks of the loss, the LoRA settings and whether a tokenizer belongs to the policy (part of
-:func:`lightning_grpo.checks.validation.check_fit_config`): they run before any engine starts, and their errors
-name the option as written in a recipe."""
+"""Fit-time checks of the module's own settings: the model source, the reference, the loss, the LoRA settings, the
+optimizer, and whether a tokenizer belongs to the policy (run by :meth:`lightning_grpo.plan.run_plan.RunPlan.resolve`
+before any engine starts); their errors name the option as written in a recipe."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,72 @@ def policy_eos_ids(module: Any) -> set[int]:
             value = json.loads(file.read_text()).get("eos_token_id")
             ids.update(value if isinstance(value, list) else [] if value is None else [value])
     return ids
+
+
+def check_reference(module: Any) -> None:
+    """A KL penalty needs a reference model."""
+    if module.policy_settings.reference != "none":
+        return
+    beta = module.loss_fn.beta
+    if beta:
+        raise ValueError(
+            f"model.loss.init_args.kl.beta={beta} puts a KL to the reference model in the loss, but "
+            "model.policy.reference='none': set model.policy.reference: auto (or kl.beta: 0)"
+        )
+    coef = module.algorithm.kl_in_reward.coef
+    if coef:
+        raise ValueError(
+            f"model.algorithm.kl_in_reward.coef={coef} subtracts a KL to the reference model from the rewards, but "
+            "model.policy.reference='none': set model.policy.reference: auto (or model.algorithm.kl_in_reward.coef: 0)"
+        )
+
+
+def check_model_source(module: Any) -> None:
+    """A model path exists and holds config.json; a hub id is in the local cache or on the hub (which
+    answers within seconds: :func:`~lightning_grpo.checks.preflight.hub_model_problem`). The error says
+    which of the two the name was taken for (:func:`~lightning_grpo.models.hub.is_local_path`, the one rule)."""
+    source = module.model_source
+    if not isinstance(source, str):
+        return
+    from ..models.hub import is_local_path
+    from ..models.sources import local_source_problem
+    from .preflight import hub_model_problem
+
+    if (problem := local_source_problem(source)) is not None:
+        raise FileNotFoundError(f"model.model: {problem}")
+    if Path(source).expanduser().is_dir() or is_local_path(source):
+        return
+    if (problem := hub_model_problem(source)) is not None:
+        raise FileNotFoundError(
+            f"model.model: {source} was taken for a hub id (no such local folder) and {problem}; "
+            "expected a Hugging Face model directory or a hub id that is cached or reachable"
+        )
+
+
+def check_optimizer(module: Any) -> None:
+    """``model.optimizer`` accepts its arguments and has a learning rate > 0 (probed on one tensor)."""
+    factory = module.optimizer_factory
+    if factory is None:
+        return
+    name = _callable_name(factory)
+    try:
+        optimizer = factory([torch.nn.Parameter(torch.zeros(1))])
+    except ValueError as err:  # torch.optim validates lr, betas, eps, weight_decay this way
+        raise ValueError(f"model.optimizer: {name} rejected its arguments: {err}") from err
+    except Exception:  # noqa: BLE001 - e.g. an optimizer that needs GPU tensors: the real call reports it
+        return
+    for group in getattr(optimizer, "param_groups", []):
+        lr = group.get("lr")
+        if isinstance(lr, (int, float, torch.Tensor)) and not float(lr) > 0:
+            raise ValueError(
+                f"model.optimizer: the learning rate must be > 0 (0 never changes the policy), got {float(lr)}"
+            )
+
+
+def _callable_name(factory: Any) -> str:
+    """``AdamW`` for the class, a partial of it, or LightningCLI's partial around it."""
+    target = factory
+    if isinstance(factory, functools.partial):
+        target = next((a for a in factory.args if isinstance(a, type)), factory.func)
+    name = getattr(target, "__name__", "")
+    return name if name.isidentifier() else "the optimizer"  # not "<lambda>"

@@ -1,6 +1,6 @@
 """Pre-flight: what a run depends on outside itself, checked before any engine starts.
 
-:func:`check_external` (run by :func:`~lightning_grpo.checks.validation.check_fit_config`) opens a TCP
+:func:`check_external` (run by :meth:`~lightning_grpo.plan.run_plan.RunPlan.resolve`) opens a TCP
 connection to every server the run will talk to and looks for every folder it will load from, so
 that an unreachable server or a missing folder is one line at start-up (the URL or the path, and
 what to do) rather than a failure after the engine started:
@@ -12,7 +12,7 @@ what to do) rather than a failure after the engine started:
   the command that makes it, read from the recipe's header when it has one (as
   ``recipes/distill_quickstart.yaml``'s does);
 * a policy given as a hub id (:func:`hub_model_problem`, run by
-  :func:`~lightning_grpo.checks.validation.check_model_source`): in the local Hugging Face cache, or
+  :func:`~lightning_grpo.checks.model_checks.check_model_source`): in the local Hugging Face cache, or
   on a hub that answers within seconds (offline: ``HF_HUB_OFFLINE`` set, or no connection).
 
 A TCP connection only says that something listens: a server that answers badly still fails later,
@@ -25,7 +25,7 @@ import os
 import re
 import socket
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +34,13 @@ CONNECT_TIMEOUT_S = 3.0
 _DEFAULT_PORTS = {"http": 80, "ws": 80, "https": 443, "wss": 443}
 
 
-def check_external(module: Any, callback: Any, recipes: Sequence[str | Path] = ()) -> None:
+def check_external(module: Any, urls: Iterable[tuple[str, str, str]], recipes: Sequence[str | Path] = ()) -> None:
     """Raise on the first server that cannot be reached or teacher folder that is missing.
 
+    ``urls``: (option, URL, what to do when it is down) of every server the rollout talks to (`servers`);
     ``recipes``: the run's config files (the CLI's ``-c``), searched for the command that makes a
     missing teacher folder."""
-    for field, url, remedy in servers(callback):
+    for field, url, remedy in urls:
         problem = unreachable(url)
         if problem:
             raise ConnectionError(f"{field}: {url} {problem}: {remedy}")

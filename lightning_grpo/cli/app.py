@@ -9,7 +9,7 @@ its own (``rollout``, added with ``add_lightning_class_args`` as Lightning adds 
 
 ``rollout`` takes a ``class_path`` (``lightning_grpo.AgentRolloutCallback`` for episodes), or its
 options alone for the default ``lightning_grpo.RolloutCallback``. A configuration error is printed
-as one line (:mod:`lightning_grpo.cli.errors`), and the fit-time checks run before anything is written.
+as one line (:mod:`lightning_grpo.cli.errors`), and the run plan's checks run before anything is written.
 """
 
 from __future__ import annotations
@@ -286,12 +286,13 @@ class GRPOCLI(LightningCLI):
         return super()._instantiate_trainer(config, [])
 
     def before_fit(self) -> None:
-        """Load and check the data, then cross-check the whole run (:mod:`lightning_grpo.checks.validation`),
-        before ``trainer.fit`` lets the loggers create their run directory: a bad option, file or
-        column fails with nothing written. ``--ckpt_path last`` is resolved first."""
+        """Load and check the data, then resolve the run plan (:class:`~lightning_grpo.plan.run_plan.RunPlan`, which
+        cross-checks the whole run) and hand it to the rollout callback, before ``trainer.fit`` lets the loggers
+        create their run directory: a bad option, file or column fails with nothing written. ``--ckpt_path last``
+        is resolved first."""
         from ..callbacks.rollout import RolloutCallback
-        from ..checks.validation import check_fit_config
         from ..data.datamodule import PromptDataModule
+        from ..plan.run_plan import RunPlan
 
         self._resolve_last_checkpoint()
         if isinstance(self.datamodule, PromptDataModule):
@@ -303,8 +304,9 @@ class GRPOCLI(LightningCLI):
             if datamodule is not None and hasattr(datamodule, "train_records"):
                 datamodule.setup("fit")
             for callback in self.trainer.callbacks:
-                if isinstance(callback, RolloutCallback):
-                    check_fit_config(self.trainer, self.model, callback, datamodule, self._recipes())
+                if isinstance(callback, RolloutCallback) and isinstance(datamodule, PromptDataModule):
+                    side = callback.plan_side()
+                    callback.use_plan(RunPlan.resolve(self.trainer, self.model, datamodule, side, self._recipes()))
         except (ValueError, TypeError, FileNotFoundError, ImportError, ConnectionError) as err:
             mark(err)
             raise
@@ -324,7 +326,7 @@ class GRPOCLI(LightningCLI):
     def _check_model_source(self) -> None:
         """``model.model`` names a model folder, or a hub id that is cached or reachable: one line, before any
         run folder is made."""
-        from ..checks.validation import check_model_source
+        from ..checks.model_checks import check_model_source
 
         try:
             check_model_source(self.model)

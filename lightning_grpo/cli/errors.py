@@ -8,7 +8,7 @@ the class it belongs to, and suggests the closest option name for a misspelled o
 
     rollout.sampling: option 'm' is not accepted by lightning_grpo.SamplingConfig (did you mean 'n'?)
 
-Errors the CLI raises before training (instantiation, the fit-time checks) are marked with
+Errors the CLI raises before training (instantiation, the run plan's checks) are marked with
 :func:`mark` and printed by :func:`print_and_exit` as that one line, without a traceback.
 """
 

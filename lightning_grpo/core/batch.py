@@ -85,8 +85,8 @@ class BatchGeometry:
     Its inputs have one home each: ``prompts`` is ``data.batch_size`` (per rank), ``group_size`` the
     completions per prompt that train (``rollout.sampling.n``, or ``rollout.selection.gfpo_keep``),
     ``num_iterations`` and ``steps_per_generation`` are ``model.algorithm``'s and ``accumulate`` is the
-    Trainer's ``accumulate_grad_batches``. ``RolloutCallback`` builds it once per fit and hands it to the
-    data module and the module.
+    Trainer's ``accumulate_grad_batches``. The run plan builds it once, with its limits checked
+    (``lightning_grpo.plan.run_plan.RunPlan.geometry``); the rollout callback hands it to the data module and the module.
 
     Worked example: 8 prompts x 8 completions = 64 rows per generation; ``steps_per_generation=2``
     splits them into 2 mini-batches of 32 (one optimizer step each); ``accumulate=2`` splits each into 2

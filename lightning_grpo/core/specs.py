@@ -40,7 +40,7 @@ class AdvantageSpec:
 
     group_relative: bool = False
     """It compares each completion with the others of its prompt: a group of one gives no signal
-    (the fit-time checks then ask for ``rollout.sampling.n >= 2``)."""
+    (the run plan's checks then ask for ``rollout.sampling.n >= 2``)."""
     divides_by_group_std: bool = False
     """It divides by the group's reward std (needs ``group_relative``); named in that check's error."""
     takes_scored: bool = False

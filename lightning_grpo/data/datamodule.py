@@ -36,7 +36,7 @@ from lightning_grpo.data.records import (
 from lightning_grpo.data.schedule import generation_indices, permutation, refill_indices
 from lightning_grpo.data.sources import DataSource, FileShortcut
 from lightning_grpo.models.sources import local_source_problem
-from lightning_grpo.models.tiny import builtin_tokenizer_path
+from lightning_grpo.models.tiny import builtin_tokenizer_path, run_seed
 
 if TYPE_CHECKING:
     from lightning_grpo.data.sft_format import SFTFormat
@@ -91,10 +91,11 @@ class PromptDataModule(L.LightningDataModule):
             (`PromptFormat`).
         batch_size: Prompts per training step (each is sampled several times by the rollout).
         val_batch_size: Prompts per validation batch; defaults to ``batch_size``.
-        val_fraction: Fraction in (0, 1) of the training rows split off (by ``seed``) as the
+        val_fraction: Fraction in (0, 1) of the training rows split off (by the order seed) as the
             validation set, when the source has no validation split.
-        shuffle: Shuffle the training prompts (per epoch, by ``seed``).
-        seed: Seed of the shuffles and of the ``val_fraction`` split.
+        shuffle: Shuffle the training prompts (per epoch, by the order seed).
+        seed: Seed of the shuffles and of the ``val_fraction`` split (`order_seed`); None (the default): the run
+            seed (``seed_everything``), so each seed of a seed table also draws its own prompt order.
 
     Example:
         ```python
@@ -122,13 +123,13 @@ class PromptDataModule(L.LightningDataModule):
         val_batch_size: int | None = None,
         val_fraction: float | None = None,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         _check_options(source, train_files, val_files, test_files, format, batch_size, val_batch_size, val_fraction)
         if not isinstance(shuffle, bool):
             raise ValueError(f"data.shuffle must be true or false, got {shuffle!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"data.seed must be an integer, got {seed!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"data.seed must be an integer or null (the run seed), got {seed!r}")
         super().__init__()
         # objects stay out of the checkpoint (it is read with weights_only=True; the CLI saves its own config)
         self.save_hyperparameters(ignore=["source", "format"])
@@ -141,7 +142,7 @@ class PromptDataModule(L.LightningDataModule):
         self.tokenizer_path = builtin_tokenizer_path(tokenizer_path)  # "tiny:tools" -> a built-in tiny model (any seed)
         self.val_fraction, self.seed, self.shuffle = val_fraction, seed, shuffle
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
-        self._geometry = BatchGeometry(prompts=batch_size)  # one training step per generation until set_geometry
+        self._geometry: BatchGeometry | None = None  # the run plan's (set_geometry); None: one step per generation
         #: The tokenizer; loaded from `tokenizer_source` in `setup` unless assigned before.
         self.tokenizer: Any = None
         self._policy_tokenizer: str | None = None  # the policy's tokenizer source (use_policy_tokenizer)
@@ -149,6 +150,12 @@ class PromptDataModule(L.LightningDataModule):
         self.train_records: list[dict[str, Any]] | None = None
         self.val_records: list[dict[str, Any]] = []
         self.test_records: list[dict[str, Any]] = []
+
+    @property
+    def order_seed(self) -> int:
+        """The seed of the prompt order and the ``val_fraction`` split: ``data.seed`` when set, else the run seed
+        (:func:`~lightning_grpo.models.tiny.run_seed`, read when the data is set up)."""
+        return self.seed if self.seed is not None else run_seed()
 
     @property
     def max_prompt_length(self) -> int | None:
@@ -209,7 +216,7 @@ class PromptDataModule(L.LightningDataModule):
         rows, name = train
         if len(rows) < 2:
             raise ValueError(f"data.val_fraction needs at least 2 rows, {name} holds {len(rows)}")
-        order = permutation(len(rows), self.seed, -1)
+        order = permutation(len(rows), self.order_seed, -1)
         n_val = min(max(1, round(self.val_fraction * len(rows))), len(rows) - 1)
         val_idx = set(order[:n_val])
         return (
@@ -294,7 +301,8 @@ class PromptDataModule(L.LightningDataModule):
         records = self._records("train")
         world = self.trainer.world_size if self.trainer is not None else 1
         generations = max(1, len(records) // (self.batch_size * world))
-        return DataLoader(GenerationTicks(generations, self._geometry.training_steps), batch_size=None)
+        steps = 1 if self._geometry is None else self._geometry.training_steps
+        return DataLoader(GenerationTicks(generations, steps), batch_size=None)
 
     def val_dataloader(self) -> DataLoader | list:
         records = self._records("val")
@@ -318,11 +326,11 @@ class PromptDataModule(L.LightningDataModule):
         """The ``batch_size`` training records of ``generation`` on ``rank``; rounds > 0 are
         dynamic-sampling refills, drawn from a separate sequence."""
         records = self._records("train")
-        n, p = len(records), self.batch_size
+        n, p, seed = len(records), self.batch_size, self.order_seed
         if round_ == 0:
-            idx = generation_indices(n, p, generation, self.seed, rank, world_size, self.shuffle)
+            idx = generation_indices(n, p, generation, seed, rank, world_size, self.shuffle)
         else:
-            idx = refill_indices(n, p, generation, round_, max_rounds, self.seed, rank, world_size, self.shuffle)
+            idx = refill_indices(n, p, generation, round_, max_rounds, seed, rank, world_size, self.shuffle)
         return [records[i] for i in idx]
 
 

@@ -2,7 +2,7 @@
 
 A reward function that raises, returns the wrong number of scores or something other than numbers
 (or ``None``) would otherwise fail at the first generation batch, after the engine started.
-:func:`probe_rewards` (run by :func:`~lightning_grpo.checks.validation.check_fit_config`) calls every
+:func:`probe_rewards` (run by :meth:`~lightning_grpo.plan.run_plan.RunPlan.resolve`) calls every
 reward *function* the way the rollout will (the same columns, its convention, chat completions
 for chat data) on two stand-in completions of each of the first two training rows: the row's
 ``answer`` and a made-up text. Reward *objects* (``llm_judge``, ``reward_model``, a class of your

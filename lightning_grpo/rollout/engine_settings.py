@@ -5,7 +5,7 @@ the context an engine is built in. Importable without vLLM.
 servers) or `HFSettings` (transformers ``generate`` on the live policy), or the short name of one of them
 (``vllm``, ``vllm_server``, ``hf``), which means that engine with its defaults. Each settings class
 states what its engine can do (the class attributes below), checks its own fields, and builds its engine
-(:meth:`EngineSettings.build`); the callback and the run checks read those and never branch on the name.
+(:meth:`EngineSettings.build`); the callback and the run plan read those and never branch on the name.
 
 A new engine is its module (a `RolloutEngine`), its settings (a dataclass subclassing `EngineSettings`
 with ``name``, the capabilities and ``build``) and one registration (:func:`register_engine`, for the

@@ -7,6 +7,7 @@ padded, packed: :mod:`.packing`; shared prefix: :mod:`.prefix`), on-policy disti
 and the step's metrics (:mod:`.metrics`).
 
 May import: ``core``, ``models``, ``rollout`` (its data classes). Nothing here imports ``data``,
-``checks``, ``agents``, ``integrations`` or ``cli``, nor ``callbacks`` but for the default guard set
-(``GRPOModule.configure_callbacks`` imports :mod:`lightning_grpo.callbacks.guard_set` when called).
+``checks``, ``plan``, ``callbacks``, ``agents``, ``integrations`` or ``cli``: the callbacks a module brings
+(``GRPOModule.configure_callbacks``: the default guards, the step bar) are registered in :mod:`.defaults` by
+:mod:`lightning_grpo.callbacks`, and the run plan's batch geometry is handed over (``GRPOModule.use_geometry``).
 """

@@ -31,11 +31,10 @@ which ``GRPOModule`` builds and a test can build from plain functions.
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -257,17 +256,18 @@ class Distiller:
         return out
 
     # ----------------------------------------------------------------------------- per batch
-    def prepare(self, batch: RolloutBatch, records: list[dict] | None) -> None:
-        """Teacher log-probs and token advantages of a fresh generation batch (after the reward advantages)."""
+    def prepare(self, batch: RolloutBatch, records: list[dict] | None) -> RolloutBatch:
+        """A new batch: ``batch`` (a fresh generation batch with its reward advantages) with the teachers' log-probs
+        and the token advantages."""
         s = self.settings
         teacher_of = self._rows_per_teacher(batch, records)
-        batch.teacher_logp = self._teacher_logprobs(batch, teacher_of)  # [B, Lc]
-        adv = opd_advantages(batch.rollout_logp, batch.teacher_logp, batch.completion_mask, s.coef)  # [B, Lc]
+        teacher_logp = self._teacher_logprobs(batch, teacher_of)  # [B, Lc]
+        adv = opd_advantages(batch.rollout_logp, teacher_logp, batch.completion_mask, s.coef)  # [B, Lc]
         if s.group_baseline:
             adv = group_token_baseline(adv, batch.completion_mask, batch.group_size)
         if s.use_task_rewards:
             adv = adv + batch.advantages.unsqueeze(-1) * batch.completion_mask
-        batch.advantages = adv
+        batch = replace(batch, teacher_logp=teacher_logp, advantages=adv)
         if s.gkd_coef:
             self._gkd, self._gkd_teachers = batch, teacher_of
             if s.lmbda < 1 and random.Random(_seed(self.ctx.step())).random() >= s.lmbda:
@@ -275,6 +275,7 @@ class Distiller:
                     records, self.ctx.tokenizer(), s.answer_key, batch.temperature, self.ctx.device()
                 )
                 self._gkd_teachers = teacher_of[:: batch.group_size]
+        return batch
 
     def training_term(self, micro_index: int, micro: RolloutBatch, logp: Tensor, metrics: dict) -> Tensor:
         """Logged reverse KL of the current policy, plus GKD's term for micro-step ``micro_index``."""
@@ -305,7 +306,9 @@ class Distiller:
 
 def _seed(step: int) -> int:
     """One draw per generation batch: the run seed and the optimizer step that batch starts at."""
-    return int(os.environ.get("PL_GLOBAL_SEED", 0)) * 1_000_003 + step
+    from ..models.tiny import run_seed
+
+    return run_seed() * 1_000_003 + step
 
 
 def reference_batch(

@@ -14,8 +14,7 @@ reads the micro-step index from the dataloader batch (``batch["micro"]``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -26,6 +25,7 @@ from ..core import ADVANTAGES, REWARD_AGGREGATIONS, GRPOLoss, TokenLogProbs
 from ..core.batch import BatchGeometry, RolloutBatch
 from ..core.guards import NonFiniteError
 from ..models.fsdp import fsdp_units, shard_policy
+from .defaults import MODULE_CALLBACKS
 from .distill import DistillContext, Distiller, DistillSettings
 from .forward import layout_token_logprobs
 from .metrics import StepMetrics, hands_step_metrics_over, quiet_sync_advice, reduce_rollout_metrics, total_grad_norm
@@ -36,8 +36,13 @@ from .settings import AlgorithmSettings, ForwardSettings, PolicySettings, as_set
 
 quiet_lightning_tips()  # at import: Lightning advertises when a Trainer is made, before any hook of ours runs
 
-#: ``(module, records, split) -> {"<split>/<metric>": value}``: held-out metrics of a batch of prompt records.
-Evaluator = Callable[[Any, list, str], dict]
+
+@runtime_checkable
+class HeldOutEvaluator(Protocol):
+    """A Trainer callback that scores held-out prompt records in its own validation and test hooks
+    (RolloutCallback: it owns the engine)."""
+
+    def evaluate(self, module: Any, records: list, split: str) -> dict[str, float]: ...
 
 
 class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
@@ -120,7 +125,7 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
         self.reference: nn.Module | None = None
         self._rollout_batch: RolloutBatch | None = None
         self._rollout_metrics: dict[str, float] = {}
-        self._evaluator: Evaluator | None = None
+        self._geometry: BatchGeometry | None = None  # the run plan's, handed over with use_geometry
         #: The loss metrics of the current optimizer step, over all its micro-batches and ranks.
         self.step_metrics = StepMetrics()
         #: Optimizer steps skipped so far (guards; see `skip_optimizer_step`).
@@ -165,17 +170,12 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
                 shard_policy(model, dp_mesh)
 
     def configure_callbacks(self) -> list:
-        """The default guards (`default_guards`), when ``default_guards`` is on and the Trainer holds no guard
-        yet: naming any guard in ``trainer.callbacks`` turns the set off; for a ``max_steps`` run with
-        Lightning's default progress bar, a bar of the run's steps instead (`step_bar_for`: not ``Epoch 2/-2``);
-        for Lightning's default model summary, one line (`summary_for`: no table of zero FLOPs)."""
-        from ..callbacks.guard_set import Guard, default_guards  # the imports of callbacks here: the defaults
-        from ..callbacks.progress import step_bar_for, summary_for
-
-        bar = [b for b in [step_bar_for(self.trainer), summary_for(self.trainer)] if b is not None]
-        if not self.default_guards or any(isinstance(c, Guard) for c in self.trainer.callbacks):
-            return bar
-        return [*default_guards(), *bar]
+        """The callbacks this module brings (`lightning_grpo.training.defaults.MODULE_CALLBACKS`, filled by
+        ``lightning_grpo.callbacks``): the default guards, when ``default_guards`` is on and the Trainer holds no
+        guard yet (naming any guard in ``trainer.callbacks`` turns the set off); for a ``max_steps`` run with
+        Lightning's default progress bar, a bar of the run's steps instead (not ``Epoch 2/-2``); for Lightning's
+        default model summary, one line (no table of zero FLOPs)."""
+        return [callback for name in MODULE_CALLBACKS for callback in MODULE_CALLBACKS.get(name)(self.trainer, self)]
 
     def setup(self, stage: str) -> None:
         """Fail fast when torch.distributed was initialised before Lightning's launcher ran (e.g. by a
@@ -210,24 +210,23 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
         """The statistics of that batch's rollout (rewards, lengths, timings), as handed over."""
         return self._rollout_metrics
 
-    def use_evaluator(self, evaluator: Evaluator | None) -> None:
-        """Score held-out prompts with ``evaluator(module, records, split) -> metrics`` in
-        ``validation_step`` / ``test_step`` (RolloutCallback passes its own: it owns the engine)."""
-        self._evaluator = evaluator
+    def use_geometry(self, geometry: BatchGeometry) -> None:
+        """Split each generation batch into optimizer and training steps by ``geometry`` (the run plan's;
+        RolloutCallback hands it over in ``setup``)."""
+        self._geometry = geometry
 
-    def batch_geometry(self, prompts: int, group_size: int) -> BatchGeometry:
-        """The run's batch geometry: ``prompts`` x ``group_size`` rows per generation and rank, this
-        module's ``num_iterations`` / ``steps_per_generation`` and the Trainer's ``accumulate_grad_batches``."""
-        return BatchGeometry(
-            prompts=prompts,
-            group_size=group_size,
-            num_iterations=self.algorithm.num_iterations,
-            steps_per_generation=self.algorithm.steps_per_generation,
-            accumulate=self.trainer.accumulate_grad_batches,
-        )
-
-    def _geometry_of(self, batch: RolloutBatch) -> BatchGeometry:
-        return self.batch_geometry(max(1, len(batch) // batch.group_size), batch.group_size)
+    @property
+    def geometry(self) -> BatchGeometry:
+        """The run's batch geometry: the one handed over, else (rollouts driven by hand) one step per generation
+        batch of this module's ``num_iterations`` / ``steps_per_generation`` and the Trainer's
+        ``accumulate_grad_batches``, built once."""
+        if self._geometry is None:
+            self._geometry = BatchGeometry(
+                num_iterations=self.algorithm.num_iterations,
+                steps_per_generation=self.algorithm.steps_per_generation,
+                accumulate=self.trainer.accumulate_grad_batches,
+            )
+        return self._geometry
 
     # ------------------------------------------------------------------------- log-probs
     def token_logprobs(self, model: nn.Module, batch: RolloutBatch, compute_entropy: bool = False) -> TokenLogProbs:
@@ -253,7 +252,7 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
                 "Trainer's callbacks, or call module.use_rollout(batch) yourself before each generation's steps"
             )
         accumulate = self.trainer.accumulate_grad_batches
-        step = self._geometry_of(full).micro_step(len(full), int(batch["micro"]))
+        step = self.geometry.micro_step(len(full), int(batch["micro"]))
         micro = full.select(step.micro)
         # one all-reduce for the global normalisers of the mini-batch (tokens, sequences, IS-weight mean)
         kept = full.completion_mask if full.keep_mask is None else full.completion_mask * full.keep_mask
@@ -292,22 +291,17 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
         return loss * accumulate * self.trainer.world_size
 
     def validation_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
-        """Greedy accuracy and mean sampled reward on the dev prompts (``val/*``, through the evaluator
-        that RolloutCallback installs, since it owns the rollout engine)."""
-        self._evaluate(batch, "val")
+        """Nothing to compute here: the rollout callback scores the dev prompts in its own validation hooks (greedy
+        accuracy and mean sampled reward, ``val/*``), since it owns the engine; one error when no callback does."""
+        self._check_evaluator("validation")
 
     def test_step(self, batch: list[dict[str, Any]], batch_idx: int) -> None:
-        """The same metrics on the test split (``test/*``; ``lightning-grpo test --ckpt_path ...``)."""
-        self._evaluate(batch, "test")
+        """The same for the test split (``test/*``; ``lightning-grpo test --ckpt_path ...``)."""
+        self._check_evaluator("test")
 
-    def _evaluate(self, batch: list[dict[str, Any]], split: str) -> None:
-        if self._evaluator is None:
-            stage = "validation" if split == "val" else "test"
-            raise RuntimeError(
-                f"{stage} needs lightning_grpo.RolloutCallback in the Trainer's callbacks (or module.use_evaluator(fn))"
-            )
-        metrics = self._evaluator(self, batch, split)
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(batch), sync_dist=True)
+    def _check_evaluator(self, stage: str) -> None:
+        if not any(isinstance(callback, HeldOutEvaluator) for callback in self.trainer.callbacks):
+            raise RuntimeError(f"{stage} needs lightning_grpo.RolloutCallback in the Trainer's callbacks")
 
     def _is_weight_sums(self, full: RolloutBatch, rows: Tensor) -> Tensor:
         """[2] (sum, count) of the loss's IS-weight mean over the optimizer-step batch (zeros: none)."""
@@ -328,7 +322,7 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
             device=lambda: self.device,
             step=lambda: self.trainer.global_step,
             dtype=self.policy_settings.dtype,
-            micro_step=lambda rows, i: self._geometry_of(self._rollout_batch).micro_step(rows, i),
+            micro_step=lambda rows, i: self.geometry.micro_step(rows, i),
         )
 
     # -------------------------------------------------------------- optimizer step, guards

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -71,7 +72,8 @@ class RolloutPreparationMixin:
         records: list[dict] | None = None,
         scored: Tensor | None = None,
     ) -> RolloutBatch:
-        """Fill in advantages and, only where needed, the reference and old log-probs.
+        """A new batch: ``batch`` with its advantages and, only where needed, the reference and old log-probs
+        (``batch`` itself is left as it was).
 
         Old log-probs only when the batch is reused after an optimizer step (num_iterations or
         steps_per_generation > 1), or the loss needs them before its micro-batches run (rejection's
@@ -82,20 +84,19 @@ class RolloutPreparationMixin:
         function scored (None: all), for `compute_advantages`.
         """
         if self.uses_reference:
-            batch.ref_logp = self._logprobs_no_grad(batch, reference=True)
+            batch = replace(batch, ref_logp=self._logprobs_no_grad(batch, reference=True))
         if self.algorithm.kl_in_reward.coef:
             rewards, weights = self._kl_in_reward(batch, rewards @ weights), weights.new_ones(1)
         lengths = batch.completion_mask.sum(-1)  # [B]
-        batch.advantages = self.compute_advantages(rewards, weights, batch.group_size, lengths, scored)
+        batch = replace(batch, advantages=self.compute_advantages(rewards, weights, batch.group_size, lengths, scored))
         if self.distiller is not None:
-            self.distiller.prepare(batch, records)
+            batch = self.distiller.prepare(batch, records)
         reused = self.algorithm.num_iterations > 1 or self.algorithm.steps_per_generation > 1
-        masks = self.loss_fn.masks_before_training
-        needs_old = self.loss_fn.needs_old_before_training
-        if not self.loss_fn.bypass and (reused or needs_old):
-            batch.old_logp = self._logprobs_no_grad(batch, reference=False)
-        if masks:
-            batch.keep_mask = self.loss_fn.static_keep_mask(batch.old_logp, batch.rollout_logp, batch.completion_mask)
+        if not self.loss_fn.bypass and (reused or self.loss_fn.needs_old_before_training):
+            batch = replace(batch, old_logp=self._logprobs_no_grad(batch, reference=False))
+        if self.loss_fn.masks_before_training:
+            mask = self.loss_fn.static_keep_mask(batch.old_logp, batch.rollout_logp, batch.completion_mask)
+            batch = replace(batch, keep_mask=mask)
         return batch
 
     def _kl_in_reward(self, batch: RolloutBatch, total: Tensor) -> Tensor:

@@ -114,7 +114,7 @@ def test_vllm_not_installed_fails_at_fit_setup(monkeypatch):
 
 
 def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
-    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
+    monkeypatch.setattr("lightning_grpo.plan.engine_rules.vllm_installed", lambda: True)  # the check needs no engine
     callback = hf_callback(engine=cpu_vllm(max_model_len=12), sampling=SamplingConfig(n=4, max_new_tokens=10))
     fit_error(
         ValueError,
@@ -134,7 +134,7 @@ def test_max_new_tokens_beyond_vllm_max_model_len(monkeypatch):
 
 def test_max_model_len_derived_from_the_data(monkeypatch):
     """Not set: the longest prompt of train / val / test (5 tokens: "1234=") + max_new_tokens, for the engine."""
-    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
+    monkeypatch.setattr("lightning_grpo.plan.engine_rules.vllm_installed", lambda: True)
     callback = hf_callback(engine=cpu_vllm(max_model_len=12), sampling=SamplingConfig(n=4, max_new_tokens=10))
     fit_error(
         ValueError,
@@ -165,7 +165,7 @@ def test_max_model_len_derived_from_the_data(monkeypatch):
     ids=["budget-below-max-model-len", "extra-budget", "chunked-prefill-on"],
 )
 def test_cpu_prefill_settings_rejected_before_the_engine_starts(monkeypatch, settings, message):
-    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)  # the check needs no engine
+    monkeypatch.setattr("lightning_grpo.plan.engine_rules.vllm_installed", lambda: True)  # the check needs no engine
     fit_error(ValueError, message, callback=hf_callback(engine=cpu_vllm(**settings)))
 
 
@@ -284,7 +284,7 @@ def test_hf_engine_without_eos(tiny_model_path):
 
 # ================================================================ 7. incompatible options
 def test_lora_sync_adapter_without_enable_lora(monkeypatch):
-    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
+    monkeypatch.setattr("lightning_grpo.plan.engine_rules.vllm_installed", lambda: True)
     fit_error(
         ValueError,
         r"rollout.weight_sync.lora='adapter' needs rollout.engine.init_args.enable_lora: true",
@@ -303,7 +303,7 @@ def test_lora_sync_adapter_with_hf_engine():
 
 
 def test_lora_sync_adapter_without_lora(monkeypatch):
-    monkeypatch.setattr("lightning_grpo.checks.validation._vllm_installed", lambda: True)
+    monkeypatch.setattr("lightning_grpo.plan.engine_rules.vllm_installed", lambda: True)
     callback = hf_callback(engine=cpu_vllm(enable_lora=True), weight_sync=WeightSyncSettings(lora="adapter"))
     fit_error(
         ValueError,

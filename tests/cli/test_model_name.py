@@ -11,7 +11,7 @@ import pytest
 
 from lightning_grpo import GRPOModule
 from lightning_grpo.checks import preflight
-from lightning_grpo.checks.validation import check_model_source
+from lightning_grpo.checks.model_checks import check_model_source
 from tests.helpers.bad_input import write_config
 
 pytestmark = pytest.mark.usefixtures("tiny_cache")

@@ -40,7 +40,7 @@ def test_the_policy_tokenizer_and_chat_template_are_the_default(smollm2_path):
 
 def test_a_tokenizer_of_another_model_is_refused_in_one_line(smollm2_path, tiny_cache):
     from lightning_grpo import GRPOModule
-    from lightning_grpo.checks.validation import check_vocabulary
+    from lightning_grpo.plan.run_plan import check_vocabulary
 
     module = GRPOModule(model=str(smollm2_path))
     dm = PromptDataModule(source=Rows([{"prompt": "12=", "answer": "3"}]), tokenizer_path="tiny:chars", batch_size=1)
@@ -102,15 +102,15 @@ def test_lora_target_names_of_a_llama_model(smollm2):
 
 def test_the_derived_context_length_holds_the_longest_chat_prompt(smollm2_path):
     from lightning_grpo import GRPOModule, RolloutCallback
-    from lightning_grpo.checks.validation import check_lengths
+    from lightning_grpo.plan.run_plan import context_length
 
     dm = _data(system_prompt="Solve the problem. End your reply with 'Answer: <number>'.")
     dm.use_policy_tokenizer(str(smollm2_path))
     dm.setup("fit")
     callback = RolloutCallback(engine="vllm", sampling=SamplingConfig(n=2, max_new_tokens=96))
-    check_lengths(dm, GRPOModule(model=str(smollm2_path)), callback)
+    length = context_length(GRPOModule(model=str(smollm2_path)), dm, callback.plan_side())
     prompt = len(dm.train_records[0]["prompt_ids"])
-    assert callback.engine_settings().max_model_len == prompt + 96
+    assert length == prompt + 96
 
 
 def test_a_checkpoints_policy_exports_to_a_folder_that_answers_the_same_and_serves(smollm2, tmp_path):

@@ -14,6 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lightning_grpo.rollout.vllm as vllm_module
 from lightning_grpo import GRPOModule
+from lightning_grpo.core.batch import BatchGeometry
+from lightning_grpo.plan.run_plan import RunPlan
 from lightning_grpo.rollout.engine_settings import EngineContext
 from lightning_grpo.rollout.vllm_args import VLLMArgs
 from lightning_grpo.rollout.vllm_server import ServerSettings
@@ -71,13 +73,19 @@ def test_the_weight_copy_is_removed_when_the_engine_fails_to_start(temp_dir, tin
 
 def test_an_interrupted_run_closes_the_engine_and_removes_the_copy(temp_dir, tiny_model_path):
     module, tokenizer = _module_and_tokenizer(tiny_model_path)
-    trainer = types.SimpleNamespace(  # what the callback reads from its Trainer to build the engine
-        global_rank=0,
-        world_size=1,
-        log_dir=str(temp_dir),
-        datamodule=types.SimpleNamespace(tokenizer=tokenizer, batch_size=4),
-    )
+    data = types.SimpleNamespace(tokenizer=tokenizer, generation_prompts=None, set_geometry=lambda geometry: None)
+    trainer = types.SimpleNamespace(global_rank=0, world_size=1, log_dir=str(temp_dir), datamodule=data)
     callback = hf_callback(engine=VLLMArgs(max_model_len=64))
+    plan = RunPlan(  # what the callback reads from its plan to build the engine
+        context_length=64,
+        geometry=BatchGeometry(prompts=4),
+        seed=0,
+        sampling_seed=0,
+        tokenizer_source=None,
+        engine_settings=callback.engine_settings,
+    )
+    callback.use_plan(plan)
+    callback.setup(trainer, module, "fit")
     callback._ensure_engine(trainer, module)
     assert len(_copies(temp_dir)) == 1
     callback.on_exception(trainer, module, KeyboardInterrupt())

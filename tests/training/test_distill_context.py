@@ -48,10 +48,12 @@ def test_a_distiller_from_plain_functions_gives_the_reverse_kl_advantage_by_hand
         group_size=2,
         temperature=1.0,
     )
-    distiller.prepare(batch, records=None)
+    prepared = distiller.prepare(batch, records=None)
     assert seen == [(teacher, 2)]
     # A_t = -coef (roll_t - teacher_t): -0.5 (-0.2 - -1.0) = -0.4; the reward advantage is dropped
-    torch.testing.assert_close(batch.advantages, torch.tensor([[-0.4, 1.0], [0.25, 0.0]]))
+    torch.testing.assert_close(prepared.advantages, torch.tensor([[-0.4, 1.0], [0.25, 0.0]]))
+    torch.testing.assert_close(batch.advantages, torch.tensor([3.0, -3.0]))  # the batch handed in is left as it was
+    assert batch.teacher_logp is None and prepared.teacher_logp is not None
 
 
 def test_gkd_reference_rows_are_padded_as_a_rollout():

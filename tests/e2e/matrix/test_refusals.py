@@ -12,7 +12,7 @@ def test_qlora_with_fsdp2_is_refused_by_the_fit_checks():
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     from lightning_grpo import GRPOModule, PolicySettings
-    from lightning_grpo.checks.validation import check_layout
+    from lightning_grpo.plan.engine_rules import check_layout
 
     module = GRPOModule(model="unused-path", policy=PolicySettings(lora={"r": 4}, quantization={"quant_type": "nf4"}))
     fsdp2 = L.Trainer(
@@ -39,7 +39,7 @@ def test_hf_engine_with_fsdp2_is_refused_by_the_fit_checks():
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     from lightning_grpo import GRPOModule, RolloutCallback
-    from lightning_grpo.checks.validation import check_layout
+    from lightning_grpo.plan.engine_rules import check_layout
 
     module = GRPOModule(model="unused-path")
     fsdp2 = L.Trainer(
@@ -53,5 +53,5 @@ def test_hf_engine_with_fsdp2_is_refused_by_the_fit_checks():
         ValueError,
         match=r"^rollout\.engine 'hf' generates with the live policy, which trainer\.strategy ModelParallelStrategy",
     ):
-        check_layout(fsdp2, module, RolloutCallback(engine="hf"))
-    check_layout(fsdp2, module, RolloutCallback(engine="vllm"))
+        check_layout(fsdp2, module, RolloutCallback(engine="hf").plan_side())
+    check_layout(fsdp2, module, RolloutCallback(engine="vllm").plan_side())
