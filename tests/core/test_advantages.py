@@ -246,7 +246,9 @@ REFERENCES = {
 def test_every_estimator_has_a_reference():
     from .test_advantage_estimators import ESTIMATOR_REFERENCES
 
-    assert set(REFERENCES) | set(ESTIMATOR_REFERENCES) == set(ADVANTAGES.names())
+    # the package's estimators (a docs example run in the same session registers one of its own)
+    builtin = {n for n in ADVANTAGES.names() if ADVANTAGES.get(n).__module__.startswith("lightning_grpo.")}
+    assert set(REFERENCES) | set(ESTIMATOR_REFERENCES) == builtin
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))

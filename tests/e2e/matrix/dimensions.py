@@ -53,7 +53,9 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "engine": {
         "hf": {"rollout": {"init_args": {"engine": "hf"}}},
-        "vllm": {"rollout": {"init_args": {"engine": {"class_path": "lightning_grpo.VLLMArgs", "init_args": VLLM_ARGS}}}},
+        "vllm": {
+            "rollout": {"init_args": {"engine": {"class_path": "lightning_grpo.VLLMArgs", "init_args": VLLM_ARGS}}}
+        },
         "vllm_server": {
             "rollout": {
                 "init_args": {
