@@ -316,6 +316,11 @@ def tables(result: dict) -> str:
     lines.append(
         f"| time to TRL's final greedy strict accuracy ({target:.3f}) (min) | {reached} | {minutes['trl']:.1f} | {ratio} |"
     )
+    level = min(ours["points"][-1]["test/greedy/strict"], target)  # a level both runs reach
+    a, b = time_to(ours["points"], level), time_to(trl["points"], level)
+    lines.append(
+        f"| time to greedy strict {level:.3f}, which both reach (min) | {a / 60:.1f} | {b / 60:.1f} | **{a / b:.2f}x** |"
+    )
     lines += ["", "Test greedy strict accuracy at each saved step (minutes of training in brackets):", ""]
     lines += ["| step | lightning-grpo | TRL |", "|---|---|---|"]
     for a, b in zip(ours["points"], trl["points"]):
