@@ -150,7 +150,7 @@ def main() -> None:
     if args.write:
         from quickstart_seeds import machine_line, write_between_markers
 
-        note = f"the run and the floors pinned to core(s) {args.cores}, {len(cores)} thread(s)"
+        note = f"the floors measured pinned to core(s) {args.cores}, {len(cores)} thread(s)"
         write_between_markers(ROOT / "docs/evidence/performance.md", MARKER, f"{machine_line(note)}\n\n{text}")
 
 

@@ -340,7 +340,7 @@ def tables(result: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict, target: Path) -> None:
+def plot(result: dict, target: Path, cores: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -355,8 +355,9 @@ def plot(result: dict, target: Path) -> None:
         clock = [r for r in result[side]["clock"] if r["reward"] is not None]
         window = [statistics.mean(r["reward"] for r in clock[max(0, i - 4) : i + 1]) for i in range(len(clock))]
         rew.plot([r["seconds"] / 60 for r in clock], window, color=color, label=label)
-    acc.set(xlabel="training minutes (2-core CPU)", ylabel="test accuracy (strict)", ylim=(0, 1))
-    rew.set(xlabel="training minutes (2-core CPU)", ylabel="training reward (mean of 5 steps)")
+    xlabel = f"training minutes (each run pinned to CPU core(s) {cores})"
+    acc.set(xlabel=xlabel, ylabel="test accuracy (strict)", ylim=(0, 1))
+    rew.set(xlabel=xlabel, ylabel="training reward (mean of 5 steps)")
     acc.legend(fontsize=8)
     rew.legend(fontsize=8)
     fig.suptitle("SmolLM2-135M-Instruct on chain_sum: lightning-grpo and TRL on the same work")
@@ -398,7 +399,7 @@ def main() -> None:
 
         note = f"each run alone, pinned to core(s) {args.cores}, {len(args.cores.split(','))} thread(s)"
         write_between_markers(ROOT / "docs/evidence/trl.md", MARKER, f"{machine_line(note)}\n\n{text}")
-        plot(result, PLOT)
+        plot(result, PLOT, args.cores)
 
 
 if __name__ == "__main__":
