@@ -28,11 +28,17 @@ from lightning.pytorch.utilities import rank_zero_info
 from ..callbacks.distributed import DEFAULT_TIMEOUT_S, RankWatch, set_collective_timeout, warn_if_oversubscribed
 from .commands import DESCRIPTION, EPILOG, OTHER_COMMANDS, PROG, SUBCOMMAND_HELP
 from .errors import condense, mark, print_and_exit
+from .help_layout import (
+    ROLLOUT_DEFAULT,
+    ROLLOUT_KEY,
+    lightnings,
+    ours_first,
+    plain_model_option,
+    rollout_options_help,
+    short_class_lists,
+)
 from .quiet import quiet_dirpath_change
 from .run_failure import explained, record_failure
-
-ROLLOUT_KEY = "rollout"
-ROLLOUT_DEFAULT = "lightning_grpo.RolloutCallback"
 
 
 def _debug_mode() -> bool:
@@ -57,7 +63,7 @@ class GRPOArgumentParser(LightningArgumentParser):
         if ROLLOUT_KEY not in getattr(self, "callback_keys", []):  # jsonargparse / argparse internals (third-party)
             return text
         rollout = rollout_options_help()
-        first = next((g.title for g in self._action_groups if _lightnings(g) and g.title), None)
+        first = next((g.title for g in self._action_groups if lightnings(g) and g.title), None)
         at = text.find(f"\n{first}:") if first else -1
         return f"{text[:at]}\n\n{rollout}{text[at:]}" if at >= 0 else f"{text}\n{rollout}"
 
@@ -96,65 +102,6 @@ def yaml_error(path: str, err: BaseException, content: str) -> str | None:
     return f"{path}, line {mark.line + 1}, column {mark.column + 1}: {problem}"
 
 
-def rollout_options_help() -> str:
-    """The ``--rollout.*`` options of RolloutCallback, as ``--rollout.help RolloutCallback`` prints them."""
-    from ..callbacks.rollout import RolloutCallback
-
-    parser = LightningArgumentParser(prog="", usage="")
-    parser.add_class_arguments(RolloutCallback, ROLLOUT_KEY, fail_untyped=False, sub_configs=True)
-    text = parser.format_help()
-    start = text.find("\n\n")
-    options = text[start:].strip("\n") if start >= 0 else text
-    return f"Rollout options (--rollout.*, class {ROLLOUT_DEFAULT}):\n{options.split(chr(10), 1)[1]}\n"
-
-
-def _plain_model_option(parser: LightningArgumentParser) -> None:
-    """``--model.model`` takes a path or hub id on the command line: an ``nn.Module`` can only be given
-    from Python, so the option is not parsed as (and its help does not list) every torch module."""
-    for action in list(parser._actions):
-        if action.dest == "model.model":
-            action._typehint = str | None
-            action.help = (action.help or "").split("(type:")[0].strip()
-        elif action.dest == "model.model.help":
-            parser._remove_action(action)
-            for group in parser._action_groups:
-                if action in group._group_actions:
-                    group._group_actions.remove(action)
-            for option in action.option_strings:
-                parser._option_string_actions.pop(option, None)
-
-
-#: The classes ``--help`` names for the optimizer and the scheduler (jsonargparse lists every subclass it finds).
-COMMON_CLASSES = {
-    "model.optimizer": "torch.optim.AdamW, torch.optim.Adam, torch.optim.SGD, or any class path",
-    "model.lr_scheduler": "torch.optim.lr_scheduler.LambdaLR, CosineAnnealingLR, LinearLR, StepLR, or any class path",
-}
-#: The usage line of ``fit`` / ``validate`` / ``test --help``: the groups, ours first (their options follow it).
-USAGE = "%(prog)s [-c CONFIG] [--print_config] [--model.* ...] [--data.* ...] [--rollout.* ...] [--trainer.* ...]"
-
-
-def _short_class_lists(parser: LightningArgumentParser) -> None:
-    """The optimizer's and the scheduler's help name the common classes (:data:`COMMON_CLASSES`)."""
-    for action in parser._actions:
-        if action.dest in COMMON_CLASSES:
-            text = COMMON_CLASSES[action.dest]
-            action.extra_help = lambda text=text: f", for example {text}"  # in place of every known subclass
-
-
-def _ours_first(parser: LightningArgumentParser) -> None:
-    """A subcommand's ``--help``: a short usage line, then the package's groups (model, data, rollout) before the
-    Trainer's and ``--ckpt_path``'s, which LightningCLI adds first."""
-    parser.usage = USAGE
-    groups = parser._action_groups
-    parser._action_groups = [g for g in groups if not _lightnings(g)] + [g for g in groups if _lightnings(g)]
-
-
-def _lightnings(group: Any) -> bool:
-    """Whether an option group of a subcommand is Lightning's: the Trainer's, or ``--ckpt_path``'s."""
-    dests = [a.dest for a in group._group_actions]
-    return bool(dests) and all(d.split(".")[0] in ("trainer", "ckpt_path", "weights_only") for d in dests)
-
-
 #: Per subcommand that resolves ``--ckpt_path last``: (what the checkpoint is for, the log's words, the hint
 #: when there is none).
 _LAST_CHECKPOINT_WORDS = {
@@ -189,7 +136,7 @@ class GRPOCLI(LightningCLI):
         for choice in parser._subcommands_action._choices_actions:  # Lightning's text is its docstring's first lines
             choice.help = SUBCOMMAND_HELP.get(choice.dest, choice.help)
         for name in SUBCOMMAND_HELP:
-            _ours_first(parser._subcommands_action._name_parser_map[name])
+            ours_first(parser._subcommands_action._name_parser_map[name])
         for name, help_text in self.other_commands.items():
             entry = self.init_parser(description=f"{help_text}. Options: lightning-grpo {name} --help")
             parser._subcommands_action.add_subcommand(name, entry, help=help_text)
@@ -211,8 +158,8 @@ class GRPOCLI(LightningCLI):
 
     def add_common_arguments(self, parser: LightningArgumentParser) -> None:
         """``--model.model`` as a path, and ``--distributed_timeout`` (also the ``sft`` command's)."""
-        _plain_model_option(parser)
-        _short_class_lists(parser)
+        plain_model_option(parser)
+        short_class_lists(parser)
         parser.add_argument(
             "--distributed_timeout",
             type=PositiveFloat,
