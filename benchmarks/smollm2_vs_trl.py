@@ -95,7 +95,7 @@ def pinned(cores: str, cmd: list[str], log: Path, extra_env: dict[str, str] | No
 
 def run_ours(args: argparse.Namespace, out: Path) -> None:
     callbacks = [{"class_path": "smollm2_vs_trl.Snapshots", "init_args": {"every": args.every, "out": str(out)}}]
-    cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(RECIPE), "--seed_everything", "0"]
+    cmd = [sys.executable, "-m", "lightning_grpo", "fit", "-c", str(RECIPE), "--seed_everything", str(args.seed)]
     cmd += ["--trainer.max_steps", str(args.steps), "--trainer.log_every_n_steps", "1"]
     cmd += ["--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"]
     cmd += ["--trainer.callbacks", json.dumps(callbacks), "--trainer.logger.init_args.save_dir", str(out / "runs")]
@@ -106,6 +106,7 @@ def run_ours(args: argparse.Namespace, out: Path) -> None:
 
 def run_trl(args: argparse.Namespace, out: Path) -> None:
     cmd = [sys.executable, __file__, "--trl-child", "--steps", str(args.steps), "--every", str(args.every)]
+    cmd += ["--seed", str(args.seed)]
     start = time.perf_counter()
     # TRL's engine on CPU reserves vLLM's default KV cache (4 GiB) unless told: 1 GiB holds its 32 sequences
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -113,11 +114,11 @@ def run_trl(args: argparse.Namespace, out: Path) -> None:
     (out / "total_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
 
 
-def recipe_prompts(steps: int) -> tuple[str, list[dict]]:
-    """The model folder and the training records our run samples at steps 0 .. steps-1, in order."""
+def recipe_prompts(steps: int, seed: int) -> tuple[str, list[dict]]:
+    """The model folder and the training records our run of ``seed`` samples at steps 0 .. steps-1, in order."""
     from lightning_grpo.cli.app import build_cli
 
-    cli = build_cli(args=["-c", str(RECIPE), "--seed_everything", "0"], run=False)
+    cli = build_cli(args=["-c", str(RECIPE), "--seed_everything", str(seed)], run=False)
     dm = cli.datamodule
     dm.setup("fit")
     return cli.model.tokenizer_source, [r for g in range(steps) for r in dm.generation_prompts(g)]
@@ -135,7 +136,7 @@ def trl_child(args: argparse.Namespace) -> None:
     from trl_vllm_shim import patch_colocate_sync
 
     out = Path(args.out)
-    folder, rows = recipe_prompts(args.steps)
+    folder, rows = recipe_prompts(args.steps, args.seed)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     data = Dataset.from_list([{"prompt": tokenizer.decode(r["prompt_ids"]), "answer": r["answer"]} for r in rows])
     syncs: list[float] = []
@@ -192,7 +193,7 @@ def trl_child(args: argparse.Namespace) -> None:
         save_strategy="no",
         report_to="none",
         disable_tqdm=True,
-        seed=0,
+        seed=args.seed,
         dataloader_num_workers=0,
         use_vllm=True,
         vllm_mode="colocate",
@@ -371,6 +372,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=25, help="save the policy every this many steps")
     parser.add_argument("--cores", default="0,1", help="the cores each run is pinned to (taskset), one thread each")
     parser.add_argument("--runs", nargs="*", default=["ours", "trl"], help="which trainings to run (none: collect)")
+    parser.add_argument("--seed", type=int, default=0, help="the run seed of both trainers (data order, sampling)")
     parser.add_argument("--out", default="/tmp/smollm2_vs_trl")
     parser.add_argument("--write", action="store_true", help="write the tables and the plot into docs/evidence")
     parser.add_argument(
