@@ -38,9 +38,10 @@ MAX_NEW, PROMPTS, G, LR = 64, 8, 8, 1e-4  # the digit-task defaults; --prompt-to
 ROLLOUT = ("sync", "generate", "reward", "prepare", "rollout_rest")  # ours; the rest is the training batch
 
 
-def trl_config(config_cls, steps: int, vllm: bool, out: Path, shape: argparse.Namespace):
-    """TRL's settings for the same work as ours (see the module docstring)."""
-    return config_cls(
+def trl_config(config_cls, steps: int, vllm: bool, out: Path, shape: argparse.Namespace, **overrides):
+    """TRL's settings for the same work as ours (see the module docstring); ``overrides`` replace single settings
+    (smollm2_vs_trl.py's recipe: its weight decay, reward weights, context length)."""
+    settings = dict(
         output_dir=str(out / "trl-out"),
         max_steps=steps,
         per_device_train_batch_size=shape.prompts * G,
@@ -79,6 +80,7 @@ def trl_config(config_cls, steps: int, vllm: bool, out: Path, shape: argparse.Na
             else {}
         ),
     )
+    return config_cls(**{**settings, **overrides})
 
 
 def trl_child(steps: int, vllm: bool, out: Path, shape: argparse.Namespace) -> None:

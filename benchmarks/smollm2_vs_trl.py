@@ -132,6 +132,7 @@ def trl_child(args: argparse.Namespace) -> None:
     from trl import GRPOConfig, GRPOTrainer
     from trl.generation.vllm_generation import VLLMGeneration
 
+    from bench_trl import trl_config
     from lightning_grpo.data.rewards import final_number
     from trl_vllm_shim import patch_colocate_sync
 
@@ -164,41 +165,19 @@ def trl_child(args: argparse.Namespace) -> None:
                 state["left_out"] += time.perf_counter() - now
             (out / "clock.json").write_text(json.dumps(clock))
 
-    config = GRPOConfig(
-        output_dir=str(out / "trl-out"),
-        max_steps=args.steps,
-        per_device_train_batch_size=len(rows) // args.steps * 8,
-        num_generations=8,
-        max_completion_length=96,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        learning_rate=1e-5,
+    shape = argparse.Namespace(prompts=len(rows) // args.steps, max_new=96, lr=1e-5, prompt_tokens=0)
+    config = trl_config(
+        GRPOConfig,
+        args.steps,
+        True,
+        out,
+        shape,
         weight_decay=0.0,
-        max_grad_norm=0.0,
-        lr_scheduler_type="constant",
-        beta=0.0,
         epsilon=0.2,
-        num_iterations=1,
-        steps_per_generation=1,
-        gradient_accumulation_steps=1,
-        loss_type="dapo",
         scale_rewards="group",
         reward_weights=[1.0, 0.5],
-        shuffle_dataset=False,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
         seed=args.seed,
-        dataloader_num_workers=0,
-        use_vllm=True,
-        vllm_mode="colocate",
         vllm_max_model_length=512,
-        vllm_gpu_memory_utilization=0.1,
         vllm_importance_sampling_correction=False,
     )
     trainer = GRPOTrainer(
