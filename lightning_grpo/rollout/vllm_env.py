@@ -22,7 +22,9 @@ import torch
 #: runs without Triton; its worker may not set the thread count we already set (once per layer); the
 #: CPU worker's hints to preload tcmalloc / Intel OpenMP (``LD_PRELOAD``: a speed-up the tiny CPU runs
 #: do not need, told in the docs' troubleshooting page); the CPU prefill budget we choose on purpose
-#: (:mod:`~lightning_grpo.rollout.prefill`) may exceed ``max_num_seqs * max_model_len``.
+#: (:mod:`~lightning_grpo.rollout.prefill`) may exceed ``max_num_seqs * max_model_len``; an engine whose ``dtype``
+#: is narrower than the model folder's (a bfloat16 engine of a float32 checkpoint: the setting asks for the cast)
+#: warns once per weight, 122 lines for SmolLM2.
 #: Kept: everything else (errors, and warnings not listed here).
 KNOWN_HARMLESS = {
     "vllm.renderers.base": (
@@ -43,6 +45,7 @@ KNOWN_HARMLESS = {
     "vllm.config.vllm": ("Enforce eager set", "Inductor compilation was disabled", "Model Runner V2 requires Triton"),
     "vllm.platforms.cpu": ("Triton is not installed", "Reset SSM cache type"),
     "torch._library.triton": ("Triton not available",),
+    "vllm.model_executor.models.utils": ("Attempted to load weight ",),
 }
 
 

@@ -296,8 +296,13 @@ def test_the_command_line_silences_expected_library_messages_and_keeps_the_rest(
         def emit(self, record):
             seen_logs.append(record.getMessage())
 
-    names = ("vllm.config.vllm", "vllm.v1.worker.cpu_worker", "lightning.pytorch.utilities.rank_zero")
-    config, worker, tips = (logging.getLogger(n) for n in names)
+    names = (
+        "vllm.config.vllm",
+        "vllm.v1.worker.cpu_worker",
+        "lightning.pytorch.utilities.rank_zero",
+        "vllm.model_executor.models.utils",
+    )
+    config, worker, tips, loader = (logging.getLogger(n) for n in names)
     recorder = Recorder(level=logging.INFO)
     try:
         with warnings.catch_warnings(record=True) as seen:
@@ -309,7 +314,7 @@ def test_the_command_line_silences_expected_library_messages_and_keeps_the_rest(
             warnings.warn("`torch.distributed.reduce_op` is deprecated, please use ...", FutureWarning, stacklevel=2)
             warnings.warn("a warning of the user's own", UserWarning, stacklevel=2)
         assert [str(w.message) for w in seen] == ["a warning of the user's own"]
-        for log in (config, worker, tips):
+        for log in (config, worker, tips, loader):
             log.addHandler(recorder)
         with quiet_known_harmless():
             pass
@@ -320,9 +325,14 @@ def test_the_command_line_silences_expected_library_messages_and_keeps_the_rest(
         worker.warning("Node 1 is not in available memory nodes [0].")
         tips.warning("💡 Tip: For seamless cloud logging and experiment tracking, try installing [litlogger]")
         tips.warning("--ckpt_path last: resuming from last.ckpt")
+        loader.warning(
+            "Attempted to load weight norm.weight with dtype torch.float32 into parameter with dtype torch.bfloat16"
+        )
+        loader.warning("Attempted to load nested weight 'a.b' into a single parameter 'a'")
         assert seen_logs == [
             "Node 1 is not in available memory nodes [0].",
             "--ckpt_path last: resuming from last.ckpt",
+            "Attempted to load nested weight 'a.b' into a single parameter 'a'",
         ]
     finally:
         for name in [*KNOWN_HARMLESS, *EXPECTED_LOGS]:
