@@ -15,11 +15,13 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
 from ..models.loading import apply_lora, load_policy
 from ..models.lora import LoraSettings
 from ..models.quantization import check_quantization, take_quant_state
+from .low_precision import rounded_away_warning
 from .settings import PolicySettings
 
 
@@ -139,6 +141,8 @@ class PolicyMixin:
     def configure_optimizers(self):
         params = [p for p in self.policy.parameters() if p.requires_grad]
         optimizer = self.optimizer_factory(params)
+        if (message := rounded_away_warning(optimizer)) is not None:  # weights in 16 bits (bf16-true): rank 0 says it
+            rank_zero_warn(message)
         if self.lr_scheduler_factory is None:
             return optimizer
         return {
