@@ -320,6 +320,36 @@ def tables(result: dict) -> str:
     return "\n".join(lines)
 
 
+SEEDS_MARKER = "<!-- smollm2-vs-trl-seeds -->"
+
+
+def seeds_table(outs: list[Path], quiet: dict) -> str:
+    """Per seed (one ``--out`` folder each, its ``result.json``): both runs' test greedy strict accuracy at each saved
+    step, and the step at which ours first reaches TRL's final figure. The minutes come from ``quiet`` (the seed-0
+    result, each run alone on its core): ours' clock at that step over TRL's at its last step, since runs of other
+    seeds may have shared the machine."""
+    lines = ["| seed | run | " + " | ".join(f"step {p['step']}" for p in quiet["ours"]["points"]) + " |"]
+    lines.append("|---|---|" + "---|" * len(quiet["ours"]["points"]))
+    reach_rows = []
+    for out in outs:
+        result = json.loads((out / "result.json").read_text())
+        seed = result.get("seed", 0)
+        for side, name in (("ours", "lightning-grpo"), ("trl", "TRL")):
+            accs = " | ".join(f"{p['test/greedy/strict']:.3f}" for p in result[side]["points"])
+            lines.append(f"| {seed} | {name} | {accs} |")
+        target = result["trl"]["points"][-1]["test/greedy/strict"]
+        step = next((p["step"] for p in result["ours"]["points"] if p["test/greedy/strict"] >= target), None)
+        reach_rows.append((seed, target, step))
+    lines += ["", "| seed | TRL's final greedy strict | first saved step where ours reaches it | ours / TRL time |"]
+    lines.append("|---|---|---|---|")
+    ours_clock = {r["step"]: r["seconds"] for r in quiet["ours"]["clock"]}
+    trl_total = quiet["trl"]["clock"][-1]["seconds"]
+    for seed, target, step in reach_rows:
+        ratio = f"**{ours_clock[step] / trl_total:.2f}x**" if step else "not reached"
+        lines.append(f"| {seed} | {target:.3f} | {step or 'not reached'} | {ratio} |")
+    return "\n".join(lines)
+
+
 def plot(result: dict, target: Path, cores: str) -> None:
     import matplotlib
 
@@ -357,11 +387,23 @@ def main() -> None:
     parser.add_argument(
         "--eval-only", nargs="+", choices=["ours", "trl"], help="score the saved steps of these finished runs, no table"
     )
+    parser.add_argument(
+        "--seeds-from", nargs="+", type=Path, help="--out folders of finished seeds: write their table (with --write)"
+    )
     parser.add_argument("--trl-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     out = Path(args.out)
     if args.trl_child:
         trl_child(args)
+        return
+    if args.seeds_from:
+        quiet = json.loads((args.seeds_from[0] / "result.json").read_text())
+        text = seeds_table(args.seeds_from, quiet)
+        print(text)
+        if args.write:
+            from quickstart_seeds import write_between_markers
+
+            write_between_markers(ROOT / "docs/evidence/trl.md", SEEDS_MARKER, text)
         return
     if args.eval_only:  # e.g. on another core while the other run trains: the scores are cached for the table
         collect(args, out, tuple(args.eval_only))
@@ -371,7 +413,7 @@ def main() -> None:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         (run_ours if side == "ours" else run_trl)(args, folder)
-    result = collect(args, out)
+    result = {"seed": args.seed, **collect(args, out)}
     (out / "result.json").write_text(json.dumps(result, indent=1))
     text = tables(result)
     print(text)
