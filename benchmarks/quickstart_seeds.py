@@ -33,6 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Every seed of a published table trains on the prompt order of seed 0 (``data.seed`` otherwise follows the run
+#: seed): the seed varies the initialisation and the sampling, as when the tables were made.
+FIXED_ORDER = ("--data.seed", "0")
 #: The guards of recipes/quickstart.yaml, by their alarm names (columns of the table).
 GUARDS = ("non_finite", "non_finite_logprobs", "entropy", "identical_samples", "mismatch", "zero_reward_std")
 
@@ -59,6 +62,7 @@ def run(
             str(recipe),
             "--seed_everything",
             str(seed),
+            *FIXED_ORDER,
             "--trainer.logger.init_args.save_dir",
             str(save),
             *extra,

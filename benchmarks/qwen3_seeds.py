@@ -25,7 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-from quickstart_seeds import forget_test, machine_line, map_on_cores, test_split, threads_note, write_learning_table
+from quickstart_seeds import (
+    FIXED_ORDER,
+    forget_test,
+    machine_line,
+    map_on_cores,
+    test_split,
+    threads_note,
+    write_learning_table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACKS = ("tool", "text")
@@ -34,7 +42,7 @@ TRACKS = ("tool", "text")
 def stages(track: str) -> dict[str, tuple[str, ...]]:
     return {
         "sft": ("sft", "fit", "-c", f"recipes/qwen3_{track}_sft.yaml"),
-        "grpo": ("fit", "-c", f"recipes/qwen3_{track}_grpo.yaml"),
+        "grpo": ("fit", "-c", f"recipes/qwen3_{track}_grpo.yaml", *FIXED_ORDER),
     }
 
 

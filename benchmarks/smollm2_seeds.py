@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from quickstart_seeds import ROOT, machine_line, threads_note, write_learning_table
+from quickstart_seeds import FIXED_ORDER, ROOT, machine_line, threads_note, write_learning_table
 
 RECIPE = ROOT / "recipes" / "smollm2_arithmetic.yaml"
 MARKER = "<!-- smollm2_arithmetic-results -->"
@@ -53,7 +53,7 @@ def run_seed(seed: int, folder: Path) -> None:
     common = ["-c", str(RECIPE), "--seed_everything", str(seed), "--trainer.enable_progress_bar", "false"]
     _lightning_grpo(["test", *common, "--trainer.logger.init_args.name", "before"], folder / "before.log", folder)
     start = time.monotonic()
-    _lightning_grpo(["fit", *common], folder / "fit.log", folder)
+    _lightning_grpo(["fit", *common, *FIXED_ORDER], folder / "fit.log", folder)
     (folder / "fit_seconds.txt").write_text(f"{time.monotonic() - start:.0f}\n")
     checkpoint = "runs/smollm2_arithmetic/version_0/checkpoints/last.ckpt"
     after = ["test", *common, "--trainer.logger.init_args.name", "after", "--ckpt_path", checkpoint]

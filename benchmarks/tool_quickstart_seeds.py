@@ -27,7 +27,15 @@ from pathlib import Path
 
 import yaml
 
-from quickstart_seeds import forget_test, machine_line, newest, test_split, threads_note, write_learning_table
+from quickstart_seeds import (
+    FIXED_ORDER,
+    forget_test,
+    machine_line,
+    newest,
+    test_split,
+    threads_note,
+    write_learning_table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "tool_quickstart.yaml"
@@ -58,6 +66,7 @@ def run(seed: int, out: Path, tools: bool, extra: list[str], core: int | None = 
         str(recipe(out, tools)),
         "--seed_everything",
         str(seed),
+        *FIXED_ORDER,
         "--trainer.logger.init_args.save_dir",
         str(save),
         *extra,

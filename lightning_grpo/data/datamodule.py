@@ -95,7 +95,8 @@ class PromptDataModule(L.LightningDataModule):
             validation set, when the source has no validation split.
         shuffle: Shuffle the training prompts (per epoch, by the order seed).
         seed: Seed of the shuffles and of the ``val_fraction`` split (`order_seed`); None (the default): the run
-            seed (``seed_everything``), so each seed of a seed table also draws its own prompt order.
+            seed (``seed_everything``), so another run seed also draws another prompt order (the published seed
+            tables pin 0: every seed there varies the initialisation and the sampling only).
 
     Example:
         ```python
