@@ -12,8 +12,9 @@ export's greedy strict figure, and the guards that fired during the fit.
     python benchmarks/smollm2_seeds.py --seeds 0 1 2 --collect --write   # the table of runs already in --out
     python benchmarks/smollm2_seeds.py --seeds 0 --served                # export, serve and score runs in --out
     python benchmarks/smollm2_seeds.py --served-model DIR                # serve a model folder and score it
+    python benchmarks/smollm2_seeds.py --recipe recipes/smollm2_arithmetic_lora.yaml --seeds 0 --write
 
-``--write`` puts the table into docs/evidence/learning.md between the ``<!-- smollm2_arithmetic-results -->``
+``--write`` puts the table into docs/evidence/learning.md between the ``<!-- <recipe>-results -->``
 markers, under the machine line. Run it alone on the machine: the wall times are those of 2 cores.
 """
 
@@ -30,7 +31,6 @@ from pathlib import Path
 from quickstart_seeds import FIXED_ORDER, ROOT, machine_line, threads_note, write_learning_table
 
 RECIPE = ROOT / "recipes" / "smollm2_arithmetic.yaml"
-MARKER = "<!-- smollm2_arithmetic-results -->"
 #: (column heading, metric) of the table, each shown before -> after.
 FIGURES = (
     ("greedy strict", "test/greedy/strict"),
@@ -47,34 +47,34 @@ def _lightning_grpo(args: list[str], log: Path, cwd: Path) -> None:
         raise SystemExit(f"lightning-grpo {args[0]} failed (exit {done.returncode}); see {log}")
 
 
-def run_seed(seed: int, folder: Path) -> None:
+def run_seed(recipe: Path, seed: int, folder: Path) -> None:
     """Test before, fit, test after; the fit's wall seconds in ``fit_seconds.txt``."""
     folder.mkdir(parents=True, exist_ok=True)
-    common = ["-c", str(RECIPE), "--seed_everything", str(seed), "--trainer.enable_progress_bar", "false"]
+    common = ["-c", str(recipe), "--seed_everything", str(seed), "--trainer.enable_progress_bar", "false"]
     _lightning_grpo(["test", *common, "--trainer.logger.init_args.name", "before"], folder / "before.log", folder)
     start = time.monotonic()
     _lightning_grpo(["fit", *common, *FIXED_ORDER], folder / "fit.log", folder)
     (folder / "fit_seconds.txt").write_text(f"{time.monotonic() - start:.0f}\n")
-    checkpoint = "runs/smollm2_arithmetic/version_0/checkpoints/last.ckpt"
+    checkpoint = f"runs/{recipe.stem}/version_0/checkpoints/last.ckpt"
     after = ["test", *common, "--trainer.logger.init_args.name", "after", "--ckpt_path", checkpoint]
     _lightning_grpo(after, folder / "after.log", folder)
-    served(folder)
+    served(recipe, folder)
 
 
-def served(folder: Path) -> None:
+def served(recipe: Path, folder: Path) -> None:
     """Export the seed's run, serve the export with ``lightning-grpo serve`` and score the test split over HTTP
     (chat completions: the exported chat template renders the system prompt and question; greedy, 96 new tokens,
     the strict and lenient readings); the figures go to ``served.json``."""
-    _lightning_grpo(["export", "runs/smollm2_arithmetic", "--out", "model"], folder / "export.log", folder)
-    (folder / "served.json").write_text(json.dumps(served_figures(folder / "model", folder)))
+    _lightning_grpo(["export", f"runs/{recipe.stem}", "--out", "model"], folder / "export.log", folder)
+    (folder / "served.json").write_text(json.dumps(served_figures(recipe, folder / "model", folder)))
 
 
-def served_figures(model: Path, folder: Path) -> dict[str, float]:
+def served_figures(recipe: Path, model: Path, folder: Path) -> dict[str, float]:
     """The test split's greedy accuracy (strict, lenient) of ``lightning-grpo serve MODEL``, asked over HTTP."""
     from lightning_grpo.cli.app import build_cli
     from lightning_grpo.data.rewards import final_number
 
-    dm = build_cli(args=["-c", str(RECIPE)], run=False).datamodule
+    dm = build_cli(args=["-c", str(recipe)], run=False).datamodule
     dm.setup("test")
     records = dm.test_records
     texts = _served_answers(model, folder, [r["raw_prompt"] for r in records])
@@ -135,10 +135,10 @@ def _last_row(path: Path) -> dict[str, float]:
     return {k: float(v) for k, v in rows[-1].items() if v}
 
 
-def collect(seed: int, folder: Path) -> dict:
+def collect(recipe: Path, seed: int, folder: Path) -> dict:
     """The seed's test figures before and after, fit seconds and the alarms that fired."""
     runs = folder / "runs"
-    fit_rows = list(csv.DictReader((runs / "smollm2_arithmetic/version_0/metrics.csv").open()))
+    fit_rows = list(csv.DictReader((runs / recipe.stem / "version_0/metrics.csv").open()))
     alarms = sorted(
         {
             k.removeprefix("alarm/")
@@ -178,6 +178,9 @@ def table(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--recipe", type=Path, default=RECIPE, help="the recipe (its LoRA variant: smollm2_arithmetic_lora)"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("/tmp/smollm2_seeds"))
     parser.add_argument("--collect", action="store_true", help="read the runs already in --out, run nothing")
@@ -185,17 +188,19 @@ def main() -> None:
     parser.add_argument("--served-model", type=Path, help="serve this model folder, score it on the test split, exit")
     parser.add_argument("--write", action="store_true", help="write the table into docs/evidence/learning.md")
     args = parser.parse_args()
+    args.recipe = args.recipe.resolve()  # the runs start in their own folders
     if args.served_model:
-        print(json.dumps(served_figures(args.served_model.resolve(), args.out)))
+        print(json.dumps(served_figures(args.recipe, args.served_model.resolve(), args.out)))
         return
     for seed in [] if args.collect or args.served else args.seeds:
-        run_seed(seed, args.out / f"seed{seed}")
+        run_seed(args.recipe, seed, args.out / f"seed{seed}")
     for seed in args.seeds if args.served else []:
-        served(args.out / f"seed{seed}")
-    text = table([collect(seed, args.out / f"seed{seed}") for seed in args.seeds])
+        served(args.recipe, args.out / f"seed{seed}")
+    text = table([collect(args.recipe, seed, args.out / f"seed{seed}") for seed in args.seeds])
     print(text)
     if args.write:
-        write_learning_table(ROOT / "docs/evidence/learning.md", MARKER, text, machine_line(threads_note(1)))
+        marker = f"<!-- {args.recipe.stem}-results -->"
+        write_learning_table(ROOT / "docs/evidence/learning.md", marker, text, machine_line(threads_note(1)))
 
 
 if __name__ == "__main__":
