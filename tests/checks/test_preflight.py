@@ -76,7 +76,7 @@ def test_openenv_url_refusing_connections(tmp_path, capsys):
     }
     lines = fit_lines(tmp_path, capsys, rollout=rollout)
     assert lines[-1] == (
-        f"lightning-grpo: error: rollout.environment_args.base_url: {url} refused the connection (nothing listens there): "
+        f"lightning-grpo: error: rollout.agent.environment_args.base_url: {url} refused the connection (nothing listens there): "
         "start the environment's server first (docs/guide/environments.md) and check the port"
     )
     assert len(lines) <= 3, lines
