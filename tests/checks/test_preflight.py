@@ -70,8 +70,10 @@ def test_openenv_url_refusing_connections(tmp_path, capsys):
         "init_args": {
             "engine": "hf",
             "sampling": {"n": 4, "max_new_tokens": 3},
-            "environment": "lightning_grpo.integrations.openenv.OpenEnvClientEnvironment",
-            "environment_args": {"base_url": url, "action_field": "message"},
+            "agent": {
+                "environment": "lightning_grpo.integrations.openenv.OpenEnvClientEnvironment",
+                "environment_args": {"base_url": url, "action_field": "message"},
+            },
         },
     }
     lines = fit_lines(tmp_path, capsys, rollout=rollout)
