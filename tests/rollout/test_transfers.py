@@ -219,6 +219,6 @@ def test_nccl_needs_cuda_in_the_trainer():
 
     with pytest.raises(
         RuntimeError,
-        match=r"rollout.engine.init_args.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp",
+        match=r"rollout.engine.init_args.transfer.backend: nccl needs a CUDA device in the trainer; use backend: tcp",
     ):
         NcclTransport().prepare([("w", torch.zeros(2))], torch.bfloat16, 1 << 20)
