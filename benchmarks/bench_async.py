@@ -58,6 +58,7 @@ def child(row: str, steps: int, warmup: int) -> None:
         RewardSpec,
         RolloutCallback,
         SamplingConfig,
+        ServerLaunch,
         ServerSettings,
         VLLMArgs,
     )
@@ -66,7 +67,9 @@ def child(row: str, steps: int, warmup: int) -> None:
 
     path = str(tiny_model_dir(TinyModelConfig(**SHAPE)))
     args = {"max_model_len": 128, "kv_cache_memory_bytes": 256 * 2**20}
-    settings = ServerSettings(**args, server_cpus=[0] if pinned else None) if engine == "vllm_server" else None
+    settings = (
+        ServerSettings(**args, launch=ServerLaunch(cpus=[0] if pinned else None)) if engine == "vllm_server" else None
+    )
     marks: dict[str, float] = {}
     syncs: list[float] = []
     phases: list[dict] = []

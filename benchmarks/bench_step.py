@@ -11,7 +11,7 @@ math, and Lightning's own loop; the rollout into its timed phases and the untime
 tensor building, selection, bookkeeping); "other" is what is left of the wall time between two
 batch starts (data loading, callbacks).
 
-Engine ``vllm`` runs VLLMEngine's defaults (``weight_push="auto"``, ``cpu_gemm="auto"``: in place,
+Engine ``vllm`` runs VLLMEngine's defaults (``weight_push: {mode: auto, cpu_gemm: auto}``: in place,
 plain kernels at the tiny size, packed at 70M); ``vllm-inplace-packed`` keeps vLLM's oneDNN kernels
 and repacks them at each push; ``vllm-reload`` pushes with vLLM's ``reload_weights``.
 
@@ -151,7 +151,15 @@ def child(
     import lightning as L
     import torch
 
-    from lightning_grpo import ForwardSettings, GRPOModule, RewardSpec, RolloutCallback, SamplingConfig, VLLMArgs
+    from lightning_grpo import (
+        ForwardSettings,
+        GRPOModule,
+        RewardSpec,
+        RolloutCallback,
+        SamplingConfig,
+        VLLMArgs,
+        VLLMPush,
+    )
     from long_shape import datamodule, kv_cache_bytes, model_dir
 
     path = str(model_dir(size_config(size), prompt_tokens, max_new_tokens))  # long prompts: the "10m" text model
@@ -173,7 +181,9 @@ def child(
     engine, push, gemm = (engine.split("-") + ["auto", "auto"])[:3]  # "vllm-inplace-packed", "vllm-reload"
     max_len = max(128, 1 << (prompt_tokens + max_new_tokens - 1).bit_length())
     kv_bytes = max(256 * 2**20, 2 * kv_cache_bytes(path, prompts * 8, max_len))  # room for every sequence, twice
-    settings = VLLMArgs(max_model_len=max_len, kv_cache_memory_bytes=kv_bytes, weight_push=push, cpu_gemm=gemm)
+    settings = VLLMArgs(
+        max_model_len=max_len, kv_cache_memory_bytes=kv_bytes, weight_push=VLLMPush(mode=push, cpu_gemm=gemm)
+    )
     callback = RolloutCallback(
         engine=settings if engine == "vllm" else engine,
         sampling=SamplingConfig(n=8, max_new_tokens=max_new_tokens),

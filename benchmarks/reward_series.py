@@ -129,7 +129,7 @@ def main() -> None:
                 **read_run(run_out / f"seed{seed}", full=args.which != "design"),
             }
             if recipe == "tool_quickstart_control":
-                series[name]["recipe"] = "recipes/tool_quickstart.yaml with environment_args.tools_enabled: false"
+                series[name]["recipe"] = "recipes/tool_quickstart.yaml with agent.environment_args.tools_enabled: false"
             rewards = series[name]["reward_mean"]
             print(
                 f"{name}: {len(rewards)} steps, reward {rewards[0]} -> {rewards[-1]}, alarms {series[name].get('alarms')}"

@@ -1,5 +1,5 @@
 """Run the tool quickstart (recipes/tool_quickstart.yaml) for several seeds, with the tool and
-without it (the control: ``environment_args.tools_enabled: false``), and measure what it learns.
+without it (the control: ``agent.environment_args.tools_enabled: false``), and measure what it learns.
 
 Per run: wall time of the whole command, dev success (greedy episodes on the 50 validation prompts,
 each with its own secret digit, checked during the run) at step 0 and at the end, the test success
@@ -47,7 +47,7 @@ def recipe(out: Path, tools: bool) -> Path:
     if tools:
         return RECIPE
     cfg = yaml.safe_load(RECIPE.read_text())
-    cfg["rollout"]["init_args"]["environment_args"]["tools_enabled"] = False
+    cfg["rollout"]["init_args"]["agent"]["environment_args"]["tools_enabled"] = False
     path = out / "tool_quickstart_control.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))

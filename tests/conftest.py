@@ -71,9 +71,9 @@ def vllm_engine(tiny_model_path):
     Mark tests that use it ``@pytest.mark.vllm``."""
     pytest.importorskip("vllm")
     from lightning_grpo.rollout.vllm import VLLMEngine
-    from lightning_grpo.rollout.vllm_args import VLLMArgs
+    from lightning_grpo.rollout.vllm_args import VLLMArgs, VLLMLora
 
-    settings = VLLMArgs(max_model_len=512, kv_cache_memory_bytes=64 * 1024**2, enable_lora=True, max_lora_rank=8)
+    settings = VLLMArgs(max_model_len=512, kv_cache_memory_bytes=64 * 1024**2, lora=VLLMLora(enabled=True, max_rank=8))
     engine = VLLMEngine(str(tiny_model_path), settings)
     yield engine
     engine.close()

@@ -2,6 +2,7 @@
 
 from . import calculator as _calculator, secret_digit as _secret_digit  # noqa: F401 - importing them registers them
 from .environment import ENVIRONMENTS, Environment, Step, Turn, resolve_environment
+from .settings import AgentSettings
 from .tools import ToolEnvironment, parse_tool_calls, tool_schema
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "Turn",
     "ToolEnvironment",
     "AgentRolloutCallback",
+    "AgentSettings",
     "parse_tool_calls",
     "resolve_environment",
     "tool_schema",

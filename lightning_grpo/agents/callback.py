@@ -8,19 +8,24 @@ engine (``hf`` or ``vllm``) samples every live episode's next turn in one call.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 
+from ..callbacks.completions import CompletionLogSettings
 from ..callbacks.rollout import RolloutCallback
 from ..callbacks.sampling import SampleResult, sample_groups
+from ..callbacks.settings import EvaluationSettings, SelectionSettings, WeightSyncSettings
 from ..data.records import RAW_PROMPT
 from ..data.reward_set import RewardScores, RewardSpec
+from ..data.reward_spec import RewardName
 from ..rollout.base import RolloutEngine, SamplingConfig, request_seed
+from ..rollout.engine_settings import EngineSettings
 from .chat import ChatRenderer, probe_episode
 from .environment import resolve_environment
 from .episodes import EpisodeLimits, EpisodeRollout, run_episodes
 from .report import episode_metrics, successful_calls
+from .settings import AgentSettings
 from .tools import tool_schema
 
 #: A vocabulary token whose text ends with this marker ends a turn (Hermes / Qwen2.5 tool calls).
@@ -31,36 +36,30 @@ class AgentRolloutCallback(RolloutCallback):
     """Drives multi-turn episodes for `GRPOModule`.
 
     Args:
-        environment: registry name (``ENVIRONMENTS``: "secret_digit") or import path of an
-            `Environment` class; one object is built per episode.
-        environment_args: keyword arguments of that class.
-        max_turns: model turns per episode (then it ends as truncated).
-        max_episode_tokens: tokens after the prompt (sampled + environment) per episode; None =
-            the engine's maximum length only. ``sampling.max_new_tokens`` limits each turn.
-        env_workers: threads running environment steps (tool calls) at once.
-        stop_tokens: tokens that end a turn besides EOS; None = the chat template's end-of-turn
-            token and every token ending with ``</tool_call>``.
-        reset_seed: "group": the ``sampling.n`` episodes of a record share the environment's reset
-            seed, so a group is one task with one opening (its advantage baseline compares like with
-            like); "episode": each episode gets its own seed (and is trained on its own opening).
-        allow_mixed_task_groups: with ``reset_seed: episode`` and ``n > 1``, accept that a group's
-            episodes may face different tasks, so its baseline is the mean reward over those tasks
-            (refused otherwise; docs/guide/agents.md).
-        **kwargs: the arguments of `RolloutCallback` (engine, sampling, rewards (default: ``env_reward``),
-            selection, evaluation, seed, ...).
+        agent: the episodes (`AgentSettings`): the environment and its arguments, ``max_turns``,
+            ``max_episode_tokens``, ``env_workers``, ``stop_tokens``, ``reset_seed``, ``allow_mixed_task_groups``.
             The engine's ``max_model_len``, when not set, is the longest prompt + ``max_episode_tokens`` +
             ``sampling.max_new_tokens`` (one turn: + ``max_new_tokens``); with several turns and no
             ``max_episode_tokens`` set it must be set.
+        engine: the rollout engine, as `RolloutCallback`'s (``hf`` or ``vllm`` sample every live episode's next
+            turn in one call).
+        sampling: one turn's sampling (``max_new_tokens`` per turn); ``n`` episodes per record.
+        rewards: reward functions on each episode's final answer (default: ``env_reward``, the environment's).
+        selection: as `RolloutCallback`'s (GFPO lengths count sampled tokens).
+        evaluation: as `RolloutCallback`'s (greedy episodes on held-out records).
+        weight_sync: as `RolloutCallback`'s.
+        max_staleness: as `RolloutCallback`'s.
+        log_completions: as `RolloutCallback`'s (the transcripts).
+        seed: as `RolloutCallback`'s.
 
     Example:
         ```python
         import lightning as L
 
-        from lightning_grpo import AgentRolloutCallback, SamplingConfig
+        from lightning_grpo import AgentRolloutCallback, AgentSettings, SamplingConfig
 
         agents = AgentRolloutCallback(
-            environment="calculator",
-            max_turns=6,
+            agent=AgentSettings(environment="calculator", max_turns=6),
             sampling=SamplingConfig(n=8, max_new_tokens=256),
         )
         trainer = L.Trainer(max_steps=500, callbacks=[agents])
@@ -69,31 +68,42 @@ class AgentRolloutCallback(RolloutCallback):
 
     def __init__(
         self,
-        environment: str = "secret_digit",
-        environment_args: dict[str, Any] | None = None,
-        max_turns: int = 4,
-        max_episode_tokens: int | None = None,
-        env_workers: int = 8,
-        stop_tokens: list[str] | None = None,
-        reset_seed: Literal["group", "episode"] = "group",
-        allow_mixed_task_groups: bool = False,
-        **kwargs: Any,
+        agent: AgentSettings = AgentSettings(),  # noqa: B008 - copied below
+        engine: EngineSettings | str = "vllm",
+        sampling: SamplingConfig = SamplingConfig(),  # noqa: B008 - copied by RolloutCallback
+        rewards: list[RewardSpec | RewardName] | RewardName | None = None,
+        selection: SelectionSettings = SelectionSettings(),  # noqa: B008 - copied by RolloutCallback
+        evaluation: EvaluationSettings = EvaluationSettings(),  # noqa: B008 - copied by RolloutCallback
+        weight_sync: WeightSyncSettings = WeightSyncSettings(),  # noqa: B008 - copied by RolloutCallback
+        max_staleness: int = 0,
+        log_completions: CompletionLogSettings = CompletionLogSettings(),  # noqa: B008 - copied by RolloutCallback
+        seed: int | None = None,
     ) -> None:
-        if kwargs.get("rewards") is None:
-            kwargs["rewards"] = [RewardSpec("env_reward")]
-        super().__init__(**kwargs)
-        check_reset_seed(reset_seed, allow_mixed_task_groups, self.sampling.n)
-        self.reset_seed = reset_seed
-        self.env_class = resolve_environment(environment)
-        self.environment_args = dict(environment_args or {})
-        self.limits = EpisodeLimits(max_turns=max_turns, max_episode_tokens=max_episode_tokens, workers=env_workers)
-        self.stop_tokens = stop_tokens
+        super().__init__(
+            engine=engine,
+            sampling=sampling,
+            rewards=rewards if rewards is not None else [RewardSpec("env_reward")],
+            selection=selection,
+            evaluation=evaluation,
+            weight_sync=weight_sync,
+            max_staleness=max_staleness,
+            log_completions=log_completions,
+            seed=seed,
+        )
+        self.agent = replace(agent, environment_args=dict(agent.environment_args or {}))
+        check_reset_seed(self.agent.reset_seed, self.agent.allow_mixed_task_groups, self.sampling.n)
+        self.env_class = resolve_environment(self.agent.environment)
+        self.limits = EpisodeLimits(
+            max_turns=self.agent.max_turns,
+            max_episode_tokens=self.agent.max_episode_tokens,
+            workers=self.agent.env_workers,
+        )
         self.renderer: ChatRenderer | None = None
         self._tokenizer: Any = None
 
     # ------------------------------------------------------------------------ set-up
     def make_env(self) -> Any:
-        return self.env_class(**self.environment_args)
+        return self.env_class(**self.agent.environment_args)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """The checks of `RolloutCallback`, then one environment built: a misconfigured one
@@ -137,16 +147,16 @@ class AgentRolloutCallback(RolloutCallback):
         if limits.max_turns == 1:
             return new, "rollout.sampling.max_new_tokens"
         if limits.max_episode_tokens is not None:
-            return limits.max_episode_tokens + new, "rollout.max_episode_tokens + rollout.sampling.max_new_tokens"
-        return None, f"rollout.max_episode_tokens (max_turns={limits.max_turns})"
+            return limits.max_episode_tokens + new, "rollout.agent.max_episode_tokens + rollout.sampling.max_new_tokens"
+        return None, f"rollout.agent.max_episode_tokens (max_turns={limits.max_turns})"
 
     def _stop_ids(self, tokenizer: Any) -> list[int]:
-        if self.stop_tokens is not None:
+        if self.agent.stop_tokens is not None:
             ids = []
-            for token in self.stop_tokens:
+            for token in self.agent.stop_tokens:
                 encoded = tokenizer(token, add_special_tokens=False)["input_ids"]
                 if len(encoded) != 1:
-                    raise ValueError(f"rollout.stop_tokens: {token!r} is {len(encoded)} tokens, not one")
+                    raise ValueError(f"rollout.agent.stop_tokens: {token!r} is {len(encoded)} tokens, not one")
                 ids.append(encoded[0])
             return ids
         ids = set()
@@ -176,7 +186,7 @@ class AgentRolloutCallback(RolloutCallback):
             sampling,
             seed,
             replace(self.limits, max_model_len=self.plan.context_length),
-            reset_seed=self.reset_seed,
+            reset_seed=self.agent.reset_seed,
         )
 
     def score(self, rollout: EpisodeRollout, records: list[dict]) -> RewardScores:
@@ -249,11 +259,12 @@ class AgentRolloutCallback(RolloutCallback):
 def check_reset_seed(reset_seed: Any, allow_mixed_task_groups: bool, group_size: int) -> None:
     """One ValueError for an unknown ``reset_seed``, or per-episode seeds in groups nobody chose to mix."""
     if reset_seed not in ("group", "episode"):
-        raise ValueError(f"rollout.reset_seed must be 'group' or 'episode', got {reset_seed!r}")
+        raise ValueError(f"rollout.agent.reset_seed must be 'group' or 'episode', got {reset_seed!r}")
     if reset_seed == "episode" and group_size > 1 and not allow_mixed_task_groups:
         raise ValueError(
-            f"rollout.reset_seed: episode gives the {group_size} episodes of a group different reset seeds, so they may "
+            f"rollout.agent.reset_seed: episode gives the {group_size} episodes of a group different reset seeds, so they may "
             "face different tasks, and the group's advantage baseline would compare rewards of unlike tasks. Keep "
-            "rollout.reset_seed: group (one task per group, the default), or set rollout.allow_mixed_task_groups: true "
+            "rollout.agent.reset_seed: group (one task per group, the default), or set "
+            "rollout.agent.allow_mixed_task_groups: true "
             "to train that way (each episode on its own opening; docs/guide/agents.md)"
         )

@@ -60,7 +60,7 @@ class Environment:
     """Subclass and implement :meth:`reset` and :meth:`step`; one object per episode.
 
     ``seed`` in :meth:`reset` is reproducible from the run's seed and shared by the G episodes of a
-    record (one task per group; ``rollout.reset_seed: episode`` gives each episode its own): draw the
+    record (one task per group; ``rollout.agent.reset_seed: episode`` gives each episode its own): draw the
     task's random values from ``random.Random(seed)``, and nothing else, so the G openings agree.
     """
 

@@ -115,7 +115,7 @@ def _check_one_opening(states: list[EpisodeState], group_size: int) -> None:
                 raise ValueError(
                     f"{name}.reset gave the episodes of record {p // group_size} different openings (episode 0 and {g}) "
                     "for the same record and reset seed, so its group is not one task: make the opening depend only on "
-                    "the record and the seed, or set rollout.reset_seed: episode and rollout.allow_mixed_task_groups: "
+                    "the record and the seed, or set rollout.agent.reset_seed: episode and rollout.agent.allow_mixed_task_groups: "
                     "true (each episode then trains on its own opening; docs/guide/agents.md)"
                 )
 

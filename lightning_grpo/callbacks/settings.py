@@ -77,7 +77,7 @@ class WeightSyncSettings:
     """Push the policy into the engine after optimizer steps. Switch off only to measure the staleness it prevents."""
     lora: Literal["merged", "adapter"] = "merged"
     """A LoRA policy: "merged" pushes W + delta_W as plain weights; "adapter" saves the adapter and lets
-    vLLM apply it (needs ``rollout.engine.init_args.enable_lora`` of `VLLMArgs`)."""
+    vLLM apply it (needs ``rollout.engine.init_args.lora.enabled`` of `VLLMArgs`)."""
     check_every: int = CHECK_EVERY
     """Check that a push landed (`lightning_grpo.callbacks.push_check`): the engine scores a fixed probe (the
     first rows of the run's first rollout) and its log-probs must equal the trainer's under the pushed weights

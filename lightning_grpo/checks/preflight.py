@@ -6,7 +6,7 @@ that an unreachable server or a missing folder is one line at start-up (the URL 
 what to do) rather than a failure after the engine started:
 
 * ``rollout.engine.init_args.urls`` (`ServerSettings` with servers you run);
-* ``rollout.environment_args.base_url`` (or any ``*_url`` there: an OpenEnv server, ...);
+* ``rollout.agent.environment_args.base_url`` (or any ``*_url`` there: an OpenEnv server, ...);
 * reward objects with a ``url`` / ``base_url`` (``llm_judge``, a reward-model server of your own);
 * distillation teachers given as folders (``model.distillation.teacher``): a missing folder names
   the command that makes it, read from the recipe's header when it has one (as
@@ -57,10 +57,10 @@ def servers(callback: Any) -> Iterator[tuple[str, str, str]]:
             "start the vLLM server first (docs/guide/scaling.md), or drop rollout.engine.init_args.urls to have the "
             "run start its own",
         )
-    for key, value in (getattr(callback, "environment_args", None) or {}).items():
+    for key, value in getattr(getattr(callback, "agent", None), "environment_args", {}).items():
         if key == "url" or key.endswith("_url"):
             yield (
-                f"rollout.environment_args.{key}",
+                f"rollout.agent.environment_args.{key}",
                 str(value),
                 "start the environment's server first (docs/guide/environments.md) and check the port",
             )

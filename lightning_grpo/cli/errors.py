@@ -66,7 +66,7 @@ def _parameters(class_path: str) -> list[str]:
     except (TypeError, ValueError):
         return []
     names = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    for base in cls.__mro__[1:]:  # **kwargs forwarded to a base class (AgentRolloutCallback -> RolloutCallback)
+    for base in cls.__mro__[1:]:  # a class whose **kwargs go to its base class
         if any(p.kind is p.VAR_KEYWORD for p in params) and base is not object and "__init__" in vars(base):
             names += [p for p in _parameters(f"{base.__module__}.{base.__qualname__}") if p not in names]
             break

@@ -11,6 +11,6 @@ One module per framework, each needing its own optional extra, imported on first
   ``@vf.reward`` methods as reward functions; extra ``verifiers``.
 
 The environment adapters are :class:`~lightning_grpo.agents.Environment` classes: give their import
-path as ``AgentRolloutCallback``'s ``environment`` and their arguments as ``environment_args``.
+path as ``rollout.agent.environment`` (`AgentSettings`) and their arguments as ``environment_args``.
 ``openenv-core`` and ``verifiers`` pin different ``mcp`` versions: install one of the two extras.
 """

@@ -7,7 +7,7 @@ reads what the settings say the engine can do (``runs_vllm_here``, ``serves_lora
   prefill budget, ``max_num_batched_tokens``, of at least the context length and no chunked prefill,
   ``rollout/prefill.py``; ``sleep_level: 2`` only with ``weight_sync.enabled``), once before the data is read
   and once with the plan's context length; ``weight_sync.lora: adapter`` with an engine that serves adapters
-  (vllm, with ``enable_lora``) and ``model.policy.lora``; ``max_staleness >= 1`` only with a loss that corrects
+  (vllm, with ``lora.enabled``) and ``model.policy.lora``; ``max_staleness >= 1`` only with a loss that corrects
   for the behaviour policy;
 * the layout: no ``model.policy.quantization`` (QLoRA) and no engine on the live policy (``hf``) with
   ``trainer.strategy`` ModelParallelStrategy (FSDP2).

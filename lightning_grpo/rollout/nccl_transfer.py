@@ -6,7 +6,7 @@ NCCL broadcast straight into its GPUs. vLLM ships both halves: the server's
 ``WeightTransferTrainerFactory.trainer_init`` and driven through any client with vLLM's four
 weight-sync calls. :class:`NcclTransport` wires them into
 :class:`~lightning_grpo.rollout.server_engine.ServerEngine`: per server, one NCCL group of the
-trainer (rank 0, at ``transfer_host:transfer_port``, which the server's workers must reach) and the
+trainer (rank 0, at ``transfer.host:transfer.port``, which the server's workers must reach) and the
 server's workers (``GET /get_world_size`` of them); each push pauses the server, broadcasts every
 tensor (packed into vLLM's double-buffered chunks), tags the version, drops the prefix cache and
 resumes.
@@ -51,7 +51,7 @@ class NcclTransport:
         weights: the pipeline may train on while it is sent)."""
         if not torch.cuda.is_available():
             raise RuntimeError(
-                f"{ENGINE_ARGS}.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp for CPU"
+                f"{ENGINE_ARGS}.transfer.backend: nccl needs a CUDA device in the trainer; use backend: tcp for CPU"
             )
         device = torch.device("cuda", torch.cuda.current_device())
         out = []

@@ -71,14 +71,14 @@ def cpu_llm_kwargs(
 
 def cpu_server_args(max_model_len: int, max_num_batched_tokens: int | None, server_args: list[str]) -> list[str]:
     """``vllm serve`` options for a CPU server we start (chunked prefill off, the prefill budget);
-    ``server_args`` (the user's) must not switch chunked prefill on or set the budget themselves."""
+    ``server_args`` (the user's ``launch.args``) must not switch chunked prefill on or set the budget themselves."""
     for arg in server_args:
         name = str(arg).split("=", 1)[0]
         if name in ("--enable-chunked-prefill", "--enable_chunked_prefill"):
-            raise ValueError(f"{ENGINE_ARGS}.server_args {arg!r}: {CHUNKED_PREFILL_ON_CPU}; remove the option")
+            raise ValueError(f"{ENGINE_ARGS}.launch.args {arg!r}: {CHUNKED_PREFILL_ON_CPU}; remove the option")
         if name in ("--max-num-batched-tokens", "--max_num_batched_tokens"):
             raise ValueError(
-                f"{ENGINE_ARGS}.server_args {arg!r}: set the prefill budget with {ENGINE_ARGS}.max_num_batched_tokens "
+                f"{ENGINE_ARGS}.launch.args {arg!r}: set the prefill budget with {ENGINE_ARGS}.max_num_batched_tokens "
                 "(checked against max_model_len before the server starts)"
             )
     budget = cpu_prefill_budget(max_model_len, max_num_batched_tokens, f"{ENGINE_ARGS}.max_num_batched_tokens")

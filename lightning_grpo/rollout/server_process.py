@@ -6,7 +6,7 @@ A :class:`ServerProcess` runs vLLM's own API server module (what ``vllm serve`` 
 - ``VLLM_SERVER_DEV_MODE=1``: exposes the RL endpoints (``/pause``, ``/start_weight_update``, ...);
 - ``--enable-scale-out``: the token-in / token-out endpoint ``/inference/v1/generate``;
 - ``--weight-transfer-config {"backend": "lightning_grpo_shm"}`` (our plugin backend; or
-  ``lightning_grpo_tcp`` / vLLM's ``nccl`` as ``rollout.engine.init_args.transfer`` says);
+  ``lightning_grpo_tcp`` / vLLM's ``nccl`` as ``rollout.engine.init_args.transfer.backend`` says);
 - ``--logprobs-mode processed_logprobs``: log-probs after temperature, as the trainer computes them.
 
 The child's stdout and stderr go to ``<log_dir>/vllm-server-<port>.log``. The server finds the
@@ -165,7 +165,7 @@ class ServerProcess:
             time.sleep(0.5)
         self.stop()
         raise ServerStartError(
-            f"vLLM server at {self.url} did not become healthy within {timeout:.0f} s (server_start_timeout); "
+            f"vLLM server at {self.url} did not become healthy within {timeout:.0f} s (rollout.engine.init_args.launch.start_timeout); "
             f"see its log {self.log_path}{_log_tail(self.log_path)}"
         )
 

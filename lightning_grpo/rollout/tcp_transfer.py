@@ -6,7 +6,7 @@ from each server to the trainer, nothing else (CPU servers on other machines, or
 NCCL is not wanted). It goes through vLLM's RL API like the others, on the same pattern as vLLM's
 NCCL backend (a control request per bucket over HTTP, the bytes over a separate channel):
 
-1. The trainer listens on one TCP port (``rollout.engine.init_args.transfer_host`` / ``transfer_port``; by default
+1. The trainer listens on one TCP port (``rollout.engine.init_args.transfer.host`` / ``.port``; by default
    the trainer's address on the route to the server and a free port).
 2. ``POST /init_weight_transfer_engine {"host", "port", "token"}``: every worker of the server
    connects to that port and says hello (magic, the token, its rank and world size); the trainer
@@ -144,7 +144,7 @@ class TcpTransport:
             except TimeoutError as err:
                 raise ConnectionError(
                     f"vLLM server {client.url}: {len(workers)} of {world} workers connected to {host}:{port} "
-                    f"within {self.timeout:.0f} s (can the server reach this address? {ENGINE_ARGS}.transfer_host)"
+                    f"within {self.timeout:.0f} s (can the server reach this address? {ENGINE_ARGS}.transfer.host)"
                 ) from err
             sock.settimeout(self.timeout)
             rank = _read_hello(sock, token, client.url)

@@ -14,7 +14,7 @@ which reports the untruncated values.
 
 LoRA, two ways: push merged weights (:func:`~lightning_grpo.models.weights.policy_weights_for_engine`
 gives ``W + delta_W``; the default, works everywhere), or build the engine with
-``enable_lora=True`` and hand it the adapter saved with ``save_pretrained`` through
+``lora.enabled`` (`VLLMLora`) and hand it the adapter saved with ``save_pretrained`` through
 :meth:`VLLMEngine.load_lora_adapter`; every later :meth:`~VLLMEngine.generate` then samples
 with that adapter on top of the engine's base weights (push those with
 ``policy_weights_for_engine(model, merge_lora=False)``). vLLM reads the adapter files at the next
@@ -27,7 +27,7 @@ import contextlib
 import os
 import shutil
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -40,7 +40,7 @@ from lightning_grpo.rollout.base import (
     validate_prompts,
 )
 from lightning_grpo.rollout.engine_defaults import model_config
-from lightning_grpo.rollout.engine_settings import ENGINE_ARGS
+from lightning_grpo.rollout.engine_settings import ENGINE_ARGS, EngineSettings
 from lightning_grpo.rollout.native_stderr import skip_native_lines
 from lightning_grpo.rollout.prefill import is_cpu_platform
 from lightning_grpo.rollout.vllm_env import (
@@ -51,9 +51,6 @@ from lightning_grpo.rollout.vllm_env import (
     quiet_known_harmless,
     sleep_kwargs,
 )
-
-if TYPE_CHECKING:
-    from lightning_grpo.rollout.vllm_args import VLLMArgs
 
 MISSING_VLLM = "engine='vllm' needs vLLM: pip install 'lightning-grpo[cpu]' (CPU) or 'lightning-grpo[gpu]' (CUDA)"
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -89,7 +86,7 @@ class VLLMEngine(RolloutEngine):
     def __init__(
         self,
         model_path: str,
-        settings: VLLMArgs | None = None,
+        settings: EngineSettings,
         *,
         seed: int = 0,
         owns_model_dir: bool = False,
@@ -98,8 +95,9 @@ class VLLMEngine(RolloutEngine):
         """
         Args:
             model_path: directory of an HF checkpoint (config, weights); its architecture must be one vLLM supports.
-            settings: the engine's settings (:class:`~lightning_grpo.rollout.vllm_args.VLLMArgs`, one docstring per
-                field); ``max_model_len`` None = the model's ``max_position_embeddings`` (the RolloutCallback sets it
+            settings: the engine's settings, a :class:`~lightning_grpo.rollout.vllm_args.VLLMArgs` (one docstring per
+                field; this module does not import it: the settings build the engine, `VLLMArgs.build`);
+                ``max_model_len`` None = the model's ``max_position_embeddings`` (the RolloutCallback sets it
                 from the data). Fields left at None follow the device and the model (`VLLMArgs.for_device`).
             seed: vLLM's engine seed (requests are seeded per call anyway).
             owns_model_dir: ``model_path`` is a copy made for this engine (an in-memory policy saved to a
@@ -107,24 +105,16 @@ class VLLMEngine(RolloutEngine):
             sequences: how many sequences one generation samples at once (sizes a CPU KV cache left unset).
         """
         self._owned_dir = str(model_path) if owns_model_dir else None
-        if settings is None:
-            from lightning_grpo.rollout.vllm_args import VLLMArgs
-
-            settings = VLLMArgs()
-        args = settings
+        args: Any = settings
         if args.dtype is not None and args.dtype not in _DTYPES:
             raise ValueError(f"VLLMEngine dtype must be one of {sorted(_DTYPES)}, got {args.dtype!r}")
-        if args.weight_push not in ("auto", "reload", "inplace"):
-            raise ValueError(f"VLLMEngine weight_push must be one of auto, reload, inplace; got {args.weight_push!r}")
-        if args.cpu_gemm not in ("auto", "packed", "plain"):
-            raise ValueError(f"VLLMEngine cpu_gemm must be one of auto, packed, plain; got {args.cpu_gemm!r}")
         if not os.path.isfile(os.path.join(str(model_path), "config.json")):
             raise FileNotFoundError(
                 f"VLLMEngine model_path {model_path!s} has no config.json (expected an HF checkpoint directory)"
             )
         max_model_len = args.max_model_len if args.max_model_len is not None else model_max_length(model_path)
         args = args.for_device(is_cpu_platform(), model_config(model_path), max_model_len, sequences)
-        dtype, weight_push, cpu_gemm = args.dtype, args.weight_push, args.cpu_gemm
+        dtype, weight_push, cpu_gemm = args.dtype, args.weight_push.mode, args.weight_push.cpu_gemm
         from lightning_grpo.rollout.sleep import EngineSleep
 
         self._sleep = EngineSleep(args.sleep_level)  # checks the level before vLLM is imported
@@ -149,8 +139,8 @@ class VLLMEngine(RolloutEngine):
             **optional_llm_kwargs(
                 args.kv_cache_memory_bytes,
                 args.block_size,
-                args.enable_lora,
-                args.max_lora_rank,
+                args.lora.enabled,
+                args.lora.max_rank,
                 args.gpu_memory_utilization,
             ),
             **sleep_kwargs(args.sleep_level),
@@ -268,8 +258,8 @@ class VLLMEngine(RolloutEngine):
             plan = self.llm.apply_model(lambda model: plan_cpu_push(model, tp, plain))[0]
             if plan is None and self.weight_push == "inplace":
                 raise ValueError(
-                    "VLLMEngine weight_push='inplace' covers CPU engines of dense unquantised models in one "
-                    "process (tensor_parallel_size=1); use weight_push='reload' or 'auto' for this engine"
+                    f"{ENGINE_ARGS}.weight_push.mode: inplace covers CPU engines of dense unquantised models in one "
+                    "process (tensor_parallel_size=1); use mode reload or auto for this engine"
                 )
             self._inplace_push = plan if plan is not None else False
         return self._inplace_push
@@ -278,10 +268,12 @@ class VLLMEngine(RolloutEngine):
         """Sample with the peft adapter saved (``save_pretrained``) in ``path`` from now on.
 
         Each call registers the adapter under a fresh id (the previous one is dropped) and resets the
-        prefix cache. Needs ``enable_lora=True``. Base weights still come from :meth:`load_weights`.
+        prefix cache. Needs ``lora.enabled`` (`VLLMLora`). Base weights still come from :meth:`load_weights`.
         """
         if not self.llm.llm_engine.vllm_config.lora_config:
-            raise ValueError("VLLMEngine.load_lora_adapter needs an engine built with enable_lora=True")
+            raise ValueError(
+                f"VLLMEngine.load_lora_adapter needs an engine built with {ENGINE_ARGS}.lora.enabled: true"
+            )
         if not os.path.isfile(os.path.join(str(path), "adapter_config.json")):
             raise FileNotFoundError(
                 f"LoRA adapter dir {path!s} has no adapter_config.json (save the adapter with save_pretrained)"

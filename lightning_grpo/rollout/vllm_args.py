@@ -2,13 +2,52 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from .engine_settings import ENGINE_ARGS, EngineContext, EngineSettings, register_engine
 
 if TYPE_CHECKING:
     from .base import RolloutEngine
+
+
+@dataclass(frozen=True)
+class VLLMLora:
+    """LoRA adapters the in-process engine serves (``rollout.weight_sync.lora: adapter``):
+    ``rollout.engine.init_args.lora: {enabled: true, max_rank: 32}``."""
+
+    enabled: bool = False
+    """Build the engine able to serve LoRA adapters (vLLM's ``enable_lora``); needed by
+    ``rollout.weight_sync.lora: adapter``."""
+    max_rank: int = 16
+    """Largest adapter rank accepted when ``enabled`` (vLLM's ``max_lora_rank``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_rank, int) or self.max_rank < 1:
+            raise ValueError(f"{ENGINE_ARGS}.lora.max_rank must be an integer >= 1, got {self.max_rank!r}")
+
+
+@dataclass(frozen=True)
+class VLLMPush:
+    """How the policy's weights get into the in-process engine after each optimizer step:
+    ``rollout.engine.init_args.weight_push: {mode: reload}``."""
+
+    mode: Literal["auto", "reload", "inplace"] = "auto"
+    """How pushed weights get in. "reload": vLLM's ``reload_weights`` (any model, quantisation, parallelism). "inplace": copy into the
+    loaded model and repack its CPU GEMM weights (CPU, one process, dense unquantised models; about 3x faster
+    at the quickstart size). "auto": "inplace" where it applies."""
+    cpu_gemm: Literal["auto", "packed", "plain"] = "auto"
+    """Linear kernels of the "inplace" push. "packed": vLLM's oneDNN kernels, repacked at every push.
+    "plain": ``torch.nn.functional.linear`` on plain weights, so a push is a copy. "auto": "plain" for
+    hidden size <= 128, "packed" above (docs/evidence/benchmarks.md)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "reload", "inplace"):
+            raise ValueError(f"{ENGINE_ARGS}.weight_push.mode must be one of auto, reload, inplace; got {self.mode!r}")
+        if self.cpu_gemm not in ("auto", "packed", "plain"):
+            raise ValueError(
+                f"{ENGINE_ARGS}.weight_push.cpu_gemm must be one of auto, packed, plain; got {self.cpu_gemm!r}"
+            )
 
 
 @register_engine
@@ -39,10 +78,8 @@ class VLLMArgs(EngineSettings):
     (`lightning_grpo.rollout.engine_defaults`); on a GPU vLLM sizes it from ``gpu_memory_utilization``."""
     block_size: int | None = None
     """KV block size in tokens (CPU: a multiple of 32); None = vLLM's default (128 on CPU)."""
-    enable_lora: bool = False
-    """Serve LoRA adapters (``rollout.weight_sync.lora: adapter``)."""
-    max_lora_rank: int = 16
-    """Largest adapter rank accepted when ``enable_lora``."""
+    lora: VLLMLora = field(default_factory=VLLMLora)
+    """The LoRA adapters the engine serves (`VLLMLora`: ``enabled``, ``max_rank``)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory vLLM may use (the rest is the trainer's); ignored on CPU, and for the KV
     cache ignored when ``kv_cache_memory_bytes`` is set."""
@@ -50,14 +87,8 @@ class VLLMArgs(EngineSettings):
     """No CUDA graphs / compilation, on CPU and GPU alike: the engine's process runs with
     ``TORCHDYNAMO_DISABLE=1`` (no compile at the first log-probs), under which vLLM's compiled mode does not
     start. False on a GPU needs ``TORCHDYNAMO_DISABLE=0`` set before the run."""
-    weight_push: Literal["auto", "reload", "inplace"] = "auto"
-    """How pushed weights get in. "reload": vLLM's ``reload_weights`` (any model, quantisation,
-    parallelism). "inplace": copy into the loaded model and repack its CPU GEMM weights (CPU, one process,
-    dense unquantised models; about 3x faster at the quickstart size). "auto": "inplace" where it applies."""
-    cpu_gemm: Literal["auto", "packed", "plain"] = "auto"
-    """Linear kernels of the "inplace" push. "packed": vLLM's oneDNN kernels, repacked at every push.
-    "plain": ``torch.nn.functional.linear`` on plain weights, so a push is a copy. "auto": "plain" for
-    hidden size <= 128, "packed" above (docs/evidence/benchmarks.md)."""
+    weight_push: VLLMPush = field(default_factory=VLLMPush)
+    """How pushed weights get in (`VLLMPush`: ``mode``, ``cpu_gemm``)."""
     max_num_batched_tokens: int | None = None
     """Tokens one scheduler step may prefill. On CPU chunked prefill is off, so it must be at least
     ``max_model_len``; None = ``max(max_model_len, 4096)`` on CPU, vLLM's default on GPU."""
@@ -100,9 +131,9 @@ class VLLMArgs(EngineSettings):
             cpu_llm_kwargs(length, self.max_num_batched_tokens, dict(self.extra_llm_kwargs or {}), ENGINE_ARGS)
 
     def check_lora_adapter(self) -> None:
-        if not self.enable_lora:
+        if not self.lora.enabled:
             raise ValueError(
-                f"rollout.weight_sync.lora='adapter' needs {ENGINE_ARGS}.enable_lora: true (vLLM serves adapters "
+                f"rollout.weight_sync.lora='adapter' needs {ENGINE_ARGS}.lora.enabled: true (vLLM serves adapters "
                 "only when built with it), or use weight_sync.lora: merged"
             )
 

@@ -1,7 +1,7 @@
 """``rollout.engine: vllm_server``: connect to vLLM servers the user runs, or start them as child processes.
 
 Settings come from `ServerSettings` (``rollout.engine``'s ``init_args``). With ``urls`` the
-servers are the user's (started as in docs/guide/scaling.md); otherwise ``num_servers`` servers
+servers are the user's (started as in docs/guide/scaling.md); otherwise ``launch.num_servers`` servers
 are started here on free ports with the policy's model directory, their logs in the run
 directory, and stopped when the engine closes.
 
@@ -22,8 +22,57 @@ from .server_client import ServerClient, version_number
 from .server_engine import ServerEngine
 from .shm_transfer import BUCKET_BYTES, ShmTransport
 
-#: ``transfer`` -> the servers' ``--weight-transfer-config`` backend.
+#: ``transfer.backend`` -> the servers' ``--weight-transfer-config`` backend.
 TRANSFER_BACKENDS = {"shm": "lightning_grpo_shm", "tcp": "lightning_grpo_tcp", "nccl": "nccl"}
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    """The vLLM servers started here when ``urls`` is None (each a ``vllm serve`` child process):
+    ``rollout.engine.init_args.launch: {num_servers: 2, cpus: [0]}``."""
+
+    num_servers: int = 1
+    """Servers to start (each takes ``kv_cache_memory_bytes`` plus a model copy)."""
+    args: list[str] = field(default_factory=list)
+    """More ``vllm serve`` options (e.g. ``["--tensor-parallel-size", "2"]``)."""
+    cpus: list[int] | None = None
+    """CPU cores the servers are pinned to (e.g. ``[0]``, leaving the others to the trainer); None = any."""
+    start_timeout: float = 300.0
+    """Seconds to wait for a started server's ``/health``."""
+    log_dir: str | None = None
+    """Where the servers write ``vllm-server-<port>.log``; None = the run's log directory."""
+
+    def __post_init__(self) -> None:
+        if self.num_servers < 1:
+            raise ValueError(f"{ENGINE_ARGS}.launch.num_servers must be >= 1, got {self.num_servers}")
+        if self.start_timeout <= 0:
+            raise ValueError(f"{ENGINE_ARGS}.launch.start_timeout must be > 0 seconds, got {self.start_timeout}")
+
+
+@dataclass(frozen=True)
+class WeightTransfer:
+    """How pushed weights reach the servers: ``rollout.engine.init_args.transfer: {backend: tcp, port: 29600}``."""
+
+    backend: Literal["shm", "tcp", "nccl"] = "shm"
+    """It must match the servers' ``--weight-transfer-config`` backend (started servers get the right one).
+    "shm": shared memory, servers on the trainer's machine (``lightning_grpo_shm``); "tcp": a TCP connection
+    from each server to the trainer, any machine, CPU or GPU (``lightning_grpo_tcp``); "nccl": vLLM's NCCL
+    broadcast, GPU trainer and GPU servers on any machine (``nccl``). docs/guide/scaling.md."""
+    host: str | None = None
+    """This machine's address as the servers reach it, for "tcp" / "nccl" (they connect to the trainer);
+    None = the address on the route to the first server (loopback for local servers)."""
+    port: int = 0
+    """Port the trainer listens on for "tcp" / "nccl" (open it in the firewall); 0 = a free port."""
+    bucket_bytes: int = BUCKET_BYTES
+    """Bytes per weight-push bucket (one ``/update_weights`` call each)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in TRANSFER_BACKENDS:
+            raise ValueError(
+                f"{ENGINE_ARGS}.transfer.backend must be one of {', '.join(TRANSFER_BACKENDS)}, got {self.backend!r}"
+            )
+        if not 0 <= int(self.port) < 65536:
+            raise ValueError(f"{ENGINE_ARGS}.transfer.port must be a TCP port (0 = any free one), got {self.port}")
 
 
 @register_engine
@@ -41,15 +90,13 @@ class ServerSettings(EngineSettings):
     async_capable: ClassVar[bool] = True
 
     urls: list[str] | None = None
-    """Servers you run (``http://host:port``); None = start ``num_servers`` here."""
-    num_servers: int = 1
-    """Servers to start when ``urls`` is None (each takes ``kv_cache_memory_bytes`` plus a model copy)."""
-    server_args: list[str] = field(default_factory=list)
-    """More ``vllm serve`` options for started servers (e.g. ``["--tensor-parallel-size", "2"]``)."""
-    server_cpus: list[int] | None = None
-    """CPU cores started servers are pinned to (e.g. ``[0]``, leaving the others to the trainer); None = any."""
-    server_start_timeout: float = 300.0
-    """Seconds to wait for a started server's ``/health``."""
+    """Servers you run (``http://host:port``); None = start ``launch.num_servers`` here."""
+    launch: ServerLaunch = field(default_factory=ServerLaunch)
+    """The servers started here when ``urls`` is None (`ServerLaunch`: ``num_servers``, ``args``, ``cpus``,
+    ``start_timeout``, ``log_dir``)."""
+    transfer: WeightTransfer = field(default_factory=WeightTransfer)
+    """How pushed weights reach the servers (`WeightTransfer`: ``backend``, ``host``, ``port``,
+    ``bucket_bytes``)."""
     dtype: Literal["float32", "float16", "bfloat16"] | None = None
     """The servers' dtype (pushed weights are cast to it). None = float32 on CPU; on a GPU bfloat16 where
     supported, else float16."""
@@ -66,21 +113,6 @@ class ServerSettings(EngineSettings):
     at least ``max_model_len``; None = ``max(max_model_len, 4096)`` on CPU, vLLM's default on GPU."""
     request_timeout: float = 600.0
     """Seconds before an unanswered request marks a server dead."""
-    bucket_bytes: int = BUCKET_BYTES
-    """Bytes per weight-push bucket (one ``/update_weights`` call each)."""
-    transfer: Literal["shm", "tcp", "nccl"] = "shm"
-    """How pushed weights reach the servers; it must match their ``--weight-transfer-config`` backend
-    (started servers get the right one). "shm": shared memory, servers on the trainer's machine
-    (``lightning_grpo_shm``); "tcp": a TCP connection from each server to the trainer, any machine, CPU
-    or GPU (``lightning_grpo_tcp``); "nccl": vLLM's NCCL broadcast, GPU trainer and GPU servers on any
-    machine (``nccl``). docs/guide/scaling.md."""
-    transfer_host: str | None = None
-    """This machine's address as the servers reach it, for "tcp" / "nccl" (they connect to the trainer);
-    None = the address on the route to the first server (loopback for local servers)."""
-    transfer_port: int = 0
-    """Port the trainer listens on for "tcp" / "nccl" (open it in the firewall); 0 = a free port."""
-    log_dir: str | None = None
-    """Where started servers write ``vllm-server-<port>.log``; None = the run's log directory."""
 
     def __post_init__(self) -> None:
         if self.urls is not None and (not isinstance(self.urls, list) or not self.urls):
@@ -88,18 +120,6 @@ class ServerSettings(EngineSettings):
         for url in self.urls or []:
             if not str(url).startswith(("http://", "https://")):
                 raise ValueError(f"{ENGINE_ARGS}.urls: {url!r} is not an http:// or https:// URL")
-        if self.num_servers < 1:
-            raise ValueError(f"{ENGINE_ARGS}.num_servers must be >= 1, got {self.num_servers}")
-        if self.transfer not in TRANSFER_BACKENDS:
-            raise ValueError(
-                f"{ENGINE_ARGS}.transfer must be one of {', '.join(TRANSFER_BACKENDS)}, got {self.transfer!r}"
-            )
-        if not 0 <= int(self.transfer_port) < 65536:
-            raise ValueError(
-                f"{ENGINE_ARGS}.transfer_port must be a TCP port (0 = any free one), got {self.transfer_port}"
-            )
-        if self.server_start_timeout <= 0:
-            raise ValueError(f"{ENGINE_ARGS}.server_start_timeout must be > 0 seconds, got {self.server_start_timeout}")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 1):
             raise ValueError(f"{ENGINE_ARGS}.max_model_len must be an integer >= 1 or null, got {self.max_model_len!r}")
 
@@ -114,7 +134,7 @@ class ServerSettings(EngineSettings):
         from .prefill import cpu_server_args, is_cpu_platform
 
         if is_cpu_platform():
-            cpu_server_args(length, self.max_num_batched_tokens, list(self.server_args))
+            cpu_server_args(length, self.max_num_batched_tokens, list(self.launch.args))
 
     def server_urls(self) -> list[str]:
         return list(self.urls or [])
@@ -162,14 +182,15 @@ class ServerSettings(EngineSettings):
 
 def build_transport(settings: ServerSettings) -> Any:
     """The trainer side of ``settings.transfer``."""
-    if settings.transfer == "tcp":
+    transfer = settings.transfer
+    if transfer.backend == "tcp":
         from .tcp_transfer import TcpTransport
 
-        return TcpTransport(settings.transfer_host, settings.transfer_port, settings.request_timeout)
-    if settings.transfer == "nccl":
+        return TcpTransport(transfer.host, transfer.port, settings.request_timeout)
+    if transfer.backend == "nccl":
         from .nccl_transfer import NcclTransport
 
-        return NcclTransport(settings.transfer_host, settings.transfer_port)
+        return NcclTransport(transfer.host, transfer.port)
     return ShmTransport()
 
 
@@ -193,7 +214,7 @@ def build_server_engine(
     common = dict(
         dtype=settings.dtype,
         max_model_len=settings.max_model_len,
-        bucket_bytes=settings.bucket_bytes,
+        bucket_bytes=settings.transfer.bucket_bytes,
         transport=build_transport(settings),
     )
     if settings.urls is not None:
@@ -212,20 +233,21 @@ def build_server_engine(
             f"{ENGINE_ARGS}.max_model_len is not set: servers started here need it (RolloutCallback derives it)"
         )
     settings.check(weight_sync_enabled=True, max_model_len=None)
-    log_dir = settings.log_dir or os.path.join(default_log_dir, f"vllm-servers-rank{rank}")
+    launch = settings.launch
+    log_dir = launch.log_dir or os.path.join(default_log_dir, f"vllm-servers-rank{rank}")
     processes = start_servers(
         str(model_dir),
-        settings.num_servers,
+        launch.num_servers,
         log_dir,
-        settings.server_start_timeout,
+        launch.start_timeout,
         lambda url: ServerClient(url).healthy(),
         dtype=settings.dtype,
         max_model_len=settings.max_model_len,
         kv_cache_bytes=settings.kv_cache_memory_bytes,
         max_num_batched_tokens=settings.max_num_batched_tokens,
-        extra_args=list(settings.server_args),
-        cpus=settings.server_cpus,
-        transfer_backend=TRANSFER_BACKENDS[settings.transfer],
+        extra_args=list(launch.args),
+        cpus=launch.cpus,
+        transfer_backend=TRANSFER_BACKENDS[settings.transfer.backend],
     )
     clients = [ServerClient(p.url, settings.request_timeout) for p in processes]
     owned = str(model_dir) if owns_model_dir else None

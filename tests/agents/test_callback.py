@@ -16,7 +16,7 @@ from lightning_grpo import (
     RewardSpec,
     SamplingConfig,
 )
-from lightning_grpo.agents.callback import AgentRolloutCallback
+from lightning_grpo.agents import AgentRolloutCallback, AgentSettings
 from lightning_grpo.data.tasks import DigitTask
 from tests.helpers.agents import CALL_TEXT, BatchCatcher, caller_model_dir, ids_of
 
@@ -28,9 +28,9 @@ def caller_dir(tmp_path_factory):
 
 def _callback(**kwargs):
     return AgentRolloutCallback(
+        agent=AgentSettings(max_turns=3),
         engine="hf",
         sampling=SamplingConfig(n=4, max_new_tokens=2),
-        max_turns=3,
         seed=1,
         rewards=[RewardSpec("env_reward"), RewardSpec("tool_call_made", weight=0.2)],
         **kwargs,

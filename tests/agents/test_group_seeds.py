@@ -13,7 +13,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger
 
 from lightning_grpo import AlgorithmSettings, GRPOModule, PromptDataModule, SamplingConfig
-from lightning_grpo.agents.callback import AgentRolloutCallback
+from lightning_grpo.agents import AgentRolloutCallback, AgentSettings
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.environment import Environment, Step
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
@@ -88,7 +88,7 @@ def test_a_group_whose_openings_differ_is_refused():
     with pytest.raises(
         ValueError,
         match=r"Counter\.reset gave the episodes of record 0 different openings.*"
-        r"rollout\.reset_seed: episode.*rollout\.allow_mixed_task_groups: true",
+        r"rollout\.agent\.reset_seed: episode.*rollout\.agent\.allow_mixed_task_groups: true",
     ):
         _episodes(Counter)
 
@@ -115,14 +115,20 @@ def test_a_trl_environment_with_a_random_opening():
 def test_mixed_task_groups_are_refused_before_the_engine_starts():
     with pytest.raises(
         ValueError,
-        match=r"rollout\.reset_seed: episode gives the 4 episodes of a group different reset "
-        r"seeds.*set rollout\.allow_mixed_task_groups: true.*docs/guide/agents\.md",
+        match=r"rollout\.agent\.reset_seed: episode gives the 4 episodes of a group different reset "
+        r"seeds.*set rollout\.agent\.allow_mixed_task_groups: true.*docs/guide/agents\.md",
     ):
-        AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=4), reset_seed="episode")
-    with pytest.raises(ValueError, match=r"rollout\.reset_seed must be 'group' or 'episode', got 'row'"):
-        AgentRolloutCallback(engine="hf", reset_seed="row")
-    AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=1), reset_seed="episode")  # no group, nothing mixed
-    AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=4), reset_seed="episode", allow_mixed_task_groups=True)
+        AgentRolloutCallback(agent=AgentSettings(reset_seed="episode"), engine="hf", sampling=SamplingConfig(n=4))
+    with pytest.raises(ValueError, match=r"rollout\.agent\.reset_seed must be 'group' or 'episode', got 'row'"):
+        AgentRolloutCallback(agent=AgentSettings(reset_seed="row"), engine="hf")
+    AgentRolloutCallback(
+        agent=AgentSettings(reset_seed="episode"), engine="hf", sampling=SamplingConfig(n=1)
+    )  # no group, nothing mixed
+    AgentRolloutCallback(
+        agent=AgentSettings(reset_seed="episode", allow_mixed_task_groups=True),
+        engine="hf",
+        sampling=SamplingConfig(n=4),
+    )
 
 
 def test_each_episode_trains_and_is_logged_on_its_own_opening(tmp_path):
@@ -131,13 +137,15 @@ def test_each_episode_trains_and_is_logged_on_its_own_opening(tmp_path):
     (Training every episode on its group's first opening put them 0.124 apart.)"""
     catcher = BatchCatcher()
     callback = AgentRolloutCallback(
-        environment="tests.agents.test_group_seeds.SeedOpening",
+        agent=AgentSettings(
+            environment="tests.agents.test_group_seeds.SeedOpening",
+            max_turns=2,
+            reset_seed="episode",
+            allow_mixed_task_groups=True,
+        ),
         engine="hf",
-        max_turns=2,
         seed=0,
         sampling=SamplingConfig(n=4, max_new_tokens=3),
-        reset_seed="episode",
-        allow_mixed_task_groups=True,
         log_completions=CompletionLogSettings(every_n_steps=1, groups=None),
     )
     episodes, run = [], callback.run

@@ -9,7 +9,7 @@ import lightning as L
 import torch
 
 from lightning_grpo import AlgorithmSettings, GRPOModule, PromptDataModule, RewardSpec, SamplingConfig
-from lightning_grpo.agents.callback import AgentRolloutCallback
+from lightning_grpo.agents import AgentRolloutCallback, AgentSettings
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.secret_digit import SecretDigitEnv
 from lightning_grpo.data.tasks import DigitTask, digit_task
@@ -139,10 +139,9 @@ def test_agent_steps_on_the_real_vocabulary(qwen_tokenizer):
     policy = taught_policy(tok)
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     callback = AgentRolloutCallback(
-        environment="secret_digit",
+        agent=AgentSettings(environment="secret_digit", max_turns=3),
         engine="hf",
         sampling=SamplingConfig(n=4, max_new_tokens=16),
-        max_turns=3,
         seed=1,
         rewards=[RewardSpec("env_reward"), RewardSpec("tool_call_made"), RewardSpec("length", weight=0.01)],
     )

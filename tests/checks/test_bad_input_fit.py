@@ -22,7 +22,10 @@ from lightning_grpo import (
     PromptDataModule,
     SamplingConfig,
     SelectionSettings,
+    ServerLaunch,
     VLLMArgs,
+    VLLMLora,
+    VLLMPush,
     WeightSyncSettings,
 )
 from lightning_grpo.core import ADVANTAGES
@@ -177,12 +180,12 @@ def test_cpu_prefill_settings_rejected_before_the_engine_starts(monkeypatch, set
             r"rollout.engine.init_args.max_num_batched_tokens \(100\) is below max_model_len \(512\)",
         ),
         (
-            {"server_args": ["--enable-chunked-prefill"]},
-            r"rollout.engine.init_args.server_args '--enable-chunked-prefill': chunked prefill is not supported",
+            {"launch": ServerLaunch(args=["--enable-chunked-prefill"])},
+            r"rollout.engine.init_args.launch.args '--enable-chunked-prefill': chunked prefill is not supported",
         ),
         (
-            {"server_args": ["--max-num-batched-tokens=64"]},
-            r"rollout.engine.init_args.server_args '--max-num-batched-tokens=64': set the prefill budget with "
+            {"launch": ServerLaunch(args=["--max-num-batched-tokens=64"])},
+            r"rollout.engine.init_args.launch.args '--max-num-batched-tokens=64': set the prefill budget with "
             r"rollout.engine.init_args.max_num_batched_tokens",
         ),
     ],
@@ -202,19 +205,25 @@ def test_max_new_tokens_beyond_hf_policy_positions():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("settings", "message"),
     [
-        ({"dtype": "fp32"}, r"VLLMEngine dtype must be one of \['bfloat16', 'float16', 'float32'\], got 'fp32'"),
-        ({"weight_push": "copy"}, r"VLLMEngine weight_push must be one of auto, reload, inplace; got 'copy'"),
+        (
+            lambda: VLLMArgs(dtype="fp32"),
+            r"VLLMEngine dtype must be one of \['bfloat16', 'float16', 'float32'\], got 'fp32'",
+        ),
+        (
+            lambda: VLLMArgs(weight_push=VLLMPush(mode="copy")),
+            r"rollout.engine.init_args.weight_push.mode must be one of auto, reload, inplace; got 'copy'",
+        ),
     ],
     ids=["dtype", "weight_push"],
 )
-def test_vllm_engine_bad_argument(monkeypatch, tiny_model_path, kwargs, message):
+def test_vllm_engine_bad_argument(monkeypatch, tiny_model_path, settings, message):
     from lightning_grpo.rollout.vllm import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # rejected before vLLM is even imported
     with pytest.raises(ValueError, match=message):
-        VLLMEngine(str(tiny_model_path), VLLMArgs(**kwargs))
+        VLLMEngine(str(tiny_model_path), settings())
 
 
 def test_asynchronous_rollouts_need_an_engine_that_can():
@@ -283,11 +292,11 @@ def test_hf_engine_without_eos(tiny_model_path):
 
 
 # ================================================================ 7. incompatible options
-def test_lora_sync_adapter_without_enable_lora(monkeypatch):
+def test_lora_sync_adapter_without_lora_serving(monkeypatch):
     monkeypatch.setattr("lightning_grpo.plan.engine_rules.vllm_installed", lambda: True)
     fit_error(
         ValueError,
-        r"rollout.weight_sync.lora='adapter' needs rollout.engine.init_args.enable_lora: true",
+        r"rollout.weight_sync.lora='adapter' needs rollout.engine.init_args.lora.enabled: true",
         module=GRPOModule(model="tiny:chars", policy=PolicySettings(lora=LoraSettings(r=4))),
         callback=hf_callback(engine="vllm", weight_sync=WeightSyncSettings(lora="adapter")),
     )
@@ -304,7 +313,7 @@ def test_lora_sync_adapter_with_hf_engine():
 
 def test_lora_sync_adapter_without_lora(monkeypatch):
     monkeypatch.setattr("lightning_grpo.plan.engine_rules.vllm_installed", lambda: True)
-    callback = hf_callback(engine=cpu_vllm(enable_lora=True), weight_sync=WeightSyncSettings(lora="adapter"))
+    callback = hf_callback(engine=cpu_vllm(lora=VLLMLora(enabled=True)), weight_sync=WeightSyncSettings(lora="adapter"))
     fit_error(
         ValueError,
         r"rollout.weight_sync.lora='adapter' needs a LoRA policy, but model.policy.lora is not set",

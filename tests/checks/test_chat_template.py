@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from lightning_grpo.agents.callback import AgentRolloutCallback
+from lightning_grpo.agents import AgentRolloutCallback, AgentSettings
 from lightning_grpo.checks.chat_template import AGENT_CONSEQUENCE
 from lightning_grpo.data.chat_prefix import rewrite_warning
 from lightning_grpo.data.datamodule import PromptDataModule
@@ -27,11 +27,9 @@ def test_fit_warns_before_any_engine_starts(qwen_tokenizer):
     command line's ``before_fit`` runs too); the run then stops at the vocabulary check after it (the tiny policy
     has fewer embedding rows than Qwen3 has tokens), with no engine built and nothing trained."""
     agent = AgentRolloutCallback(
+        agent=AgentSettings(environment="secret_digit", environment_args={"tools_enabled": False}, max_turns=2),
         engine="hf",
         sampling=SamplingConfig(n=4, max_new_tokens=3),
-        environment="secret_digit",
-        environment_args={"tools_enabled": False},
-        max_turns=2,
         seed=0,
     )
     dm = PromptDataModule(DigitTask(), batch_size=4)
@@ -51,10 +49,17 @@ def test_fit_warns_before_any_engine_starts(qwen_tokenizer):
 def test_tool_results_keep_the_reasoning_and_one_turn_renders_nothing(qwen_tokenizer):
     """Qwen3 keeps the <think> block of the turns after the last user message: an environment with tools (its
     answers are tool results) is silent; ``max_turns: 1`` has no later turn to render."""
-    tools = AgentRolloutCallback(environment="secret_digit", max_turns=2)
+    tools = AgentRolloutCallback(agent=AgentSettings(environment="secret_digit", max_turns=2))
     conversations = tools.template_conversations(RECORDS)
     assert [m["role"] for m in conversations[0][0]] == ["user", "assistant", "tool", "assistant"]
     assert rewrite_warning(qwen_tokenizer, conversations, AGENT_CONSEQUENCE) is None
-    user = AgentRolloutCallback(environment="secret_digit", environment_args={"tools_enabled": False}, max_turns=2)
+    user = AgentRolloutCallback(
+        agent=AgentSettings(environment="secret_digit", environment_args={"tools_enabled": False}, max_turns=2)
+    )
     assert rewrite_warning(qwen_tokenizer, user.template_conversations(RECORDS), AGENT_CONSEQUENCE) is not None
-    assert AgentRolloutCallback(environment="secret_digit", max_turns=1).template_conversations(RECORDS) == []
+    assert (
+        AgentRolloutCallback(agent=AgentSettings(environment="secret_digit", max_turns=1)).template_conversations(
+            RECORDS
+        )
+        == []
+    )

@@ -70,13 +70,15 @@ def test_openenv_url_refusing_connections(tmp_path, capsys):
         "init_args": {
             "engine": "hf",
             "sampling": {"n": 4, "max_new_tokens": 3},
-            "environment": "lightning_grpo.integrations.openenv.OpenEnvClientEnvironment",
-            "environment_args": {"base_url": url, "action_field": "message"},
+            "agent": {
+                "environment": "lightning_grpo.integrations.openenv.OpenEnvClientEnvironment",
+                "environment_args": {"base_url": url, "action_field": "message"},
+            },
         },
     }
     lines = fit_lines(tmp_path, capsys, rollout=rollout)
     assert lines[-1] == (
-        f"lightning-grpo: error: rollout.environment_args.base_url: {url} refused the connection (nothing listens there): "
+        f"lightning-grpo: error: rollout.agent.environment_args.base_url: {url} refused the connection (nothing listens there): "
         "start the environment's server first (docs/guide/environments.md) and check the port"
     )
     assert len(lines) <= 3, lines

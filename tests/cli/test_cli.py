@@ -80,7 +80,7 @@ def test_rollout_section_takes_another_class(tmp_path):
         [
             "-c",
             str(ROOT / "recipes" / "tool_quickstart.yaml"),
-            "--rollout.max_turns",
+            "--rollout.agent.max_turns",
             "3",
             "--rollout.sampling.n",
             "4",
@@ -93,7 +93,7 @@ def test_rollout_section_takes_another_class(tmp_path):
     assert (
         callback.limits.max_turns == 3
         and callback.sampling.n == 4
-        and callback.environment_args["tools_enabled"] is True
+        and callback.agent.environment_args["tools_enabled"] is True
     )
 
 

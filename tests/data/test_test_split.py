@@ -132,10 +132,12 @@ def test_test_episodes_are_none_of_the_training_or_dev_episodes(run_seed):
     checkpoint (global step) is tested."""
     from types import SimpleNamespace
 
-    from lightning_grpo.agents.callback import AgentRolloutCallback
+    from lightning_grpo.agents import AgentRolloutCallback, AgentSettings
     from lightning_grpo.rollout.base import derive_seed
 
-    callback = AgentRolloutCallback(seed=run_seed, reset_seed="episode", allow_mixed_task_groups=True)
+    callback = AgentRolloutCallback(
+        agent=AgentSettings(reset_seed="episode", allow_mixed_task_groups=True), seed=run_seed
+    )
 
     def module(step):
         return SimpleNamespace(trainer=SimpleNamespace(global_rank=0, global_step=step))

@@ -18,6 +18,7 @@ from lightning_grpo import (
     SamplingConfig,
     ServerSettings,
     WeightSyncSettings,
+    WeightTransfer,
 )
 from lightning_grpo.data.tasks import DigitTask
 from lightning_grpo.rollout.server_client import ServerClient
@@ -87,7 +88,7 @@ def _fit(callbacks, model_path, steps, root=None, batch_size=4, ckpt_path=None, 
 
 def _server_callback(url, transfer="shm", weight_sync=True, **kwargs):
     return RolloutCallback(
-        engine=ServerSettings(urls=[url], transfer=transfer),
+        engine=ServerSettings(urls=[url], transfer=WeightTransfer(backend=transfer)),
         sampling=SamplingConfig(n=4, max_new_tokens=3),
         rewards=[RewardSpec("prefix_match")],
         seed=3,

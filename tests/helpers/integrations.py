@@ -8,7 +8,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.loggers import Logger
 
-from lightning_grpo import AgentRolloutCallback, GRPOModule, PromptDataModule, SamplingConfig
+from lightning_grpo import AgentRolloutCallback, AgentSettings, GRPOModule, PromptDataModule, SamplingConfig
 from lightning_grpo.data.tasks import DigitTask
 
 
@@ -104,10 +104,12 @@ def turn_texts(tokenizer: Any, episode: Any) -> list[str]:
 def openenv_callback(max_turns: int = 3, **environment_args: Any) -> AgentRolloutCallback:
     """The in-process OpenEnv adapter on the HF engine: 4 episodes per record, 3 tokens a turn."""
     return AgentRolloutCallback(
-        environment="lightning_grpo.integrations.openenv.OpenEnvEnvironment",
-        environment_args=environment_args,
+        agent=AgentSettings(
+            environment="lightning_grpo.integrations.openenv.OpenEnvEnvironment",
+            environment_args=environment_args,
+            max_turns=max_turns,
+        ),
         engine="hf",
         sampling=SamplingConfig(n=4, max_new_tokens=3),
-        max_turns=max_turns,
         seed=0,
     )

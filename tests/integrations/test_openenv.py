@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("openenv")  # the dev extra installs openenv-core
 
 from lightning_grpo import SamplingConfig
-from lightning_grpo.agents.callback import AgentRolloutCallback
+from lightning_grpo.agents import AgentRolloutCallback, AgentSettings
 from lightning_grpo.agents.environment import Turn
 from lightning_grpo.integrations.openenv import OpenEnvClientEnvironment, OpenEnvEnvironment
 from tests.helpers.integrations import fit, openenv_callback, turn_texts
@@ -125,11 +125,13 @@ def test_served_environment_trains_through_openenv_client(server_url):
     """The same environment behind OpenEnv's server: each episode is a WebSocket session of OpenEnv's
     GenericEnvClient; the rewards are those of the environment called in-process."""
     callback = AgentRolloutCallback(
-        environment="lightning_grpo.integrations.openenv.OpenEnvClientEnvironment",
-        environment_args={"base_url": server_url, "action_field": "guess", "prompt_key": "prompt"},
+        agent=AgentSettings(
+            environment="lightning_grpo.integrations.openenv.OpenEnvClientEnvironment",
+            environment_args={"base_url": server_url, "action_field": "guess", "prompt_key": "prompt"},
+            max_turns=3,
+        ),
         engine="hf",
         sampling=SamplingConfig(n=4, max_new_tokens=3),
-        max_turns=3,
         seed=0,
     )
     logger, recorder = fit(callback, steps=20)

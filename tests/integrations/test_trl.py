@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lightning_grpo import PromptDataModule, RewardSpec, SamplingConfig
-from lightning_grpo.agents.callback import AgentRolloutCallback
+from lightning_grpo.agents import AgentRolloutCallback, AgentSettings
 from lightning_grpo.agents.chat import ChatRenderer
 from lightning_grpo.agents.episodes import EpisodeLimits, run_episodes
 from lightning_grpo.data.records import PromptFormat
@@ -69,12 +69,14 @@ def caller_dir(tmp_path_factory):
 
 def test_environment_factory_class_trains_with_its_own_rewards(caller_dir):
     callback = AgentRolloutCallback(
-        environment="lightning_grpo.integrations.trl.TRLEnvironment",
-        environment_args={"factory": "tests.integrations.test_trl.SecretEnv"},
+        agent=AgentSettings(
+            environment="lightning_grpo.integrations.trl.TRLEnvironment",
+            environment_args={"factory": "tests.integrations.test_trl.SecretEnv"},
+            max_turns=3,
+        ),
         rewards=[RewardSpec("env_reward"), RewardSpec("tests.integrations.test_trl.answered_secret")],
         engine="hf",
         sampling=SamplingConfig(n=4, max_new_tokens=2),
-        max_turns=3,
         seed=1,
     )
     logger, recorder = fit(callback, steps=20, model=caller_dir)
@@ -150,8 +152,7 @@ def test_scripted_episode_calls_the_method_and_scores_get_reward():
         return ids_of(tok, re.findall(r"<tool_response>\n(\d)", tok.decode(prompt))[-1] + "<|im_end|>")
 
     callback = AgentRolloutCallback(
-        environment=TRLEnvironment,
-        environment_args={"factory": SecretEnv},
+        agent=AgentSettings(environment=TRLEnvironment, environment_args={"factory": SecretEnv}),
         engine="hf",
         rewards=[RewardSpec("env_reward"), RewardSpec(answered_secret)],
     )

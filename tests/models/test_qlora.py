@@ -20,6 +20,7 @@ from lightning_grpo import (
     RolloutCallback,
     SamplingConfig,
     VLLMArgs,
+    VLLMLora,
     WeightSyncSettings,
 )
 from lightning_grpo.callbacks.weight_push import PolicyPush
@@ -203,7 +204,7 @@ def test_qlora_training_keeps_engine_and_policy_together(vllm_engine, tiny_model
         optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2),
     )
     callback = RolloutCallback(
-        engine=VLLMArgs(enable_lora=True),
+        engine=VLLMArgs(lora=VLLMLora(enabled=True)),
         sampling=SamplingConfig(n=4, max_new_tokens=3),
         rewards=[RewardSpec("prefix_match")],
         seed=3,

@@ -34,7 +34,7 @@ def test_the_stages_name_each_other_and_pose_the_same_task(track):
     assert f"lightning-grpo sft fit -c recipes/qwen3_{track}_sft.yaml" in paths[1].read_text()
     task = dict(sft["data"]["source"]["init_args"])
     if track == "tool":
-        assert task["question"] == grpo["rollout"]["init_args"]["environment_args"]["question"]
+        assert task["question"] == grpo["rollout"]["init_args"]["agent"]["environment_args"]["question"]
     else:  # the same rows; only SFT's demonstrator is weak, and GRPO is rewarded on the right answer
         assert sft["data"]["source"]["class_path"] == grpo["data"]["source"]["class_path"]
         assert {k: v for k, v in task.items() if k not in ("weak_digits", "slip")} == grpo["data"]["source"][

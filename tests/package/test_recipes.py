@@ -182,8 +182,8 @@ def tiny_substitute(cfg: dict[str, Any]) -> dict[str, Any]:
     rollout["sampling"]["max_new_tokens"] = 4
     if _engine(cfg)[0] == "vllm":  # the engine's defaults on CPU (max_model_len: derived)
         rollout["engine"] = "vllm"
-    if "environment_args" in rollout:  # agent recipes: the digit task's prompts open the episodes
-        rollout["environment_args"].update(prompt_key="prompt", system_prompt=None)
+    if "agent" in rollout:  # agent recipes: the digit task's prompts open the episodes
+        rollout["agent"]["environment_args"].update(prompt_key="prompt", system_prompt=None)
     return cfg
 
 

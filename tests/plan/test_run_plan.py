@@ -11,6 +11,7 @@ import pytest
 
 from lightning_grpo import (
     AgentRolloutCallback,
+    AgentSettings,
     AlgorithmSettings,
     GRPOModule,
     PromptDataModule,
@@ -82,13 +83,17 @@ def test_context_length_takes_the_prompt_limit_when_one_is_set():
 
 def test_context_length_of_episodes_adds_the_episode_budget_and_a_last_turn():
     module, data = GRPOModule(model="tiny:chars"), _data(val=None)
-    agents = AgentRolloutCallback(max_turns=3, max_episode_tokens=30, engine="vllm", sampling=SamplingConfig(n=2))
+    agents = AgentRolloutCallback(
+        agent=AgentSettings(max_turns=3, max_episode_tokens=30), engine="vllm", sampling=SamplingConfig(n=2)
+    )
     assert context_length(module, data, agents.plan_side()) == 5 + 30 + agents.sampling.max_new_tokens
-    one_turn = AgentRolloutCallback(max_turns=1, engine="vllm", sampling=SamplingConfig(n=2, max_new_tokens=7))
+    one_turn = AgentRolloutCallback(
+        agent=AgentSettings(max_turns=1), engine="vllm", sampling=SamplingConfig(n=2, max_new_tokens=7)
+    )
     assert context_length(module, data, one_turn.plan_side()) == 5 + 7
-    unbounded = AgentRolloutCallback(max_turns=3, engine="vllm", sampling=SamplingConfig(n=2))
+    unbounded = AgentRolloutCallback(agent=AgentSettings(max_turns=3), engine="vllm", sampling=SamplingConfig(n=2))
     with pytest.raises(
-        ValueError, match=r"^rollout.engine.init_args.max_model_len is not set, and rollout.max_episode_tokens"
+        ValueError, match=r"^rollout.engine.init_args.max_model_len is not set, and rollout.agent.max_episode_tokens"
     ):
         context_length(module, data, unbounded.plan_side())
 

@@ -12,7 +12,7 @@ import torch
 
 from lightning_grpo.callbacks.async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
 from lightning_grpo.rollout.shm_transfer import plan_buckets, read_bucket, write_buckets
-from lightning_grpo.rollout.vllm_server import ServerSettings
+from lightning_grpo.rollout.vllm_server import ServerLaunch, ServerSettings
 
 
 def test_plan_buckets_fills_up_to_the_limit_and_isolates_large_tensors():
@@ -40,8 +40,8 @@ def test_buckets_round_trip_names_shapes_values(tmp_path, dtype):
 def test_server_settings_reject_bad_values_with_the_field_name():
     with pytest.raises(ValueError, match="rollout.engine.init_args.urls: 'localhost:8000' is not an http"):
         ServerSettings(urls=["localhost:8000"])
-    with pytest.raises(ValueError, match="rollout.engine.init_args.num_servers must be >= 1"):
-        ServerSettings(num_servers=0)
+    with pytest.raises(ValueError, match="rollout.engine.init_args.launch.num_servers must be >= 1"):
+        ServerLaunch(num_servers=0)
     with pytest.raises(
         ValueError, match=r"rollout.engine.init_args.max_model_len must be an integer >= 1 or null, got 0"
     ):

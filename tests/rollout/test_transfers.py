@@ -11,7 +11,7 @@ import torch
 
 from lightning_grpo.rollout.shm_transfer import bucket_tensors
 from lightning_grpo.rollout.tcp_transfer import TcpTransport, connect_to_trainer, receive_bucket
-from lightning_grpo.rollout.vllm_server import ServerSettings
+from lightning_grpo.rollout.vllm_server import ServerSettings, WeightTransfer
 
 
 class TcpWorkerClient:
@@ -110,7 +110,7 @@ def test_tcp_connect_reports_missing_workers():
     try:
         with pytest.raises(
             ConnectionError,
-            match=r"0 of 2 workers connected to 127.0.0.1:\d+ within 0 s \(can the server reach this address\? rollout.engine.init_args.transfer_host\)",
+            match=r"0 of 2 workers connected to 127.0.0.1:\d+ within 0 s \(can the server reach this address\? rollout.engine.init_args.transfer.host\)",
         ):
             transport.push(Silent(world=2), transport.prepare(_weights(), torch.float32, 1 << 20), 0)
     finally:
@@ -120,16 +120,16 @@ def test_tcp_connect_reports_missing_workers():
 @pytest.mark.parametrize(
     "args, message",
     [
-        ({"transfer": "rdma"}, r"rollout.engine.init_args.transfer must be one of shm, tcp, nccl, got 'rdma'"),
+        ({"backend": "rdma"}, r"rollout.engine.init_args.transfer.backend must be one of shm, tcp, nccl, got 'rdma'"),
         (
-            {"transfer": "tcp", "transfer_port": 70000},
-            r"rollout.engine.init_args.transfer_port must be a TCP port \(0 = any free one\), got 70000",
+            {"backend": "tcp", "port": 70000},
+            r"rollout.engine.init_args.transfer.port must be a TCP port \(0 = any free one\), got 70000",
         ),
     ],
 )
 def test_bad_transfer_settings(args, message):
     with pytest.raises(ValueError, match=message):
-        ServerSettings(urls=["http://10.0.0.2:8000"], **args)
+        ServerSettings(urls=["http://10.0.0.2:8000"], transfer=WeightTransfer(**args))
 
 
 # ------------------------------------------------------------------------------------- NCCL
@@ -171,7 +171,7 @@ class FakeServer:
 @pytest.mark.vllm
 def test_nccl_transport_drives_vllms_trainer_engine(monkeypatch):
     """One NCCL group per server: trainer rank 0 + the server's 4 workers, rendezvous at
-    transfer_host:transfer_port; each push pauses, sends every tensor through vLLM's engine (start,
+    transfer.host:transfer.port; each push pauses, sends every tensor through vLLM's engine (start,
     update, finish tagged with the version) and resumes."""
     from vllm.distributed.weight_transfer import factory
 
@@ -219,6 +219,6 @@ def test_nccl_needs_cuda_in_the_trainer():
 
     with pytest.raises(
         RuntimeError,
-        match=r"rollout.engine.init_args.transfer: nccl needs a CUDA device in the trainer; use transfer: tcp",
+        match=r"rollout.engine.init_args.transfer.backend: nccl needs a CUDA device in the trainer; use backend: tcp",
     ):
         NcclTransport().prepare([("w", torch.zeros(2))], torch.bfloat16, 1 << 20)

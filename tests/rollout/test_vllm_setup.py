@@ -14,13 +14,13 @@ import torch
 
 import lightning_grpo.rollout.vllm as vllm_module
 from lightning_grpo.rollout.vllm import MISSING_VLLM, VLLMEngine
-from lightning_grpo.rollout.vllm_args import VLLMArgs
+from lightning_grpo.rollout.vllm_args import VLLMArgs, VLLMLora
 
 
 def test_missing_vllm_raises_the_install_hint(monkeypatch, tiny_model_path):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(ImportError) as info:
-        VLLMEngine(str(tiny_model_path))
+        VLLMEngine(str(tiny_model_path), VLLMArgs())
     assert str(info.value) == (
         "engine='vllm' needs vLLM: pip install 'lightning-grpo[cpu]' (CPU) or 'lightning-grpo[gpu]' (CUDA)"
     )
@@ -70,7 +70,7 @@ def test_construction_passes_the_engine_settings_and_keeps_the_global_rng(fake_v
 
 
 def test_lora_settings_are_passed_when_enabled(fake_vllm, tiny_model_path):
-    VLLMEngine(str(tiny_model_path), VLLMArgs(enable_lora=True, max_lora_rank=32))
+    VLLMEngine(str(tiny_model_path), VLLMArgs(lora=VLLMLora(enabled=True, max_rank=32)))
     kwargs = _ReseedingLLM.last_kwargs
     assert kwargs["enable_lora"] is True and kwargs["max_lora_rank"] == 32
 
@@ -80,4 +80,4 @@ def test_rejects_a_bad_dtype_and_a_missing_checkpoint(fake_vllm, tiny_model_path
     with pytest.raises(ValueError, match=expected):
         VLLMEngine(str(tiny_model_path), VLLMArgs(dtype="fp8"))
     with pytest.raises(FileNotFoundError, match="has no config.json"):
-        VLLMEngine(str(tmp_path))
+        VLLMEngine(str(tmp_path), VLLMArgs())

@@ -282,13 +282,15 @@ def test_teacher_with_another_tokenizer_fails_before_training(tiny_model_path):
 def test_multi_turn_episodes_distil_on_model_tokens_only(tiny_model_path):
     """Episodes of the secret-digit environment: the teacher scores whole episodes, but only the
     tokens the model sampled get an advantage (environment tokens are outside the completion mask)."""
-    from lightning_grpo.agents.callback import AgentRolloutCallback
+    from lightning_grpo.agents import AgentRolloutCallback, AgentSettings
     from lightning_grpo.models.tiny import TinyModelConfig, tiny_model_dir
 
     path = str(tiny_model_dir(TinyModelConfig(tokenizer="tools"), cache_dir=tiny_model_path.parent))
     teacher = _perturbed(_policy(path))
     catcher = BatchCatcher()
-    callback = AgentRolloutCallback(engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), max_turns=3, seed=1)
+    callback = AgentRolloutCallback(
+        agent=AgentSettings(max_turns=3), engine="hf", sampling=SamplingConfig(n=4, max_new_tokens=2), seed=1
+    )
     module = GRPOModule(model=path, distillation=DistillSettings(teacher=teacher))
     trainer = L.Trainer(
         max_steps=2,

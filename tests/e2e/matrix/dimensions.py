@@ -24,14 +24,14 @@ FSDP2 = {
 LORA = {"r": 4, "alpha": 8, "target_modules": "all-linear", "extra": {"modules_to_save": ["lm_head"]}}
 QUANTIZATION = {"quant_type": "nf4", "double_quant": True, "compute_dtype": "float32"}
 VLLM_ARGS = {"dtype": "float32", "max_model_len": 128, "kv_cache_memory_bytes": 64 * 1024**2}
-AGENT = {
+#: ``rollout.init_args.agent`` (`AgentSettings`), less the environment
+EPISODES = {
     "max_turns": 2,
-    "sampling": {"max_new_tokens": 1},
-    "rewards": [{"name": "env_reward"}],
     # openings that differ per episode (the seams issue): each episode its own reset seed
     "reset_seed": "episode",
     "allow_mixed_task_groups": True,
 }
+AGENT = {"sampling": {"max_new_tokens": 1}, "rewards": [{"name": "env_reward"}]}
 
 
 def _logger(class_path: str) -> dict[str, Any]:
@@ -77,7 +77,7 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
         "agent": {
             "rollout": {
                 "class_path": "lightning_grpo.AgentRolloutCallback",
-                "init_args": {**AGENT, "environment": "tests.e2e.matrix.envs.OpeningDigitsEnv"},
+                "init_args": {**AGENT, "agent": {**EPISODES, "environment": "tests.e2e.matrix.envs.OpeningDigitsEnv"}},
             }
         },
         "openenv": {
@@ -85,8 +85,11 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
                 "class_path": "lightning_grpo.AgentRolloutCallback",
                 "init_args": {
                     **AGENT,
-                    "environment": "lightning_grpo.integrations.openenv.OpenEnvEnvironment",
-                    "environment_args": {"env": "tests.e2e.matrix.openenv_env.OpeningDigitsOpenEnv"},
+                    "agent": {
+                        **EPISODES,
+                        "environment": "lightning_grpo.integrations.openenv.OpenEnvEnvironment",
+                        "environment_args": {"env": "tests.e2e.matrix.openenv_env.OpeningDigitsOpenEnv"},
+                    },
                 },
             }
         },

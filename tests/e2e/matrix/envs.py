@@ -36,7 +36,7 @@ def turn_reward(opening: str, text: str, index: int) -> float:
 
 
 class OpeningDigitsEnv(AgentEnvironment):
-    """lightning-grpo's own environment interface (``rollout.init_args.environment``)."""
+    """lightning-grpo's own environment interface (``rollout.init_args.agent.environment``)."""
 
     def reset(self, record: dict[str, Any], seed: int) -> Messages:
         self.opening = opening_of(seed)
