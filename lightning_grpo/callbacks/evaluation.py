@@ -93,14 +93,14 @@ class HeldOutEvaluation:
     """The held-out evaluation of :class:`~lightning_grpo.callbacks.rollout.RolloutCallback`: the callback's own
     ``on_validation_batch_end`` / ``on_test_batch_end`` call `evaluate`, which samples the records on the callback's
     engine with the seed of the batch being evaluated, and log its metrics through the module. Reads the callback's
-    engine, rewards, sampling and evaluation settings, sampling seed and asynchronous pipeline."""
+    engine, rewards, sampling and evaluation settings, sampling seed and generation step (its asynchronous pipeline)."""
 
     _eval_batch: int  # the index of the validation / test batch being evaluated (test batches' seeds)
     sampling_seed: int
     reward_set: Any
     sampling: SamplingConfig
     evaluation: Any  # callbacks.settings.EvaluationSettings
-    _pipeline: Any  # the asynchronous pipeline, or None
+    generation: Any  # callbacks.generation.GenerationStep: its asynchronous pipeline, or None
     _ensure_engine: Callable[..., Any]  # (trainer, module) -> the engine, built on first use
     sync_weights: Callable[..., float]  # (module) -> seconds of the push
 
@@ -173,8 +173,9 @@ class HeldOutEvaluation:
             settings.pass_threshold,
             split,
         )
-        if self._pipeline is not None:  # the worker owns the servers: queue behind its work
-            return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
+        pipeline = self.generation.pipeline
+        if pipeline is not None:  # the worker owns the servers: queue behind its work
+            return pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
         self.sync_weights(module)
         metrics = evaluate_prompts(*args)
         engine.sleep()
