@@ -248,16 +248,6 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         dm.set_geometry(plan.geometry)
 
     @override
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Log the held-out metrics of the untrained policy at step 0 (the curve's starting point)."""
-        records = trainer.datamodule.val_records
-        if not records or trainer.limit_val_batches == 0 or trainer.global_step > 0:
-            return
-        metrics = self.evaluate(pl_module, records)
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=0)
-
-    @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.generation.close()
         self.link.close()
