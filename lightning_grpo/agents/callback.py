@@ -124,6 +124,10 @@ class AgentRolloutCallback(RolloutCallback):
     def probe_rewards(self, records: list[dict], tokenizer: Any) -> None:
         """Not probed: the episodes' reward columns come from the environment (`score`)."""
 
+    def environment_settings(self) -> dict[str, Any]:
+        """``environment_args``, whose ``url`` / ``*_url`` servers the run checks before it starts."""
+        return self.agent.environment_args
+
     def template_conversations(self, records: list[dict]) -> list[tuple[list[dict], Any, str]]:
         """Made-up episodes opened by ``records``' prompts (:func:`~lightning_grpo.agents.chat.probe_episode`, with
         the environment's tools) for the chat-template check

@@ -41,6 +41,15 @@ class CurriculumSource(Protocol):
     def set_level(self, name: str, level: int) -> None: ...  # the next train_rows() draws at it
 
 
+@runtime_checkable
+class RefreshableData(Protocol):
+    """A data module whose training rows are drawn again from its source on request (`PromptDataModule`)."""
+
+    source: Any  # data.source
+
+    def refresh_train(self) -> None: ...  # draw the training rows again (at the source's levels now)
+
+
 class CurriculumCallback(Callback):
     """Raise a task's level when its accuracy reaches ``threshold`` (see the module docstring).
 
@@ -74,8 +83,8 @@ class CurriculumCallback(Callback):
     @staticmethod
     def _source(trainer: L.Trainer) -> CurriculumSource:
         dm = trainer.datamodule
-        source = getattr(dm, "source", None)
-        if not isinstance(source, CurriculumSource) or not hasattr(dm, "refresh_train"):
+        source = dm.source if isinstance(dm, RefreshableData) else None
+        if not isinstance(source, CurriculumSource):
             raise RuntimeError(
                 "CurriculumCallback needs a PromptDataModule whose data.source has curriculum levels "
                 f"(curriculum_tasks, level, max_level, set_level; e.g. ReasoningGymSource), got {type(source).__name__}"

@@ -25,13 +25,21 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from ..core import GRPOLoss
 from ..training.metrics import hands_step_metrics_over
+
+
+@runtime_checkable
+class LossHolder(Protocol):
+    """A module that trains with a loss whose knobs the controller moves (`GRPOModule`)."""
+
+    loss_fn: Any  # a GRPOLoss (checked in setup)
 
 
 @dataclass(frozen=True)
@@ -126,8 +134,8 @@ class EntropyController(Callback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        loss = getattr(pl_module, "loss_fn", None)
-        if loss is None or not hasattr(loss, "set_knob"):
+        loss = pl_module.loss_fn if isinstance(pl_module, LossHolder) else None
+        if not isinstance(loss, GRPOLoss):
             raise ValueError("EntropyController needs a GRPOModule whose loss is a lightning_grpo.GRPOLoss")
         if self.knob not in loss.knobs():
             raise ValueError(

@@ -91,18 +91,29 @@ def _each_reward(scores, what: str) -> dict[str, float]:
 
 class HeldOutEvaluation:
     """The held-out evaluation of :class:`~lightning_grpo.callbacks.rollout.RolloutCallback`: the callback's own
-    ``on_validation_batch_end`` / ``on_test_batch_end`` call `evaluate`, which samples the records on the callback's
+    ``on_validation_batch_end`` / ``on_test_batch_end`` call `evaluate` (and ``on_train_start``, for the untrained
+    policy's metrics at step 0), which samples the records on the callback's
     engine with the seed of the batch being evaluated, and log its metrics through the module. Reads the callback's
-    engine, rewards, sampling and evaluation settings, sampling seed and asynchronous pipeline."""
+    engine, rewards, sampling and evaluation settings, sampling seed and generation step (its asynchronous pipeline)."""
 
     _eval_batch: int  # the index of the validation / test batch being evaluated (test batches' seeds)
     sampling_seed: int
     reward_set: Any
     sampling: SamplingConfig
     evaluation: Any  # callbacks.settings.EvaluationSettings
-    _pipeline: Any  # the asynchronous pipeline, or None
+    generation: Any  # callbacks.generation.GenerationStep: its asynchronous pipeline, or None
     _ensure_engine: Callable[..., Any]  # (trainer, module) -> the engine, built on first use
     sync_weights: Callable[..., float]  # (module) -> seconds of the push
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the held-out metrics of the untrained policy at step 0 (the curve's starting point)."""
+        records = trainer.datamodule.val_records
+        if not records or trainer.limit_val_batches == 0 or trainer.global_step > 0:
+            return
+        metrics = self.evaluate(pl_module, records)
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=0)
 
     @override
     def on_validation_batch_start(
@@ -173,8 +184,9 @@ class HeldOutEvaluation:
             settings.pass_threshold,
             split,
         )
-        if self._pipeline is not None:  # the worker owns the servers: queue behind its work
-            return self._pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
+        pipeline = self.generation.pipeline
+        if pipeline is not None:  # the worker owns the servers: queue behind its work
+            return pipeline.call(trainer.global_step, lambda: evaluate_prompts(*args))
         self.sync_weights(module)
         metrics = evaluate_prompts(*args)
         engine.sleep()

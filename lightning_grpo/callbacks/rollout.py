@@ -23,21 +23,21 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from ..checks.preflight import servers
-from ..core import SELECTIONS
 from ..core.batch import RolloutBatch
+from ..data.datamodule import PromptDataModule
 from ..data.reward_set import RewardSet, RewardSpec
 from ..data.reward_spec import RewardName
 from ..plan.run_plan import RolloutSide, RunPlan
-from ..rollout.base import RolloutEngine, SamplingConfig, derive_seed
+from ..rollout.base import RolloutEngine, SamplingConfig
 from ..rollout.factory import EngineContext, EngineSettings, resolve_engine
-from .async_rollout import AsyncRollout, VersionRecorder, staleness_metrics
 from .async_setup import check_async_config, checkpoint_on_server_failure
 from .completions import CompletionLog, CompletionLogSettings
+from .engine_link import EngineLink
 from .evaluation import HeldOutEvaluation
-from .push_check import PushCheck
-from .sampling import GroupSelector, SampleResult, sample_groups, training_batch
+from .generation import GenerationStep
+from .plan_slot import PlanSlot
+from .sampling import GroupSelector, SampleResult, sample_groups
 from .settings import EvaluationSettings, SelectionSettings, WeightSyncSettings
-from .weight_push import PolicyPush
 
 
 @runtime_checkable
@@ -52,7 +52,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
 
     Args:
         engine: the engine and its settings: `VLLMArgs` (vLLM in this process, weights pushed after each
-            optimizer step: dtype, max_model_len, kv_cache_memory_bytes, gpu_memory_utilization, enable_lora,
+            optimizer step: dtype, max_model_len, kv_cache_memory_bytes, gpu_memory_utilization, lora,
             sleep_level, ...), `ServerSettings` (vLLM servers, started here or given as ``urls``; weights
             pushed through vLLM's RL API; docs/guide/scaling.md) or `HFSettings` (transformers ``generate`` on
             the live policy). A short name, "vllm", "vllm_server" or "hf", is that engine with its defaults,
@@ -109,71 +109,72 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         if self.sampling.greedy:
             raise ValueError("rollout.sampling.temperature must be > 0 for training (0 is greedy decoding)")
         self.reward_set = RewardSet(rewards or [RewardSpec("exact_match")])
-        self.seed = seed
+        self.plans = PlanSlot(seed)
         self.selection = replace(selection)
-        self.selector = GroupSelector(
-            group_size=self.sampling.n,
-            keep=selection.gfpo_keep,
-            selection=SELECTIONS.get(selection.gfpo_metric) if selection.gfpo_keep is not None else None,
-            dynamic_sampling=selection.dynamic_sampling,
-            signal_column=self._reward_column(selection.dynamic_sampling_reward),
-        )
+        self.selector = GroupSelector.for_selection(selection, self.sampling.n, self.reward_set.names)
         self.evaluation = replace(evaluation)
-        self.weight_sync = replace(weight_sync)
-        self._push = PolicyPush(weight_sync.lora)
-        self._check = PushCheck(weight_sync.check_every, weight_sync.check_tolerance, weight_sync.lora == "adapter")
-        self.engine: RolloutEngine | None = None
-        self._owns_engine = False
-        self._engine_version = -1  # the trainer.global_step (optimizer steps) the engine's weights reflect
+        self.link = EngineLink(replace(weight_sync))
+        self.generation = GenerationStep(self.link, max_staleness, self._sample_groups)
         self._train_time = 0.0
         self._batch_start = 0.0
         self.generations = 0
-        self.max_staleness = max_staleness
-        self._pipeline: AsyncRollout | None = None
         self.completion_log = CompletionLog(replace(log_completions or CompletionLogSettings()))
         self._eval_batch = 0  # index of the validation / test batch being evaluated (test batches' seeds)
-        self._plan: RunPlan | None = None  # the run's, resolved (or taken over from `use_plan`) in setup
-        self._handed_plan: RunPlan | None = None  # resolved by the command line for the next setup
-        self._resumed_seed: int | None = None  # the sampling seed a resumed run's checkpoint holds
 
     @property
     def max_generation_rounds(self) -> int:
         """Generation rounds per batch (``rollout.selection.max_generation_rounds``)."""
         return self.selection.max_generation_rounds
 
+    @property
+    def max_staleness(self) -> int:
+        """Generation batches sampled ahead while the trainer trains (``rollout.max_staleness``; 0: synchronous)."""
+        return self.generation.max_staleness
+
+    @property
+    def seed(self) -> int | None:
+        """``rollout.seed`` (None: the run seed)."""
+        return self.plans.seed
+
     # ------------------------------------------------------------------------ engine
-    def _reward_column(self, name: str | None) -> int | None:
-        if name is None:
-            return None
-        if name not in self.reward_set.names:
-            raise ValueError(
-                f"rollout.selection.dynamic_sampling_reward {name!r} is not one of the configured rewards "
-                f"{self.reward_set.names}"
-            )
-        return self.reward_set.names.index(name)
+    @property
+    def engine(self) -> RolloutEngine | None:
+        """The engine (None until the first generation or evaluation builds it, or `use_engine`)."""
+        return self.link.engine
+
+    @property
+    def weight_sync(self) -> WeightSyncSettings:
+        """Pushing the policy into the engine (``rollout.weight_sync``)."""
+        return self.link.weight_sync
 
     def use_engine(self, engine: RolloutEngine) -> None:
         """Sample with an engine you built (it is not closed at teardown); its weights are
         pushed before the first generation."""
-        self.engine, self._owns_engine, self._engine_version = engine, False, -1
+        self.link.use(engine)
 
     def _ensure_engine(self, trainer: L.Trainer, module: L.LightningModule) -> RolloutEngine:
-        if self.engine is None:
-            broadcast = (
-                (lambda obj: trainer.strategy.broadcast(obj, src=0)) if trainer.world_size > 1 else (lambda obj: obj)
-            )
-            context = EngineContext(trainer.global_rank, trainer.world_size, trainer.log_dir, broadcast)
-            dm, plan = trainer.datamodule, self.plan
-            self.engine = plan.engine_settings.build(
-                module,
-                dm.tokenizer,
-                self.sampling_seed,
-                context,
-                max_model_len=plan.context_length,
-                sequences=plan.geometry.prompts * self.sampling.n,
-            )
-            self._owns_engine = True
-        return self.engine
+        return self.link.ensure(lambda: self._build_engine(trainer, module))
+
+    def _build_engine(self, trainer: L.Trainer, module: L.LightningModule) -> RolloutEngine:
+        broadcast = (
+            (lambda obj: trainer.strategy.broadcast(obj, src=0)) if trainer.world_size > 1 else (lambda obj: obj)
+        )
+        context = EngineContext(trainer.global_rank, trainer.world_size, trainer.log_dir, broadcast)
+        plan = self.plan
+        return plan.engine_settings.build(
+            module,
+            trainer.datamodule.tokenizer,
+            self.sampling_seed,
+            context,
+            max_model_len=plan.context_length,
+            sequences=plan.geometry.prompts * self.sampling.n,
+        )
+
+    def sync_weights(self, module: L.LightningModule) -> float:
+        """Push the policy into the engine if it changed since the last push, then check the push when due
+        (``rollout.weight_sync.check_every``; an engine on the live policy is checked when the policy changed);
+        returns the push's seconds."""
+        return self.link.sync(module)
 
     def completion_budget(self) -> tuple[int | None, str]:
         """Tokens a sample may take after its prompt, and the option that sets them (None: no bound known,
@@ -191,31 +192,17 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         single-turn rollout renders its prompt once and never a completion."""
         return []
 
-    def sync_weights(self, module: L.LightningModule) -> float:
-        """Push the policy into the engine if it changed since the last push, then check the push when due
-        (``rollout.weight_sync.check_every``; an engine on the live policy is checked when the policy changed);
-        returns the push's seconds."""
-        step = module.trainer.global_step
-        if not self.engine.needs_weight_sync:
-            if self._engine_version != step:
-                self._engine_version = step
-                self._check.after_push(self.engine, module, step)
-            return 0.0
-        stale = self._engine_version != step and (self.weight_sync.enabled or self._engine_version < 0)
-        if not stale and not self.engine.weights_discarded:  # (sleep level 2 dropped them: push anyway)
-            return 0.0
-        start = time.perf_counter()
-        self._push(self.engine, module.policy, step, first=self._engine_version < 0)
-        self._engine_version = step
-        seconds = time.perf_counter() - start
-        self._check.after_push(self.engine, module, step)  # raises WeightPushError when the push did not land
-        return seconds
+    def environment_settings(self) -> dict[str, Any]:
+        """The environment's arguments, whose ``url`` / ``*_url`` servers the run checks before it starts
+        (`servers`): none here, a single-turn rollout has no environment."""
+        return {}
 
     # -------------------------------------------------------------------------- plan
     def plan_side(self) -> RolloutSide:
         """This callback's settings as the run plan reads them."""
         budget, budget_field = self.completion_budget()
         keep = self.selection.gfpo_keep
+        urls = servers(self.engine_settings, self.engine, self.reward_set, self.environment_settings())
         return RolloutSide(
             engine_settings=self.engine_settings,
             engine=self.engine,
@@ -228,7 +215,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
             max_staleness=self.max_staleness,
             lora_sync=self.weight_sync.lora,
             sync_enabled=self.weight_sync.enabled,
-            servers=tuple(servers(self)),
+            servers=tuple(urls),
             conversations=self.template_conversations,
             probe_rewards=self.probe_rewards,
         )
@@ -236,58 +223,34 @@ class RolloutCallback(HeldOutEvaluation, Callback):
     def use_plan(self, plan: RunPlan) -> None:
         """Run the next fit by ``plan`` (the command line resolves it before ``trainer.fit``); without a call,
         `setup` resolves it (every fit, validate or test resolves its own)."""
-        self._handed_plan = plan
+        self.plans.hand(plan)
 
     @property
     def plan(self) -> RunPlan:
         """The run plan (resolved in `setup`)."""
-        if self._plan is None:
-            raise RuntimeError("RolloutCallback.plan is resolved in setup: trainer.fit(module, datamodule=...)")
-        return self._plan
+        return self.plans.plan
 
     @property
     def sampling_seed(self) -> int:
         """The seed every rank's and generation's sampling seed derives from: the one a resumed run's checkpoint
         holds, else the plan's (``rollout.seed``, else the run seed; a set ``rollout.seed`` needs no plan)."""
-        if self._resumed_seed is not None:
-            return self._resumed_seed
-        return self.seed if self._plan is None and self.seed is not None else self.plan.sampling_seed
+        return self.plans.sampling_seed
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         dm = trainer.datamodule
-        if dm is None or not hasattr(dm, "generation_prompts"):
+        if not isinstance(dm, PromptDataModule):
             raise RuntimeError(
                 "RolloutCallback needs a lightning_grpo PromptDataModule: trainer.fit(module, datamodule=...)"
             )
-        self._plan = self._handed_plan or RunPlan.resolve(trainer, pl_module, dm, self.plan_side())
-        self._handed_plan = None
-        pl_module.use_geometry(self._plan.geometry)
-        dm.set_geometry(self._plan.geometry)
-
-    @override
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Log the held-out metrics of the untrained policy at step 0 (the curve's starting point)."""
-        records = trainer.datamodule.val_records
-        if not records or trainer.limit_val_batches == 0 or trainer.global_step > 0:
-            return
-        metrics = self.evaluate(pl_module, records)
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=0)
+        plan = self.plans.take(lambda: RunPlan.resolve(trainer, pl_module, dm, self.plan_side()))
+        pl_module.use_geometry(plan.geometry)
+        dm.set_geometry(plan.geometry)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self._pipeline is not None:
-            self._pipeline.close()
-            self._pipeline = None
-        if self.engine is not None and self._owns_engine:
-            self.engine.close()
-            self.engine = None
-        elif self.engine is not None and self.weight_sync.lora == "adapter":  # a user's engine: without our adapter
-            self.engine.unload_lora_adapter()
-        self._push.close()
-        self._check.reset()
-        self._engine_version = -1
+        self.generation.close()
+        self.link.close()
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
@@ -309,81 +272,19 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         self._train_time += time.perf_counter() - self._batch_start
 
     def _generate(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        """Sample this step's generation batch, hand it to the module, log its completions, show it to the
+        listeners (`RolloutListener`)."""
         self._ensure_engine(trainer, module)
         times = {"time/train": self._train_time}
         self._train_time = 0.0
         with checkpoint_on_server_failure(trainer):
-            result, phase_times = self._next_batch(trainer, module)
+            result, phase_times = self.generation.next_batch(
+                trainer, module, self.plan, self.sampling_seed, self.max_generation_rounds
+            )
         times.update(phase_times)
-        self._use_batch(trainer, module, result, times)
-
-    def _next_batch(self, trainer: L.Trainer, module: L.LightningModule) -> tuple[SampleResult, dict[str, float]]:
-        """The generation batch for this step: sampled now (synchronous) or by the pipeline."""
-        generation = self.plan.geometry.generation(trainer.global_step)
-        if self.max_staleness == 0:
-            sync = self.sync_weights(module)
-            result = self._sample(trainer, generation)
-            self._check.take_probe(module, result.tensors, self.engine, trainer.global_step)  # awake: it scores it
-            self.engine.sleep()  # a colocated engine gives its memory back to the trainer (VLLMArgs.sleep_level)
-            return result, {"time/sync": sync, "time/push_check": self._check.take_seconds()}
-        if self._pipeline is None:
-            self._pipeline = self._async_pipeline(trainer, module)
-        result, times = self._pipeline.next_batch(generation, trainer.global_step)
-        self._check.take_probe(module, result.tensors, self.engine, trainer.global_step, calibrate=False)  # see send
-        return result, times
-
-    def _sample(self, trainer: L.Trainer, generation: int) -> SampleResult:
-        """Sample and score generation batch ``generation`` (any thread; seeds and prompts depend
-        on ``generation`` and the rank only)."""
-        dm = trainer.datamodule
-        rank, world = trainer.global_rank, trainer.world_size
-        engine = VersionRecorder(self.engine)
-
-        def prompts_for(round_: int) -> list[dict]:
-            return dm.generation_prompts(generation, rank, world, round_, self.max_generation_rounds)
-
-        def seed_for(round_: int) -> int:
-            return derive_seed(self.sampling_seed, rank, generation * self.max_generation_rounds + round_)
-
-        result = self._sample_groups(trainer, engine, prompts_for, seed_for)
-        result.metrics.update(engine.metrics())
-        return result
-
-    def _async_pipeline(self, trainer: L.Trainer, module: L.LightningModule) -> AsyncRollout:
-        from ..models.weights import gathered_weights_for_engine
-
-        def prepare(step: int):
-            self._engine_version = step
-            with gathered_weights_for_engine(module.policy) as weights:  # snapshot taken inside (FSDP2: gathered)
-                payload = self.engine.prepare_push(weights)
-            return payload, self._check.prepare(module, step)  # the trainer's side of the push check
-
-        def send(prepared, step: int) -> None:
-            self._check.calibrate(self.engine)  # the first push after the probe: the engine holds its weights still
-            self.engine.send_push(prepared[0], step)
-            if prepared[1] is not None:
-                self._check.verify(self.engine, *prepared[1])
-
-        steps = self.plan.geometry.optimizer_steps  # per generation batch
-        return AsyncRollout(self.max_staleness, steps, prepare, send, lambda g: self._sample(trainer, g))
-
-    def _use_batch(
-        self, trainer: L.Trainer, module: L.LightningModule, result: SampleResult, times: dict[str, float]
-    ) -> None:
-        times["time/generate"], times["time/reward"] = result.generate_time, result.reward_time
-        result.metrics.update(staleness_metrics(result.metrics, trainer.global_step, self.max_staleness or None))
-        start = time.perf_counter()
-        batch = training_batch(result, self.sampling.temperature, self.selection.overlong_filter).to(module.device)
-        scored = None if result.scored is None else result.scored.to(module.device)  # [B]
-        batch = module.prepare_rollout_batch(
-            batch,
-            result.rewards.to(module.device),
-            result.weights.to(module.device),
-            records=result.records,
-            scored=scored,
+        batch = self.generation.hand_over(
+            trainer, module, result, times, self.sampling.temperature, self.selection.overlong_filter, self.reward_set
         )
-        times["time/prepare"] = time.perf_counter() - start
-        module.use_rollout(batch, {**result.metrics, **self.reward_set.totals(), **times})
         self.generations += 1
         self.completion_log.new_batch(trainer, module, result, self.reward_set.names)
         for callback in trainer.callbacks:  # guards inspect the fresh batch before it trains
@@ -432,10 +333,10 @@ class RolloutCallback(HeldOutEvaluation, Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._resumed_seed = state_dict["seed"]
+        self.plans.resume(state_dict["seed"])
         self.generations = state_dict["generations"]
         self.set_dynamic_sampling(
             state_dict.get("dynamic_sampling", self.dynamic_sampling)
         )  # a guard may have changed them
         self.set_temperature(state_dict.get("temperature", self.sampling.temperature))
-        self._engine_version = -1  # a resumed run always pushes before its first generation
+        self.link.push_again()  # a resumed run always pushes before its first generation

@@ -15,6 +15,7 @@ from ..core import SELECTIONS
 from ..core.batch import RolloutBatch
 from ..data.reward_set import RewardScores, RewardSet
 from ..rollout.base import Rollout, RolloutEngine, RolloutTensors, SamplingConfig, rollout_to_tensors
+from .settings import SelectionSettings
 
 
 @dataclass
@@ -34,6 +35,17 @@ class GroupSelector:
             )
         self._group_filter = SELECTIONS.get("dynamic_sampling")
 
+    @classmethod
+    def for_selection(cls, selection: SelectionSettings, group_size: int, reward_names: list[str]) -> GroupSelector:
+        """The selector ``rollout.selection`` sets up for groups of ``group_size`` scored by ``reward_names``."""
+        return cls(
+            group_size=group_size,
+            keep=selection.gfpo_keep,
+            selection=SELECTIONS.get(selection.gfpo_metric) if selection.gfpo_keep is not None else None,
+            dynamic_sampling=selection.dynamic_sampling,
+            signal_column=_reward_column(selection.dynamic_sampling_reward, reward_names),
+        )
+
     @property
     def out_group_size(self) -> int:
         return self.keep if self.keep is not None else self.group_size
@@ -49,6 +61,16 @@ class GroupSelector:
         if not self.dynamic_sampling:
             return torch.ones(total_kept.numel() // self.out_group_size, dtype=torch.bool)
         return self._group_filter(total_kept, self.out_group_size)
+
+
+def _reward_column(name: str | None, reward_names: list[str]) -> int | None:
+    if name is None:
+        return None
+    if name not in reward_names:
+        raise ValueError(
+            f"rollout.selection.dynamic_sampling_reward {name!r} is not one of the configured rewards {reward_names}"
+        )
+    return reward_names.index(name)
 
 
 class SampleResult(NamedTuple):

@@ -15,6 +15,7 @@ import lightning as L
 from typing_extensions import override
 
 from ..core.batch import RolloutBatch
+from ..data.datamodule import PromptDataModule
 from .guards import Action, Guard
 from .lookup import find_callback
 from .rollout import RolloutCallback
@@ -106,10 +107,10 @@ def _names(metrics: dict[str, float]) -> list[str]:
 
 def _answers(trainer: L.Trainer) -> str:
     """Which column the answers come from and the first one, as the data module holds them."""
-    data = getattr(trainer, "datamodule", None)
-    column = getattr(getattr(data, "format", None), "answer_column", "answer")
+    data = getattr(trainer, "datamodule", None)  # a Lightning Trainer (third-party), or a test's stand-in
+    column = data.format.answer_column if isinstance(data, PromptDataModule) else "answer"
     if column is None:
         return "data.format.answer_column is null: the records hold no answer"
-    records = getattr(data, "train_records", None) or [{}]
+    records = (data.train_records if isinstance(data, PromptDataModule) else None) or [{}]
     first = records[0].get("answer")
     return f"data.format.answer_column: {column}" + (f", the first {first!r}" if first is not None else "")

@@ -25,9 +25,14 @@ import os
 import re
 import socket
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..data.reward_set import RewardSet
+    from ..rollout.base import RolloutEngine
+    from ..rollout.engine_settings import EngineSettings
 
 #: Seconds one connection attempt may take (a refused connection answers at once).
 CONNECT_TIMEOUT_S = 3.0
@@ -48,23 +53,28 @@ def check_external(module: Any, urls: Iterable[tuple[str, str, str]], recipes: S
 
 
 # ------------------------------------------------------------------------------------ servers
-def servers(callback: Any) -> Iterator[tuple[str, str, str]]:
-    """(field, URL, what to do when it is down) of every server the run's rollout talks to."""
-    for url in callback.engine_settings.server_urls() if callback.engine is None else []:
+def servers(
+    engine_settings: EngineSettings,
+    engine: RolloutEngine | None,
+    reward_set: RewardSet,
+    environment_args: Mapping[str, Any],
+) -> Iterator[tuple[str, str, str]]:
+    """(field, URL, what to do when it is down) of every server the run's rollout talks to: the engine's (unless
+    ``engine`` was handed over), the environment's (``environment_args``' ``url`` / ``*_url``) and the rewards'."""
+    for url in engine_settings.server_urls() if engine is None else []:
         yield (
             "rollout.engine.init_args.urls",
             str(url),
             "start the vLLM server first (docs/guide/scaling.md), or drop rollout.engine.init_args.urls to have the "
             "run start its own",
         )
-    for key, value in getattr(getattr(callback, "agent", None), "environment_args", {}).items():
+    for key, value in environment_args.items():
         if key == "url" or key.endswith("_url"):
             yield (
                 f"rollout.agent.environment_args.{key}",
                 str(value),
                 "start the environment's server first (docs/guide/environments.md) and check the port",
             )
-    reward_set = callback.reward_set
     for i, (spec, fn) in enumerate(zip(reward_set.specs, reward_set.fns)):
         url = getattr(fn, "base_url", None) or getattr(fn, "url", None)
         if isinstance(url, str) and url.startswith(("http://", "https://")):

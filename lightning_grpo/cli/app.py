@@ -185,11 +185,14 @@ class GRPOCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         """Build everything and hand the data the policy's tokenizer source; a constructor's error is reported
         with the option it came from."""
+        from ..data.datamodule import PromptDataModule
+        from ..training.policy import PolicyMixin
+
         try:
             super().instantiate_classes()
-            if hasattr(self.datamodule, "use_policy_tokenizer"):  # data.tokenizer_path unset: the policy's own
-                # jsonargparse / argparse internals (third-party)
-                self.datamodule.use_policy_tokenizer(getattr(self.model, "tokenizer_source", None))
+            if isinstance(self.datamodule, PromptDataModule):  # data.tokenizer_path unset: the policy's own
+                model = self.model  # a user's LightningModule has no tokenizer source
+                self.datamodule.use_policy_tokenizer(model.tokenizer_source if isinstance(model, PolicyMixin) else None)
             config = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
             set_collective_timeout(self.trainer, config.get("distributed_timeout") or DEFAULT_TIMEOUT_S)
             warn_if_oversubscribed(self.trainer)  # one line, before any process starts
@@ -247,8 +250,7 @@ class GRPOCLI(LightningCLI):
         self._check_model_source()  # the data reads the policy's tokenizer from it
         try:
             datamodule = self.datamodule
-            # jsonargparse / argparse internals (third-party)
-            if datamodule is not None and hasattr(datamodule, "train_records"):
+            if isinstance(datamodule, PromptDataModule):
                 datamodule.setup("fit")
             for callback in self.trainer.callbacks:
                 if isinstance(callback, RolloutCallback) and isinstance(datamodule, PromptDataModule):

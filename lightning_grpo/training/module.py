@@ -29,7 +29,7 @@ from .defaults import MODULE_CALLBACKS
 from .distill import DistillContext, Distiller, DistillSettings
 from .forward import layout_token_logprobs
 from .metrics import StepMetrics, hands_step_metrics_over, quiet_sync_advice, reduce_rollout_metrics, total_grad_norm
-from .policy import PolicyMixin
+from .policy import PolicyMixin, RunData
 from .preparation import RolloutPreparationMixin
 from .quiet import quiet_lightning_tips, quiet_run_warnings
 from .settings import AlgorithmSettings, ForwardSettings, PolicySettings, as_settings, settings_dict
@@ -154,7 +154,10 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
         if self.distiller is not None:  # teachers loaded and checked against the tokenizer before training
             trainer = self.attached_trainer
             datamodule = trainer.datamodule if trainer is not None else None
-            self.distiller.build(getattr(datamodule, "tokenizer", None), getattr(datamodule, "train_records", None))
+            if isinstance(datamodule, RunData):
+                self.distiller.build(datamodule.tokenizer, datamodule.train_records)
+            else:  # a user's LightningDataModule (or none): no tokenizer or rows of ours to check against
+                self.distiller.build(None, None)
         mesh = self.device_mesh  # set by ModelParallelStrategy: shard with FSDP2 over data parallelism
         if mesh is not None and not fsdp_units(self.policy):
             if self.quantization is not None:

@@ -12,7 +12,7 @@ context, the optimizer / scheduler callables, and what a checkpoint stores for `
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -23,6 +23,15 @@ from ..models.lora import LoraSettings
 from ..models.quantization import check_quantization, take_quant_state
 from .low_precision import rounded_away_warning
 from .settings import PolicySettings
+
+
+@runtime_checkable
+class RunData(Protocol):
+    """What a module reads from the run's data module (`lightning_grpo.data.PromptDataModule`, which the training
+    folder does not import): its tokenizer and, once set up, its training rows."""
+
+    tokenizer: Any  # a transformers tokenizer (None before setup)
+    train_records: list[dict[str, Any]] | None
 
 
 class PolicyMixin:
@@ -122,9 +131,10 @@ class PolicyMixin:
 
         trainer = self.attached_trainer
         datamodule = trainer.datamodule if trainer is not None else None
-        if self.policy is not None:
-            # a user's LightningDataModule may hold no tokenizer
-            checkpoint[EXPORT_KEY] = export_info(self, getattr(datamodule, "tokenizer", None))
+        if self.policy is not None:  # a user's LightningDataModule holds no tokenizer of ours
+            checkpoint[EXPORT_KEY] = export_info(
+                self, datamodule.tokenizer if isinstance(datamodule, RunData) else None
+            )
 
     def _load_quant_state(self, checkpoint: dict[str, Any]) -> None:
         if self.quantization is not None and self.policy is not None:  # QLoRA: the 4-bit state is rebuilt, not loaded

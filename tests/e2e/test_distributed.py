@@ -169,7 +169,7 @@ def test_per_rank_counts_would_give_a_different_update(ddp_update, tiny_model_pa
 
 
 def _check_e2e(ranks: list[dict], steps: int) -> None:
-    from lightning_grpo.callbacks.rollout import derive_seed
+    from lightning_grpo.rollout.base import derive_seed
 
     for rank, r in enumerate(ranks):
         assert r["rank"] == rank and r["world_size"] == 2

@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lightning_grpo.rollout.vllm as vllm_module
-from lightning_grpo import GRPOModule
+from lightning_grpo import DigitTask, GRPOModule, PromptDataModule
 from lightning_grpo.core.batch import BatchGeometry
 from lightning_grpo.plan.run_plan import RunPlan
 from lightning_grpo.rollout.engine_settings import EngineContext
@@ -73,7 +73,8 @@ def test_the_weight_copy_is_removed_when_the_engine_fails_to_start(temp_dir, tin
 
 def test_an_interrupted_run_closes_the_engine_and_removes_the_copy(temp_dir, tiny_model_path):
     module, tokenizer = _module_and_tokenizer(tiny_model_path)
-    data = types.SimpleNamespace(tokenizer=tokenizer, generation_prompts=None, set_geometry=lambda geometry: None)
+    data = PromptDataModule(DigitTask(), tokenizer_path=str(tiny_model_path))
+    data.tokenizer = tokenizer  # what the callback reads to build the engine
     trainer = types.SimpleNamespace(global_rank=0, world_size=1, log_dir=str(temp_dir), datamodule=data)
     callback = hf_callback(engine=VLLMArgs(max_model_len=64))
     plan = RunPlan(  # what the callback reads from its plan to build the engine
