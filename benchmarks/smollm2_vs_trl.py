@@ -244,7 +244,8 @@ def collect(args: argparse.Namespace, out: Path, sides: tuple[str, ...] = ("ours
             "clock": clock,
             "points": points,
             "setup": total - clock[-1]["seconds"],
-            "phases": phases(side, folder, clock),
+            # a run that did not finish (e.g. killed by the kernel for memory) has no TRL phases: its points stand
+            "phases": phases(side, folder, clock) if side == "ours" or (folder / "phases.json").is_file() else None,
         }
     return result
 
@@ -337,16 +338,17 @@ def seeds_table(outs: list[Path], quiet: dict) -> str:
         for side, name in (("ours", "lightning-grpo"), ("trl", "TRL")):
             accs = " | ".join(f"{p['test/greedy/strict']:.3f}" for p in result[side]["points"])
             lines.append(f"| {seed} | {name} | {accs} |")
-        target = result["trl"]["points"][-1]["test/greedy/strict"]
+        last = result["trl"]["points"][-1]
+        target = last["test/greedy/strict"]
         step = next((p["step"] for p in result["ours"]["points"] if p["test/greedy/strict"] >= target), None)
-        reach_rows.append((seed, target, step))
-    lines += ["", "| seed | TRL's final greedy strict | first saved step where ours reaches it | ours / TRL time |"]
+        reach_rows.append((seed, target, last["step"], step))
+    lines += ["", "| seed | TRL's last figure (step) | first saved step where ours reaches it | ours / TRL time |"]
     lines.append("|---|---|---|---|")
     ours_clock = {r["step"]: r["seconds"] for r in quiet["ours"]["clock"]}
-    trl_total = quiet["trl"]["clock"][-1]["seconds"]
-    for seed, target, step in reach_rows:
-        ratio = f"**{ours_clock[step] / trl_total:.2f}x**" if step else "not reached"
-        lines.append(f"| {seed} | {target:.3f} | {step or 'not reached'} | {ratio} |")
+    trl_clock = {r["step"]: r["seconds"] for r in quiet["trl"]["clock"]}
+    for seed, target, trl_step, step in reach_rows:
+        ratio = f"**{ours_clock[step] / trl_clock[trl_step]:.2f}x**" if step else "not reached"
+        lines.append(f"| {seed} | {target:.3f} ({trl_step}) | {step or 'not reached'} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -406,7 +408,8 @@ def main() -> None:
             write_between_markers(ROOT / "docs/evidence/trl.md", SEEDS_MARKER, text)
         return
     if args.eval_only:  # e.g. on another core while the other run trains: the scores are cached for the table
-        collect(args, out, tuple(args.eval_only))
+        result = {"seed": args.seed, **collect(args, out, tuple(args.eval_only))}
+        (out / "result.json").write_text(json.dumps(result, indent=1))
         return
     for side in args.runs:
         folder = out / side
