@@ -115,9 +115,11 @@ class AgentRolloutCallback(RolloutCallback):
         """Renderer and stop tokens (once per tokenizer)."""
         if self._tokenizer is tokenizer:
             return
-        tools = list(getattr(self.make_env(), "tools", None) or [])
+        tools = list(getattr(self.make_env(), "tools", None) or [])  # a user's environment (third-party)
         # a transformers tokenizer (third-party)
-        self.renderer = ChatRenderer(tokenizer, tools) if getattr(tokenizer, "chat_template", None) else None
+        self.renderer = (
+            ChatRenderer(tokenizer, tools) if getattr(tokenizer, "chat_template", None) else None
+        )  # (third-party)
         self.sampling.stop_token_ids = self._stop_ids(tokenizer)
         self._tokenizer = tokenizer
 
@@ -134,7 +136,10 @@ class AgentRolloutCallback(RolloutCallback):
         (:func:`~lightning_grpo.checks.chat_template.check_chat_template`); none with ``max_turns: 1``."""
         if self.limits.max_turns == 1:
             return []
-        tools = [t if isinstance(t, dict) else tool_schema(t) for t in getattr(self.make_env(), "tools", None) or []]
+        env = self.make_env()
+        tools = [
+            t if isinstance(t, dict) else tool_schema(t) for t in getattr(env, "tools", None) or []
+        ]  # (third-party)
         return [
             (
                 probe_episode(rec.get(RAW_PROMPT, rec["prompt"]), tools),
@@ -205,7 +210,7 @@ class AgentRolloutCallback(RolloutCallback):
             env_reward=[s.reward for s in episodes],
             turns=[s.turns for s in episodes],
             tool_calls=[successful_calls(s) for s in episodes],
-            environments=[getattr(s.env, "unwrapped", s.env) for s in episodes],
+            environments=[getattr(s.env, "unwrapped", s.env) for s in episodes],  # a user's environment (third-party)
         )
         return self.reward_set.score([s.last_text for s in episodes], columns)
 
@@ -246,7 +251,7 @@ class AgentRolloutCallback(RolloutCallback):
         """Greedy episodes on held-out records (``<split>/...``): accuracy (first reward function), tool-call
         rate, turns."""
         trainer = module.trainer
-        engine = self._ensure_engine(trainer, module)
+        engine = self.ensure_engine(trainer, module)
         self.sync_weights(module)
         greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=self.sampling.max_new_tokens)
         rollout = self.run(engine, trainer.datamodule.tokenizer, records, greedy, self.episode_seed(module, split))

@@ -84,7 +84,7 @@ def start_episodes(
     states = []
     for i in range(len(records) * group_size):
         env = make_env()
-        if hasattr(env, "tokenizer") and getattr(env, "tokenizer", None) is None:
+        if hasattr(env, "tokenizer") and getattr(env, "tokenizer", None) is None:  # a user's environment (third-party)
             env.tokenizer = tokenizer
         record = records[i // group_size]
         key = i // group_size if reset_seed == "group" else i
@@ -181,7 +181,7 @@ def run_episodes(
 
 def _finish(s: EpisodeState) -> float:
     """The environment's final reward (:meth:`Environment.finish`; 0 for one without the hook)."""
-    finish = getattr(s.env, "finish", None)
+    finish = getattr(s.env, "finish", None)  # a user's environment (third-party): finish is optional
     return 0.0 if finish is None else check_reward(finish(), f"{type(s.env).__name__}.finish returned")
 
 

@@ -102,7 +102,7 @@ class HeldOutEvaluation:
     sampling: SamplingConfig
     evaluation: Any  # callbacks.settings.EvaluationSettings
     generation: Any  # callbacks.generation.GenerationStep: its asynchronous pipeline, or None
-    _ensure_engine: Callable[..., Any]  # (trainer, module) -> the engine, built on first use
+    ensure_engine: Callable[..., Any]  # (trainer, module) -> the engine, built on first use
     sync_weights: Callable[..., float]  # (module) -> seconds of the push
 
     @override
@@ -169,7 +169,7 @@ class HeldOutEvaluation:
         """Held-out metrics (``<split>/...``) of a batch of prompt records (``split="val"``: the dev split, from the
         validation hooks; ``"test"`` from the test hooks)."""
         trainer = module.trainer
-        engine = self._ensure_engine(trainer, module)
+        engine = self.ensure_engine(trainer, module)
         seed = self.eval_seed(module, split)
         settings = self.evaluation
         args = (

@@ -152,7 +152,8 @@ class RolloutCallback(HeldOutEvaluation, Callback):
         pushed before the first generation."""
         self.link.use(engine)
 
-    def _ensure_engine(self, trainer: L.Trainer, module: L.LightningModule) -> RolloutEngine:
+    def ensure_engine(self, trainer: L.Trainer, module: L.LightningModule) -> RolloutEngine:
+        """The rollout engine, built on first use (or the one handed over with `use_engine`)."""
         return self.link.ensure(lambda: self._build_engine(trainer, module))
 
     def _build_engine(self, trainer: L.Trainer, module: L.LightningModule) -> RolloutEngine:
@@ -274,7 +275,7 @@ class RolloutCallback(HeldOutEvaluation, Callback):
     def _generate(self, trainer: L.Trainer, module: L.LightningModule) -> None:
         """Sample this step's generation batch, hand it to the module, log its completions, show it to the
         listeners (`RolloutListener`)."""
-        self._ensure_engine(trainer, module)
+        self.ensure_engine(trainer, module)
         times = {"time/train": self._train_time}
         self._train_time = 0.0
         with checkpoint_on_server_failure(trainer):

@@ -113,13 +113,13 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
             }
         )
         self.loss_fn = loss if loss is not None else GRPOLoss()
-        self._advantage = ADVANTAGES.variant(self.algorithm.advantage)
-        self._reward_aggregation_fn = REWARD_AGGREGATIONS.get(self.algorithm.reward_aggregation)
+        #: the advantage estimator and the reward aggregation of ``algorithm`` (read by the batch preparation)
+        self.advantage_variant = ADVANTAGES.variant(self.algorithm.advantage)
+        self.reward_aggregation_fn = REWARD_AGGREGATIONS.get(self.algorithm.reward_aggregation)
         #: the coefficient of KL in reward (``value``), fixed or adaptive (``algorithm.kl_in_reward``)
         self.kl_ctrl = self.algorithm.kl_in_reward.build()
-        self._reward_kl = self._reward_kl_coef = float(
-            "nan"
-        )  # the last generation batch's KL in reward and its coefficient
+        #: the last generation batch's KL in reward and its coefficient (set by the batch preparation, logged)
+        self.reward_kl = self.reward_kl_coef = float("nan")
         self.distiller = Distiller.of(distillation, self._distill_context())  # None without distillation
         self._init_policy(model, self.policy_settings, optimizer, lr_scheduler)  # lightning_grpo.training.policy
         self.reference: nn.Module | None = None
@@ -347,7 +347,7 @@ class GRPOModule(RolloutPreparationMixin, PolicyMixin, L.LightningModule):
         metrics = dict(self.step_metrics.compute())
         metrics["grad_norm"] = float(self.grad_norm())
         if self.algorithm.kl_in_reward.coef:  # the coefficient the batch was shaped with, and its measured KL
-            metrics["kl_in_reward/coef"], metrics["kl_in_reward/kl"] = self._reward_kl_coef, float(self._reward_kl)
+            metrics["kl_in_reward/coef"], metrics["kl_in_reward/kl"] = self.reward_kl_coef, float(self.reward_kl)
         skip = float(bool(self._skip_reasons))
         if self.trainer.world_size > 1:
             skip = float(self.trainer.strategy.reduce(torch.tensor(skip, device=self.device), reduce_op="sum"))

@@ -2,8 +2,10 @@
 into the reward when ``algorithm.kl_in_reward`` says so) and, only where needed, the reference and old log-probs.
 
 :class:`RolloutPreparationMixin` is part of :class:`~lightning_grpo.training.module.GRPOModule`; it reads the
-module's settings (``algorithm``, ``loss_fn``), its models (``policy``, ``reference``), its distiller and its
-KL-in-reward controller (``kl_ctrl``).
+module's settings (``algorithm``, ``loss_fn``), its models (``policy``, ``reference``), its distiller, its
+advantage estimator and reward aggregation (``advantage_variant``, ``reward_aggregation_fn``) and its KL-in-reward
+controller (``kl_ctrl``), all public members the module declares; it writes the last KL in reward and its
+coefficient (``reward_kl``, ``reward_kl_coef``) for the module's step metrics.
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ class RolloutPreparationMixin:
     kl_ctrl: Any
     reference_mode: str
     uses_reference: bool
-    _advantage: Variant
-    _reward_aggregation_fn: Callable
-    _reward_kl: float
-    _reward_kl_coef: float
+    advantage_variant: Variant
+    reward_aggregation_fn: Callable
+    reward_kl: float
+    reward_kl_coef: float
 
     def _logprobs_no_grad(self, batch: RolloutBatch, reference: bool) -> Tensor:
         model = self.policy if not reference or self.reference_mode == "adapter" else self.reference
@@ -58,11 +60,11 @@ class RolloutPreparationMixin:
         the rows some reward function scored (None: all); with ``algorithm.unscored: exclude`` the others
         are left out of the group statistics and get 0."""
         params = dict(self.algorithm.advantage_args or {})
-        if self._advantage.spec.needs_lengths:
+        if self.advantage_variant.spec.needs_lengths:
             params["lengths"] = lengths
         if self.algorithm.unscored == "exclude" and scored is not None and not bool(scored.all()):
             params["scored"] = scored
-        return self._reward_aggregation_fn(rewards, weights, group_size, estimator=self.algorithm.advantage, **params)
+        return self.reward_aggregation_fn(rewards, weights, group_size, estimator=self.algorithm.advantage, **params)
 
     def prepare_rollout_batch(
         self,
@@ -104,11 +106,11 @@ class RolloutPreparationMixin:
         then the controller's update from the batch's KL, as verl's ``apply_kl_penalty``: the mean over all ranks'
         completions of each one's token-mean k1, ``n_steps`` = those completions."""
         mask = batch.completion_mask
-        self._reward_kl_coef = self.kl_ctrl.value
-        shaped = kl_penalty_in_reward(total, batch.rollout_logp, batch.ref_logp, mask, self._reward_kl_coef)
+        self.reward_kl_coef = self.kl_ctrl.value
+        shaped = kl_penalty_in_reward(total, batch.rollout_logp, batch.ref_logp, mask, self.reward_kl_coef)
         kl = KL_ESTIMATORS.get("k1")(batch.rollout_logp, batch.ref_logp)  # [B, T]
         per_row = masked_sum(kl, mask, dim=-1) / mask.sum(-1).clamp(min=1)  # [B] token mean per completion
         kl_sum, rows = self._global_sum(torch.stack([per_row.sum(), per_row.new_tensor(float(len(per_row)))]))
-        self._reward_kl = float(kl_sum / rows)
-        self.kl_ctrl.update(self._reward_kl, int(rows))
+        self.reward_kl = float(kl_sum / rows)
+        self.kl_ctrl.update(self.reward_kl, int(rows))
         return shaped.unsqueeze(-1)

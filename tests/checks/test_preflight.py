@@ -36,7 +36,7 @@ def fit_lines(tmp_path: Path, capsys, **overrides) -> list[str]:
     start = time.perf_counter()
     with (
         mock.patch.object(sys, "argv", ["lightning-grpo"]),
-        mock.patch("lightning_grpo.callbacks.rollout.RolloutCallback._ensure_engine") as build,
+        mock.patch("lightning_grpo.callbacks.rollout.RolloutCallback.ensure_engine") as build,
         pytest.raises(SystemExit) as exit_,
     ):
         main(["fit", "-c", str(path)])

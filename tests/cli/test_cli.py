@@ -163,7 +163,7 @@ def test_print_config_without_a_recipe_is_a_recipe_that_trains(tmp_path, monkeyp
             self.use_engine(vllm_engine)
         return self.engine
 
-    monkeypatch.setattr(RolloutCallback, "_ensure_engine", session_engine)
+    monkeypatch.setattr(RolloutCallback, "ensure_engine", session_engine)
     built = cli(["fit", "-c", "x.yaml", "--trainer.max_steps", "2"])
     assert built.trainer.global_step == 2 and _rollout(built.trainer).engine_settings.name == "vllm"
     loss = float(built.trainer.callback_metrics["train/loss"])

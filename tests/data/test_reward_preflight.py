@@ -73,7 +73,7 @@ def test_a_bad_reward_fails_before_the_engine_starts(tmp_path, capsys, fn, messa
     path = write_config(tmp_path, **{"rollout.rewards": [{"name": f"tests.data.test_reward_preflight.{fn}"}]})
     with (
         mock.patch.object(sys, "argv", ["lightning-grpo"]),
-        mock.patch("lightning_grpo.callbacks.rollout.RolloutCallback._ensure_engine") as build,
+        mock.patch("lightning_grpo.callbacks.rollout.RolloutCallback.ensure_engine") as build,
         pytest.raises(SystemExit) as exit_,
     ):
         main(["fit", "-c", str(path)])

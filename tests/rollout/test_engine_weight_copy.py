@@ -87,7 +87,7 @@ def test_an_interrupted_run_closes_the_engine_and_removes_the_copy(temp_dir, tin
     )
     callback.use_plan(plan)
     callback.setup(trainer, module, "fit")
-    callback._ensure_engine(trainer, module)
+    callback.ensure_engine(trainer, module)
     assert len(_copies(temp_dir)) == 1
     callback.on_exception(trainer, module, KeyboardInterrupt())
     assert callback.engine is None and _copies(temp_dir) == []

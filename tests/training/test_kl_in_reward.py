@@ -61,8 +61,8 @@ def test_adaptive_kl_in_reward_follows_verl(tiny_model_path):
         prepared = module.prepare_rollout_batch(batch, REWARDS, torch.ones(1))
         expected = module.compute_advantages(shaped[:, None], torch.ones(1), batch.group_size, mask.sum(-1))
         torch.testing.assert_close(prepared.advantages, expected, atol=1e-5, rtol=0)
-        assert module._reward_kl == pytest.approx(float(offsets.mean()), abs=1e-5)  # rows count alike, not tokens
-        assert module._reward_kl == pytest.approx(current_kl, abs=1e-6)
+        assert module.reward_kl == pytest.approx(float(offsets.mean()), abs=1e-5)  # rows count alike, not tokens
+        assert module.reward_kl == pytest.approx(current_kl, abs=1e-6)
         verl.update(current_kl, n_steps=len(batch))
         assert module.kl_ctrl.value == pytest.approx(verl.value, rel=1e-6)
     assert verl.value == pytest.approx(0.2 * (1 + 0.2 * 8 / 100) * (1 + 0.1 * 8 / 100), rel=1e-4)  # 0.2048...
