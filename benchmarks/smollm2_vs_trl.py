@@ -329,14 +329,16 @@ def seeds_table(outs: list[Path], quiet: dict) -> str:
     step, and the step at which ours first reaches TRL's final figure. The minutes come from ``quiet`` (the seed-0
     result, each run alone on its core): ours' clock at that step over TRL's at its last step, since runs of other
     seeds may have shared the machine."""
-    lines = ["| seed | run | " + " | ".join(f"step {p['step']}" for p in quiet["ours"]["points"]) + " |"]
-    lines.append("|---|---|" + "---|" * len(quiet["ours"]["points"]))
+    columns = quiet["ours"]["points"]
+    lines = ["| seed | run | " + " | ".join(f"step {p['step']}" for p in columns) + " |"]
+    lines.append("|---|---|" + "---|" * len(columns))
     reach_rows = []
     for out in outs:
         result = json.loads((out / "result.json").read_text())
         seed = result.get("seed", 0)
         for side, name in (("ours", "lightning-grpo"), ("trl", "TRL")):
-            accs = " | ".join(f"{p['test/greedy/strict']:.3f}" for p in result[side]["points"])
+            saved = {p["step"]: p["test/greedy/strict"] for p in result[side]["points"]}
+            accs = " | ".join(f"{saved[p['step']]:.3f}" if p["step"] in saved else "not saved" for p in columns)
             lines.append(f"| {seed} | {name} | {accs} |")
         last = result["trl"]["points"][-1]
         target = last["test/greedy/strict"]
