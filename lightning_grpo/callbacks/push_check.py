@@ -22,12 +22,20 @@ summation orders), and by how much depends on the processor, the model and the s
    replaces it), or when the engine is `CLOSER` times nearer the pushed weights than the previous ones
    (``d_new * CLOSER <= d_old``): a run whose logits grow (one that diverges) grows the noise past the
    tolerance, but its steps move the probe far more than that.
-3. Otherwise `WeightPushError`, one line, saying what the engine's scores match: older weights (all layers
-   stale), the policy without its LoRA adapter (adapter not loaded), or nothing (part of the weights).
+3. Otherwise the engine's noise has outgrown the tolerance, or the push did not land. Which one, the step
+   tells: ``d_step``, how far the step moved the trainer's own scores of the probe (old to new weights). When
+   the step is visible (``d_step >= VISIBLE * min(d_new, d_old)``) and the engine did not follow it, the push
+   did not land: `WeightPushError`, one line, saying what the engine's scores match: older weights (all layers
+   stale), the policy without its LoRA adapter (adapter not loaded), or nothing (part of the weights). When the
+   step is hidden in the engine's noise (a bfloat16 engine of a float32 policy, whose rounding grows as the
+   policy sharpens) the two pushes cannot be told apart; the run stops only if the engine is `STALE` times
+   nearer the probe's weights or the last check's than the pushed ones (every push dropped since), or farther
+   from the pushed weights than any noise (`NOISE_LIMIT` x the tolerance's floor, as at calibration), and
+   otherwise goes on with one warning, once.
 
-What it cannot see: a step that moves the probe less than the tolerance (the stale weights are then as good
-as the new ones), and a part of the weights that did not land whose share moves the probe under 1/`CLOSER`
-of what the whole step moves it.
+What it cannot see: a step that moves the probe less than the tolerance, or less than the engine's distance to
+the weights it holds (the stale weights are then as good as the new ones), and a part of the weights that did
+not land whose share moves the probe under 1/`CLOSER` of what the whole step moves it.
 
 What it costs: one engine score of the probe when the probe is taken; per check, one engine score and one
 trainer forward of the probe under the pushed weights, plus one trainer forward at the push before it (none
@@ -37,6 +45,7 @@ with ``check_every: 1``, which reuses the previous check's).
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +68,13 @@ NOISE_MULTIPLE = 4
 #: float32 step moves the probe 400 to 1e5 times its noise; one of the tiny model's 8 linear groups left stale
 #: leaves the engine 1.2 to 28 times nearer (docs/evidence/benchmarks.md, "Weight push check").
 CLOSER = 100
+#: A step is visible when it moves the trainer's scores of the probe at least this many times the engine's
+#: distance to the nearer of the two pushes' weights. An engine that holds a mix of the two (part of the weights
+#: landed) is nearer one of them by at most half the step; one whose rounding dwarfs the step is not.
+VISIBLE = 1.0
+#: When the step is hidden in the noise, the run still stops if the engine is this many times nearer the probe's
+#: weights or the last passed check's than the pushed ones: no push landed since those.
+STALE = 2.0
 #: A calibrated noise above this many times the tolerance's floor means the engine holds other weights (float32:
 #: above 2e-4, 5x the largest healthy noise measured).
 NOISE_LIMIT = 20
@@ -96,6 +112,7 @@ class PushCheck:
         self.noise: float | None = None  # the calibrated healthy mean |dlogp| (None until measured)
         self.floor = TOLERANCES[torch.float32]  # the tolerance's floor of the run's precision (set with the probe)
         self.pushes = 0  # pushes seen since the probe was taken
+        self.blind = False  # a check passed because its step was hidden in the noise (warned once)
         self.seconds = 0.0  # time spent checking since the last `take_seconds`
         self._history: list[Expected] = []  # the probe's first scores, then the last check that passed
         self._previous: Expected | None = None  # the trainer's scores under the last push prepared with them
@@ -144,6 +161,7 @@ class PushCheck:
     def reset(self) -> None:
         """Forget the probe and the noise (a new fit takes its own)."""
         self.probe, self.noise, self.pushes, self._history, self._previous = None, None, 0, [], None
+        self.blind = False
 
     # ------------------------------------------------------------------------- the check
     def after_push(self, engine: RolloutEngine, module, step: int) -> None:
@@ -196,17 +214,33 @@ class PushCheck:
 
     def verify(self, engine: RolloutEngine, expected: Expected, previous: Expected) -> None:
         """Score the probe on ``engine`` and raise `WeightPushError` (one line) unless every copy of its weights
-        is within the tolerance of ``expected`` (the pushed weights') or `CLOSER` times nearer it than
-        ``previous`` (the previous push's)."""
+        passes `judge` against ``expected`` (the pushed weights'), ``previous`` (the previous push's) and the
+        earlier scores kept (the probe's, the last passed check's)."""
         tolerance = self.current_tolerance()
+        step_gap = mean_gap(expected.logp, previous.logp)  # how far the step moved the probe
         for copy, scores in engine.score(self.probe).items():
-            d_new, d_old = mean_gap(scores, expected.logp), mean_gap(scores, previous.logp)
-            if not (d_new <= tolerance or d_new * CLOSER <= d_old):
+            gaps = Gaps(
+                new=mean_gap(scores, expected.logp),
+                old=mean_gap(scores, previous.logp),
+                step=step_gap,
+                earlier=min((mean_gap(scores, e.logp) for e in self._history), default=float("inf")),
+            )
+            verdict = judge(gaps, tolerance, NOISE_LIMIT * self.floor)
+            if verdict == "failed":
                 detail = (
-                    f"({self._explain(tolerance)}) and by {d_old:.3g} under step {previous.step}'s (a push that "
+                    f"({self._explain(tolerance)}) and by {gaps.old:.3g} under step {previous.step}'s (a push that "
                     f"landed is {CLOSER}x nearer the pushed weights)"
                 )
-                raise WeightPushError(self._diagnosis(engine, copy, scores, expected, d_new, detail, previous))
+                raise WeightPushError(self._diagnosis(engine, copy, scores, expected, gaps.new, detail, previous))
+            if verdict == "hidden" and not self.blind:
+                self.blind = True
+                warnings.warn(
+                    f"weight push check at step {expected.step}: the engine's log-probs of the probe differ from the "
+                    f"trainer's by {gaps.new:.3g} ({self._explain(tolerance)}) while the step moved them by "
+                    f"{step_gap:.3g}: at this precision the check cannot tell a dropped push from the engine's "
+                    "rounding, and only stops the run if the engine holds weights older than its last check's",
+                    stacklevel=2,
+                )
         self._history = [self._history[0], expected] if self._history else [expected]
 
     def _explain(self, tolerance: float) -> str:
@@ -250,6 +284,33 @@ class PushCheck:
             f"{head}; they match no earlier weights: part of the weights did not land (a tensor skipped, renamed "
             "or rounded away)"
         )
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """One copy of the engine's weights at a check: mean |dlogp| on the probe."""
+
+    new: float
+    """To the trainer's scores under the pushed weights (d_new)."""
+    old: float
+    """To the trainer's scores under the previous push's weights (d_old)."""
+    step: float
+    """Between the trainer's scores under the two: how far the step moved the probe (d_step)."""
+    earlier: float
+    """To the nearest of the earlier scores kept: the probe's and the last passed check's."""
+
+
+def judge(gaps: Gaps, tolerance: float, noise_limit: float) -> str:
+    """The rule of a check (see the module docstring): "landed" (within ``tolerance``, or `CLOSER` times nearer
+    the pushed weights than the previous push's), "failed" (a visible step the engine did not follow, an engine
+    `STALE` times nearer earlier weights, or one farther than ``noise_limit``, which no noise reaches), or
+    "hidden" (a step the engine's noise hides: passes)."""
+    if gaps.new <= tolerance or gaps.new * CLOSER <= gaps.old:
+        return "landed"
+    visible = gaps.step >= VISIBLE * min(gaps.new, gaps.old)
+    if visible or gaps.earlier * STALE <= gaps.new or gaps.new > noise_limit:
+        return "failed"
+    return "hidden"
 
 
 def tolerance_for(engine: RolloutEngine, policy: nn.Module, precision: str) -> float:

@@ -2,7 +2,9 @@
 (`Engine`) score a 3-token probe as told, so every gap below is computed by hand.
 
 Calibration measures the engine's noise when the probe is taken; a checked push passes when the engine is within
-max(floor, NOISE_MULTIPLE x noise) of the pushed weights or CLOSER times nearer them than the previous push's.
+max(floor, NOISE_MULTIPLE x noise) of the pushed weights or CLOSER times nearer them than the previous push's, or
+when the step is hidden in the engine's noise (a bfloat16 engine), unless the engine is STALE times nearer earlier
+weights or farther than NOISE_LIMIT x the floor.
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_grpo.callbacks.push_check import CLOSER, NOISE_LIMIT, NOISE_MULTIPLE, PushCheck, WeightPushError
+from lightning_grpo.callbacks.push_check import (
+    CLOSER,
+    NOISE_LIMIT,
+    NOISE_MULTIPLE,
+    STALE,
+    TOLERANCES,
+    PushCheck,
+    WeightPushError,
+)
 
 #: The trainer's log-probs of the probe at step 0: sequences [5 6 7] and [8 9] -> 2 + 1 scored tokens.
 STEP0 = [[-0.010, -0.020], [-0.005]]
@@ -62,8 +72,8 @@ class Engine:
 
     max_model_len, dtype = None, None
 
-    def __init__(self, **copies) -> None:
-        self.copies = copies
+    def __init__(self, dtype: torch.dtype | None = None, **copies) -> None:
+        self.copies, self.dtype = copies, dtype
 
     def score(self, probe):
         return {name: [torch.tensor(row) for row in rows] for name, rows in self.copies.items()}
@@ -182,3 +192,57 @@ def test_a_missing_adapter_is_named():
         check.after_push(Engine(e=trainer.base), trainer, step=1)
     with pytest.raises(WeightPushError, match=r"at step 0 .*without its LoRA adapter \(0\): .*\(adapter not loaded\)$"):
         probed(Scores(STEP0, base=base), Engine(e=base), adapter=True)  # missing from the start
+
+
+BF16 = TOLERANCES[torch.bfloat16]  # 5e-2: the floor with a bfloat16 engine
+NOISE = 0.0335  # a bfloat16 engine's noise on SmolLM2's probe when it is taken (float32 policy)
+
+
+def bf16_probed(trainer: Scores) -> PushCheck:
+    check = probed(trainer, Engine(torch.bfloat16, e=moved(STEP0, NOISE)))
+    assert check.current_tolerance() == pytest.approx(NOISE_MULTIPLE * NOISE)  # 0.134
+    return check
+
+
+def test_a_step_hidden_in_a_bfloat16_engines_grown_noise_passes_with_one_warning(recwarn):
+    trainer = Scores(STEP0)
+    check = bf16_probed(trainer)
+    trainer.logp = moved(STEP0, -0.025)
+    check.after_push(Engine(torch.bfloat16, e=moved(trainer.logp, 0.04)), trainer, step=1)  # d_new 0.04: landed
+    assert not recwarn.list
+    for step in (2, 3):  # the noise grew to 0.159 > 0.134; the step moves the probe by 0.025
+        trainer.logp = moved(STEP0, -0.025 * step)
+        check.after_push(Engine(torch.bfloat16, e=moved(trainer.logp, 0.159)), trainer, step=step)
+    # at step 2: d_new 0.159, d_old 0.134, d_step 0.025; nearest earlier: step 0's, 0.109 (not STALE x nearer)
+    (warning,) = recwarn.list  # once
+    assert "weight push check at step 2: the engine's log-probs of the probe differ from the trainer's by 0.159" in str(
+        warning.message
+    )
+    assert "while the step moved them by 0.025" in str(warning.message)
+
+
+def test_a_bfloat16_engine_that_never_takes_a_push_is_caught_once_the_drift_shows():
+    trainer = Scores(STEP0)
+    check = bf16_probed(trainer)
+    frozen = Engine(torch.bfloat16, e=moved(STEP0, NOISE))  # every push dropped: it keeps the probe's weights
+    for step in (1, 2, 3, 4):  # d_new = 0.0335 + 0.025 x step <= 0.134: the step is inside the tolerance
+        trainer.logp = moved(STEP0, -0.025 * step)
+        check.after_push(frozen, trainer, step=step)
+    trainer.logp = moved(STEP0, -0.125)  # d_new 0.1585, d_old 0.1335, d_step 0.025: hidden, but step 0's is
+    with pytest.raises(WeightPushError) as err:  # 0.0335, STALE x nearer than 0.1585
+        check.after_push(frozen, trainer, step=5)
+    assert 0.0335 * STALE <= 0.1585
+    assert str(err.value).endswith(
+        "they match step 0's weights (0.0335): the engine still holds step 0's weights (no layer was updated)"
+    )
+
+
+def test_an_engine_farther_than_any_noise_fails_even_when_the_step_is_hidden():
+    trainer = Scores(STEP0)
+    check = bf16_probed(trainer)
+    trainer.logp = moved(STEP0, -0.025)
+    check.after_push(Engine(torch.bfloat16, e=trainer.logp), trainer, step=1)
+    trainer.logp = moved(STEP0, -0.05)  # d_new 1.2 > NOISE_LIMIT x 5e-2 = 1.0; d_old 1.175, earlier 1.15
+    with pytest.raises(WeightPushError, match=r"mean \|dlogp\| 1\.2 .*part of the weights did not land"):
+        check.after_push(Engine(torch.bfloat16, e=moved(trainer.logp, 1.2)), trainer, step=2)
+    assert abs(NOISE_LIMIT * BF16 - 1.0) < 1e-12
