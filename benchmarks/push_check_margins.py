@@ -38,7 +38,7 @@ def verifying(check: PushCheck, engine, expected, previous) -> None:
 def recorded(gaps: Gaps, tolerance: float, noise_limit: float) -> str:
     """The rule's verdict, recorded and printed; the run goes on whatever it is."""
     verdict = judge(gaps, tolerance, noise_limit)
-    CHECKS.append(dict(step=AT["step"], verdict=verdict, **vars(gaps)))
+    CHECKS.append(dict(at=AT["step"], verdict=verdict, **vars(gaps)))
     print(
         f"push check at step {AT['step']}: d_new {gaps.new:.3g}, d_old {gaps.old:.3g}, d_step {gaps.step:.3g}, "
         f"d_earlier {gaps.earlier:.3g}: {verdict}"

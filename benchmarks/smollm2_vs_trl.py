@@ -99,6 +99,7 @@ def run_ours(args: argparse.Namespace, out: Path) -> None:
     cmd += ["--trainer.max_steps", str(args.steps), "--trainer.log_every_n_steps", "1"]
     cmd += ["--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false"]
     cmd += ["--trainer.callbacks", json.dumps(callbacks), "--trainer.logger.init_args.save_dir", str(out / "runs")]
+    cmd += args.ours_arg
     start = time.perf_counter()
     pinned(args.cores, cmd, out / "fit.log")
     (out / "total_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
@@ -326,24 +327,30 @@ SEEDS_MARKER = "<!-- smollm2-vs-trl-seeds -->"
 
 def seeds_table(outs: list[Path], quiet: dict) -> str:
     """Per seed (one ``--out`` folder each, its ``result.json``): both runs' test greedy strict accuracy at each saved
-    step, and the step at which ours first reaches TRL's final figure. The minutes come from ``quiet`` (the seed-0
-    result, each run alone on its core): ours' clock at that step over TRL's at its last step, since runs of other
-    seeds may have shared the machine."""
-    columns = quiet["ours"]["points"]
-    lines = ["| seed | run | " + " | ".join(f"step {p['step']}" for p in columns) + " |"]
+    step, and the step at which ours first reaches TRL's final figure; then the mean over the seeds whose TRL run
+    finished, the same way. The minutes come from ``quiet`` (the seed-0 result, each run alone on its core): ours'
+    clock at that step over TRL's at its last step, since runs of other seeds may have shared the machine."""
+    columns = [p["step"] for p in quiet["ours"]["points"]]
+    lines = ["| seed | run | " + " | ".join(f"step {step}" for step in columns) + " |"]
     lines.append("|---|---|" + "---|" * len(columns))
-    reach_rows = []
+    reach_rows, finished = [], {"ours": [], "trl": []}
     for out in outs:
         result = json.loads((out / "result.json").read_text())
         seed = result.get("seed", 0)
+        saved = {side: {p["step"]: p["test/greedy/strict"] for p in result[side]["points"]} for side in ("ours", "trl")}
         for side, name in (("ours", "lightning-grpo"), ("trl", "TRL")):
-            saved = {p["step"]: p["test/greedy/strict"] for p in result[side]["points"]}
-            accs = " | ".join(f"{saved[p['step']]:.3f}" if p["step"] in saved else "not saved" for p in columns)
+            accs = " | ".join(f"{saved[side][s]:.3f}" if s in saved[side] else "not saved" for s in columns)
             lines.append(f"| {seed} | {name} | {accs} |")
-        last = result["trl"]["points"][-1]
-        target = last["test/greedy/strict"]
-        step = next((p["step"] for p in result["ours"]["points"] if p["test/greedy/strict"] >= target), None)
-        reach_rows.append((seed, target, last["step"], step))
+        reach_rows.append((seed, *reach(saved)))
+        if all(s in saved["trl"] and s in saved["ours"] for s in columns):
+            for side in finished:
+                finished[side].append(saved[side])
+    if len(finished["trl"]) > 1:
+        mean = {side: {s: statistics.mean(r[s] for r in finished[side]) for s in columns} for side in finished}
+        for side, name in (("ours", "lightning-grpo"), ("trl", "TRL")):
+            accs = " | ".join(f"{mean[side][s]:.3f}" for s in columns)
+            lines.append(f"| mean of {len(finished[side])} | {name} | {accs} |")
+        reach_rows.append((f"mean of {len(finished['trl'])}", *reach(mean)))
     lines += ["", "| seed | TRL's last figure (step) | first saved step where ours reaches it | ours / TRL time |"]
     lines.append("|---|---|---|---|")
     ours_clock = {r["step"]: r["seconds"] for r in quiet["ours"]["clock"]}
@@ -352,6 +359,14 @@ def seeds_table(outs: list[Path], quiet: dict) -> str:
         ratio = f"**{ours_clock[step] / trl_clock[trl_step]:.2f}x**" if step else "not reached"
         lines.append(f"| {seed} | {target:.3f} ({trl_step}) | {step or 'not reached'} | {ratio} |")
     return "\n".join(lines)
+
+
+def reach(saved: dict[str, dict[int, float]]) -> tuple[float, int, int | None]:
+    """TRL's last saved figure, its step, and the first saved step where ours is at least that (None: never)."""
+    trl_step = max(saved["trl"])
+    target = saved["trl"][trl_step]
+    step = next((s for s in sorted(saved["ours"]) if saved["ours"][s] >= target), None)
+    return target, trl_step, step
 
 
 def plot(result: dict, target: Path, cores: str) -> None:
@@ -387,6 +402,13 @@ def main() -> None:
     parser.add_argument("--runs", nargs="*", default=["ours", "trl"], help="which trainings to run (none: collect)")
     parser.add_argument("--seed", type=int, default=0, help="the run seed of both trainers (data order, sampling)")
     parser.add_argument("--out", default="/tmp/smollm2_vs_trl")
+    parser.add_argument(
+        "--ours-arg",
+        action="append",
+        default=[],
+        help="one more `lightning-grpo fit` argument for our run, repeatable: "
+        "--ours-arg=--rollout.engine.init_args.dtype=bfloat16",
+    )
     parser.add_argument("--write", action="store_true", help="write the tables and the plot into docs/evidence")
     parser.add_argument(
         "--eval-only", nargs="+", choices=["ours", "trl"], help="score the saved steps of these finished runs, no table"

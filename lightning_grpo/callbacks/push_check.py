@@ -70,7 +70,8 @@ NOISE_MULTIPLE = 4
 CLOSER = 100
 #: A step is visible when it moves the trainer's scores of the probe at least this many times the engine's
 #: distance to the nearer of the two pushes' weights. An engine that holds a mix of the two (part of the weights
-#: landed) is nearer one of them by at most half the step; one whose rounding dwarfs the step is not.
+#: landed) is nearer one of them by at most half the step; on SmolLM2 a bfloat16 engine's grown noise left steps at
+#: most 0.55x it (docs/evidence/benchmarks.md, "The rule's margins").
 VISIBLE = 1.0
 #: When the step is hidden in the noise, the run still stops if the engine is this many times nearer the probe's
 #: weights or the last passed check's than the pushed ones: no push landed since those.
