@@ -384,7 +384,7 @@ def plot(result: dict, target: Path, cores: str) -> None:
         clock = [r for r in result[side]["clock"] if r["reward"] is not None]
         window = [statistics.mean(r["reward"] for r in clock[max(0, i - 4) : i + 1]) for i in range(len(clock))]
         rew.plot([r["seconds"] / 60 for r in clock], window, color=color, label=label)
-    xlabel = f"training minutes (each run pinned to CPU core(s) {cores})"
+    xlabel = f"training minutes ({len(cores.split(','))} thread(s) each, one core each)"
     acc.set(xlabel=xlabel, ylabel="test accuracy (strict)", ylim=(0, 1))
     rew.set(xlabel=xlabel, ylabel="training reward (mean of 5 steps)")
     acc.legend(fontsize=8)
@@ -410,6 +410,12 @@ def main() -> None:
         "--ours-arg=--rollout.engine.init_args.dtype=bfloat16",
     )
     parser.add_argument("--write", action="store_true", help="write the tables and the plot into docs/evidence")
+    parser.add_argument("--note", help="how the runs shared the machine, for the table's machine line")
+    parser.add_argument(
+        "--marker",
+        default=MARKER.strip("<!-> "),
+        help="the markers in docs/evidence/trl.md to write between; the plot is docs/evidence/<marker>.png",
+    )
     parser.add_argument(
         "--eval-only", nargs="+", choices=["ours", "trl"], help="score the saved steps of these finished runs, no table"
     )
@@ -447,9 +453,10 @@ def main() -> None:
     if args.write:
         from quickstart_seeds import machine_line, write_between_markers
 
-        note = f"each run alone, pinned to core(s) {args.cores}, {len(args.cores.split(','))} thread(s)"
-        write_between_markers(ROOT / "docs/evidence/trl.md", MARKER, f"{machine_line(note)}\n\n{text}")
-        plot(result, PLOT, args.cores)
+        note = args.note or f"each run alone, pinned to core(s) {args.cores}, {len(args.cores.split(','))} thread(s)"
+        marker = f"<!-- {args.marker} -->"
+        write_between_markers(ROOT / "docs/evidence/trl.md", marker, f"{machine_line(note)}\n\n{text}")
+        plot(result, PLOT.with_name(args.marker.replace("-", "_") + ".png"), args.cores)
 
 
 if __name__ == "__main__":
