@@ -255,7 +255,7 @@ def _shares(path: Path) -> list[pytest.MarkDecorator]:
     return []
 
 
-#: Recipes on a packaged real model (pypi:...): trained as written by tests/e2e/test_smollm2_recipe.py, not here (the
+#: Recipes on a packaged real model (pypi:...): .ci/run trains smollm2_arithmetic.yaml 2 steps as written, not here (the
 #: tiny substitute cannot earn their rewards, so no weight would move).
 PACKAGED_MODEL = {p for p in RUN_RECIPES if _load(p)["model"]["model"].startswith("pypi:")}
 PARAMS = [pytest.param(p, id=p.stem, marks=_shares(p)) for p in RUN_RECIPES if p not in PACKAGED_MODEL]
