@@ -365,7 +365,7 @@ def reach(saved: dict[str, dict[int, float]]) -> tuple[float, int, int | None]:
     """TRL's last saved figure, its step, and the first saved step where ours is at least that (None: never)."""
     trl_step = max(saved["trl"])
     target = saved["trl"][trl_step]
-    step = next((s for s in sorted(saved["ours"]) if saved["ours"][s] >= target), None)
+    step = next((s for s in sorted(saved["ours"]) if saved["ours"][s] >= target - 1e-6), None)  # ties: reached
     return target, trl_step, step
 
 
