@@ -47,7 +47,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -239,7 +239,8 @@ class PushCheck:
                     f"weight push check at step {expected.step}: the engine's log-probs of the probe differ from the "
                     f"trainer's by {gaps.new:.3g} ({self._explain(tolerance)}) while the step moved them by "
                     f"{step_gap:.3g}: at this precision the check cannot tell a dropped push from the engine's "
-                    "rounding, and only stops the run if the engine holds weights older than its last check's",
+                    "rounding, and stops the run only if the engine holds its last passed check's weights or older, or "
+                    "is farther from the trainer's than any noise",
                     stacklevel=2,
                 )
         self._history = [self._history[0], expected] if self._history else [expected]
@@ -301,7 +302,11 @@ class Gaps:
     """To the nearest of the earlier scores kept: the probe's and the last passed check's."""
 
 
-def judge(gaps: Gaps, tolerance: float, noise_limit: float) -> str:
+#: What `judge` says of one copy of the engine's weights at a check.
+Verdict = Literal["landed", "hidden", "failed"]
+
+
+def judge(gaps: Gaps, tolerance: float, noise_limit: float) -> Verdict:
     """The rule of a check (see the module docstring): "landed" (within ``tolerance``, or `CLOSER` times nearer
     the pushed weights than the previous push's), "failed" (a visible step the engine did not follow, an engine
     `STALE` times nearer earlier weights, or one farther than ``noise_limit``, which no noise reaches), or

@@ -79,7 +79,7 @@ class VLLMArgs(EngineSettings):
     block_size: int | None = None
     """KV block size in tokens (CPU: a multiple of 32); None = vLLM's default (128 on CPU). Prefix caching shares
     only whole blocks: with prompts shorter than a block each of a group's samples computes its prompt again, so at
-    short prompts on CPU 32 is faster (SmolLM2, 47-token prompts, short answers: about 0.4x the generation time;
+    short prompts on CPU 32 is faster (SmolLM2, 47-token prompts, 8-token answers: 0.45x the generation time in float32;
     docs/evidence/performance.md)."""
     lora: VLLMLora = field(default_factory=VLLMLora)
     """The LoRA adapters the engine serves (`VLLMLora`: ``enabled``, ``max_rank``)."""
